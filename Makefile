@@ -1,0 +1,37 @@
+# Quick start: `make demo` runs the embedded stack with a demo deployment,
+# `make test` runs the suite. Both set up .venv from this repo's files.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q --disable-pip-version-check
+STAMP := $(VENV)/.installed-stamp
+SCAN_VENV := .venv-scan
+SCAN_STAMP := $(SCAN_VENV)/.installed-stamp
+# torch is pinned: on a machine without CUDA this resolves to the CPU wheel on
+# disk; an open range would pull a multi-GB CUDA build.
+TORCH_PIN := torch==2.13.0
+
+.PHONY: test demo setup clean-venv bench
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) $(TORCH_PIN)
+	$(PIP) -e '.[test,triton,ray]' $(TORCH_PIN)
+	touch $(STAMP)
+
+# checkov pins many packages of its own, so it lives in a venv of its own.
+$(SCAN_STAMP):
+	test -x $(SCAN_VENV)/bin/python || $(PYTHON) -m venv $(SCAN_VENV)
+	$(SCAN_VENV)/bin/python -m pip install -q --disable-pip-version-check 'checkov>=3.2'
+	touch $(SCAN_STAMP)
+
+setup: $(STAMP) $(SCAN_STAMP)
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider
+
+demo: $(STAMP)
+	$(VENV)/bin/thawpool up --demo
+
+clean-venv:
+	rm -rf $(VENV) $(SCAN_VENV)

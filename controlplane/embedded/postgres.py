@@ -1,0 +1,62 @@
+"""A real Postgres from the pgserver wheel, listening on a unix socket."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddedPostgres:
+    """Init-or-reuse a data dir, start, stop and restart a Postgres server.
+
+    Data survives stop/start; `url` is a SQLAlchemy asyncpg URL.
+    """
+
+    def __init__(self, data_dir: Path | str):
+        self.data_dir = Path(data_dir)
+        self._server = None
+
+    def start(self) -> "EmbeddedPostgres":
+        import pgserver
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self._server is None:
+            # cleanup_mode=None: we decide when it stops, not pgserver's atexit.
+            self._server = pgserver.get_server(self.data_dir, cleanup_mode=None)
+        else:
+            self._server.ensure_postgres_running()
+        log.info("postgres ready at %s", self.libpq_uri)
+        return self
+
+    def stop(self) -> None:
+        """Fast shutdown (terminates sessions), as an outage would."""
+        import pgserver
+
+        if self._server is None or not self.is_running():
+            return
+        pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.data_dir,
+                        user=self._server.system_user, timeout=30)
+
+    def is_running(self) -> bool:
+        from pgserver.utils import PostmasterInfo
+
+        info = PostmasterInfo.read_from_pgdata(self.data_dir)
+        return info is not None and info.is_running()
+
+    @property
+    def libpq_uri(self) -> str:
+        assert self._server is not None, "start() first"
+        return self._server.get_uri()
+
+    @property
+    def url(self) -> str:
+        """postgresql+asyncpg://postgres:@/postgres?host=/socket/dir"""
+        return self.libpq_uri.replace("postgresql://", "postgresql+asyncpg://", 1)
+
+    def __enter__(self) -> "EmbeddedPostgres":
+        return self.start()
+
+    def __exit__(self, *exc: Optional[BaseException]) -> None:
+        self.stop()

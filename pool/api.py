@@ -1,0 +1,104 @@
+"""The seam between the control plane and the pool: plain data and protocols.
+
+The control plane implements DesiredStateSource (reads its deployment tables)
+and ReplicaEventSink (records replica lifetimes for GPU-second billing); the
+pool implements acquire() and hands back a Lease on a ready runtime replica.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Mapping, Optional, Protocol
+
+
+@dataclass(frozen=True)
+class RevisionSpec:
+    """Desired state of one immutable revision."""
+    revision_id: str
+    deployment_id: str
+    tenant_id: str
+    model_uri: str                 # s3://bucket/prefix/
+    gpu_memory_gb: float = 1.0
+    gpu_count: int = 1
+    min_replicas: int = 0
+    max_replicas: int = 1
+    target_concurrency: int = 8
+    idle_timeout_s: float = 300.0
+    engine: Mapping[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the pool reads from a model folder in S3 without downloading weights."""
+    model_uri: str
+    architecture: str
+    weight_bytes: int              # at the checkpoint's dtype
+    dtype: str
+    num_parameters: int
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ColdStartTimings:
+    """Seconds per stage of the cold start a request waited for."""
+    queue_s: float = 0.0
+    placement_s: float = 0.0
+    download_s: float = 0.0
+    load_s: float = 0.0
+    total_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ReplicaEvent:
+    replica_id: str
+    revision_id: str
+    deployment_id: str
+    tenant_id: str
+    state: str                     # pending|pulling|loading|ready|draining|stopped|failed
+    at: datetime                   # UTC
+    gpu_count: int
+    slot_ids: tuple[str, ...] = ()
+    reason: Optional[str] = None
+
+
+class PoolError(Exception):
+    """Base of the errors acquire() raises; each maps to one HTTP status."""
+    status = 503
+    retry_after_s: Optional[float] = None
+
+
+class NeverFits(PoolError):
+    status = 422
+
+
+class QueueFull(PoolError):
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ColdStartTimeout(PoolError):
+    status = 503
+
+    def __init__(self, message: str, retry_after_s: float = 5.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ColdStartFailed(PoolError):
+    status = 503
+
+    def __init__(self, reason: str, retry_after_s: float = 10.0):
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class DesiredStateSource(Protocol):
+    async def revisions(self) -> list[RevisionSpec]: ...
+
+
+class ReplicaEventSink(Protocol):
+    async def replica_changed(self, event: ReplicaEvent) -> None: ...
