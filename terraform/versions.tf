@@ -9,10 +9,9 @@ terraform {
     }
   }
 
-  # State backend: pass an S3 backend config at `terraform init` time, e.g.
-  #   terraform init -backend-config=backend.hcl
-  # (kept out of this folder so that every environment picks its own state bucket).
-  # backend "s3" {}
+  # Remote state: the settings come from `terraform init -backend-config=backend.hcl`
+  # so that every environment picks its own state bucket (see docs/terraform.md).
+  backend "s3" {}
 }
 
 provider "aws" {
