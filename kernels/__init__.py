@@ -1,0 +1,10 @@
+"""Compute kernels. Each module holds a pure-torch reference (the oracle):
+
+- attention.py: write_kv, paged_decode_attention, paged_prefill_attention, prefill_attention
+- rmsnorm.py:   rms_norm, fused_add_rms_norm
+- rotary.py:    rotary_cos_sin, apply_rotary
+- int8.py:      weight-only int8 matmul
+
+Triton versions live in kernels/triton/ and are chosen by kernels/dispatch.py on CUDA.
+Nothing here imports from runtime/.
+"""

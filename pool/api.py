@@ -36,6 +36,14 @@ class ModelInfo:
     dtype: str
     num_parameters: int
     files: tuple[str, ...]
+    # Added by pool (additive, all optional): what placement needs to size the
+    # int8 weights and the KV cache.
+    linear_parameters: int = 0     # parameters of *_proj.weight matrices (int8-quantizable)
+    bytes_by_dtype: Mapping[str, int] = field(default_factory=dict)
+    num_hidden_layers: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    max_position_embeddings: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,41 @@ class ColdStartFailed(PoolError):
         super().__init__(reason)
         self.reason = reason
         self.retry_after_s = retry_after_s
+
+
+class ModelUnavailable(PoolError):
+    """The model folder cannot be read (missing config/weights, bad header)."""
+    status = 422
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    replica_id: str
+    state: str
+    slot_ids: tuple[str, ...]
+    base_url: Optional[str]
+    in_flight: int
+    since: datetime                # UTC time of the last transition
+    reason: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class RevisionStatus:
+    """What revision_status() answers; `state` is one word for the status page.
+
+    state: unknown | scaled_to_zero | waiting_for_capacity | starting | ready |
+           failed | draining
+    """
+    revision_id: str
+    state: str
+    replicas: tuple[ReplicaStatus, ...] = ()
+    queued_requests: int = 0
+    desired_replicas: int = 0
+    last_error: Optional[str] = None
 
 
 class DesiredStateSource(Protocol):

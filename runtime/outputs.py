@@ -56,6 +56,7 @@ class EngineStats:
     prefix_cache_queries: int = 0     # prompt tokens looked up
     prefix_cache_hits: int = 0        # prompt tokens found cached
     num_preemptions: int = 0
+    weight_bytes: int = 0             # the loaded weights on the device (int8 ones included)
     spec_proposed: int = 0
     spec_accepted: int = 0
 

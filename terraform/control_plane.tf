@@ -8,11 +8,15 @@ locals {
   internal_zone_name = "${local.name}.internal"
   ray_head_fqdn      = "ray-head.${local.internal_zone_name}"
 
-  # The Ray head runs on the same node, so the driver finds it with "auto".
+  # `thawpool up` with nothing embedded: THAWPOOL_DATABASE_URL (built from the
+  # RDS secret at every start) makes Postgres external, `--s3-endpoint aws` is
+  # AWS S3 itself. The Ray head runs on the same node, so the driver finds it
+  # with "auto".
   control_plane_args = var.control_plane_args != null ? var.control_plane_args : [
-    "serve",
+    "up",
     "--host", "0.0.0.0",
     "--port", tostring(var.control_plane_port),
+    "--s3-endpoint", "aws",
     "--backend", "ray",
     "--ray-address", "auto",
   ]
@@ -352,6 +356,7 @@ resource "aws_launch_template" "control_plane" {
     db_secret_arn           = local.db_secret_arn
     zone_id                 = aws_route53_zone.internal.zone_id
     ray_head_fqdn           = local.ray_head_fqdn
+    gpu_memory_gb           = var.gpu_memory_gb
     control_plane_args      = join(" ", [for a in local.control_plane_args : "'${replace(a, "'", "'\\''")}'"])
     cloudwatch_agent_config = local.control_plane_cloudwatch_config
   }))

@@ -256,7 +256,7 @@ variable "thawpool_install_spec" {
 }
 
 variable "control_plane_args" {
-  description = "Arguments of the `thawpool` command on the control-plane node. null: serve --host 0.0.0.0 --port <control_plane_port> --backend ray --ray-address auto. The database URL, bucket and region come from the environment (THAWPOOL_DATABASE_URL, THAWPOOL_S3_BUCKET, AWS_REGION)."
+  description = "Arguments of the `thawpool` command on the control-plane node. null: up --host 0.0.0.0 --port <control_plane_port> --s3-endpoint aws --backend ray --ray-address auto (nothing embedded). The database URL and region come from the environment (THAWPOOL_DATABASE_URL, AWS_DEFAULT_REGION)."
   type        = list(string)
   default     = null
 }
@@ -281,6 +281,17 @@ variable "gpu_instance_type" {
   description = "EC2 instance type of the GPU nodes (g5.xlarge: 1x A10G 24 GB; g6e.xlarge: 1x L40S 48 GB; p4d.24xlarge: 8x A100)."
   type        = string
   default     = "g5.xlarge"
+}
+
+variable "gpu_memory_gb" {
+  description = "Memory of one GPU of gpu_instance_type in GB (Ray counts GPUs, not their memory); the pool places replicas against it. 24 for g5.xlarge (A10G), 48 for g6e (L40S), 40 for p4d (A100 40 GB)."
+  type        = number
+  default     = 24
+
+  validation {
+    condition     = var.gpu_memory_gb > 0
+    error_message = "gpu_memory_gb must be positive."
+  }
 }
 
 variable "gpu_min_size" {

@@ -6,6 +6,7 @@ theirs (migrations, app clients, runtime processes).
 """
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
@@ -51,13 +52,15 @@ def model_factory(tmp_path_factory):
     """make(arch="llama", **ModelSpec fields) -> Path of a model folder (cached per spec)."""
     from tests.support.model_factory import ModelSpec, make_model
 
-    made: dict[ModelSpec, Path] = {}
+    made: dict[str, Path] = {}
 
     def make(**fields) -> Path:
         spec = ModelSpec(**fields)
-        if spec not in made:
-            made[spec] = make_model(tmp_path_factory.mktemp(f"model-{spec.arch}"), spec)
-        return made[spec]
+        # keyed by value: rope_scaling is a dict, so the spec itself is unhashable
+        key = json.dumps(spec.__dict__, sort_keys=True)
+        if key not in made:
+            made[key] = make_model(tmp_path_factory.mktemp(f"model-{spec.arch}"), spec)
+        return made[key]
 
     return make
 

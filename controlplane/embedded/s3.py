@@ -59,7 +59,10 @@ class EmbeddedS3:
             f"-volume.port={ports[2]}", f"-volume.port.grpc={ports[3]}",
             f"-filer.port={ports[4]}", f"-filer.port.grpc={ports[5]}",
             f"-s3.port={self.port}", f"-s3.port.grpc={ports[6]}", f"-s3.config={config}",
-            "-master.volumeSizeLimitMB=256", "-volume.max=64",
+            # Lance and Iceberg catalogs default to fixed ports: off, so servers can coexist.
+            "-s3.port.lance=0", "-s3.port.iceberg=0",
+            # Each bucket grows 7 volumes; leave room for a test session's many buckets.
+            "-master.volumeSizeLimitMB=256", "-volume.max=2000",
             f"-filer.localSocket={self.data_dir / 'filer.sock'}",
         ]
         log_file = open(self.data_dir / "weed.log", "ab")

@@ -1,0 +1,224 @@
+"""Cold start from zero: request -> first token, by stage, weight cache cold and warm.
+
+    .venv/bin/python benchmarks/cold_start.py [--layers 6 --hidden 768 ...]
+
+Starts its own SeaweedFS S3, writes a ~200 MB Llama with random fp32 weights,
+uploads it, and measures in the same run:
+
+  pool, cache cold   acquire() from zero -> /v1/completions first streamed token
+  pool, cache warm   the same after scale to zero (the weights are in the cache)
+  pool download      WeightStore.fetch_model into an empty cache (parallel ranged GETs)
+  peer: boto3        one get_object per file, read as a single stream
+  peer: bare load    a fresh `python -c "import torch; load_file(...)"` process
+
+and prints the ratios against the targets: download >= 2x the single-stream
+boto3 rate; warm-cache cold start within 1.5x of the bare import+load.
+Multipart uploads carry `<md5>-<n>` ETags, so these files are verified by size.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from pool.api import RevisionSpec  # noqa: E402
+from pool.desired import EventLog, InMemoryDesiredState  # noqa: E402
+from pool.manager import PoolManager  # noqa: E402
+from pool.s3 import open_client  # noqa: E402
+from pool.settings import PoolSettings  # noqa: E402
+from pool.weights import WeightCache, WeightStore  # noqa: E402
+
+MB = 1024 * 1024
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--intermediate", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--part-size-mb", type=float, default=8.0)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--trials", type=int, default=3, help="peer and download trials (best is kept)")
+    p.add_argument("--workdir", type=Path, default=None)
+    return p.parse_args()
+
+
+def build_model(args, workdir: Path) -> Path:
+    from tests.support.model_factory import ModelSpec, make_model
+
+    spec = ModelSpec(hidden_size=args.hidden, intermediate_size=args.intermediate,
+                     num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                     num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
+                     max_position_embeddings=1024)
+    return make_model(workdir / "model", spec)
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+
+
+def boto3_single_stream(client, bucket: str, prefix: str, dest: Path) -> float:
+    """One GET per file, body read sequentially: the plain boto3 way."""
+    dest.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    for obj in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]:
+        body = client.get_object(Bucket=bucket, Key=obj["Key"])["Body"]
+        with open(dest / obj["Key"].rsplit("/", 1)[-1], "wb") as f:
+            for chunk in iter(lambda: body.read(MB), b""):
+                f.write(chunk)
+    return time.perf_counter() - start
+
+
+def bare_import_and_load(model_dir: Path) -> float:
+    code = ("import glob, torch; from safetensors.torch import load_file; "
+            f"[load_file(p) for p in glob.glob({str(model_dir)!r} + '/*.safetensors')]")
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return time.perf_counter() - start
+
+
+async def pool_download(settings: PoolSettings, uri: str, cache_dir: Path) -> float:
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    async with AsyncExitStack() as stack:
+        client = await open_client(settings, stack)
+        store = WeightStore(client, WeightCache(cache_dir, settings.cache_budget_bytes), settings)
+        files = await store.fetch_model(uri)
+        return files.seconds
+
+
+async def first_token(lease) -> float:
+    body = {"model": lease.served_model_name, "prompt": "Hello", "max_tokens": 1,
+            "temperature": 0.0, "stream": True}
+    start = time.perf_counter()
+    async with httpx.AsyncClient(timeout=120) as client:
+        async with client.stream("POST", f"{lease.base_url}/v1/completions", json=body) as resp:
+            resp.raise_for_status()
+            async for line in resp.aiter_lines():
+                if line.startswith("data:") and '"text"' in line:
+                    return time.perf_counter() - start
+    raise RuntimeError("no token streamed")
+
+
+async def wait_warm(manager: PoolManager, timeout_s: float = 300) -> None:
+    backend = manager.backend
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(w.ready.done() and not w.ready.exception() for w in backend._warm if w.process.is_alive()):
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError("warm pool did not fill")
+
+
+async def wait_zero(manager: PoolManager, revision_id: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if manager.revision_status(revision_id).state == "scaled_to_zero":
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError("did not scale to zero")
+
+
+async def cold_start_once(manager: PoolManager, spec: RevisionSpec) -> dict:
+    start = time.perf_counter()
+    lease = await manager.acquire(spec, request_id=uuid.uuid4().hex, prefix_key=None,
+                                  prompt_tokens=1, timeout_s=600)
+    async with lease:
+        token_s = await first_token(lease)
+    total = time.perf_counter() - start
+    cs = lease.cold_start
+    stages = cs.placement_s + cs.download_s + cs.load_s
+    return {"queue_s": max(0.0, lease.queue_s - stages), "placement_s": cs.placement_s,
+            "download_s": cs.download_s, "load_s": cs.load_s, "first_token_s": token_s, "total_s": total}
+
+
+async def pool_cold_starts(settings: PoolSettings, uri: str) -> tuple[dict, dict]:
+    spec = RevisionSpec(revision_id="bench-rev", deployment_id="bench", tenant_id="bench",
+                        model_uri=uri, gpu_memory_gb=0, idle_timeout_s=1.0,
+                        engine={"kv_cache_tokens": 1024})
+    manager = PoolManager(settings, InMemoryDesiredState([spec]), EventLog())
+    await manager.start()
+    try:
+        await wait_warm(manager)
+        cold = await cold_start_once(manager, spec)
+        await wait_zero(manager, spec.revision_id)
+        await wait_warm(manager)
+        warm = await cold_start_once(manager, spec)
+        return cold, warm
+    finally:
+        await manager.stop()
+
+
+def report(size: int, boto_s: float, bare_s: float, download_s: float, cold: dict, warm: dict) -> None:
+    rate = lambda s: f"{size / MB / s:8.1f} MB/s"  # noqa: E731
+    print(f"\nmodel: {size / MB:.1f} MB in S3 (SeaweedFS on loopback)")
+    print(f"{'peer: boto3 single stream':34s} {boto_s:7.3f} s {rate(boto_s)}")
+    print(f"{'pool: parallel ranged download':34s} {download_s:7.3f} s {rate(download_s)}")
+    print(f"{'peer: fresh python import+load':34s} {bare_s:7.3f} s")
+    print(f"\n{'stage (s)':14s} {'cache cold':>11s} {'cache warm':>11s}")
+    for key in ("queue_s", "placement_s", "download_s", "load_s", "first_token_s", "total_s"):
+        print(f"{key:14s} {cold[key]:11.3f} {warm[key]:11.3f}")
+    speedup = boto_s / download_s
+    ratio = warm["total_s"] / bare_s
+    print(f"\ndownload speed vs single-stream boto3: {speedup:.2f}x (target >= 2x) "
+          f"{'OK' if speedup >= 2 else 'BELOW TARGET'}")
+    print(f"warm-cache cold start / bare import+load: {ratio:.2f}x (target <= 1.5x) "
+          f"{'OK' if ratio <= 1.5 else 'ABOVE TARGET'}")
+    print(json.dumps({"model_mb": round(size / MB, 1), "boto3_s": boto_s, "download_s": download_s,
+                      "bare_load_s": bare_s, "cold": cold, "warm": warm,
+                      "download_speedup": speedup, "warm_vs_bare": ratio}, default=float))
+
+
+async def main() -> None:
+    args = parse_args()
+    from controlplane.embedded import EmbeddedS3
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="thawpool-bench-"))
+    model = build_model(args, workdir)
+    size = folder_bytes(model)
+    s3 = EmbeddedS3(workdir / "s3").start()
+    try:
+        client = s3.client()
+        s3.ensure_bucket("bench")
+        from tests.support.model_factory import upload_model
+        uri = upload_model(model, client, "bench", "m/model")
+        env = s3.env()
+        settings = PoolSettings(
+            accelerator="cpu", cpu_slots=1, slot_memory_gb=8, cache_dir=workdir / "cache",
+            s3_endpoint=env["THAWPOOL_S3_ENDPOINT"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], part_size_mb=args.part_size_mb,
+            download_concurrency=args.concurrency, warm_pool_size=1, tick_s=0.2,
+            scale_down_delay_s=0.5, kv_cache_tokens_default=1024)
+        boto_runs, pool_runs = [], []
+        for i in range(args.trials):             # interleaved, so both see the same machine load
+            boto_runs.append(boto3_single_stream(client, "bench", "m/model/", workdir / f"boto{i}"))
+            pool_runs.append(await pool_download(settings, uri, workdir / f"dl{i}"))
+        print("trials (s): boto3", [round(t, 3) for t in boto_runs], "pool", [round(t, 3) for t in pool_runs])
+        boto_s, download_s = min(boto_runs), min(pool_runs)
+        bare_s = min(bare_import_and_load(workdir / "boto0") for _ in range(args.trials))
+        cold, warm = await pool_cold_starts(settings, uri)
+        report(size, boto_s, bare_s, download_s, cold, warm)
+    finally:
+        s3.stop()
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,190 @@
+"""Int8 weight-only quality and CPU speed vs full precision, both through our engine.
+
+On the trained demo model (models/demo, a bf16 checkpoint) and its held-out text:
+
+- perplexity over sliding windows (int8 vs full precision, target: within 2%);
+- greedy-token agreement over 1,000 generated tokens from several held-out
+  prompts (target: at least 90%), counted two ways: free-running (both engines
+  generate with LLM.generate; position by position, so one early flip costs
+  the rest of that stream) and teacher-forced (int8's argmax at every position
+  of full precision's own greedy continuation);
+- weight bytes of the loaded models, whole and linear-only;
+- CPU decode time per token at batch 1 (target: int8 no slower than 1.2x).
+
+Perplexity and teacher-forced agreement run whole windows as one prefill (rows
+> 16: int8 dequantizes and keeps fp32 activations); free-running generation
+decodes one row at a time, the path where kernels/int8.py rounds activations
+to bf16 for torch's int8 GEMV.
+
+    .venv/bin/python benchmarks/quant_quality.py [--model models/demo] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=str(ROOT / "models" / "demo"))
+    p.add_argument("--heldout", default=None, help="text file (default: MODEL/heldout.txt)")
+    p.add_argument("--dtype", default="float32", help="full-precision engine dtype")
+    p.add_argument("--ppl-tokens", type=int, default=4096)
+    p.add_argument("--window", type=int, default=256, help="<= max_position_embeddings")
+    p.add_argument("--stride", type=int, default=128)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--gen-tokens", type=int, default=1000, help="in total, over all prompts")
+    p.add_argument("--speed-tokens", type=int, default=128)
+    p.add_argument("--speed-repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    return p.parse_args(argv)
+
+
+def prompt_logits(engine, ids: list[int]):
+    """[T, V] fp32 logits of every position of `ids`, as one fresh prefill of the engine's model."""
+    import torch
+    from runtime.models.llama import ForwardBatch, PrefillMeta
+
+    n = len(ids)
+    batch = ForwardBatch(positions=torch.arange(n), slot_mapping=torch.arange(n),
+                         logits_indices=torch.arange(n),
+                         prefill=PrefillMeta(num_tokens=n, query_lens=[n], context_lens=[n],
+                                             block_tables=None))
+    model = engine.runner.model
+    with torch.inference_mode():
+        return model.logits(model.forward(torch.tensor(ids), batch, engine.runner.kv_caches))
+
+
+def perplexity(engine, ids: list[int], window: int, stride: int) -> float:
+    """exp(mean NLL); every token after the first is scored once, with up to window-1 of context."""
+    import torch
+
+    nll, count, done = 0.0, 0, 1          # done: tokens [0, done) are scored (0 cannot be)
+    for begin in range(0, len(ids) - 1, stride):
+        end = min(begin + window, len(ids))
+        logp = torch.log_softmax(prompt_logits(engine, ids[begin:end]), dim=-1)
+        rows = torch.arange(done - begin - 1, end - begin - 1)     # row r predicts token begin+r+1
+        nll -= logp[rows, torch.tensor(ids[done:end])].sum().item()
+        count, done = count + end - done, end
+        if end == len(ids):
+            break
+    return math.exp(nll / count)
+
+
+def held_out_prompts(ids: list[int], count: int, length: int) -> list[list[int]]:
+    """`count` prompts spread evenly over the held-out tokens."""
+    step = (len(ids) - length) // count
+    return [ids[i * step: i * step + length] for i in range(count)]
+
+
+def generate(llm, prompts, n: int) -> list[list[int]]:
+    from runtime import SamplingParams
+
+    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    return [o.token_ids for o in llm.generate(prompts, params)]
+
+
+def free_running_agreement(full: list[list[int]], int8: list[list[int]]) -> float:
+    pairs = [(a, b) for x, y in zip(full, int8) for a, b in zip(x, y)]
+    return sum(a == b for a, b in pairs) / len(pairs)
+
+
+def teacher_forced_agreement(engine, prompts, continuations) -> float:
+    """Share of positions where int8's argmax equals full precision's greedy token."""
+    hits = total = 0
+    for prompt, cont in zip(prompts, continuations):
+        logits = prompt_logits(engine, prompt + cont)
+        guess = logits[len(prompt) - 1: len(prompt) + len(cont) - 1].argmax(dim=-1).tolist()
+        hits += sum(g == t for g, t in zip(guess, cont))
+        total += len(cont)
+    return hits / total
+
+
+def decode_s_per_token(llm, prompt: list[int], n: int) -> float:
+    """Batch-1 decode seconds per token, from the engine's own per-request metrics."""
+    from runtime import SamplingParams
+
+    (out,) = llm.generate([prompt], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+    return out.metrics.decode_s / (len(out.token_ids) - 1)
+
+
+def speed(llms: dict, prompt: list[int], args) -> dict[str, float]:
+    """Median per-token decode time, the engines alternating so drift hits both alike."""
+    for llm in llms.values():
+        decode_s_per_token(llm, prompt, 8)                         # warm-up
+    times = {name: [] for name in llms}
+    for _ in range(args.speed_repeats):
+        for name, llm in llms.items():
+            times[name].append(decode_s_per_token(llm, prompt, args.speed_tokens))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def mib(n: int) -> str:
+    return f"{n / 2 ** 20:.2f} MiB"
+
+
+def report_memory(llms: dict) -> None:
+    full, int8 = (llms[k].engine.weight_memory for k in ("full", "int8"))
+    print(f"weights, whole model:  full {mib(full.total_bytes)}  int8 {mib(int8.total_bytes)}  "
+          f"({full.total_bytes / int8.total_bytes:.2f}x smaller)")
+    print(f"weights, linears only: full {mib(full.linear_bytes)}  int8 {mib(int8.linear_bytes)}  "
+          f"({full.linear_bytes / int8.linear_bytes:.2f}x smaller)")
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    import torch
+    from runtime import LLM
+
+    torch.set_num_threads(args.threads)
+    model = Path(args.model)
+    if not (model / "model.safetensors").is_file() and not any(model.glob("*.safetensors")):
+        sys.exit(f"{model}: no safetensors weights (train them: scripts/train_demo_model.py)")
+    kv = max(args.window, args.prompt_len + args.gen_tokens) + 64
+    llms = {name: LLM(str(model), dtype=args.dtype, quantization=q, kv_cache_tokens=kv,
+                      enable_prefix_caching=False)
+            for name, q in (("full", None), ("int8", "int8"))}
+    text = Path(args.heldout or model / "heldout.txt").read_text()
+    ids = llms["full"].tokenizer.encode(text)
+    print(f"model {model} (checkpoint {llms['full'].engine.model_config.dtype}), full precision = "
+          f"{args.dtype}, torch threads {args.threads}, {len(ids)} held-out tokens")
+    report_memory(llms)
+
+    ppl_ids = ids[:args.ppl_tokens]
+    ppl = {name: perplexity(llm.engine, ppl_ids, args.window, args.stride) for name, llm in llms.items()}
+    ppl_gap = ppl["int8"] / ppl["full"] - 1
+    print(f"perplexity ({len(ppl_ids)} tokens, window {args.window}, stride {args.stride}): "
+          f"full {ppl['full']:.3f}  int8 {ppl['int8']:.3f}  ({ppl_gap:+.2%}; target within 2%: "
+          f"{verdict(abs(ppl_gap) <= 0.02)})")
+
+    prompts = held_out_prompts(ids, args.prompts, args.prompt_len)
+    per_prompt = args.gen_tokens // args.prompts
+    outs = {name: generate(llm, prompts, per_prompt) for name, llm in llms.items()}
+    free = free_running_agreement(outs["full"], outs["int8"])
+    forced = teacher_forced_agreement(llms["int8"].engine, prompts, outs["full"])
+    n_tokens = per_prompt * len(prompts)
+    print(f"greedy agreement over {n_tokens} tokens ({len(prompts)} prompts x {per_prompt}): "
+          f"free-running {free:.1%}, teacher-forced {forced:.1%} (target >= 90%: "
+          f"free-running {verdict(free >= 0.9)}, teacher-forced {verdict(forced >= 0.9)})")
+
+    t = speed(llms, prompts[0], args)
+    ratio = t["int8"] / t["full"]
+    print(f"CPU decode, batch 1, {args.speed_tokens} tokens, median of {args.speed_repeats}: "
+          f"full {t['full'] * 1e3:.2f} ms/token  int8 {t['int8'] * 1e3:.2f} ms/token  "
+          f"(int8/full {ratio:.2f}x; target <= 1.2x: {verdict(ratio <= 1.2)})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""The `thawpool` command: `up` runs the control plane and the pool, `admin` manages tenants and keys.
+
+`up` embeds Postgres and S3 unless pointed at external ones (`--database-url`
+or THAWPOOL_DATABASE_URL; `--s3-endpoint URL|aws`), and runs replicas as local
+processes unless `--backend ray` (or `--ray-address`) puts them on a Ray cluster.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from controlplane.settings import Settings, admin_key_from_env, server_url_from_env
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="thawpool", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    up = commands.add_parser("up", help="run Postgres, S3, the pool and the control plane")
+    up.add_argument("--data-dir", type=lambda v: Path(v).expanduser(), default=None,
+                    help="where embedded data lives (default ~/.thawpool)")
+    up.add_argument("--host", default=None)
+    up.add_argument("--port", type=int, default=None)
+    up.add_argument("--database-url", default=None, help="external Postgres (asyncpg URL)")
+    up.add_argument("--s3-endpoint", default=None, help="external S3 endpoint, or 'aws'")
+    up.add_argument("--accelerator", choices=["auto", "cuda", "cpu"], default=None)
+    up.add_argument("--cpu-slots", type=int, default=None)
+    up.add_argument("--slot-memory-gb", type=float, default=None)
+    up.add_argument("--backend", choices=["local", "ray"], default=None,
+                    help="where replicas run: local processes (default) or a Ray cluster "
+                         "(THAWPOOL_BACKEND)")
+    up.add_argument("--ray-address", default=None,
+                    help="Ray cluster to join, e.g. HEAD:6379 or 'auto'; implies --backend ray "
+                         "(THAWPOOL_RAY_ADDRESS)")
+    up.add_argument("--demo", action="store_true",
+                    help="deploy a small model, stream a completion, print the bill")
+    up.set_defaults(func=cmd_up)
+
+    admin = commands.add_parser("admin", help="tenants and API keys on a running server")
+    admin.add_argument("--url", default=None, help="server URL (THAWPOOL_URL)")
+    admin.add_argument("--admin-key", default=None, help="admin key (THAWPOOL_ADMIN_KEY)")
+    actions = admin.add_subparsers(dest="action", required=True)
+    tenant = actions.add_parser("create-tenant")
+    tenant.add_argument("name")
+    key = actions.add_parser("create-key")
+    key.add_argument("--tenant", required=True)
+    key.add_argument("--scopes", default="invoke", help="comma list: invoke,deploy,billing:read")
+    key.add_argument("--expires", default=None, help="ISO 8601 expiry time")
+    key.add_argument("--name", default=None)
+    key.add_argument("--requests-per-min", type=int, default=None)
+    key.add_argument("--tokens-per-min", type=int, default=None)
+    revoke = actions.add_parser("revoke-key")
+    revoke.add_argument("prefix")
+    listing = actions.add_parser("list-keys")
+    listing.add_argument("--tenant", required=True)
+    admin.set_defaults(func=cmd_admin)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+# ------------------------------------------------------------------ up
+
+def cmd_up(args) -> int:
+    from controlplane.db import migrate
+    from controlplane.logs import configure_logging
+    from controlplane.stack import EmbeddedStack
+
+    settings = Settings.from_env(data_dir=args.data_dir, host=args.host, port=args.port,
+                                 database_url=args.database_url, s3_endpoint=args.s3_endpoint)
+    configure_logging(settings.log_level)
+    signal.signal(signal.SIGTERM, _raise_interrupt)       # stop children even mid-start
+    stack = EmbeddedStack(settings)
+    try:
+        settings = stack.start()
+        migrate(settings.database_url)
+        asyncio.run(_serve(settings, args))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
+        print("thawpool: stopped", flush=True)
+    return 0
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+async def _serve(settings: Settings, args) -> None:
+    import uvicorn
+
+    from controlplane.app import create_app
+
+    new_admin = await _bootstrap_admin(settings)
+    pool_settings = pool_settings_for(settings, args)
+    app = create_app(settings, pool_factory=_pool_factory(pool_settings))
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
+                                           lifespan="on", log_level="warning",
+                                           access_log=False))
+    server.capture_signals = contextlib.nullcontext      # ours below: stop, then clean up
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, _stopper(server))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        if serving.done():
+            return serving.result()
+        await asyncio.sleep(0.05)
+    base_url = f"http://{settings.host}:{settings.port}"
+    _banner(settings, base_url, new_admin, pool_settings)
+    if args.demo:
+        demo = asyncio.create_task(_demo(app, settings, base_url))
+        demo.add_done_callback(_report_demo)
+    await serving
+
+
+def _stopper(server):
+    def stop():
+        if server.should_exit:
+            server.force_exit = True
+        server.should_exit = True
+    return stop
+
+
+def _banner(settings: Settings, base_url: str, new_admin, pool_settings) -> None:
+    lines = [f"thawpool: control plane  {base_url}   (OpenAI base URL {base_url}/v1)",
+             f"thawpool: postgres       {_without_password(settings.database_url)}",
+             f"thawpool: s3             {settings.s3_endpoint or 'AWS'}",
+             f"thawpool: pool backend   {_backend_line(pool_settings)}",
+             f"thawpool: data dir       {settings.data_dir}"]
+    if new_admin is not None:
+        lines.append(f"thawpool: admin key      {new_admin.secret}   (shown once; stored hashed)")
+    else:
+        lines.append("thawpool: admin key      made on first start (pass it as THAWPOOL_ADMIN_KEY)")
+    print("\n".join(lines), flush=True)
+
+
+async def _bootstrap_admin(settings: Settings):
+    from controlplane.db import create_engine, sessionmaker
+    from controlplane.tenants import bootstrap_admin
+
+    engine = create_engine(settings.database_url)
+    try:
+        async with sessionmaker(engine)() as session, session.begin():
+            return await bootstrap_admin(session)
+    finally:
+        await engine.dispose()
+
+
+def _without_password(url: str) -> str:
+    """The database URL for the banner: an external one carries a password, logs must not."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: show nothing of it
+        return "(unparsable database URL)"
+
+
+def _backend_line(pool_settings) -> str:
+    if pool_settings.backend == "ray":
+        return f"ray (cluster {pool_settings.ray_address or 'from RAY_ADDRESS or this machine'})"
+    return "local processes"
+
+
+def _pool_factory(pool_settings):
+    from pool.manager import PoolManager
+
+    return lambda desired, events: PoolManager(pool_settings, desired, events)
+
+
+def pool_settings_for(settings: Settings, args):
+    """PoolSettings from the environment (THAWPOOL_*), then the `up` flags, which win."""
+    from pool.settings import PoolSettings
+
+    overrides = {"s3_endpoint": settings.s3_endpoint, "s3_region": settings.aws_region,
+                 "aws_access_key_id": settings.aws_access_key_id,
+                 "aws_secret_access_key": settings.aws_secret_access_key,
+                 "cache_dir": settings.data_dir / "cache", "log_dir": settings.data_dir / "logs"}
+    for name in ("accelerator", "cpu_slots", "slot_memory_gb", "backend", "ray_address"):
+        if getattr(args, name, None) is not None:
+            overrides[name] = getattr(args, name)
+    if args.cpu_slots is not None and args.accelerator is None:
+        overrides["accelerator"] = "cpu"
+    if args.ray_address is not None and args.backend is None:
+        overrides["backend"] = "ray"          # an address only makes sense for the Ray backend
+    return PoolSettings.from_env(**overrides)
+
+
+async def _demo(app, settings: Settings, base_url: str) -> None:
+    from controlplane.demo import DEMO_TENANT, run_demo
+    from controlplane.tenants import create_key, create_tenant, find_tenant
+    from controlplane.errors import ApiError
+
+    async with app.state.sessions() as session, session.begin():
+        try:
+            tenant = await find_tenant(session, DEMO_TENANT)
+        except ApiError:
+            tenant = await create_tenant(session, DEMO_TENANT)
+        _, key = await create_key(session, tenant, ["billing:read", "deploy", "invoke"],
+                                  name="demo")
+    print(f"thawpool: demo tenant key {key.secret}", flush=True)
+    await run_demo(settings, base_url, key.secret, app.state.writer.flush)
+
+
+def _report_demo(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        print(f"thawpool: demo failed: {task.exception()!r}", file=sys.stderr, flush=True)
+    else:
+        print("thawpool: demo done; the server stays up (Ctrl-C stops it)", flush=True)
+
+
+# ------------------------------------------------------------------ admin
+
+def cmd_admin(args) -> int:
+    import httpx
+
+    key = args.admin_key or admin_key_from_env()
+    if not key:
+        print("thawpool admin: pass --admin-key or set THAWPOOL_ADMIN_KEY", file=sys.stderr)
+        return 2
+    url = (args.url or server_url_from_env()).rstrip("/")
+    with httpx.Client(base_url=url, headers={"authorization": f"Bearer {key}"},
+                      timeout=30) as client:
+        response = _admin_request(client, args)
+    body = response.json() if response.content else {}
+    if response.status_code >= 400:
+        print(f"thawpool admin: {response.status_code} {json.dumps(body)}", file=sys.stderr)
+        return 1
+    if args.action == "create-key":
+        print(f"key: {body['key']}   (shown once; prefix {body['prefix']})")
+        body = {k: v for k, v in body.items() if k != "key"}
+    print(json.dumps(body, indent=2))
+    return 0
+
+
+def _admin_request(client, args):
+    if args.action == "create-tenant":
+        return client.post("/v1/tenants", json={"name": args.name})
+    if args.action == "create-key":
+        body = {"scopes": [s for s in args.scopes.split(",") if s], "name": args.name,
+                "expires_at": args.expires, "requests_per_min": args.requests_per_min,
+                "tokens_per_min": args.tokens_per_min}
+        return client.post(f"/v1/tenants/{args.tenant}/keys",
+                           json={k: v for k, v in body.items() if v is not None})
+    if args.action == "revoke-key":
+        return client.delete(f"/v1/keys/{args.prefix}")
+    return client.get(f"/v1/tenants/{args.tenant}/keys")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

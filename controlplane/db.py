@@ -1,0 +1,67 @@
+"""Database engine, sessions and programmatic migrations."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+
+
+def migrations_dir() -> Path:
+    """migrations/ beside controlplane/ (a checkout), else the installed package."""
+    beside = Path(__file__).resolve().parent.parent / "migrations"
+    if (beside / "env.py").exists():
+        return beside
+    import migrations
+
+    return Path(next(iter(migrations.__path__)))
+
+
+def alembic_config(url: str):
+    from alembic.config import Config
+
+    config = Config(str(migrations_dir() / "alembic.ini"))
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.attributes["url"] = url
+    return config
+
+
+def migrate(url: str, revision: str = "head") -> None:
+    """`alembic upgrade head` on `url`; safe to call from inside a running event loop."""
+    from alembic import command
+
+    def run() -> None:
+        command.upgrade(alembic_config(url), revision)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return run()
+    errors: list[BaseException] = []
+
+    def in_thread() -> None:
+        try:
+            run()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors.append(exc)
+
+    worker = threading.Thread(target=in_thread, name="alembic-upgrade")
+    worker.start()
+    worker.join()
+    if errors:
+        raise errors[0]
+
+
+async def migrate_async(url: str) -> None:
+    await asyncio.to_thread(migrate, url)
+
+
+def create_engine(url: str, **kw) -> AsyncEngine:
+    kw.setdefault("pool_pre_ping", True)
+    kw.setdefault("pool_size", 10)
+    return create_async_engine(url, **kw)
+
+
+def sessionmaker(engine: AsyncEngine) -> async_sessionmaker:
+    return async_sessionmaker(engine, expire_on_commit=False)

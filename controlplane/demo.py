@@ -1,0 +1,116 @@
+"""`thawpool up --demo`: upload a small model, deploy it, stream a chat completion, bill it."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import httpx
+
+from controlplane.settings import Settings
+
+DEMO_BUCKET = "thawpool-models"
+DEMO_PREFIX = "demo"
+DEMO_TENANT = "demo"
+DEMO_DEPLOYMENT = "demo-chat"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def demo_model_dir(settings: Settings) -> Path:
+    """models/demo when it is complete, else a freshly made tiny model (random weights)."""
+    committed = REPO / "models" / "demo"
+    if (committed / "config.json").exists() and any(committed.glob("*.safetensors")):
+        return committed
+    made = settings.data_dir / "demo-model"
+    if not (made / "config.json").exists():
+        from tests.support.model_factory import make_model
+
+        make_model(made)
+    return made
+
+
+def upload(settings: Settings, model_dir: Path) -> str:
+    import boto3
+    from botocore.config import Config
+
+    s3 = boto3.client("s3", endpoint_url=settings.s3_endpoint, region_name=settings.aws_region,
+                      aws_access_key_id=settings.aws_access_key_id,
+                      aws_secret_access_key=settings.aws_secret_access_key,
+                      config=Config(s3={"addressing_style": "path"}))
+    if DEMO_BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
+        s3.create_bucket(Bucket=DEMO_BUCKET)
+    for file in sorted(model_dir.iterdir()):
+        if file.is_file() and file.suffix in (".json", ".safetensors"):
+            s3.upload_file(str(file), DEMO_BUCKET, f"{DEMO_PREFIX}/{file.name}")
+    return f"s3://{DEMO_BUCKET}/{DEMO_PREFIX}/"
+
+
+async def run_demo(settings: Settings, base_url: str, key: str, flush, out=None) -> None:
+    """With the demo tenant's `key`: deploy, stream, report; prints every step to `out`."""
+    out = out or sys.stdout
+    def say(*parts, end="\n"):
+        print(*parts, file=out, flush=True, end=end)
+
+    model_dir = demo_model_dir(settings)
+    model_uri = await asyncio.to_thread(upload, settings, model_dir)
+    say(f"demo: uploaded {model_dir} to {model_uri}")
+    async with httpx.AsyncClient(base_url=base_url, timeout=600,
+                                 headers={"authorization": f"Bearer {key}"}) as client:
+        created = await client.post("/v1/deployments", json={
+            "name": DEMO_DEPLOYMENT, "model_uri": model_uri,
+            "scaling": {"min_replicas": 0, "max_replicas": 1, "idle_timeout_s": 600},
+            "pricing": {"input_per_mtok": "0.10", "cached_input_per_mtok": "0.02",
+                        "output_per_mtok": "0.40", "gpu_second": "0.0005"}})
+        if created.status_code not in (201, 409):
+            raise RuntimeError(f"demo deploy failed: {created.text}")
+        say(f"demo: deployment {DEMO_DEPLOYMENT!r} ready to thaw; streaming a chat completion:")
+        await _stream_chat(client, say)
+        await flush()
+        report = await _ok(client.get("/v1/billing/report", params={"group_by": "deployment"}))
+    say("demo: billing report (last 30 days, group_by=deployment)")
+    say(f"  {'deployment':<16}{'requests':>9}{'prompt':>9}{'cached':>9}{'output':>9}  cost")
+    for row in report["rows"] + [{**report["totals"], "key": "TOTAL"}]:
+        say(f"  {row['key']:<16}{row['requests']:>9}{row['prompt_tokens']:>9}"
+            f"{row['cached_tokens']:>9}{row['completion_tokens']:>9}  {row['cost']}")
+    say(f"demo: try it yourself:\n  curl -N {base_url}/v1/chat/completions "
+        f"-H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' "
+        f"-d '{{\"model\": \"{DEMO_DEPLOYMENT}\", \"stream\": true, "
+        f"\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
+
+
+async def _stream_chat(client: httpx.AsyncClient, say) -> None:
+    body = {"model": DEMO_DEPLOYMENT, "stream": True, "max_tokens": 48,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "Tell me about serverless GPU pools."}]}
+    for _ in range(60):                    # a cold start may outlast one wait: honour Retry-After
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            if response.status_code == 503:
+                await response.aread()
+                await asyncio.sleep(float(response.headers.get("retry-after", "2")))
+                continue
+            if response.status_code != 200:
+                raise RuntimeError(f"demo completion failed: {(await response.aread()).decode()}")
+            usage = {"prompt_tokens": 0, "completion_tokens": 0}
+            async for line in response.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                for choice in chunk.get("choices") or []:
+                    text = (choice.get("delta") or {}).get("content") or ""
+                    say(text, end="")
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+            say("")
+            say(f"demo: {usage['prompt_tokens']} prompt tokens, "
+                f"{usage['completion_tokens']} completion tokens "
+                f"(request id {response.headers.get('x-request-id')})")
+            return
+    raise RuntimeError("demo: the deployment did not become ready")
+
+
+async def _ok(pending) -> dict:
+    response = await pending
+    if response.status_code >= 400:
+        raise RuntimeError(f"{response.request.method} {response.request.url}: {response.text}")
+    return response.json()

@@ -1,0 +1,37 @@
+"""API keys: a visible prefix and a high-entropy secret, stored as sha256."""
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+
+SCOPES = frozenset({"deploy", "invoke", "billing:read", "admin"})
+KEY_PREFIX = "tp_"
+
+
+@dataclass(frozen=True)
+class NewKey:
+    secret: str      # shown once, never stored
+    prefix: str      # stored and shown, e.g. tp_3f9a1c2b
+    key_hash: str    # sha256 hex of the whole secret
+
+
+def generate_key() -> NewKey:
+    visible = secrets.token_hex(4)
+    secret = f"{KEY_PREFIX}{visible}_{secrets.token_urlsafe(32)}"
+    return NewKey(secret=secret, prefix=f"{KEY_PREFIX}{visible}", key_hash=hash_key(secret))
+
+
+def hash_key(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def parse_scopes(value) -> list[str]:
+    """A list or comma string of scopes; ValueError naming an unknown one."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    scopes = sorted({str(s).strip() for s in items if str(s).strip()})
+    unknown = [s for s in scopes if s not in SCOPES]
+    if unknown or not scopes:
+        raise ValueError(f"scopes: unknown or empty {unknown or scopes}; "
+                         f"choose from {sorted(SCOPES)}")
+    return scopes

@@ -1,0 +1,58 @@
+"""GET /v1/billing/report: the caller's usage over [from, to), as JSON or CSV."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from controlplane import billing
+from controlplane import tenants as tenants_db
+from controlplane.auth import require
+from controlplane.errors import ApiError
+
+PARAMS = {"from", "to", "group_by", "format", "tenant"}
+
+
+async def report(request: Request) -> Response:
+    principal = require(request, "billing:read")
+    query = request.query_params
+    unknown = sorted(set(query) - PARAMS)
+    if unknown:
+        raise ApiError(400, f"{unknown[0]}: unknown query parameter", param=unknown[0])
+    group_by = query.get("group_by", "day")
+    if group_by not in billing.GROUPS:
+        raise ApiError(400, f"group_by: one of {', '.join(billing.GROUPS)}", param="group_by")
+    fmt = query.get("format", "json")
+    if fmt not in ("json", "csv"):
+        raise ApiError(400, "format: json or csv", param="format")
+    end = _time(query, "to") or datetime.now(timezone.utc)
+    start = _time(query, "from") or end - timedelta(days=30)
+    if start >= end:
+        raise ApiError(400, "from: must be before to", param="from")
+    async with request.app.state.sessions() as session:
+        tenant_id = principal.tenant_id
+        if "tenant" in query:
+            if not principal.is_admin:
+                raise ApiError(403, "tenant: only admin keys may query another tenant",
+                               code="admin_required")
+            tenant_id = (await tenants_db.find_tenant(session, query["tenant"])).id
+        body = await billing.report(session, tenant_id, billing.Window(start, end), group_by)
+    if fmt == "csv":
+        return PlainTextResponse(billing.to_csv(body), media_type="text/csv")
+    return JSONResponse(body)
+
+
+def _time(query, name: str):
+    value = query.get(name)
+    if value is None:
+        return None
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00").replace(" ", "+"))
+    except ValueError:
+        raise ApiError(400, f"{name}: must be an ISO 8601 date or time", param=name) from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+routes = [Route("/v1/billing/report", report, methods=["GET"])]

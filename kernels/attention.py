@@ -1,0 +1,120 @@
+"""Attention over the paged KV cache: pure-torch references (the oracle for faster kernels).
+
+KV layout per layer: k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim].
+A token at position p of a sequence lives in slot block_table[p // block_size] * block_size
++ p % block_size. GQA: query head h reads kv head h // (num_heads // num_kv_heads).
+
+write_kv(k [T,nkv,D], v [T,nkv,D], k_cache, v_cache, slot_mapping [T] long) -> None (in place)
+
+paged_decode_attention(q [B,nh,D], k_cache, v_cache, block_tables [B,max_blocks] int32,
+                       context_lens [B] int32, scale) -> [B,nh,D]
+    one query per sequence, at position context_lens[b]-1; its own k/v already written.
+    Entries of block_tables past a sequence's last block are ignored (pad with any id).
+
+paged_prefill_attention(q [T,nh,D], k_cache, v_cache, block_tables [S,max_blocks] int32,
+                        query_lens list[int] (S), context_lens list[int] (S), scale) -> [T,nh,D]
+    varlen causal attention for chunks: sequence s owns query_lens[s] consecutive rows of q,
+    the last ones of its context of context_lens[s] tokens (cached prefix + earlier chunks +
+    this chunk, all already written); query i sees kv positions <= context - query_len + i.
+
+prefill_attention(q [T,nh,D], k [T,nkv,D], v [T,nkv,D], query_lens list[int], scale)
+    -> [T,nh,D]: the same when nothing is cached yet (no gather; causal per sequence).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    num_kv, dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, num_kv, dim).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, num_kv, dim).index_copy_(0, slot_mapping, v)
+
+
+def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """[num_blocks, bs, nkv, D] x [B, max_blocks] -> [B, nkv, max_blocks*bs, D]"""
+    b, max_blocks = block_tables.shape
+    bs, num_kv, dim = cache.shape[1:]
+    gathered = cache.index_select(0, block_tables.reshape(-1).long())
+    return gathered.view(b, max_blocks * bs, num_kv, dim).transpose(1, 2)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor,
+                           scale: float, group_size: int = 16) -> torch.Tensor:
+    b = q.shape[0]
+    if b <= group_size:
+        return _decode_group(q, k_cache, v_cache, block_tables, context_lens, scale)
+    # Sequences sorted by length and taken group_size at a time, each group gathered only up
+    # to its own longest context: the padding (gathered and attended for nothing) stays small.
+    lens = context_lens.tolist()
+    order = sorted(range(b), key=lens.__getitem__)
+    out = torch.empty_like(q)
+    block_size = k_cache.shape[1]
+    for start in range(0, b, group_size):
+        rows = order[start:start + group_size]
+        width = -(-lens[rows[-1]] // block_size)
+        index = torch.tensor(rows, device=q.device)
+        out[index] = _decode_group(q[index], k_cache, v_cache, block_tables[index, :width],
+                                   context_lens[index], scale)
+    return out
+
+
+def _decode_group(q, k_cache, v_cache, block_tables, context_lens, scale) -> torch.Tensor:
+    b, num_heads, dim = q.shape
+    num_kv = k_cache.shape[2]
+    k = gather_kv(k_cache, block_tables)                      # [B, nkv, L, D]
+    v = gather_kv(v_cache, block_tables)
+    positions = torch.arange(k.shape[2], device=q.device)
+    beyond = positions[None, :] >= context_lens.to(q.device).long()[:, None]   # [B, L]
+    mask = torch.zeros(beyond.shape, dtype=q.dtype, device=q.device).masked_fill_(beyond, float("-inf"))
+    # the query heads sharing a kv head ride along as query rows: [B, nkv, group, D]
+    # (no kv repeat, and several times faster on the CPU than one row per head)
+    out = F.scaled_dot_product_attention(
+        q.view(b, num_kv, num_heads // num_kv, dim), k, v, attn_mask=mask[:, None, None, :],
+        scale=scale)
+    return out.reshape(b, num_heads, dim)
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, query_lens: list[int],
+                            context_lens: list[int], scale: float) -> torch.Tensor:
+    outs, start = [], 0
+    block_size = k_cache.shape[1]
+    for s, (q_len, ctx) in enumerate(zip(query_lens, context_lens)):
+        n_blocks = -(-ctx // block_size)
+        table = block_tables[s:s + 1, :n_blocks]
+        k = gather_kv(k_cache, table)[:, :, :ctx]             # [1, nkv, ctx, D]
+        v = gather_kv(v_cache, table)[:, :, :ctx]
+        outs.append(_causal(q[start:start + q_len], k, v, ctx - q_len, scale))
+        start += q_len
+    return torch.cat(outs, dim=0)
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      query_lens: list[int], scale: float) -> torch.Tensor:
+    outs, start = [], 0
+    for q_len in query_lens:
+        end = start + q_len
+        ks = k[start:end].transpose(0, 1)[None]               # [1, nkv, q_len, D]
+        vs = v[start:end].transpose(0, 1)[None]
+        outs.append(_causal(q[start:end], ks, vs, 0, scale))
+        start = end
+    return torch.cat(outs, dim=0)
+
+
+def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int,
+            scale: float) -> torch.Tensor:
+    """q [n, nh, D] at positions offset..offset+n-1 against k/v [1, nkv, offset+n, D]."""
+    qs = q.transpose(0, 1)[None]                              # [1, nh, n, D]
+    if offset == 0:
+        out = F.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=scale,
+                                             enable_gqa=True)
+    else:
+        rows = torch.arange(q.shape[0], device=q.device)[:, None] + offset
+        mask = torch.arange(k.shape[2], device=q.device)[None, :] <= rows
+        out = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale,
+                                             enable_gqa=True)
+    return out[0].transpose(0, 1)

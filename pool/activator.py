@@ -1,0 +1,120 @@
+"""The activator: a bounded FIFO of requests per revision while no replica is ready.
+
+A waiter is resolved with the id of the replica it was dispatched to (the
+manager counts it in flight at that moment), or with the exception that ends
+its wait. Nothing leaves the queue silently: it is dispatched, failed, times
+out (ColdStartTimeout) or was refused at the door (QueueFull).
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional
+
+from pool.api import ColdStartTimeout, QueueFull
+
+
+@dataclass
+class Waiter:
+    request_id: str
+    prompt_tokens: int
+    prefix_key: Optional[str]
+    enqueued_mono: float
+    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    @property
+    def open(self) -> bool:
+        return not self.future.done()
+
+
+class RevisionQueue:
+    def __init__(self, revision_id: str, limit: int):
+        self.revision_id = revision_id
+        self.limit = limit
+        self._waiters: deque[Waiter] = deque()
+
+    def __len__(self) -> int:
+        return sum(1 for w in self._waiters if w.open)
+
+    def __iter__(self) -> Iterator[Waiter]:
+        return (w for w in self._waiters if w.open)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(w.prompt_tokens for w in self)
+
+    def oldest_mono(self) -> Optional[float]:
+        return next((w.enqueued_mono for w in self), None)
+
+    def push(self, waiter: Waiter, retry_after_s: float = 1.0) -> None:
+        self._drop_closed()
+        if len(self._waiters) >= self.limit:
+            raise QueueFull(f"revision {self.revision_id}: {self.limit} requests already wait "
+                            f"for a replica", retry_after_s=retry_after_s)
+        self._waiters.append(waiter)
+
+    def remove(self, waiter: Waiter) -> None:
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            pass
+
+    def dispatch(self, pick: Callable[[Waiter], Optional[str]]) -> int:
+        """Hand waiters, oldest first, to the replica `pick` names; stop at the first None."""
+        sent = 0
+        while self._waiters:
+            waiter = self._waiters[0]
+            if not waiter.open:
+                self._waiters.popleft()
+                continue
+            replica_id = pick(waiter)
+            if replica_id is None:
+                break
+            self._waiters.popleft()
+            waiter.future.set_result(replica_id)
+            sent += 1
+        return sent
+
+    def fail_all(self, error: Exception) -> int:
+        failed = 0
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if waiter.open:
+                waiter.future.set_exception(error)
+                failed += 1
+        return failed
+
+    def _drop_closed(self) -> None:
+        self._waiters = deque(w for w in self._waiters if w.open)
+
+
+async def wait_for_replica(queue: RevisionQueue, waiter: Waiter, timeout_s: float,
+                           on_lost: Callable[[str], None], retry_after_s: float = 5.0) -> str:
+    """The replica id the waiter got; ColdStartTimeout after timeout_s.
+
+    If the wait ends (timeout, cancellation) just as a replica was assigned,
+    `on_lost(replica_id)` gives the slot back so in-flight counts stay right.
+    """
+    try:
+        return await asyncio.wait_for(asyncio.shield(waiter.future), timeout_s)
+    except asyncio.TimeoutError:
+        if _assigned(waiter):
+            return waiter.future.result()
+        waiter.future.cancel()
+        queue.remove(waiter)
+        raise ColdStartTimeout(f"revision {queue.revision_id}: no replica ready after "
+                               f"{timeout_s:g}s (cold start still running)",
+                               retry_after_s=retry_after_s) from None
+    except asyncio.CancelledError:
+        if _assigned(waiter):
+            on_lost(waiter.future.result())
+        else:
+            waiter.future.cancel()
+        queue.remove(waiter)
+        raise
+
+
+def _assigned(waiter: Waiter) -> bool:
+    fut = waiter.future
+    return fut.done() and not fut.cancelled() and fut.exception() is None

@@ -1,0 +1,113 @@
+"""How many replicas a revision wants: policy(snapshot, state) -> (decision, state).
+
+The snapshot carries the current time, so the policy reads no clock and
+calls nothing; tests step fake time through it. Steps:
+
+  1. load      in-flight + queued requests over target_concurrency, and
+               queued prompt tokens over a per-replica token target
+  2. idle      no load and no activity for idle_timeout_s -> zero; no load but
+               recent activity keeps one replica
+  3. waiting   while requests wait, replicas that are starting are kept
+  4. bounds    [min_replicas, max_replicas]
+  5. delay     scale up at once; scale down only after the lower number has
+               held for scale_down_delay_s (scale to zero is timed by idle)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    min_replicas: int = 0
+    max_replicas: int = 1
+    target_concurrency: int = 8
+    idle_timeout_s: float = 300.0
+    scale_down_delay_s: float = 30.0
+    target_queued_prompt_tokens: int = 8192
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float
+    config: ScalingConfig
+    in_flight: tuple[int, ...] = ()          # per ready replica
+    queued_requests: int = 0
+    queued_prompt_tokens: int = 0
+    last_activity_at: Optional[float] = None   # last request arrival or finish
+    ready: int = 0
+    starting: int = 0                        # pending, pulling, loading
+
+    @property
+    def current(self) -> int:
+        return self.ready + self.starting
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    lower_since: Optional[float] = None      # when a lower desired count first appeared
+
+
+@dataclass(frozen=True)
+class Decision:
+    desired: int
+    reason: str
+
+
+def policy(snap: Snapshot, state: PolicyState = PolicyState()) -> tuple[Decision, PolicyState]:
+    wanted, why = load_target(snap)
+    wanted, why = apply_idle(snap, wanted, why)
+    wanted = max(wanted, keep_starting(snap))
+    wanted = clamp(snap.config, wanted)
+    return apply_delay(snap, state, wanted, why)
+
+
+def load_target(snap: Snapshot) -> tuple[int, str]:
+    cfg = snap.config
+    load = sum(snap.in_flight) + snap.queued_requests
+    by_requests = math.ceil(load / max(1, cfg.target_concurrency))
+    by_tokens = 0
+    if cfg.target_queued_prompt_tokens > 0:
+        by_tokens = math.ceil(snap.queued_prompt_tokens / cfg.target_queued_prompt_tokens)
+    if by_tokens > by_requests:
+        return by_tokens, f"{snap.queued_prompt_tokens} queued prompt tokens"
+    return by_requests, f"{load} requests in flight or queued"
+
+
+def apply_idle(snap: Snapshot, wanted: int, why: str) -> tuple[int, str]:
+    if wanted > 0:
+        return wanted, why
+    if is_idle(snap):
+        return 0, f"idle for {snap.config.idle_timeout_s:g}s"
+    return min(1, snap.current), "no load, not idle yet"
+
+
+def is_idle(snap: Snapshot) -> bool:
+    if sum(snap.in_flight) or snap.queued_requests:
+        return False
+    if snap.last_activity_at is None:
+        return True
+    return snap.now - snap.last_activity_at >= snap.config.idle_timeout_s
+
+
+def keep_starting(snap: Snapshot) -> int:
+    """A replica that is starting while requests wait for it is never scaled down."""
+    return snap.starting if snap.queued_requests else 0
+
+
+def clamp(cfg: ScalingConfig, wanted: int) -> int:
+    return max(cfg.min_replicas, min(cfg.max_replicas, wanted))
+
+
+def apply_delay(snap: Snapshot, state: PolicyState, wanted: int, why: str) -> tuple[Decision, PolicyState]:
+    current = snap.current
+    if wanted >= current:
+        return Decision(wanted, why), replace(state, lower_since=None)
+    if wanted == 0 and is_idle(snap):
+        return Decision(0, why), replace(state, lower_since=None)
+    since = snap.now if state.lower_since is None else state.lower_since
+    if snap.now - since >= snap.config.scale_down_delay_s:
+        return Decision(wanted, why), replace(state, lower_since=None)
+    return Decision(current, f"scale-down delay ({why})"), replace(state, lower_since=since)

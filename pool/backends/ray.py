@@ -1,0 +1,319 @@
+"""Ray backend: every replica is a Ray actor holding its GPUs on some node.
+
+The pool's placement picks slots from `inventory()` (one Slot per GPU of
+each alive Ray node, `node` = the Ray node id); the backend then pins the
+actor to that node: a one-GPU replica with hard node affinity, a multi-GPU
+(tensor-parallel) replica through a STRICT_PACK placement group, so its
+GPUs are reserved together on one node or not at all. The actor starts
+`python -m runtime.server` on its node (backends/ray_actor.py) and reports
+its base_url; the pool then talks to it over HTTP exactly as to a local one.
+
+A replica is dead when its runtime process exits or its actor dies (ray.kill,
+or its node is lost: Ray fails every actor of a dead node). A watch task per
+replica awaits that and keeps the reason for `exit_reason()`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+import ray
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
+                                            PlacementGroupSchedulingStrategy)
+
+from pool.api import ColdStartFailed, RevisionSpec
+from pool.backends.local import engine_flags
+from pool.backends.ray_actor import ReplicaActor, cache_entries, node_cache_dir
+from pool.inventory import Slot
+from pool.settings import GB, PoolSettings
+
+log = logging.getLogger(__name__)
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "thawpool"
+ACTOR_THREADS = 4          # wait_exit blocks one thread; stop/log_tail need others
+PROBE_TIMEOUT_S = 5.0      # a node slower to list its cache is answered from what it last said
+
+
+@dataclass
+class RayReplica:
+    replica_id: str
+    base_url: str
+    node_id: str
+    gpu_ids: tuple[str, ...]
+    pid: int                       # of the runtime process, on node_id
+    actor: Any
+    group: Optional[PlacementGroup] = None
+    reason: Optional[str] = None
+    watch: Optional[asyncio.Task] = field(default=None, repr=False)
+
+    def is_alive(self) -> bool:
+        return self.reason is None
+
+    def exit_reason(self) -> Optional[str]:
+        return self.reason
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop the runtime process, then the actor, then free its placement group."""
+        if self.reason is None:
+            self.reason = "stopped"
+        try:
+            await ref_result(self.actor.stop.remote(timeout_s), 2 * timeout_s + 5)
+        except (RayError, asyncio.TimeoutError):
+            pass                       # the actor is gone already or stuck: kill it anyway
+        release(self.actor, self.group)
+        if self.watch is not None:
+            self.watch.cancel()
+            await asyncio.gather(self.watch, return_exceptions=True)
+
+    async def cached(self, default_cache_dir: Path) -> list[str]:
+        """Weight-cache keys held by this replica's node."""
+        return await ref_result(self.actor.cached.remote(str(default_cache_dir)), 30)
+
+
+class RayBackend:
+    # Each node pulls a revision's weights into its own cache (ReplicaActor.model_folder):
+    # the pool skips its local fetch and passes no model folder.
+    pulls_on_node = True
+
+    def __init__(self, settings: PoolSettings, address: Optional[str] = None,
+                 gpu_memory_gb: Optional[float] = None, bind_host: Optional[str] = None):
+        self.settings = settings
+        self.address = address or settings.ray_address
+        memory_gb = gpu_memory_gb or settings.ray_gpu_memory_gb or settings.slot_memory_gb
+        self.gpu_memory_bytes = int(memory_gb * GB)
+        self.bind_host = bind_host or settings.ray_replica_host
+        self.replicas: dict[str, RayReplica] = {}
+        self._node_keys: dict[str, set[str]] = {}     # what each node's cache held when last seen
+        self._owns_ray = False
+        self._actor_class = ray.remote(ReplicaActor)
+        self._probe = ray.remote(num_cpus=0)(node_cache_keys)
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def start(self) -> None:
+        if not ray.is_initialized():        # tests and embedders may have connected already
+            ray.init(address=self.address, namespace=NAMESPACE, log_to_driver=False)
+            self._owns_ray = True
+
+    async def close(self) -> None:
+        timeout = self.settings.stop_timeout_s
+        await asyncio.gather(*(r.stop(timeout) for r in self.replicas.values()), return_exceptions=True)
+        self.replicas.clear()
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False
+
+    def forget(self, handle: RayReplica) -> None:
+        self.replicas.pop(handle.replica_id, None)
+
+    # -- inventory and per-node weights ------------------------------------
+
+    async def inventory(self) -> list[Slot]:
+        return slots_from_nodes(ray.nodes(), self.gpu_memory_bytes)
+
+    async def node_caches(self) -> dict[str, set[str]]:
+        """Weight-cache keys (pool.weights.entry_key) held by each alive GPU node.
+
+        Each node is asked with a short task; one that does not answer in time
+        (a busy node starting a worker) is answered from what it held after its
+        last pull or probe, so a cold start never waits long for a preference.
+        """
+        nodes = gpu_nodes(ray.nodes())
+        refs = [self._probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False))
+                .remote(str(self.settings.cache_dir)) for n in nodes]
+        found = await asyncio.gather(*(ref_result(r, PROBE_TIMEOUT_S) for r in refs), return_exceptions=True)
+        for node, keys in zip(nodes, found):
+            if not isinstance(keys, BaseException):
+                self._node_keys[node] = set(keys)
+        return {n: set(self._node_keys[n]) for n in nodes if n in self._node_keys}
+
+    async def nodes_holding(self, keys: Iterable[str]) -> set[str]:
+        """Nodes whose cache already has every one of keys: preferred for a cold start."""
+        wanted = set(keys)
+        return {node for node, held in (await self.node_caches()).items() if wanted <= held}
+
+    # -- replicas ----------------------------------------------------------
+
+    async def start_replica(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Optional[Path],
+                            replica_id: str) -> RayReplica:
+        """model_dir: a folder the node may read as is; None: the node pulls spec.model_uri."""
+        group = await self._reserve_group(slots)
+        actor = self._actor_class.options(**self._actor_options(slots, group)).remote(
+            replica_id, str(self.settings.logs))
+        try:
+            handle = await self._launch(actor, group, spec, slots, model_dir, replica_id)
+        except BaseException:
+            release(actor, group)
+            raise
+        handle.watch = asyncio.ensure_future(watch(handle))
+        self.replicas[replica_id] = handle
+        log.info("replica %s on node %s at %s", replica_id, handle.node_id[:12], handle.base_url)
+        return handle
+
+    async def _launch(self, actor, group, spec: RevisionSpec, slots: Sequence[Slot],
+                      model_dir: Optional[Path], replica_id: str) -> RayReplica:
+        s = self.settings
+        local = str(model_dir) if model_dir is not None else None
+        folder = await self._await(actor.model_folder.remote(local, spec.model_uri, s),
+                                   s.pull_timeout_s, "placing the replica or pulling its weights")
+        args = ["-m", "runtime.server", "--model", folder, "--served-model-name", spec.revision_id,
+                *engine_flags(engine_for(spec, slots, s.kv_cache_tokens_default))]
+        where = await self._await(actor.launch.remote(args, self._env(), self.bind_host, None),
+                                  s.load_timeout_s, "starting the runtime")
+        await self._note_cache(actor, where["node_id"])
+        return RayReplica(replica_id, where["base_url"], where["node_id"], tuple(where["gpu_ids"]),
+                          where["child_pid"], actor, group)
+
+    async def _note_cache(self, actor, node_id: str) -> None:
+        """Remember what this node's cache holds now (it may just have pulled)."""
+        try:
+            self._node_keys[node_id] = set(await ref_result(actor.cached.remote(str(self.settings.cache_dir)),
+                                                            PROBE_TIMEOUT_S))
+        except (RayError, asyncio.TimeoutError):
+            pass                       # only a hint for later placements
+
+    async def _await(self, ref, timeout_s: float, stage: str):
+        try:
+            return await ref_result(ref, timeout_s)
+        except asyncio.TimeoutError:
+            raise ColdStartFailed(f"ray: {stage} timed out after {timeout_s:g}s") from None
+        except RayError as exc:
+            raise ColdStartFailed(f"ray: {stage} failed: {short_error(exc)}") from exc
+
+    async def _reserve_group(self, slots: Sequence[Slot]) -> Optional[PlacementGroup]:
+        """Multi-GPU replicas: one bundle of all their GPUs, STRICT_PACK on the chosen node.
+
+        One bundle, not one per GPU: a Ray actor draws its resources from one
+        bundle, and the runtime needs every GPU of a tensor-parallel replica
+        visible in its one process.
+        """
+        if len(slots) < 2:
+            return None
+        node = self._target_node(slots)
+        group = placement_group([{"GPU": float(len(slots))}], strategy="STRICT_PACK",
+                                _soft_target_node_id=node)
+        try:
+            await self._await(group.ready(), self.settings.load_timeout_s,
+                              f"reserving {len(slots)} GPUs on one node")
+        except BaseException:
+            remove_placement_group(group)
+            raise
+        return group
+
+    def _actor_options(self, slots: Sequence[Slot], group: Optional[PlacementGroup]) -> dict:
+        options = {"num_cpus": 0, "num_gpus": float(max(1, len(slots))), "max_restarts": 0,
+                   "max_concurrency": ACTOR_THREADS, "namespace": NAMESPACE}
+        node = self._target_node(slots)
+        if group is not None:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
+        elif node is not None:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+        return options
+
+    def _target_node(self, slots: Sequence[Slot]) -> Optional[str]:
+        """The Ray node the pool placed on; None for slots that are not Ray nodes (Ray picks)."""
+        nodes = {s.node for s in slots}
+        if len(nodes) != 1:
+            return None
+        node = nodes.pop()
+        known = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
+        if node in known and not known[node]:
+            raise ColdStartFailed(f"ray: node {node[:12]} has left the cluster")
+        return node if node in known else None
+
+    def _env(self) -> dict[str, str]:
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)}
+        if self.settings.runtime_threads:
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.settings.runtime_threads)
+        return env
+
+
+# ----------------------------------------------------------------- helpers
+
+def node_cache_keys(default_cache_dir: str) -> list[str]:
+    """Runs on one node as a Ray task: the keys in that node's weight cache."""
+    return cache_entries(node_cache_dir(Path(default_cache_dir)))
+
+
+def slots_from_nodes(nodes: Sequence[dict], gpu_memory_bytes: int) -> list[Slot]:
+    """One cuda Slot per GPU of each alive node (Ray knows GPU counts, not their memory).
+
+    Exclusive: an actor asks Ray for whole GPUs (num_gpus = its slot count), so two
+    small replicas cannot share a slot the way local processes share a device.
+    """
+    return [Slot(f"ray-{n['NodeID'][:12]}/gpu{i}", n["NodeID"], "cuda", gpu_memory_bytes, i, exclusive=True)
+            for n in nodes if n["Alive"] for i in range(int(n["Resources"].get("GPU", 0)))]
+
+
+def gpu_nodes(nodes: Sequence[dict]) -> list[str]:
+    return [n["NodeID"] for n in nodes if n["Alive"] and n["Resources"].get("GPU", 0) > 0]
+
+
+def engine_for(spec: RevisionSpec, slots: Sequence[Slot], kv_tokens_default: int) -> dict:
+    """Ray already limits CUDA_VISIBLE_DEVICES to the actor's GPUs, so the device is plain cuda."""
+    engine = dict(spec.engine)
+    engine.setdefault("kv_cache_tokens", kv_tokens_default)
+    if "device" not in engine and any(s.kind == "cuda" for s in slots):
+        engine["device"] = "cuda"
+    if len(slots) > 1:
+        engine.setdefault("tensor_parallel_size", len(slots))
+    return engine
+
+
+async def watch(handle: RayReplica) -> None:
+    """Sets handle.reason once the runtime process exits or the actor dies."""
+    reason = await wait_for_end(handle.actor, handle.node_id)
+    if handle.reason is None:
+        handle.reason = reason
+
+
+async def wait_for_end(actor, node_id: str, retry_s: float = 0.5) -> str:
+    """Why the replica ended. An unavailable actor (its connection dropped) is asked
+    again until Ray decides: it comes back, or it is declared dead with the reason,
+    for a lost node once the head has missed its health checks."""
+    while True:
+        try:
+            code = await ref_result(actor.wait_exit.remote(), None)
+        except ActorUnavailableError:
+            await asyncio.sleep(retry_s)
+            continue
+        except RayError as exc:
+            return f"ray actor of the replica died: {short_error(exc)}"
+        try:
+            tail = await ref_result(actor.log_tail.remote(300), 10)
+        except (RayError, asyncio.TimeoutError):
+            tail = ""
+        last = (tail.splitlines() or [""])[-1]
+        return f"runtime process on node {node_id[:12]} exited with code {code}: {last}".rstrip(": ")
+
+
+async def ref_result(ref, timeout_s: Optional[float]):
+    """Await a Ray ObjectRef on this event loop, with an optional timeout."""
+    return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
+
+
+def release(actor, group: Optional[PlacementGroup]) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except (RayError, ValueError):
+        pass
+    if group is not None:
+        try:
+            remove_placement_group(group)
+        except RayError:
+            pass
+
+
+def short_error(exc: BaseException) -> str:
+    """The lines of a Ray error that say why (it also prints actor ids, pids, namespaces)."""
+    if isinstance(exc, GetTimeoutError):
+        return "timed out"
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    why = [line for line in lines if "died" in line or "node" in line.lower() or "Error" in line]
+    return " ".join(why or lines[:1])[:400] or type(exc).__name__

@@ -1,0 +1,177 @@
+"""What runs on a Ray node for the Ray backend: one replica actor, one cache probe.
+
+`ReplicaActor` is a plain class; backends/ray.py turns it into a Ray actor
+that holds the replica's GPUs (Ray sets CUDA_VISIBLE_DEVICES for it) and
+starts `python -m runtime.server` as its child on the same node. The child
+gets PR_SET_PDEATHSIG, so when the actor dies (ray.kill, node lost) the
+runtime process dies with it and never holds a GPU Ray thinks is free.
+
+Nothing here imports ray: the module is importable and testable anywhere.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import sys
+from contextlib import AsyncExitStack, contextmanager
+from pathlib import Path
+from typing import Iterator, Mapping, Optional, Sequence
+
+PR_SET_PDEATHSIG = 1
+NODE_CACHE_ENV = "THAWPOOL_CACHE_DIR"      # a node's own cache folder, set where its raylet starts
+NODE_BUDGET_ENV = "THAWPOOL_CACHE_DISK_BUDGET_GB"   # and its own disk budget for that cache
+
+
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGKILL when the thread that started it goes away."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def node_cache_dir(default: Path) -> Path:
+    """The weight cache of this node: its own THAWPOOL_CACHE_DIR, else the pool's path."""
+    return Path(os.environ.get(NODE_CACHE_ENV) or default)
+
+
+def node_settings(settings):
+    """The pool's settings with this node's own cache folder and budget: the pool's
+    machine has other disks than the GPU nodes."""
+    changes = {"cache_dir": node_cache_dir(settings.cache_dir)}
+    if os.environ.get(NODE_BUDGET_ENV):
+        changes["cache_disk_budget_gb"] = float(os.environ[NODE_BUDGET_ENV])
+    return settings.with_(**changes)
+
+
+def cache_entries(cache_dir: Path) -> list[str]:
+    """Keys of the complete entries in a pool/weights.py cache (objects/<key>/{data,meta.json})."""
+    objects = Path(cache_dir) / "objects"
+    if not objects.is_dir():
+        return []
+    return sorted(e.name for e in objects.iterdir()
+                  if (e / "data").is_file() and (e / "meta.json").is_file())
+
+
+class ReplicaActor:
+    """One runtime.server child on this node; methods are called from the pool's process."""
+
+    def __init__(self, replica_id: str, log_dir: str):
+        self.replica_id = replica_id
+        self.log_path = Path(log_dir) / f"replica-{replica_id}.log"
+        self.process: Optional[subprocess.Popen] = None
+
+    # -- where am I --------------------------------------------------------
+
+    def node(self) -> dict:
+        import ray   # only ever called inside a Ray worker
+
+        context = ray.get_runtime_context()
+        return {"node_id": context.get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
+
+    # -- weights -----------------------------------------------------------
+
+    def model_folder(self, model_dir: Optional[str], model_uri: str, settings) -> str:
+        """model_dir when given and readable on this node, else the model pulled into
+        this node's cache (settings carry the S3 endpoint and credentials, if any)."""
+        if model_dir and (Path(model_dir) / "config.json").is_file():
+            return model_dir
+        return asyncio.run(pull_model(model_uri, node_settings(settings)))
+
+    def cached(self, default_cache_dir: str) -> list[str]:
+        return cache_entries(node_cache_dir(Path(default_cache_dir)))
+
+    # -- the runtime process -----------------------------------------------
+
+    def launch(self, args: Sequence[str], env: Mapping[str, str], bind_host: str,
+               advertise_host: Optional[str]) -> dict:
+        """Start `<this node's python> args --host --port`; returns the base_url and where it runs.
+
+        The node's own interpreter, not the pool's path: on a cluster they differ.
+        """
+        port = free_port(bind_host)
+        child_env = {**os.environ, **env}       # keeps Ray's CUDA_VISIBLE_DEVICES
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, *args, "--host", bind_host, "--port", str(port)], env=child_env,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=die_with_parent)
+        where = self.node()
+        host = advertise_host or (where["ip"] if bind_host == "0.0.0.0" else bind_host)
+        return {**where, "base_url": f"http://{host}:{port}", "child_pid": self.process.pid}
+
+    def wait_exit(self) -> Optional[int]:
+        """Blocks (in one of the actor's threads) until the runtime process exits."""
+        return None if self.process is None else self.process.wait()
+
+    def returncode(self) -> Optional[int]:
+        return None if self.process is None else self.process.poll()
+
+    def log_tail(self, limit: int = 600) -> str:
+        try:
+            return self.log_path.read_bytes()[-limit:].decode("utf-8", "replace").strip()
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float) -> Optional[int]:
+        """SIGTERM to the child's process group, SIGKILL after timeout_s."""
+        if self.process is None or self.process.poll() is not None:
+            return self.returncode()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                break
+            if wait_quietly(self.process, timeout_s):
+                break
+        return self.returncode()
+
+
+def wait_quietly(process: subprocess.Popen, timeout_s: float) -> bool:
+    try:
+        process.wait(timeout=timeout_s)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+async def pull_model(model_uri: str, settings) -> str:
+    """Fetch a model into this node's cache with the same WeightStore the pool uses locally.
+
+    One pull at a time per node cache: each replica's actor is its own process,
+    and a WeightCache clears tmp/ when it opens, which would delete the part
+    files of a pull still running for another replica on the same node. The
+    second pull of a model then finds it cached.
+    """
+    from pool.s3 import open_client
+    from pool.weights import WeightCache, WeightStore
+
+    with cache_lock(Path(settings.cache_dir)):
+        async with AsyncExitStack() as stack:
+            client = await open_client(settings, stack)
+            store = WeightStore(client, WeightCache(settings.cache_dir, settings.cache_budget_bytes), settings)
+            files = await store.fetch_model(model_uri)
+            return str(files.model_dir)
+
+
+@contextmanager
+def cache_lock(cache_dir: Path) -> Iterator[None]:
+    """An exclusive lock on a node's cache folder, held across processes (flock)."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / ".pull.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)       # blocks this actor thread only
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+

@@ -1,0 +1,57 @@
+"""Simple implementations of the two seams, for tests and for embedding.
+
+InMemoryDesiredState is a DesiredStateSource over a list you update;
+EventLog is a ReplicaEventSink that keeps every event in order.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Iterable
+
+from pool.api import ReplicaEvent, RevisionSpec
+
+
+class InMemoryDesiredState:
+    def __init__(self, specs: Iterable[RevisionSpec] = ()):
+        self.specs: list[RevisionSpec] = list(specs)
+
+    async def revisions(self) -> list[RevisionSpec]:
+        return list(self.specs)
+
+    def put(self, spec: RevisionSpec) -> None:
+        self.specs = [s for s in self.specs if s.revision_id != spec.revision_id] + [spec]
+
+    def remove(self, revision_id: str) -> None:
+        self.specs = [s for s in self.specs if s.revision_id != revision_id]
+
+
+class EventLog:
+    def __init__(self) -> None:
+        self.events: list[ReplicaEvent] = []
+        self._changed = asyncio.Condition()
+
+    async def replica_changed(self, event: ReplicaEvent) -> None:
+        self.events.append(event)
+        async with self._changed:
+            self._changed.notify_all()
+
+    def states(self, replica_id: str) -> list[str]:
+        return [e.state for e in self.events if e.replica_id == replica_id]
+
+    def replica_ids(self, revision_id: str) -> list[str]:
+        seen: dict[str, None] = {}
+        for e in self.events:
+            if e.revision_id == revision_id:
+                seen.setdefault(e.replica_id)
+        return list(seen)
+
+    async def wait_for(self, predicate, timeout_s: float) -> bool:
+        """Wait (event-driven, bounded) until predicate(events) holds."""
+        async def until():
+            async with self._changed:
+                await self._changed.wait_for(lambda: predicate(self.events))
+        try:
+            await asyncio.wait_for(until(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False

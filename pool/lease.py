@@ -1,0 +1,43 @@
+"""Lease: one request's hold on a ready replica (an async context manager)."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from pool.api import ColdStartTimings
+
+
+class Lease:
+    def __init__(self, *, base_url: str, replica_id: str, revision_id: str, queue_s: float,
+                 cold_start: Optional[ColdStartTimings], on_release: Callable[["Lease"], None],
+                 on_failed: Callable[["Lease"], None]):
+        self.base_url = base_url
+        self.replica_id = replica_id
+        self.revision_id = revision_id
+        self.served_model_name = revision_id      # what the replica calls its model
+        self.queue_s = queue_s
+        self.cold_start = cold_start
+        self.failed = False
+        self.released = False
+        self._on_release = on_release
+        self._on_failed = on_failed
+
+    def release(self) -> None:
+        """Give the replica back; idempotent (only the first call counts)."""
+        if not self.released:
+            self.released = True
+            self._on_release(self)
+
+    def mark_failed(self) -> None:
+        """The replica broke mid-request: the pool checks it now and replaces it if dead."""
+        if not self.failed:
+            self.failed = True
+            self._on_failed(self)
+
+    async def __aenter__(self) -> "Lease":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"Lease({self.replica_id} at {self.base_url}, queue_s={self.queue_s:.3f})"

@@ -1,0 +1,114 @@
+"""inspect_model: architecture and weight sizes from S3 without downloading weights.
+
+Reads config.json and, per safetensors file, the 8-byte header length and the
+JSON header with ranged GETs; sums bytes and parameters per dtype.
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections import Counter
+from typing import Any, Awaitable, Callable
+
+from pool.api import ModelInfo, ModelUnavailable
+from pool.s3 import MISSING_CODES, S3Object, error_code, list_objects, parse_uri
+
+HEAD_GUESS = 64 * 1024
+SAFETENSORS_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+    "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+}
+Retry = Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
+
+
+async def _plain(call):
+    return await call()
+
+
+async def inspect_model(client, model_uri: str, retry: Retry = _plain) -> ModelInfo:
+    bucket, prefix = parse_uri(model_uri)
+    objects = {o.key[len(prefix):]: o for o in await retry(lambda: list_objects(client, bucket, prefix))}
+    if "config.json" not in objects:
+        raise ModelUnavailable(f"missing object s3://{bucket}/{prefix}config.json")
+    config = json.loads(await read_range(client, objects["config.json"], retry))
+    shards = await weight_files(client, objects, retry, f"s3://{bucket}/{prefix}")
+    headers = [await read_header(client, objects[name], retry) for name in shards]
+    return summarize(model_uri, config, shards, headers)
+
+
+async def weight_files(client, objects: dict[str, S3Object], retry: Retry, where: str) -> list[str]:
+    """The safetensors files the model loads, each checked to exist."""
+    if "model.safetensors.index.json" in objects:
+        index = json.loads(await read_range(client, objects["model.safetensors.index.json"], retry))
+        names = sorted(set(index.get("weight_map", {}).values()))
+    else:
+        names = sorted(n for n in objects if n.endswith(".safetensors"))
+    if not names:
+        raise ModelUnavailable(f"missing object {where}model.safetensors (no *.safetensors under the prefix)")
+    for name in names:
+        if name not in objects:
+            raise ModelUnavailable(f"missing object {where}{name} (listed in the index)")
+    return names
+
+
+async def read_range(client, obj: S3Object, retry: Retry, start: int = 0, end: int | None = None) -> bytes:
+    rng = f"bytes={start}-{'' if end is None else end}"
+
+    async def call() -> bytes:
+        try:
+            resp = await client.get_object(Bucket=obj.bucket, Key=obj.key, Range=rng)
+        except Exception as exc:  # noqa: BLE001
+            if error_code(exc) in MISSING_CODES:
+                raise ModelUnavailable(f"missing object {obj.uri}") from exc
+            raise
+        async with resp["Body"] as body:
+            return await body.read()
+    return await retry(call)
+
+
+async def read_header(client, obj: S3Object, retry: Retry) -> dict:
+    if obj.size < 8:
+        raise ModelUnavailable(f"bad safetensors file {obj.uri}: {obj.size} bytes")
+    head = await read_range(client, obj, retry, 0, min(obj.size, HEAD_GUESS) - 1)
+    (length,) = struct.unpack("<Q", head[:8])
+    if length + 8 > obj.size:
+        raise ModelUnavailable(f"bad safetensors header in {obj.uri}: length {length}")
+    raw = head[8:8 + length]
+    if len(raw) < length:
+        raw += await read_range(client, obj, retry, 8 + len(raw), 8 + length - 1)
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise ModelUnavailable(f"bad safetensors header in {obj.uri}: {exc}") from exc
+
+
+def summarize(model_uri: str, config: dict, files: list[str], headers: list[dict]) -> ModelInfo:
+    by_dtype: Counter = Counter()
+    params = linear = 0
+    for header in headers:
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            count = math.prod(entry["shape"])
+            start, end = entry["data_offsets"]
+            by_dtype[SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"].lower())] += end - start
+            params += count
+            if name.endswith("_proj.weight") and len(entry["shape"]) == 2:
+                linear += count
+    heads = int(config.get("num_attention_heads") or 1)
+    return ModelInfo(
+        model_uri=model_uri,
+        architecture=(config.get("architectures") or ["unknown"])[0],
+        weight_bytes=sum(by_dtype.values()),
+        dtype=by_dtype.most_common(1)[0][0] if by_dtype else str(config.get("torch_dtype", "float32")),
+        num_parameters=params,
+        files=tuple(files),
+        linear_parameters=linear,
+        bytes_by_dtype=dict(by_dtype),
+        num_hidden_layers=int(config.get("num_hidden_layers") or 0),
+        num_key_value_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or int(config.get("hidden_size", 0)) // heads),
+        max_position_embeddings=int(config.get("max_position_embeddings") or 0),
+    )

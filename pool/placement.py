@@ -1,0 +1,134 @@
+"""Memory-aware best-fit placement: a pure decision over a snapshot of slots.
+
+A replica needs `slot_count` slots on one node with `bytes_per_slot` free on
+each. Best fit: among the nodes that can take it, the choice that leaves the
+least memory free, so large holes stay open for large models. Nodes named in
+`prefer_nodes` (on a cluster: those whose cache already holds the revision's
+weights, so the cold start skips the download) go before all others; best
+fit decides among the preferred, and among the rest.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Collection, Mapping, Optional, Sequence, Union
+
+from pool.api import ModelInfo
+
+GB = 1024 ** 3
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "half": 2,
+               "bfloat16": 2, "bf16": 2, "int8": 1, "uint8": 1}
+
+
+@dataclass(frozen=True)
+class SlotState:
+    slot_id: str
+    node: str
+    memory_bytes: int
+    reserved_bytes: int = 0
+
+    @property
+    def free_bytes(self) -> int:
+        return self.memory_bytes - self.reserved_bytes
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    bytes_per_slot: int
+    slot_count: int = 1
+
+
+@dataclass(frozen=True)
+class Placed:
+    node: str
+    slot_ids: tuple[str, ...]
+    bytes_per_slot: int
+
+
+@dataclass(frozen=True)
+class NoCapacity:
+    """Fits an empty node but not now: the replica waits in pending."""
+    reason: str
+
+
+Decision = Union[Placed, NoCapacity]
+
+
+def place(request: PlacementRequest, slots: Sequence[SlotState],
+          prefer_nodes: Collection[str] = ()) -> Decision:
+    best: Optional[tuple[tuple[bool, int, str], tuple[SlotState, ...]]] = None
+    for node, node_slots in _by_node(slots).items():
+        chosen = _best_slots(request, node_slots)
+        if chosen is None:
+            continue
+        leftover = sum(s.free_bytes - request.bytes_per_slot for s in chosen)
+        rank = (node not in prefer_nodes, leftover, node)      # False sorts first: preferred
+        if best is None or rank < best[0]:
+            best = (rank, chosen)
+    if best is None:
+        return NoCapacity(f"waiting for capacity: no node has {request.slot_count} slot(s) "
+                          f"with {_gb(request.bytes_per_slot)} free")
+    rank, chosen = best
+    return Placed(rank[2], tuple(s.slot_id for s in chosen), request.bytes_per_slot)
+
+
+def never_fits(request: PlacementRequest, slots: Sequence[SlotState]) -> Optional[str]:
+    """Why this request could not be placed even on an empty pool, or None."""
+    empty = [SlotState(s.slot_id, s.node, s.memory_bytes) for s in slots]
+    if isinstance(place(request, empty), Placed):
+        return None
+    largest = max((s.memory_bytes for s in slots), default=0)
+    most = max((len(v) for v in _by_node(slots).values()), default=0)
+    return (f"needs {request.slot_count} slot(s) with {_gb(request.bytes_per_slot)} each on one "
+            f"node; the largest slot has {_gb(largest)} and the largest node {most} slot(s)")
+
+
+def _best_slots(request: PlacementRequest, slots: Sequence[SlotState]) -> Optional[tuple[SlotState, ...]]:
+    fitting = sorted((s for s in slots if s.free_bytes >= request.bytes_per_slot),
+                     key=lambda s: (s.free_bytes, s.slot_id))
+    if len(fitting) < request.slot_count:
+        return None
+    return tuple(fitting[:request.slot_count])
+
+
+def _by_node(slots: Sequence[SlotState]) -> dict[str, list[SlotState]]:
+    nodes: dict[str, list[SlotState]] = {}
+    for slot in slots:
+        nodes.setdefault(slot.node, []).append(slot)
+    return nodes
+
+
+def _gb(n: int) -> str:
+    return f"{n / GB:.2f} GiB"
+
+
+# -- how much memory a revision needs -------------------------------------
+
+def weight_bytes(info: ModelInfo, dtype: Optional[str], quantization: Optional[str]) -> int:
+    """Weights at the runtime dtype; int8 stores linear weights in one byte (+ scales)."""
+    width = DTYPE_BYTES.get(dtype or "", 0)
+    total = info.num_parameters * width if width else info.weight_bytes
+    if quantization == "int8" and info.linear_parameters:
+        per = width or _checkpoint_width(info)
+        total -= info.linear_parameters * (per - 1)
+    return total
+
+
+def kv_bytes(info: ModelInfo, dtype: Optional[str], tokens: int) -> int:
+    width = DTYPE_BYTES.get(dtype or "", 0) or _checkpoint_width(info)
+    return 2 * info.num_hidden_layers * info.num_key_value_heads * info.head_dim * width * tokens
+
+
+def request_for(info: ModelInfo, gpu_memory_gb: float, gpu_count: int,
+                engine: Mapping, kv_tokens_default: int, overhead_fraction: float) -> PlacementRequest:
+    """Per-slot need: max(declared gpu_memory_gb, (weights + KV) * (1 + overhead) / slots)."""
+    dtype = engine.get("dtype")
+    tokens = engine.get("kv_cache_tokens") or kv_tokens_default
+    need = weight_bytes(info, dtype, engine.get("quantization")) + kv_bytes(info, dtype, tokens)
+    count = max(1, int(gpu_count))
+    per_slot = math.ceil(need * (1.0 + overhead_fraction) / count)
+    return PlacementRequest(max(per_slot, int(gpu_memory_gb * GB)), count)
+
+
+def _checkpoint_width(info: ModelInfo) -> int:
+    return DTYPE_BYTES.get(info.dtype, 4)

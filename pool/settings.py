@@ -1,0 +1,120 @@
+"""PoolSettings: the one typed settings object of the pool, built once.
+
+`PoolSettings.from_env()` is the only place in pool/ that reads the
+environment; everything else receives the frozen object.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping, Optional
+
+GB = 1024 ** 3
+MB = 1024 ** 2
+BACKENDS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    # inventory: "auto" probes CUDA (in a child process), else declared CPU slots
+    accelerator: str = "auto"                  # auto | cuda | cpu
+    cpu_slots: int = 2
+    slot_memory_gb: float = 8.0
+    node: str = "local"
+    # placement
+    kv_cache_tokens_default: int = 4096        # when engine kwargs give none
+    memory_overhead_fraction: float = 0.10     # activations, allocator slack
+    # weights: S3 and the local content cache
+    s3_endpoint: Optional[str] = None          # None: AWS default
+    s3_region: str = "us-east-1"
+    aws_access_key_id: Optional[str] = None
+    aws_secret_access_key: Optional[str] = None
+    cache_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "thawpool-cache")
+    cache_disk_budget_gb: float = 50.0
+    part_size_mb: float = 8.0
+    download_concurrency: int = 16
+    verify_md5: bool = True
+    s3_attempts: int = 5
+    s3_backoff_base_s: float = 0.1
+    s3_backoff_cap_s: float = 2.0
+    s3_read_timeout_s: float = 30.0
+    # stage timeouts: nothing stays in pulling or loading forever
+    pull_timeout_s: float = 600.0
+    load_timeout_s: float = 300.0
+    stop_timeout_s: float = 5.0
+    drain_timeout_s: float = 300.0
+    # runtime processes
+    warm_pool_size: int = 1
+    runtime_python: str = sys.executable
+    runtime_threads: Optional[int] = None      # OMP/torch threads per CPU replica
+    host: str = "127.0.0.1"
+    log_dir: Optional[Path] = None             # None: cache_dir / "logs"
+    health_poll_s: float = 0.05
+    # activator and control loop
+    queue_limit: int = 64                      # per revision
+    tick_s: float = 0.5
+    desired_refresh_s: float = 5.0
+    scale_down_delay_s: float = 30.0
+    target_queued_prompt_tokens: int = 8192    # per replica; second scaling signal
+    crash_backoff_base_s: float = 1.0
+    crash_backoff_cap_s: float = 60.0
+    # backend: local processes on this machine, or Ray actors across a cluster
+    backend: str = "local"                     # local | ray
+    ray_address: Optional[str] = None          # None: ray.init's default ("auto", RAY_ADDRESS)
+    ray_replica_host: str = "127.0.0.1"        # runtime bind address on a node; 0.0.0.0: node IP
+    ray_gpu_memory_gb: Optional[float] = None  # memory per Ray GPU; None: slot_memory_gb
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+
+    @property
+    def part_size_bytes(self) -> int:
+        return max(1, int(self.part_size_mb * MB))
+
+    @property
+    def cache_budget_bytes(self) -> int:
+        return int(self.cache_disk_budget_gb * GB)
+
+    @property
+    def logs(self) -> Path:
+        return self.log_dir or Path(self.cache_dir) / "logs"
+
+    def with_(self, **changes) -> "PoolSettings":
+        return replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ, **overrides) -> "PoolSettings":
+        """THAWPOOL_* variables (names are the field names upper-cased), then overrides."""
+        values = {}
+        for name, f in cls.__dataclass_fields__.items():
+            raw = env.get(f"THAWPOOL_{name.upper()}")
+            if raw is not None:
+                values[name] = _parse(raw, f.type)
+        values.setdefault("s3_endpoint", env.get("THAWPOOL_S3_ENDPOINT") or env.get("AWS_ENDPOINT_URL_S3"))
+        values.setdefault("aws_access_key_id", env.get("AWS_ACCESS_KEY_ID"))
+        values.setdefault("aws_secret_access_key", env.get("AWS_SECRET_ACCESS_KEY"))
+        if env.get("AWS_DEFAULT_REGION"):
+            values.setdefault("s3_region", env["AWS_DEFAULT_REGION"])
+        values.update(overrides)
+        return cls(**values)
+
+
+def _parse(raw: str, type_name: str):
+    kind = str(type_name)
+    if "Optional" in kind and not raw.strip():      # an empty variable means "not set"
+        return None
+    if "bool" in kind:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if "Path" in kind:
+        return Path(raw)
+    if "int" in kind and "Optional" not in kind:
+        return int(raw)
+    if "float" in kind:
+        return float(raw)
+    if kind == "Optional[int]":
+        return int(raw)
+    return raw

@@ -1,0 +1,345 @@
+"""Weights from S3 into a local content cache shared by the replicas of a node.
+
+Each object is fetched with parallel ranged GETs (part size and concurrency
+from the settings, every part `If-Match` its listed ETag), written with
+pwrite into a temp file, verified (size always; the MD5 for single-part
+ETags, hashed in order while later parts still download; a multipart ETag
+`<md5>-<n>` is not a content MD5, so those are verified by size only) and
+renamed atomically into `objects/<digest of bucket/key/etag>/`. A failed
+or partial download is deleted and never enters the cache. Entries are
+evicted least recently used when the disk budget is exceeded; entries in use
+by a live replica are pinned.
+
+A model folder for the runtime is a directory of symlinks into the cache.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from pool.api import ColdStartFailed
+from pool.s3 import (MISMATCH_CODES, MISSING_CODES, S3Object, ShortRead, error_code,
+                     list_objects, parse_uri, with_retries)
+from pool.settings import PoolSettings
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1024 * 1024
+SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt", ".md", ".gitattributes")
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    model_dir: Path
+    keys: tuple[str, ...]           # cache entries this folder links to (pinned)
+    downloaded_bytes: int
+    cached_bytes: int
+    seconds: float
+
+
+def entry_key(obj: S3Object) -> str:
+    return hashlib.sha256(f"{obj.bucket}/{obj.key}/{obj.etag}".encode()).hexdigest()[:40]
+
+
+class WeightCache:
+    """objects/<key>/{data,meta.json}; LRU order kept in memory, rebuilt from mtimes."""
+
+    def __init__(self, root: Path, budget_bytes: int):
+        self.root = Path(root)
+        self.budget_bytes = budget_bytes
+        self.objects = self.root / "objects"
+        self.tmp = self.root / "tmp"
+        self.models = self.root / "models"
+        for d in (self.objects, self.tmp, self.models):
+            d.mkdir(parents=True, exist_ok=True)
+        self._clear_tmp()
+        self._lru: OrderedDict[str, int] = OrderedDict()    # key -> size, oldest first
+        self._pins: dict[str, int] = {}
+        self._scan()
+
+    def _clear_tmp(self) -> None:
+        for leftover in self.tmp.iterdir():
+            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+
+    def _scan(self) -> None:
+        found = []
+        for entry in self.objects.iterdir():
+            meta = entry / "meta.json"
+            if (entry / "data").is_file() and meta.is_file():
+                found.append((meta.stat().st_mtime, entry.name, json.loads(meta.read_text())["size"]))
+            else:
+                shutil.rmtree(entry, ignore_errors=True)
+        for _, key, size in sorted(found):
+            self._lru[key] = size
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(self._lru.values())
+
+    def lookup(self, obj: S3Object) -> Optional[Path]:
+        key = entry_key(obj)
+        data = self.objects / key / "data"
+        if key not in self._lru or not data.is_file() or data.stat().st_size != obj.size:
+            return None
+        self._lru.move_to_end(key)
+        os.utime(self.objects / key / "meta.json")
+        return data
+
+    def temp_path(self) -> Path:
+        return self.tmp / f"{uuid.uuid4().hex}.part"
+
+    def admit(self, obj: S3Object, temp: Path) -> Path:
+        """Move a verified temp file into the cache (atomic directory rename)."""
+        key = entry_key(obj)
+        staging = self.tmp / f"{key}.{uuid.uuid4().hex}"
+        staging.mkdir()
+        os.rename(temp, staging / "data")
+        (staging / "meta.json").write_text(json.dumps(
+            {"bucket": obj.bucket, "key": obj.key, "etag": obj.etag, "size": obj.size}))
+        final = self.objects / key
+        try:
+            os.rename(staging, final)
+        except OSError:                      # another download got there first
+            shutil.rmtree(staging, ignore_errors=True)
+        self._lru[key] = obj.size
+        self._lru.move_to_end(key)
+        return final / "data"
+
+    def make_room(self, nbytes: int) -> list[str]:
+        """Evict unpinned entries, oldest first, until nbytes more fit the budget."""
+        evicted = []
+        for key in list(self._lru):
+            if self.used_bytes + nbytes <= self.budget_bytes:
+                break
+            if self._pins.get(key):
+                continue
+            self._lru.pop(key)
+            shutil.rmtree(self.objects / key, ignore_errors=True)
+            evicted.append(key)
+        if self.used_bytes + nbytes > self.budget_bytes:
+            log.warning("weight cache over budget: %d in use by live replicas", self.used_bytes)
+        return evicted
+
+    def pin(self, keys) -> None:
+        for key in keys:
+            self._pins[key] = self._pins.get(key, 0) + 1
+
+    def unpin(self, keys) -> None:
+        for key in keys:
+            left = self._pins.get(key, 0) - 1
+            if left > 0:
+                self._pins[key] = left
+            else:
+                self._pins.pop(key, None)
+
+    def __contains__(self, obj: S3Object) -> bool:
+        return entry_key(obj) in self._lru
+
+
+class WeightStore:
+    """Fetches model folders from S3 through the cache; dedupes concurrent fetches."""
+
+    def __init__(self, client, cache: WeightCache, settings: PoolSettings):
+        self.client = client
+        self.cache = cache
+        self.settings = settings
+        self._parts = asyncio.Semaphore(settings.download_concurrency)
+        self._inflight: dict[str, asyncio.Future] = {}
+
+    async def retry(self, call):
+        s = self.settings
+        return await with_retries(call, attempts=s.s3_attempts, base_s=s.s3_backoff_base_s,
+                                  cap_s=s.s3_backoff_cap_s)
+
+    async def list_model(self, model_uri: str) -> list[S3Object]:
+        bucket, prefix = parse_uri(model_uri)
+        objects = await self.retry(lambda: list_objects(self.client, bucket, prefix))
+        names = {o.key[len(prefix):] for o in objects}
+        if "config.json" not in names:
+            raise ColdStartFailed(f"missing object s3://{bucket}/{prefix}config.json")
+        if not any(n.endswith(".safetensors") for n in names):
+            raise ColdStartFailed(f"missing object s3://{bucket}/{prefix}model.safetensors")
+        return [o for o in objects if not o.key.endswith(SKIP_SUFFIXES)]
+
+    async def fetch_model(self, model_uri: str, objects: Optional[list[S3Object]] = None) -> ModelFiles:
+        """Every file of the model in the cache, linked into one folder; pins the entries."""
+        started = time.monotonic()
+        objects = objects if objects is not None else await self.list_model(model_uri)
+        keys = tuple(entry_key(o) for o in objects)
+        self.cache.pin(keys)
+        try:
+            fresh = [o for o in objects if o not in self.cache]
+            paths = await settle_all([self.fetch_object(o) for o in objects])
+            model_dir = self._link(objects, paths)
+        except BaseException:
+            self.cache.unpin(keys)
+            raise
+        downloaded = sum(o.size for o in fresh)
+        return ModelFiles(model_dir, keys, downloaded, sum(o.size for o in objects) - downloaded,
+                          time.monotonic() - started)
+
+    def release(self, files: ModelFiles) -> None:
+        self.cache.unpin(files.keys)
+
+    def _link(self, objects: list[S3Object], paths: list[Path]) -> Path:
+        digest = hashlib.sha256("\n".join(entry_key(o) for o in objects).encode()).hexdigest()[:24]
+        folder = self.cache.models / digest
+        staging = self.cache.tmp / f"model-{digest}-{uuid.uuid4().hex}"
+        staging.mkdir()
+        for obj, path in zip(objects, paths):
+            os.symlink(path, staging / obj.key.rsplit("/", 1)[-1])
+        shutil.rmtree(folder, ignore_errors=True)
+        os.rename(staging, folder)
+        return folder
+
+    async def fetch_object(self, obj: S3Object) -> Path:
+        """The cached path of obj; concurrent callers share one download, which is
+        cancelled when the last of them stops waiting."""
+        hit = self.cache.lookup(obj)
+        if hit is not None:
+            return hit
+        key = entry_key(obj)
+        if key not in self._inflight:
+            task = asyncio.ensure_future(self._download_into_cache(obj))
+            self._inflight[key] = Shared(task)
+            task.add_done_callback(lambda _f, k=key: self._inflight.pop(k, None))
+        shared = self._inflight[key]
+        shared.waiters += 1
+        try:
+            return await asyncio.shield(shared.task)
+        finally:
+            shared.waiters -= 1
+            if shared.waiters == 0 and not shared.task.done():
+                shared.task.cancel()
+                await asyncio.gather(shared.task, return_exceptions=True)
+
+    async def _download_into_cache(self, obj: S3Object) -> Path:
+        if obj.size > self.cache.budget_bytes:
+            raise ColdStartFailed(f"{obj.uri} ({obj.size} bytes) exceeds the weight cache budget")
+        self.cache.make_room(obj.size)
+        temp = self.cache.temp_path()
+        try:
+            await self.download(obj, temp)
+            return self.cache.admit(obj, temp)
+        finally:
+            temp.unlink(missing_ok=True)
+
+    async def download(self, obj: S3Object, dest: Path) -> None:
+        """Parallel ranged GETs of one object into dest, then verified."""
+        ranges = part_ranges(obj.size, self.settings.part_size_bytes)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, obj.size)
+            check_md5 = self.settings.verify_md5 and not obj.is_multipart_etag
+            hasher = OrderedHasher(dest, len(ranges)) if check_md5 else None
+            tasks = [asyncio.ensure_future(self._part(obj, fd, i, rng, hasher)) for i, rng in enumerate(ranges)]
+            hashing = asyncio.ensure_future(hasher.run(ranges)) if hasher else None
+            try:
+                written = sum(await asyncio.gather(*tasks))
+                digest = await hashing if hashing else None
+            except BaseException:
+                for t in tasks + ([hashing] if hashing else []):
+                    t.cancel()
+                await asyncio.gather(*tasks, *([hashing] if hashing else []), return_exceptions=True)
+                raise
+        finally:
+            os.close(fd)
+        verify(obj, written, dest.stat().st_size, digest)
+
+    async def _part(self, obj: S3Object, fd: int, index: int, rng: tuple[int, int],
+                    hasher: Optional["OrderedHasher"]) -> int:
+        async with self._parts:
+            n = await self.retry(lambda: self._get_range(obj, fd, rng))
+        if hasher:
+            hasher.done(index)
+        return n
+
+    async def _get_range(self, obj: S3Object, fd: int, rng: tuple[int, int]) -> int:
+        start, end = rng
+        offset = start
+        try:
+            resp = await self.client.get_object(Bucket=obj.bucket, Key=obj.key,
+                                                Range=f"bytes={start}-{end}", IfMatch=f'"{obj.etag}"')
+            async with resp["Body"] as body:
+                # each chunk straight to its offset: no join of the part in memory
+                async for chunk in body.iter_chunks(CHUNK):
+                    offset += os.pwrite(fd, chunk, offset)
+        except Exception as exc:  # noqa: BLE001 - classified into a cold-start reason
+            raise_clear(obj, exc)
+        if offset != end + 1:
+            raise ShortRead(f"{obj.uri} bytes {start}-{end}: got {offset - start}")
+        return offset - start
+
+
+@dataclass
+class Shared:
+    task: asyncio.Future
+    waiters: int = 0
+
+
+async def settle_all(coros) -> list:
+    """gather() that, on the first failure, cancels the rest and waits for them to end."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def raise_clear(obj: S3Object, exc: Exception) -> None:
+    code = error_code(exc)
+    if code in MISSING_CODES:
+        raise ColdStartFailed(f"missing object {obj.uri}") from exc
+    if code in MISMATCH_CODES:
+        raise ColdStartFailed(f"ETag mismatch for {obj.uri}: changed since listed (expected {obj.etag})") from exc
+    raise exc
+
+
+def part_ranges(size: int, part: int) -> list[tuple[int, int]]:
+    return [(start, min(size, start + part) - 1) for start in range(0, size, part)]
+
+
+def verify(obj: S3Object, written: int, on_disk: int, md5_hex: Optional[str]) -> None:
+    if written != obj.size or on_disk != obj.size:
+        raise ColdStartFailed(f"size mismatch for {obj.uri}: expected {obj.size}, got {written}")
+    if md5_hex is not None and md5_hex != obj.etag:
+        raise ColdStartFailed(f"ETag mismatch for {obj.uri}: expected {obj.etag}, content md5 {md5_hex}")
+
+
+class OrderedHasher:
+    """MD5 of a file whose parts arrive out of order: hashes each contiguous prefix as it lands."""
+
+    def __init__(self, path: Path, parts: int):
+        self.path = path
+        self.events = [asyncio.Event() for _ in range(parts)]
+
+    def done(self, index: int) -> None:
+        self.events[index].set()
+
+    async def run(self, ranges: list[tuple[int, int]]) -> str:
+        md5 = hashlib.md5()
+        loop = asyncio.get_running_loop()
+        with open(self.path, "rb") as f:
+            for event, (start, end) in zip(self.events, ranges):
+                await event.wait()
+                await loop.run_in_executor(None, _hash_range, f.fileno(), start, end, md5)
+        return md5.hexdigest()
+
+
+def _hash_range(fd: int, start: int, end: int, md5) -> None:
+    step = 4 * 1024 * 1024
+    for offset in range(start, end + 1, step):
+        md5.update(os.pread(fd, min(step, end + 1 - offset), offset))

@@ -1,0 +1,14 @@
+"""thawpool runtime: one model replica. `import runtime` does not import torch."""
+from runtime.sampling_params import SamplingParams
+
+__all__ = ["LLM", "LLMEngine", "SamplingParams"]
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from runtime.llm import LLM
+        return LLM
+    if name == "LLMEngine":
+        from runtime.engine import LLMEngine
+        return LLMEngine
+    raise AttributeError(f"module 'runtime' has no attribute {name!r}")

@@ -1,0 +1,173 @@
+"""Paged KV blocks with automatic prefix caching (pure Python, no torch).
+
+A request owns a block table: block ids holding its tokens' k/v, block_size tokens
+each. A full block whose k/v are computed is registered under a chained hash
+(parent block's hash + this block's token ids, salted by e.g. a revision id), so a
+later request with the same leading tokens reuses it instead of recomputing.
+Blocks are reference-counted. A freed block that is registered stays cached and is
+evicted, least recently freed first, only when a fresh block is needed and no
+never-cached free block is left. Partial last blocks are never shared.
+"""
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict, deque
+from typing import Optional, Sequence
+
+
+def hash_block(parent: Optional[bytes], token_ids: Sequence[int], salt: Optional[str] = None) -> bytes:
+    """Stable across processes (the pool uses it for prefix affinity), collision-resistant."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent if parent is not None else b"root:" + (salt or "").encode())
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, salt: Optional[str] = None,
+                 max_blocks: Optional[int] = None) -> list[bytes]:
+    """Chained hashes of the full blocks of token_ids (at most max_blocks of them)."""
+    count = len(token_ids) // block_size
+    if max_blocks is not None:
+        count = min(count, max_blocks)
+    hashes, parent = [], None
+    for i in range(count):
+        parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size], salt)
+        hashes.append(parent)
+    return hashes
+
+
+def prefix_key(token_ids: Sequence[int], block_size: int = 16, num_blocks: int = 4,
+               salt: Optional[str] = None) -> Optional[str]:
+    """A cheap routing key: hex hash of the prompt's first full blocks (None if none)."""
+    hashes = block_hashes(token_ids, block_size, salt, max_blocks=num_blocks)
+    return hashes[-1].hex() if hashes else None
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._ref = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))       # never cached, or evicted
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # ref 0 but cached, LRU first
+        self._cached: dict[bytes, int] = {}                      # hash -> block id
+        self._block_hash: list[Optional[bytes]] = [None] * num_blocks
+        self._tables: dict[str, list[int]] = {}
+        self._hashes: dict[str, list[bytes]] = {}                # hashes of a request's full blocks
+        self._salts: dict[str, Optional[str]] = {}
+
+    # ---- queries
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def block_table(self, request_id: str) -> list[int]:
+        return self._tables[request_id]
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def cached_prefix(self, token_ids: Sequence[int], salt: Optional[str] = None) -> list[int]:
+        """Ids of the leading cached blocks; at least one token is left to compute."""
+        if not self.enable_prefix_caching:
+            return []
+        found, parent = [], None
+        for i in range((len(token_ids) - 1) // self.block_size):
+            parent = hash_block(parent, token_ids[i * self.block_size:(i + 1) * self.block_size], salt)
+            block = self._cached.get(parent)
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    # ---- new requests
+    def can_allocate(self, cached: list[int], num_tokens: int) -> bool:
+        revived = sum(1 for b in cached if self._ref[b] == 0)   # leave the free pool when reused
+        fresh = self.blocks_needed(num_tokens) - len(cached)
+        return fresh <= self.num_free_blocks - revived
+
+    def allocate(self, request_id: str, cached: list[int], num_tokens: int,
+                 salt: Optional[str] = None) -> None:
+        assert request_id not in self._tables, f"{request_id} already holds blocks"
+        self._salts[request_id] = salt
+        for block in cached:
+            self._take(block)
+        self._tables[request_id] = list(cached)
+        self._hashes[request_id] = [self._block_hash[b] for b in cached]
+        self.append_slot(request_id, num_tokens)
+
+    # ---- running requests
+    def can_append(self, request_id: str, num_tokens: int) -> bool:
+        extra = self.blocks_needed(num_tokens) - len(self._tables[request_id])
+        return extra <= self.num_free_blocks
+
+    def append_slot(self, request_id: str, num_tokens: int) -> None:
+        """Grow the request's table so it can hold num_tokens tokens."""
+        table = self._tables[request_id]
+        while len(table) < self.blocks_needed(num_tokens):
+            table.append(self._fresh_block())
+
+    def commit(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
+        """Register the request's full blocks whose k/v are now computed."""
+        if not self.enable_prefix_caching:
+            return
+        table, hashes, bs = self._tables[request_id], self._hashes[request_id], self.block_size
+        salt = self._salts[request_id]
+        for i in range(len(hashes), num_computed // bs):
+            parent = hashes[-1] if hashes else None
+            digest = hash_block(parent, token_ids[i * bs:(i + 1) * bs], salt)
+            hashes.append(digest)
+            if digest not in self._cached:    # a duplicate computed alongside stays private
+                self._cached[digest] = table[i]
+                self._block_hash[table[i]] = digest
+
+    def deallocate(self, request_id: str) -> None:
+        """Release the request's blocks, tail first, so tails are evicted before shared heads."""
+        table = self._tables.pop(request_id)
+        self._hashes.pop(request_id)
+        self._salts.pop(request_id)
+        for block in reversed(table):
+            self._ref[block] -= 1
+            assert self._ref[block] >= 0, f"block {block} freed twice"
+            if self._ref[block] == 0:
+                if self._block_hash[block] is not None:
+                    self._evictable[block] = None
+                else:
+                    self._free.append(block)
+
+    # ---- internals
+    def _take(self, block: int) -> None:
+        if self._ref[block] == 0:
+            self._evictable.pop(block)
+        self._ref[block] += 1
+
+    def _fresh_block(self) -> int:
+        if self._free:
+            block = self._free.popleft()
+        else:
+            block, _ = self._evictable.popitem(last=False)
+            del self._cached[self._block_hash[block]]
+            self._block_hash[block] = None
+        self._ref[block] = 1
+        return block
+
+    def check_invariants(self) -> None:
+        """For tests: every block is either referenced or free, never both, never lost."""
+        free = set(self._free) | set(self._evictable)
+        assert len(free) == len(self._free) + len(self._evictable), "block listed free twice"
+        for block in range(self.num_blocks):
+            assert (self._ref[block] == 0) == (block in free), f"block {block}: ref {self._ref[block]}"
+        held: dict[int, int] = {}
+        for table in self._tables.values():
+            for block in table:
+                held[block] = held.get(block, 0) + 1
+        for block in range(self.num_blocks):
+            assert held.get(block, 0) == self._ref[block], f"block {block}: ref count drift"
+        for digest, block in self._cached.items():
+            assert self._block_hash[block] == digest

@@ -1,0 +1,158 @@
+"""LLMEngine: one replica's engine loop, shared by LLM.generate and the server.
+
+step() is three calls: scheduler.schedule() -> model_runner.run(batch) ->
+scheduler.postprocess(batch, result). Options other helpers add later
+(speculative decoding, quantization, tensor parallelism) enter through
+`check_features`, never as flags inside the scheduler.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any, Optional
+
+from runtime.block_manager import BlockManager
+from runtime.config import EngineConfig, ModelConfig
+from runtime.loader import LoadTimings
+from runtime.outputs import EngineStats, RequestOutput
+from runtime.request import Request
+from runtime.sampling_params import SamplingParams, validate_prompt_ids
+from runtime.scheduler import Scheduler, SchedulerConfig
+from runtime.speculative import SpeculativeConfig, Speculator, make_speculator
+from runtime.tokenizer import Tokenizer
+
+
+def check_features(config: EngineConfig) -> None:
+    """Refuse what this build cannot do yet, clearly, before any weights are read."""
+    if config.speculative is not None:
+        SpeculativeConfig.parse(config.speculative)      # ValueError naming what is wrong
+    if config.tensor_parallel_size != 1:
+        raise NotImplementedError("tensor_parallel_size: only 1 is supported yet")
+
+
+class LLMEngine:
+    def __init__(self, model: str, **engine_kwargs: Any):
+        known = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"}
+        for key in engine_kwargs:
+            if key not in known:
+                raise ValueError(f"{key}: unknown engine option")
+        self.config = EngineConfig(model=str(model), **engine_kwargs)
+        self.config.validate()
+        check_features(self.config)
+        timings = LoadTimings()
+        since = time.perf_counter()
+        self.model_config = ModelConfig.from_dir(model)
+        self.tokenizer = Tokenizer(model, self.model_config.eos_token_ids)
+        since = timings.record("config_tokenizer", since)
+        from runtime.model_runner import ModelRunner   # torch is imported here, not before
+        timings.record("import_torch", since)
+        self.runner = ModelRunner(self.model_config, self.config, timings)
+        self.load_timings = timings.stages
+        self.weight_memory = self.runner.model.weight_memory()   # bytes, after any quantization
+        self.max_model_len = min(self.config.max_model_len or self.model_config.max_position_embeddings,
+                                 self.runner.num_blocks * self.config.block_size)
+        self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
+                                          self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            num_lookahead_slots=self._lookahead()), self.block_manager)
+        self.speculator: Optional[Speculator] = None
+        if self.config.speculative is not None:
+            self.speculator = make_speculator(self.config.speculative, self.config,
+                                              self.max_model_len, self.runner.num_blocks)
+        self._eos = tuple(dict.fromkeys(self.model_config.eos_token_ids + self.tokenizer.eos_token_ids))
+        # add/abort may come from another thread (the server); step() applies them
+        self._lock = threading.Lock()
+        self._adds: list[Request] = []
+        self._aborts: list[str] = []
+        self._known: set[str] = set()       # ids added and not yet finished
+        self.step_s = 0.0          # wall time inside step()
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    cache_salt: Optional[str] = None) -> None:
+        """Thread-safe. ValueError (naming the field) for bad parameters, bad ids, a duplicate
+        id or a prompt that could never run; the request joins the batch at the next step."""
+        params.validate(self.model_config.vocab_size)
+        validate_prompt_ids(prompt_token_ids, self.model_config.vocab_size)
+        self.scheduler.check_fits(len(prompt_token_ids))
+        salt = cache_salt if cache_salt is not None else self.config.cache_salt
+        request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids),
+                          params=params, arrival_time=time.monotonic(),
+                          eos_token_ids=self._eos, cache_salt=salt)
+        with self._lock:
+            if request_id in self._known:
+                raise ValueError(f"request_id: {request_id!r} is already in the engine")
+            self._known.add(request_id)
+            self._adds.append(request)
+
+    def abort_request(self, request_id: str) -> None:
+        """Thread-safe; the request's blocks are freed at the start of the next step."""
+        with self._lock:
+            self._aborts.append(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        with self._lock:
+            return bool(self._known)
+
+    def step(self) -> list[RequestOutput]:
+        started = time.perf_counter()
+        outputs = self._apply_pending()
+        batch = self.scheduler.schedule(time.monotonic())
+        if batch.chunks or batch.finished:
+            if self.speculator is not None:
+                self.speculator.propose(batch, self.scheduler.requests)
+            result = self.runner.run(batch)
+            if self.speculator is not None:
+                self.speculator.record(batch, result)
+            outputs += self.scheduler.postprocess(batch, result, time.monotonic())
+        elif self.scheduler.has_unfinished() and not outputs:
+            raise RuntimeError("scheduler made no progress with requests pending")
+        with self._lock:
+            self._known.difference_update(o.request_id for o in outputs if o.finished)
+        self.step_s += time.perf_counter() - started
+        return outputs
+
+    def _lookahead(self) -> int:
+        """Slots each decoding sequence holds beyond its next token, for proposals."""
+        if self.config.speculative is None:
+            return 0
+        return SpeculativeConfig.parse(self.config.speculative).k
+
+    def _apply_pending(self) -> list[RequestOutput]:
+        with self._lock:
+            adds, self._adds = self._adds, []
+            aborts, self._aborts = self._aborts, []
+        for request in adds:
+            self.scheduler.add(request)
+        outputs = []
+        for request_id in aborts:
+            request = self.scheduler.abort(request_id, time.monotonic())
+            if request is not None:
+                outputs.append(RequestOutput(
+                    request_id=request_id, new_token_ids=[], finished=True, finish_reason="abort",
+                    num_prompt_tokens=request.num_prompt_tokens,
+                    num_cached_tokens=request.num_cached_tokens or 0, metrics=request.metrics()))
+        return outputs
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler.stats
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting) + len(self._adds),
+            kv_blocks_total=self.block_manager.num_blocks,
+            kv_blocks_used=self.block_manager.num_used_blocks,
+            prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits,
+            num_preemptions=s.num_preemptions,
+            spec_proposed=self.speculator.num_proposed if self.speculator is not None else 0,
+            spec_accepted=self.speculator.num_accepted if self.speculator is not None else 0,
+            weight_bytes=self.weight_memory.total_bytes,
+        )
+
+    @property
+    def forward_s(self) -> float:
+        """Time inside the model forward (the rest of step_s is loop overhead)."""
+        return self.runner.forward_s

@@ -1,0 +1,93 @@
+"""LLM: the offline API over the same LLMEngine the server runs."""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Optional, Sequence, Union
+
+from runtime.detokenizer import IncrementalDetokenizer
+from runtime.engine import LLMEngine
+from runtime.outputs import CompletionOutput, RequestOutput
+from runtime.sampling_params import SamplingParams
+
+Prompt = Union[str, list[int]]
+
+
+class LLM:
+    def __init__(self, model: str, device: str = "cpu", dtype: str = "float32",
+                 kv_cache_tokens: Optional[int] = None, enable_prefix_caching: bool = True,
+                 speculative: Optional[dict] = None, quantization: Optional[str] = None,
+                 tensor_parallel_size: int = 1, **engine_kwargs: Any):
+        self.engine = LLMEngine(model, device=device, dtype=dtype, kv_cache_tokens=kv_cache_tokens,
+                                enable_prefix_caching=enable_prefix_caching, speculative=speculative,
+                                quantization=quantization, tensor_parallel_size=tensor_parallel_size,
+                                **engine_kwargs)
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
+                 params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[CompletionOutput]:
+        prompts = _as_list(prompts)
+        params_list = _params_for(prompts, params)
+        jobs: dict[str, _Job] = {}
+        for prompt, p in zip(prompts, params_list):
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            request_id = str(next(self._ids))
+            self.engine.add_request(request_id, ids, p)
+            jobs[request_id] = _Job(CompletionOutput(request_id, ids), self._detokenizer(p))
+        order = list(jobs)
+        while self.engine.has_unfinished_requests():
+            for delta in self.engine.step():
+                self._absorb(jobs[delta.request_id], delta)
+        return [jobs[i].finish(self.tokenizer) for i in order]
+
+    def _detokenizer(self, p: SamplingParams) -> Optional[IncrementalDetokenizer]:
+        return IncrementalDetokenizer(self.tokenizer, p.stop) if p.stop else None
+
+    def _absorb(self, job: "_Job", delta: RequestOutput) -> None:
+        out = job.out
+        out.token_ids.extend(delta.new_token_ids)
+        out.num_cached_tokens = delta.num_cached_tokens
+        if delta.new_logprobs is not None:
+            out.logprobs = (out.logprobs or []) + delta.new_logprobs
+        if job.detok is not None and not job.detok.stopped:
+            job.detok.push(delta.new_token_ids)
+            if job.detok.stopped:
+                self.engine.abort_request(out.request_id)
+                out.finish_reason = "stop"
+        if delta.finished:
+            if out.finish_reason is None:
+                out.finish_reason = delta.finish_reason
+            out.metrics = delta.metrics
+
+
+class _Job:
+    def __init__(self, out: CompletionOutput, detok: Optional[IncrementalDetokenizer]):
+        self.out, self.detok = out, detok
+
+    def finish(self, tokenizer) -> CompletionOutput:
+        if self.detok is not None:
+            self.detok.flush()
+            self.out.text = self.detok.text
+        else:
+            self.out.text = tokenizer.decode(self.out.token_ids)
+        return self.out
+
+
+def _as_list(prompts) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and isinstance(prompts[0], int):
+        return [prompts]
+    return prompts
+
+
+def _params_for(prompts: list[Prompt], params) -> list[SamplingParams]:
+    if params is None:
+        params = SamplingParams()
+    if isinstance(params, SamplingParams):
+        return [params] * len(prompts)
+    params = list(params)
+    if len(params) != len(prompts):
+        raise ValueError(f"params: {len(params)} given for {len(prompts)} prompts")
+    return params

@@ -1,0 +1,49 @@
+"""Load safetensors weights (single file or sharded with an index) into a model.
+
+Files are memory-mapped by safetensors; each tensor is read once and converted
+straight to the target dtype and device. Timings are reported per stage.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadTimings:
+    stages: dict[str, float] = field(default_factory=dict)
+
+    def record(self, stage: str, since: float) -> float:
+        now = time.perf_counter()
+        self.stages[stage] = round(self.stages.get(stage, 0.0) + now - since, 6)
+        return now
+
+
+def weight_files(model_dir: str | Path) -> list[Path]:
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / name for name in shards]
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(model_dir.glob("*.safetensors"))
+    if not found:
+        raise ValueError(f"model: no safetensors weights in {model_dir}")
+    return found
+
+
+def iter_weights(model_dir: str | Path, dtype: torch.dtype, device: str):
+    """Yield (name, tensor) in the target dtype/device, one memory-mapped tensor at a time."""
+    for path in weight_files(model_dir):
+        with safe_open(str(path), framework="pt", device=device) as f:   # read onto the device
+            for name in f.keys():
+                yield name, f.get_tensor(name).to(dtype=dtype)

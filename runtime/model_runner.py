@@ -1,0 +1,182 @@
+"""Builds the tensors for one scheduled batch, runs the model, samples.
+
+All scheduled tokens go through one model call: prefill chunks first (varlen),
+then one row per decoding sequence (batched paged attention). A decoding sequence
+with speculative proposals is a small chunk of 1 + k tokens over its paged cache,
+scored at every row and verified by runtime/rejection_sampler.py.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Optional
+
+import torch
+
+from runtime.config import EngineConfig, ModelConfig
+from runtime.loader import DTYPES, LoadTimings
+from runtime.models.llama import DecodeMeta, ForwardBatch, LlamaModel, PrefillMeta
+from runtime.rejection_sampler import speculative_verify
+from runtime.sampler import Sampler
+from runtime.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig, config: EngineConfig, timings: LoadTimings):
+        self.config = config
+        self.device = config.device
+        self.block_size = config.block_size
+        self.model = LlamaModel(model_config, DTYPES[config.dtype], config.device,
+                                quantization=config.quantization)
+        self.model.load(config.model, timings)
+        since = time.perf_counter()
+        self.num_blocks = self._num_blocks(model_config)
+        self.kv_caches = self.model.allocate_kv_cache(self.num_blocks, self.block_size)
+        timings.record("kv_cache", since)
+        self.sampler = Sampler(config.device, config.seed)
+        self.forward_s = 0.0                  # time inside the model forward (incl. logits)
+
+    def _num_blocks(self, model_config: ModelConfig) -> int:
+        if self.config.kv_cache_tokens is not None:
+            return -(-self.config.kv_cache_tokens // self.block_size)
+        per_block = self.model.kv_bytes_per_token() * self.block_size
+        budget = int(_free_memory(self.device) * self.config.kv_cache_memory_fraction)
+        if not self.device.startswith("cuda"):
+            budget = min(budget, self.config.kv_cache_max_bytes_cpu)
+        max_len = self.config.max_model_len or model_config.max_position_embeddings
+        useful = self.config.max_num_seqs * -(-max_len // self.block_size)   # more is never used
+        return max(1, min(budget // per_block, useful))
+
+    @torch.inference_mode()
+    def run(self, batch: SchedulerOutput) -> RunnerOutput:
+        self.sampler.release(batch.finished)
+        if not batch.chunks:
+            return RunnerOutput()
+        chunks = prefills_first(batch.chunks)
+        logits = self.compute_logits(chunks)
+        sampled = [c for c in chunks if c.sample]
+        if not any(c.draft_token_ids for c in sampled):
+            return self._sample(logits, sampled)
+        rows = _first_rows(sampled)
+        plain = [i for i, c in enumerate(sampled) if not c.draft_token_ids]
+        out = RunnerOutput()
+        if plain:
+            self._sample(logits[[rows[i] for i in plain]], [sampled[i] for i in plain], out)
+        for i, chunk in enumerate(sampled):
+            if chunk.draft_token_ids:
+                self._verify(logits[rows[i]:rows[i] + 1 + len(chunk.draft_token_ids)], chunk, out)
+        return out
+
+    def compute_logits(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """Logits [rows, V] fp32 of every sampled chunk (1 + its proposals rows), in chunk order;
+        chunks must come prefills first (see prefills_first)."""
+        input_ids, fwd = self._prepare(chunks)
+        started = time.perf_counter()
+        hidden = self.model.forward(input_ids, fwd, self.kv_caches)
+        logits = self.model.logits(hidden)
+        self.forward_s += time.perf_counter() - started
+        return logits
+
+    def _sample(self, logits: torch.Tensor, sampled: list[ScheduledChunk],
+                out: Optional[RunnerOutput] = None) -> RunnerOutput:
+        out = RunnerOutput() if out is None else out
+        tokens, logprobs = self.sampler.sample(
+            logits, [c.request_id for c in sampled], [c.params for c in sampled])
+        for chunk, token, lp in zip(sampled, tokens, logprobs):
+            out.token_ids[chunk.request_id] = [token]
+            if lp is not None:
+                out.logprobs[chunk.request_id] = [lp]
+        return out
+
+    def _verify(self, logits: torch.Tensor, chunk: ScheduledChunk, out: RunnerOutput) -> None:
+        """logits [1 + k, V] of one sequence's last token and its k proposals."""
+        gen = self.sampler.generator(chunk.request_id, chunk.params)
+        tokens = speculative_verify(logits, chunk.draft_token_ids, chunk.draft_probs, chunk.params, gen)
+        out.token_ids[chunk.request_id] = tokens
+        if chunk.params.logprobs is not None:
+            out.logprobs[chunk.request_id] = self.sampler.logprobs(
+                logits[:len(tokens)], tokens, [chunk.params] * len(tokens))
+
+    def _prepare(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, ForwardBatch]:
+        prefills = [c for c in chunks if _num_rows(c) > 1]
+        decodes = chunks[len(prefills):]
+        ids, positions, slots = [], [], []
+        for c in chunks:
+            ids.extend(c.token_ids + c.draft_token_ids)
+        prefill = self._prefill_meta(prefills, positions, slots) if prefills else None
+        decode = self._decode_meta(decodes, positions, slots) if decodes else None
+        ends, row = [], 0
+        for c in chunks:
+            row += _num_rows(c)
+            if c.sample:
+                ends.extend(range(row - 1 - len(c.draft_token_ids), row))
+        dev = self.device
+        fwd = ForwardBatch(
+            positions=torch.cat(positions).to(dev) if len(positions) > 1 else positions[0].to(dev),
+            slot_mapping=torch.cat(slots).to(dev) if len(slots) > 1 else slots[0].to(dev),
+            logits_indices=torch.tensor(ends, dtype=torch.long, device=dev),
+            prefill=prefill, decode=decode)
+        return torch.tensor(ids, dtype=torch.long, device=dev), fwd
+
+    def _prefill_meta(self, chunks, positions: list, slots: list) -> PrefillMeta:
+        bs = self.block_size
+        q_lens = [_num_rows(c) for c in chunks]
+        ctx_lens = [c.start + n for c, n in zip(chunks, q_lens)]
+        tables = _padded([c.block_table[:-(-ctx // bs)] for c, ctx in zip(chunks, ctx_lens)])
+        seq = torch.repeat_interleave(torch.arange(len(chunks)), torch.tensor(q_lens))
+        starts = torch.tensor([c.start for c in chunks])
+        offsets = torch.arange(len(seq)) - torch.repeat_interleave(
+            torch.tensor([0] + q_lens[:-1]).cumsum(0), torch.tensor(q_lens))
+        pos = starts[seq] + offsets
+        positions.append(pos)
+        slots.append(tables[seq, pos // bs].long() * bs + pos % bs)
+        any_cached = any(c.start > 0 for c in chunks)
+        return PrefillMeta(num_tokens=len(seq), query_lens=q_lens, context_lens=ctx_lens,
+                           block_tables=tables.to(self.device) if any_cached else None)
+
+    def _decode_meta(self, chunks, positions: list, slots: list) -> DecodeMeta:
+        bs = self.block_size
+        pos = [c.start for c in chunks]
+        positions.append(torch.tensor(pos, dtype=torch.long))
+        slots.append(torch.tensor([c.block_table[p // bs] * bs + p % bs for c, p in zip(chunks, pos)],
+                                  dtype=torch.long))
+        tables = _padded([c.block_table[:p // bs + 1] for c, p in zip(chunks, pos)])
+        return DecodeMeta(block_tables=tables.to(self.device),
+                          context_lens=torch.tensor([p + 1 for p in pos], dtype=torch.int32,
+                                                    device=self.device))
+
+
+def prefills_first(chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
+    return sorted(chunks, key=lambda c: _num_rows(c) == 1)
+
+
+def _num_rows(chunk: ScheduledChunk) -> int:
+    return len(chunk.token_ids) + len(chunk.draft_token_ids)
+
+
+def _first_rows(sampled: list[ScheduledChunk]) -> list[int]:
+    """Index of each sampled chunk's first logits row."""
+    rows, row = [], 0
+    for c in sampled:
+        rows.append(row)
+        row += 1 + len(c.draft_token_ids)
+    return rows
+
+
+def _padded(tables: list[list[int]]) -> torch.Tensor:
+    width = max(len(t) for t in tables)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+
+
+def _free_memory(device: str) -> int:
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return free
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")

@@ -1,0 +1,385 @@
+"""OpenAI wire format for the replica server: parse and validate requests, build responses.
+
+Pure functions over dicts; no engine, no HTTP. Every refusal is a
+`ProtocolError` naming the offending field, so the server answers 400 with
+`param` set and the client can tell which knob was wrong.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional, Union
+
+from runtime.outputs import TokenLogprobs
+from runtime.sampling_params import SamplingParams
+
+Prompt = Union[str, list[int]]
+TokenText = Callable[[int], str]   # token id -> its text, for logprobs
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16   # OpenAI's default for /v1/completions
+MAX_LOGPROBS = 20
+
+# Fields each endpoint understands; anything else is refused by name.
+_SAMPLING_FIELDS = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+                    "stop_token_ids", "ignore_eos"}
+_COMMON_FIELDS = _SAMPLING_FIELDS | {"model", "stream", "stream_options", "n", "user",
+                                     "presence_penalty", "frequency_penalty"}
+COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "logprobs", "echo"}
+CHAT_FIELDS = _COMMON_FIELDS | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"}
+CHAT_ROLES = {"system", "user", "assistant", "tool", "developer"}
+
+
+class ProtocolError(ValueError):
+    """A request the server refuses; `param` names the field when there is one."""
+
+    def __init__(self, message: str, param: Optional[str] = None, status: int = 400,
+                 type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+        self.type = type
+
+    @classmethod
+    def from_value_error(cls, exc: ValueError, rename: Optional[dict[str, str]] = None):
+        """Engine and SamplingParams messages start with 'field: ...'; keep that field."""
+        message = str(exc)
+        head, sep, _ = message.partition(":")
+        param = head.strip() if sep and head.strip().isidentifier() else None
+        if param and rename and param in rename:
+            message = rename[param] + message[len(head):]
+            param = rename[param]
+        return cls(message, param=param)
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    include_usage: bool = False
+    # vLLM's extension: cumulative usage in every chunk, so a stream cut midway can be billed.
+    continuous_usage_stats: bool = False
+
+
+@dataclass
+class GenerationRequest:
+    """One parsed /v1/completions or /v1/chat/completions request."""
+    kind: str                                  # "completion" | "chat"
+    params: SamplingParams
+    prompt: Optional[Prompt] = None            # completions
+    messages: Optional[list[dict[str, str]]] = None   # chat, content flattened to text
+    model: Optional[str] = None
+    stream: bool = False
+    stream_options: StreamOptions = field(default_factory=StreamOptions)
+    max_tokens_given: bool = True              # chat: False -> fill up to the context
+    logprobs: Optional[int] = None             # top-N requested; None: no logprobs
+
+    def with_max_tokens(self, max_tokens: int) -> "GenerationRequest":
+        return replace(self, params=replace(self.params, max_tokens=max_tokens))
+
+
+# ---------------------------------------------------------------- parsing
+
+def parse_completion_request(body: Any) -> GenerationRequest:
+    body = _require_object(body)
+    _refuse_unknown(body, COMPLETION_FIELDS)
+    _refuse_unsupported(body)
+    if body.get("echo"):
+        raise ProtocolError("echo: not supported", param="echo")
+    logprobs = _optional_int(body, "logprobs", 0, MAX_LOGPROBS)
+    max_tokens = body.get("max_tokens")
+    params = _sampling_params(body, _or_default(max_tokens), logprobs)
+    return GenerationRequest(
+        kind="completion", params=params, prompt=_parse_prompt(body.get("prompt")),
+        model=_optional_str(body, "model"), stream=_optional_bool(body, "stream"),
+        stream_options=_parse_stream_options(body), logprobs=logprobs,
+    )
+
+
+def parse_chat_request(body: Any) -> GenerationRequest:
+    body = _require_object(body)
+    _refuse_unknown(body, CHAT_FIELDS)
+    _refuse_unsupported(body)
+    logprobs = _chat_logprobs(body)
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    params = _sampling_params(body, _or_default(max_tokens), logprobs)
+    return GenerationRequest(
+        kind="chat", params=params, messages=_parse_messages(body.get("messages")),
+        model=_optional_str(body, "model"), stream=_optional_bool(body, "stream"),
+        stream_options=_parse_stream_options(body), max_tokens_given=max_tokens is not None,
+        logprobs=logprobs,
+    )
+
+
+def _or_default(max_tokens: Any) -> Any:
+    return DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens
+
+
+def _require_object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ProtocolError("request body must be a JSON object")
+    return body
+
+
+def _refuse_unknown(body: dict[str, Any], known: set[str]) -> None:
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise ProtocolError(f"{unknown[0]}: unknown field", param=unknown[0])
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    """Fields accepted only at their neutral value, so clients that send defaults work."""
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise ProtocolError("n: only n=1 is supported", param="n")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if body.get(name) not in (None, 0, 0.0):
+            raise ProtocolError(f"{name}: not supported (must be 0)", param=name)
+
+
+def _sampling_params(body: dict[str, Any], max_tokens: Any, logprobs: Optional[int]) -> SamplingParams:
+    given = {k: body[k] for k in _SAMPLING_FIELDS if body.get(k) is not None}
+    given["max_tokens"] = max_tokens
+    given["logprobs"] = logprobs
+    if "stop_token_ids" in given and not isinstance(given["stop_token_ids"], list):
+        raise ProtocolError("stop_token_ids: must be a list of token ids", param="stop_token_ids")
+    stop = given.get("stop")
+    if stop is not None and not isinstance(stop, (str, list)):
+        raise ProtocolError("stop: must be a string or a list of strings", param="stop")
+    if "ignore_eos" in given and not isinstance(given["ignore_eos"], bool):
+        raise ProtocolError("ignore_eos: must be a boolean", param="ignore_eos")
+    params = SamplingParams(**given)
+    rename = {"max_tokens": "max_completion_tokens"} if "max_completion_tokens" in body else None
+    if "top_logprobs" in body:
+        rename = {**(rename or {}), "logprobs": "top_logprobs"}
+    check_sampling_params(params, vocab_size=None, rename=rename)
+    return params
+
+
+def check_sampling_params(params: SamplingParams, vocab_size: Optional[int],
+                          rename: Optional[dict[str, str]] = None) -> None:
+    try:
+        params.validate(vocab_size)
+    except ValueError as exc:
+        raise ProtocolError.from_value_error(exc, rename) from None
+
+
+def _parse_prompt(prompt: Any) -> Prompt:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]   # a batch of one is the same request
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ProtocolError("prompt: must not be empty", param="prompt")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        if any(t < 0 for t in prompt):
+            raise ProtocolError("prompt: token ids must be >= 0", param="prompt")
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise ProtocolError("prompt: batched prompts are not supported, send one per request",
+                            param="prompt")
+    raise ProtocolError("prompt: must be a non-empty string or a list of token ids", param="prompt")
+
+
+def _parse_messages(messages: Any) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise ProtocolError("messages: must be a non-empty list", param="messages")
+    return [_parse_message(i, m) for i, m in enumerate(messages)]
+
+
+def _parse_message(index: int, message: Any) -> dict[str, str]:
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise ProtocolError(f"{where}: must be an object", param="messages")
+    role = message.get("role")
+    if role not in CHAT_ROLES:
+        raise ProtocolError(f"{where}.role: must be one of {sorted(CHAT_ROLES)}", param="messages")
+    return {"role": role, "content": _message_text(where, message.get("content"))}
+
+
+def _message_text(where: str, content: Any) -> str:
+    """Content is a string or a list of text parts; other part types are refused."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise ProtocolError(f"{where}.content: only text parts are supported",
+                                    param="messages")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ProtocolError(f"{where}.content: must be a string or a list of text parts",
+                        param="messages")
+
+
+def _chat_logprobs(body: dict[str, Any]) -> Optional[int]:
+    wanted = _optional_bool(body, "logprobs")
+    top = _optional_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if top is not None and not wanted:
+        raise ProtocolError("top_logprobs: requires logprobs=true", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _parse_stream_options(body: dict[str, Any]) -> StreamOptions:
+    options = body.get("stream_options")
+    if options is None:
+        return StreamOptions()
+    if not isinstance(options, dict):
+        raise ProtocolError("stream_options: must be an object", param="stream_options")
+    if not body.get("stream"):
+        raise ProtocolError("stream_options: only allowed with stream=true", param="stream_options")
+    unknown = sorted(set(options) - {"include_usage", "continuous_usage_stats"})
+    if unknown:
+        raise ProtocolError(f"stream_options.{unknown[0]}: unknown field", param="stream_options")
+    return StreamOptions(
+        include_usage=_optional_bool(options, "include_usage", "stream_options.include_usage"),
+        continuous_usage_stats=_optional_bool(options, "continuous_usage_stats",
+                                              "stream_options.continuous_usage_stats"),
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _optional_bool(body: dict[str, Any], name: str, label: Optional[str] = None) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{label or name}: must be a boolean", param=label or name)
+    return value
+
+
+def _optional_str(body: dict[str, Any], name: str) -> Optional[str]:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise ProtocolError(f"{name}: must be a string", param=name)
+    return value
+
+
+def _optional_int(body: dict[str, Any], name: str, low: int, high: int) -> Optional[int]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value) or not low <= value <= high:
+        raise ProtocolError(f"{name}: must be an integer in [{low}, {high}]", param=name)
+    return value
+
+
+# ---------------------------------------------------------------- responses
+
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+@dataclass(frozen=True)
+class ResponseHeader:
+    """What every body and chunk of one response shares."""
+    id: str
+    model: str
+    kind: str                       # "completion" | "chat"
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def base(self, chunk: bool) -> dict[str, Any]:
+        if self.kind == "chat":
+            obj = "chat.completion.chunk" if chunk else "chat.completion"
+        else:
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+
+def completion_choice(text: str, finish_reason: Optional[str],
+                      logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def chat_message_choice(text: str, finish_reason: Optional[str],
+                        logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    return {"index": 0, "message": {"role": "assistant", "content": text},
+            "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def chat_delta_choice(delta: dict[str, Any], finish_reason: Optional[str],
+                      logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def full_response(header: ResponseHeader, text: str, finish_reason: Optional[str],
+                  usage: dict[str, Any], metrics: Optional[dict[str, float]],
+                  logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    choice = (chat_message_choice if header.kind == "chat" else completion_choice)(
+        text, finish_reason, logprobs)
+    body = {**header.base(chunk=False), "choices": [choice], "usage": usage}
+    if metrics is not None:
+        body["metrics"] = metrics
+    return body
+
+
+def chunk(header: ResponseHeader, choice: Optional[dict[str, Any]],
+          usage: Optional[dict[str, Any]] = None,
+          metrics: Optional[dict[str, float]] = None) -> dict[str, Any]:
+    """One SSE chunk; `choice=None` makes the final usage-only chunk (choices: [])."""
+    body = {**header.base(chunk=True), "choices": [choice] if choice else []}
+    if usage is not None:
+        body["usage"] = usage
+    if metrics is not None:
+        body["metrics"] = metrics
+    return body
+
+
+def sse(data: Union[dict[str, Any], str]) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()
+
+
+SSE_DONE = sse("[DONE]")
+
+
+def error_body(message: str, status: int = 400, type: str = "invalid_request_error",
+               param: Optional[str] = None) -> dict[str, Any]:
+    return {"error": {"type": type, "message": message, "code": status, "param": param}}
+
+
+def error_from(exc: ProtocolError) -> dict[str, Any]:
+    return error_body(exc.message, exc.status, exc.type, exc.param)
+
+
+# ---------------------------------------------------------------- logprobs
+
+def completion_logprobs(entries: list[TokenLogprobs], token_ids: list[int],
+                        token_text: TokenText, text_offset: int) -> dict[str, Any]:
+    """Legacy completions format: parallel lists, text offsets into the completion."""
+    tokens = [token_text(t) for t in token_ids]
+    offsets = []
+    for token in tokens:
+        offsets.append(text_offset)
+        text_offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [chosen for chosen, _ in entries],
+        "top_logprobs": [{token_text(t): lp for t, lp in top} for _, top in entries],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(entries: list[TokenLogprobs], token_ids: list[int],
+                  token_text: TokenText) -> dict[str, Any]:
+    """Chat format: one object per token with its bytes and its top alternatives."""
+    return {"content": [
+        {**_chat_token(token_text(t), chosen),
+         "top_logprobs": [_chat_token(token_text(alt), lp) for alt, lp in top]}
+        for t, (chosen, top) in zip(token_ids, entries)
+    ]}
+
+
+def _chat_token(text: str, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}

@@ -1,0 +1,268 @@
+"""OpenAI-compatible HTTP server for one model replica: `python -m runtime.server`.
+
+Routes: /v1/completions, /v1/chat/completions (SSE when stream=true),
+/v1/models, /health, /metrics, and /admin/load for a `--standby` replica.
+Everything stateful (the model host, the metrics registry) is created in the
+lifespan and lives on `app.state`; the settings are parsed once in `main`.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from runtime import openai_serving as serving
+from runtime.async_engine import EngineDead
+from runtime.metrics import CONTENT_TYPE, ServerMetrics
+from runtime.model_host import (LoadedModel, LoadRequest, ModelHost, engine_kwarg_names,
+                                warm_imports)
+from runtime.protocol import (GenerationRequest, ProtocolError, ResponseHeader, error_body,
+                              error_from, parse_chat_request, parse_completion_request)
+from runtime.server_asgi import EventStreamResponse, RequestIdMiddleware, until_disconnect
+
+
+# ---------------------------------------------------------------- settings
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: Optional[str] = None
+    served_model_name: Optional[str] = None
+    standby: bool = False
+    log_level: str = "warning"
+    engine: dict[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs that were given
+
+    def load_request(self) -> LoadRequest:
+        return LoadRequest(self.model, self.served_model_name or self.model, dict(self.engine))
+
+
+# flag -> (LLM kwarg, type); flags left unset keep the engine's own defaults. Every
+# EngineConfig field has one: the pool turns a revision's engine dict into these flags.
+_ENGINE_FLAGS = {
+    "--dtype": ("dtype", str),
+    "--device": ("device", str),
+    "--kv-cache-tokens": ("kv_cache_tokens", int),
+    "--kv-cache-memory-fraction": ("kv_cache_memory_fraction", float),
+    "--kv-cache-max-bytes-cpu": ("kv_cache_max_bytes_cpu", int),
+    "--cache-salt": ("cache_salt", str),
+    "--block-size": ("block_size", int),
+    "--max-num-seqs": ("max_num_seqs", int),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", int),
+    "--max-model-len": ("max_model_len", int),
+    "--quantization": ("quantization", str),
+    "--tensor-parallel-size": ("tensor_parallel_size", int),
+    "--speculative": ("speculative", json.loads),
+    "--seed": ("seed", int),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m runtime.server", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", help="model folder (config.json, safetensors, tokenizer)")
+    parser.add_argument("--served-model-name", help="name clients pass as `model`")
+    parser.add_argument("--log-level", default="warning",
+                        choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--standby", action="store_true",
+                        help="start warm with no model; load one with POST /admin/load")
+    for flag, (dest, kind) in _ENGINE_FLAGS.items():
+        parser.add_argument(flag, dest=dest, type=kind, default=None)
+    parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching",
+                        action=argparse.BooleanOptionalAction, default=None)
+    return parser
+
+
+def parse_settings(argv: Optional[Sequence[str]] = None) -> ServerSettings:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if bool(args.model) == args.standby:
+        parser.error("give exactly one of --model DIR or --standby")
+    names = [dest for dest, _ in _ENGINE_FLAGS.values()] + ["enable_prefix_caching"]
+    engine = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    return ServerSettings(host=args.host, port=args.port, model=args.model,
+                          served_model_name=args.served_model_name, standby=args.standby,
+                          log_level=args.log_level, engine=engine)
+
+
+# ---------------------------------------------------------------- routes
+
+def _error(status: int, message: str, type: str, param: Optional[str] = None,
+           headers: Optional[dict[str, str]] = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status, type, param), status_code=status,
+                        headers=headers)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Unknown paths and methods answer in the same JSON error shape as everything else."""
+    kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "server_error")
+    return _error(exc.status_code, exc.detail, kind, headers=exc.headers)
+
+
+async def health(request: Request) -> Response:
+    status, body = request.app.state.host.health()
+    return JSONResponse(body, status_code=status)
+
+
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def models(request: Request) -> Response:
+    host: ModelHost = request.app.state.host
+    data = []
+    if host.model is not None:
+        data.append({"id": host.model.served_model_name, "object": "model", "owned_by": "thawpool"})
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def admin_load(request: Request) -> Response:
+    host: ModelHost = request.app.state.host
+    try:
+        load = _parse_load(await _json_body(request))
+    except ProtocolError as exc:
+        return JSONResponse(error_from(exc), status_code=exc.status)
+    if not host.can_load:
+        return _error(409, f"replica is {host.status.value}; it loads one model once", "conflict")
+    host.start_loading(load)
+    return JSONResponse({"status": host.status.value, "model": load.served_model_name},
+                        status_code=202)
+
+
+def _parse_load(body: Any) -> LoadRequest:
+    if not isinstance(body, dict):
+        raise ProtocolError("request body must be a JSON object")
+    unknown = sorted(set(body) - {"model", "served_model_name", "engine"})
+    if unknown:
+        raise ProtocolError(f"{unknown[0]}: unknown field", param=unknown[0])
+    model, name, engine = body.get("model"), body.get("served_model_name"), body.get("engine") or {}
+    if not isinstance(model, str) or not model:
+        raise ProtocolError("model: must be a model folder path", param="model")
+    if name is not None and not isinstance(name, str):
+        raise ProtocolError("served_model_name: must be a string", param="served_model_name")
+    if not isinstance(engine, dict):
+        raise ProtocolError("engine: must be an object of LLM keyword arguments", param="engine")
+    bad = sorted(set(engine) - engine_kwarg_names())
+    if bad:
+        raise ProtocolError(f"engine.{bad[0]}: unknown engine argument", param="engine")
+    return LoadRequest(model, name or model, engine)
+
+
+async def _json_body(request: Request) -> Any:
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ProtocolError("request body is not valid JSON") from None
+
+
+async def completions(request: Request) -> Response:
+    return await _serve(request, parse_completion_request, "cmpl")
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _serve(request, parse_chat_request, "chatcmpl")
+
+
+async def _serve(request: Request, parse, id_prefix: str) -> Response:
+    host: ModelHost = request.app.state.host
+    if host.model is None:
+        return _error(503, f"model is not ready ({host.status.value})", "service_unavailable",
+                      headers={"Retry-After": "1"})
+    try:
+        prepared = await _prepare(request, host.model, parse)
+        generation = await serving.start(host.model, request.app.state.metrics,
+                                         request.state.request_id, prepared)
+    except ProtocolError as exc:   # refused by us, or by the engine (too long for the cache)
+        return JSONResponse(error_from(exc), status_code=exc.status)
+    header = ResponseHeader(id=f"{id_prefix}-{generation.request_id}",
+                            model=host.model.served_model_name, kind=prepared.request.kind)
+    if prepared.request.stream:
+        events = serving.sse_events(host.model, header, prepared, generation.deltas())
+        return EventStreamResponse(events, on_close=generation.close)
+    return await _full_response(request, host.model, header, prepared, generation)
+
+
+async def _prepare(request: Request, model: LoadedModel, parse) -> serving.PreparedRequest:
+    parsed: GenerationRequest = parse(await _json_body(request))
+    _check_model_name(parsed, model.served_model_name)
+    return serving.prepare(model, parsed)
+
+
+async def _full_response(request: Request, model: LoadedModel, header: ResponseHeader,
+                         prepared: serving.PreparedRequest,
+                         generation: serving.Generation) -> Response:
+    try:
+        body = await until_disconnect(
+            request.receive, serving.full_body(model, header, prepared, generation.deltas()))
+    except EngineDead as exc:
+        return _error(500, str(exc), "server_error")
+    finally:
+        await generation.close()
+    if body is None:   # the client left; nobody reads this
+        return Response(status_code=499)
+    return JSONResponse(body)
+
+
+def _check_model_name(parsed: GenerationRequest, served: str) -> None:
+    if parsed.model is not None and parsed.model != served:
+        raise ProtocolError(f"model: the model `{parsed.model}` does not exist (this replica "
+                            f"serves `{served}`)", param="model", status=404,
+                            type="not_found_error")
+
+
+# ---------------------------------------------------------------- app
+
+def build_app(settings: ServerSettings) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app: Starlette):
+        host = ModelHost()
+        app.state.host = host
+        app.state.metrics = ServerMetrics(host.stats)
+        if settings.standby:
+            await asyncio.to_thread(warm_imports)   # the point of standby: torch is in memory
+        else:
+            host.start_loading(settings.load_request())
+        try:
+            yield
+        finally:
+            await host.close()
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/admin/load", admin_load, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error})
+    app.add_middleware(RequestIdMiddleware)
+    return app
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    import uvicorn
+
+    settings = parse_settings(argv)
+    # The engine thread holds the GIL between torch ops; at the default 5 ms switch
+    # interval the event loop waits that long to send each SSE chunk.
+    sys.setswitchinterval(0.001)
+    uvicorn.run(build_app(settings), host=settings.host, port=settings.port,
+                log_level=settings.log_level, timeout_graceful_shutdown=5,
+                access_log=settings.log_level in ("info", "debug"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Tokenizer over a model folder's tokenizer.json, with its chat template (jinja2)."""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from tokenizers import Tokenizer as HFTokenizer
+
+
+class Tokenizer:
+    def __init__(self, model_dir: str | Path, eos_token_ids: Sequence[int] = ()):
+        model_dir = Path(model_dir)
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise ValueError(f"model: no tokenizer.json in {model_dir}")
+        self._tok = HFTokenizer.from_file(str(path))
+        cfg_path = model_dir / "tokenizer_config.json"
+        self.config: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        self.bos_token = _token_text(self.config.get("bos_token"))
+        self.eos_token = _token_text(self.config.get("eos_token"))
+        self.chat_template: Optional[str] = _template(self.config.get("chat_template"))
+        self.eos_token_ids = self._eos_ids(eos_token_ids)
+        self._template = None
+
+    def _eos_ids(self, from_config: Sequence[int]) -> tuple[int, ...]:
+        ids = list(from_config)
+        if self.eos_token is not None:
+            token_id = self._tok.token_to_id(self.eos_token)
+            if token_id is not None:
+                ids.append(token_id)
+        return tuple(dict.fromkeys(ids))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        return self._tok.token_to_id(token)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            **extra: Any) -> str:
+        if self.chat_template is None:
+            raise ValueError("messages: this model has no chat template")
+        if self._template is None:
+            self._template = _compile(self.chat_template)
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+                                     **extra)
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """The template writes special tokens itself, so none are added on top."""
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt),
+                           add_special_tokens=False)
+
+
+def _token_text(value: Any) -> Optional[str]:
+    if isinstance(value, dict):     # {"content": "</s>", ...} in older configs
+        return value.get("content")
+    return value
+
+
+def _template(value: Any) -> Optional[str]:
+    if isinstance(value, list):     # [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in value}
+        return named.get("default") or next(iter(named.values()), None)
+    return value
+
+
+def _compile(source: str):
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False, **_: json.dumps(
+        x, indent=indent, ensure_ascii=ensure_ascii)
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now(timezone.utc).strftime(fmt)
+    return env.from_string(source)
+
+
+def _raise(message: str):
+    raise ValueError(f"messages: {message}")

@@ -1,0 +1,131 @@
+"""Control-plane fixtures: a fresh migrated database per test module, the app under a
+real uvicorn, a model in real S3, and a real runtime replica for the gateway."""
+from __future__ import annotations
+
+import contextlib
+import uuid
+from dataclasses import dataclass, field
+
+import asyncpg
+import httpx
+import pytest
+import pytest_asyncio
+from sqlalchemy.engine import make_url
+
+from controlplane.app import create_app
+from controlplane.db import migrate_async
+from controlplane.settings import Settings
+from controlplane.tenants import bootstrap_admin
+from tests.controlplane.support.servers import RuntimeProcess, runtime_server_available, serve
+
+
+async def create_database(pg_server) -> str:
+    name = f"cp_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(pg_server.libpq_uri)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return make_url(pg_server.url).set(database=name).render_as_string(hide_password=False)
+
+
+async def drop_database(pg_server, url: str) -> None:
+    conn = await asyncpg.connect(pg_server.libpq_uri)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def db_url(pg_server):
+    """A fresh database with every migration applied, for one test module."""
+    url = await create_database(pg_server)
+    await migrate_async(url)
+    yield url
+    await drop_database(pg_server, url)
+
+
+@pytest.fixture(scope="session")
+def models_bucket(s3_server) -> str:
+    s3_server.ensure_bucket("cp-models")
+    return "cp-models"
+
+
+@pytest.fixture(scope="session")
+def model_uri(tiny_model, s3_server, models_bucket) -> str:
+    from tests.support.model_factory import upload_model
+
+    return upload_model(tiny_model, s3_server.client(), models_bucket, "tiny/llama")
+
+
+@pytest.fixture(scope="session")
+def runtime_replica(tiny_model, tmp_path_factory):
+    """One real `python -m runtime.server` over the tiny model, for the whole session."""
+    if not runtime_server_available():
+        pytest.skip("runtime.server not available")
+    replica = RuntimeProcess(tiny_model, tmp_path_factory.mktemp("replica") / "runtime.log")
+    try:
+        replica.wait_ready()
+        yield replica
+    finally:
+        replica.stop()
+
+
+def make_settings(db_url: str, s3_server, data_dir, **overrides) -> Settings:
+    return Settings(database_url=db_url, data_dir=data_dir, s3_endpoint=s3_server.endpoint,
+                    aws_access_key_id=s3_server.access_key,
+                    aws_secret_access_key=s3_server.secret_key, usage_flush_interval_s=0.01,
+                    **overrides)
+
+
+@dataclass
+class ControlPlane:
+    """A running control plane and an admin key for it."""
+    base_url: str
+    app: object
+    admin_key: str
+    clients: list = field(default_factory=list)
+
+    def client(self, key: str | None = None, **kw) -> httpx.AsyncClient:
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        client = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=60, **kw)
+        self.clients.append(client)
+        return client
+
+    @property
+    def admin(self) -> httpx.AsyncClient:
+        return self.client(self.admin_key)
+
+    async def tenant_key(self, tenant: str, scopes=("invoke", "deploy", "billing:read"),
+                         **limits) -> str:
+        admin = self.admin
+        response = await admin.post("/v1/tenants", json={"name": tenant})
+        assert response.status_code in (201, 409), response.text
+        response = await admin.post(f"/v1/tenants/{tenant}/keys",
+                                    json={"scopes": list(scopes), **limits})
+        assert response.status_code == 201, response.text
+        return response.json()["key"]
+
+    async def flush_usage(self) -> None:
+        await self.app.state.writer.flush()
+
+
+@contextlib.asynccontextmanager
+async def running_control_plane(settings: Settings, pool=None):
+    app = create_app(settings, pool=pool)
+    async with serve(app) as base_url:
+        async with app.state.sessions() as session, session.begin():
+            new = await bootstrap_admin(session)
+        if new is None:      # the module's database already has one: make another
+            from controlplane.tenants import create_key, find_tenant
+
+            async with app.state.sessions() as session, session.begin():
+                _, new = await create_key(session, await find_tenant(session, "system"),
+                                          ["admin"])
+        plane = ControlPlane(base_url, app, new.secret)
+        try:
+            yield plane
+        finally:
+            for client in plane.clients:
+                await client.aclose()

@@ -1,0 +1,28 @@
+"""Usage records for tests and the benchmark."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+
+from controlplane.usage import UsageRecord
+
+TENANT = "00000000-0000-0000-0000-0000000000aa"
+
+
+def make_record(*, tenant_id: str = TENANT, started_at: datetime | None = None,
+                prompt_tokens: int = 10, completion_tokens: int = 5, cached_tokens: int = 0,
+                cost: Decimal = Decimal("0.000015"), deployment_name: str = "chat",
+                revision_name: str = "r1", model: str = "s3://m/llama/", status: str = "ok",
+                api_key_id: str | None = None) -> UsageRecord:
+    started_at = started_at or datetime.now(timezone.utc)
+    return UsageRecord(
+        invocation_id=str(uuid.uuid4()), request_id=uuid.uuid4().hex, tenant_id=tenant_id,
+        api_key_id=api_key_id, deployment_id="00000000-0000-0000-0000-0000000000bb",
+        deployment_name=deployment_name,
+        revision_id="00000000-0000-0000-0000-0000000000cc", revision_name=revision_name,
+        model=model, endpoint="chat/completions", status=status, http_status=200,
+        prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
+        completion_tokens=completion_tokens, queue_s=0.001, cold_start_s=None, ttft_s=0.01,
+        total_s=0.05, cost=cost, replica_id="rep-0", started_at=started_at,
+        finished_at=started_at + timedelta(milliseconds=50))

@@ -1,0 +1,167 @@
+"""The `thawpool` command: admin subcommands against a live server, and `up` as a process."""
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from controlplane.cli import main
+from controlplane.embedded.ports import free_port
+from tests.controlplane.conftest import make_settings, running_control_plane
+from tests.controlplane.support.servers import REPO
+
+in_session_loop = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def plane(db_url, s3_server, tmp_path_factory):
+    settings = make_settings(db_url, s3_server, tmp_path_factory.mktemp("cp-cli"))
+    async with running_control_plane(settings) as plane:
+        yield plane
+
+
+async def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = await asyncio.to_thread(main, list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@in_session_loop
+async def test_admin_commands_manage_tenants_and_keys(plane, capsys):
+    auth = ["admin", "--url", plane.base_url, "--admin-key", plane.admin_key]
+    code, out, _ = await run_cli(capsys, *auth, "create-tenant", "cli-co")
+    assert code == 0 and '"name": "cli-co"' in out
+    code, out, _ = await run_cli(capsys, *auth, "create-key", "--tenant", "cli-co",
+                                 "--scopes", "invoke,deploy,billing:read")
+    assert code == 0
+    secret, prefix = re.search(r"key: (\S+)\s+\(shown once; prefix (\S+)\)", out).groups()
+    client = plane.client(secret)
+    assert (await client.get("/v1/deployments")).status_code == 200
+    code, out, _ = await run_cli(capsys, *auth, "revoke-key", prefix)
+    assert code == 0 and '"revoked_at": "' in out
+    assert (await client.get("/v1/deployments")).status_code == 401
+    code, _, err = await run_cli(capsys, *auth, "create-tenant", "cli-co")
+    assert code == 1 and "409" in err
+    code, _, err = await run_cli(capsys, "admin", "--url", plane.base_url,
+                                 "--admin-key", secret, "create-tenant", "nope")
+    assert code == 1 and "401" in err
+
+
+def start_up(data_dir: Path, port: int, log: Path, s3_server) -> subprocess.Popen:
+    """Embedded Postgres; S3 is the session's server, because SeaweedFS binds fixed
+    Lance/Iceberg ports (9101, 8181) and a second `weed server` on one host dies."""
+    env = {**os.environ, **s3_server.env(), "THAWPOOL_WARM_POOL_SIZE": "0",
+           "PYTHONUNBUFFERED": "1"}
+    env.pop("THAWPOOL_DATABASE_URL", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli", "up", "--data-dir", str(data_dir),
+         "--port", str(port), "--cpu-slots", "1", "--slot-memory-gb", "2"],
+        cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+        start_new_session=True)
+
+
+def wait_banner(process: subprocess.Popen, log: Path, timeout_s: float = 240) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        if "thawpool: admin key" in text:
+            return text
+        if process.poll() is not None:
+            raise AssertionError(f"thawpool up exited early:\n{text[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"no banner:\n{log.read_text()[-3000:]}")
+
+
+def stop(process: subprocess.Popen) -> int:
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            return process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            return process.wait(timeout=10)
+    return process.returncode
+
+
+def children_alive(data_dir: Path) -> list[str]:
+    from pgserver.utils import PostmasterInfo
+
+    alive = []
+    info = PostmasterInfo.read_from_pgdata(data_dir / "postgres")
+    if info is not None and info.is_running():
+        alive.append("postgres")
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    if f"-dir={data_dir / 's3'}" in ps:
+        alive.append("weed")
+    return alive
+
+
+@pytest.mark.slow
+def test_up_stops_its_children_and_keeps_its_data(tmp_path, s3_server):
+    data_dir, port = tmp_path / "data", free_port()
+    first = start_up(data_dir, port, tmp_path / "first.log", s3_server)
+    try:
+        banner = wait_banner(first, tmp_path / "first.log")
+        admin_key = re.search(r"admin key\s+(tp_\S+)", banner).group(1)
+        headers = {"authorization": f"Bearer {admin_key}"}
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/readyz").status_code == 200
+        assert httpx.post(f"{base}/v1/tenants", json={"name": "kept"},
+                          headers=headers).status_code == 201
+    finally:
+        code = stop(first)
+    assert code == 0, (tmp_path / "first.log").read_text()[-3000:]
+    assert children_alive(data_dir) == []
+    assert "thawpool: stopped" in (tmp_path / "first.log").read_text()
+
+    second = start_up(data_dir, port, tmp_path / "second.log", s3_server)
+    try:
+        banner = wait_banner(second, tmp_path / "second.log")
+        assert "tp_" not in banner, "the admin key is printed on first start only"
+        tenants = httpx.get(f"http://127.0.0.1:{port}/v1/tenants", headers=headers).json()
+        assert "kept" in [t["name"] for t in tenants["data"]]
+    finally:
+        code = stop(second)
+    assert code == 0, (tmp_path / "second.log").read_text()[-3000:]
+    assert children_alive(data_dir) == []
+
+
+POOL_ENV = ("THAWPOOL_BACKEND", "THAWPOOL_RAY_ADDRESS", "THAWPOOL_RAY_REPLICA_HOST")
+
+
+def pool_settings_of(tmp_path, *argv):
+    from controlplane.cli import build_parser, pool_settings_for
+    from controlplane.settings import Settings
+
+    return pool_settings_for(Settings(database_url="", data_dir=tmp_path), build_parser().parse_args(["up", *argv]))
+
+
+def test_up_backend_flags_and_env_become_pool_settings(tmp_path, monkeypatch):
+    for name in POOL_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert pool_settings_of(tmp_path).backend == "local"
+    ray = pool_settings_of(tmp_path, "--backend", "ray", "--ray-address", "10.0.0.5:6379")
+    assert (ray.backend, ray.ray_address, ray.cache_dir) == ("ray", "10.0.0.5:6379", tmp_path / "cache")
+    assert pool_settings_of(tmp_path, "--ray-address", "auto").backend == "ray"     # address implies ray
+    monkeypatch.setenv("THAWPOOL_BACKEND", "ray")
+    monkeypatch.setenv("THAWPOOL_RAY_ADDRESS", "head:6379")
+    monkeypatch.setenv("THAWPOOL_RAY_REPLICA_HOST", "0.0.0.0")
+    from_env = pool_settings_of(tmp_path)
+    assert (from_env.backend, from_env.ray_address, from_env.ray_replica_host) == ("ray", "head:6379", "0.0.0.0")
+    assert pool_settings_of(tmp_path, "--backend", "local").backend == "local"      # flags win
+    with pytest.raises(SystemExit):
+        pool_settings_of(tmp_path, "--backend", "k8s")
+
+
+def test_banner_hides_the_database_password():
+    from controlplane.cli import _without_password
+
+    shown = _without_password("postgresql+asyncpg://tp:s3cr%2Ft@db.internal:5432/thawpool?ssl=require")
+    assert "s3cr" not in shown and shown.startswith("postgresql+asyncpg://tp:***@db.internal:5432/thawpool")

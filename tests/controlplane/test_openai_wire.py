@@ -1,0 +1,54 @@
+"""What the gateway forwards and what it hands back to the client."""
+from controlplane.openai_wire import (ClientStreamOptions, UsageSeen, client_chunk,
+                                      prefix_key, prompt_text, upstream_body)
+
+USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
+         "prompt_tokens_details": {"cached_tokens": 3}}
+CONTENT = {"id": "c", "model": "replica", "choices": [{"index": 0, "delta": {"content": "hi"},
+                                                       "finish_reason": None}], "usage": USAGE}
+FINAL = {"id": "c", "model": "replica", "choices": [], "usage": USAGE, "metrics": {"e2e_s": 1}}
+
+
+def test_upstream_always_gets_cumulative_usage_and_no_model():
+    body = upstream_body({"model": "chat", "stream": True, "messages": []})
+    assert "model" not in body
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert "stream_options" not in upstream_body({"model": "m", "prompt": "x"})
+
+
+def test_usage_is_stripped_unless_the_client_asked():
+    plain = ClientStreamOptions()
+    assert "usage" not in client_chunk(CONTENT, "chat", plain)
+    assert client_chunk(FINAL, "chat", plain) is None
+    assert client_chunk(CONTENT, "chat", plain)["model"] == "chat"
+
+
+def test_include_usage_gives_openai_shape():
+    options = ClientStreamOptions(include_usage=True)
+    assert client_chunk(CONTENT, "chat", options)["usage"] is None
+    final = client_chunk(FINAL, "chat", options)
+    assert final["usage"] == USAGE and "metrics" not in final
+
+
+def test_continuous_usage_passes_through():
+    options = ClientStreamOptions(include_usage=True, continuous_usage_stats=True)
+    assert client_chunk(CONTENT, "chat", options)["usage"] == USAGE
+
+
+def test_usage_seen_keeps_the_latest_cumulative_values():
+    seen = UsageSeen()
+    seen.observe(CONTENT)
+    seen.observe({"choices": [{"finish_reason": "length"}],
+                  "usage": {**USAGE, "completion_tokens": 9}})
+    assert (seen.prompt_tokens, seen.cached_tokens, seen.completion_tokens) == (5, 3, 9)
+    assert seen.finished
+
+
+def test_prefix_key_depends_only_on_the_head():
+    head = "x" * 512
+    assert prefix_key(head + "tail one") == prefix_key(head + "tail two")
+    assert prefix_key("a" + head) != prefix_key("b" + head)
+    text = prompt_text({"messages": [{"role": "user", "content": [{"type": "text",
+                                                                   "text": "hi"}]}]},
+                       "chat/completions")
+    assert text == "user: hi"

@@ -1,0 +1,90 @@
+"""The gateway over the real PoolManager: deploy, cold start a runtime replica, bill it.
+
+The pool reads the desired state from Postgres (PostgresDesiredState) and records
+replica lifetimes through PostgresReplicaEvents, as under `thawpool up`.
+"""
+import asyncio
+
+import openai
+import pytest
+import pytest_asyncio
+from sqlalchemy import select
+
+from controlplane.app import create_app
+from controlplane.models import ReplicaLifetime, UsageEvent
+from controlplane.tenants import bootstrap_admin
+from tests.controlplane.conftest import ControlPlane, make_settings
+from tests.controlplane.support.servers import runtime_server_available, serve
+
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def plane(db_url, s3_server, tmp_path_factory):
+    if not runtime_server_available():
+        pytest.skip("runtime.server not available")
+    from pool.manager import PoolManager
+    from pool.settings import PoolSettings
+
+    tmp = tmp_path_factory.mktemp("cp-pool")
+    pool_settings = PoolSettings(
+        accelerator="cpu", cpu_slots=1, slot_memory_gb=2, warm_pool_size=0, tick_s=0.2,
+        runtime_threads=1, kv_cache_tokens_default=512, cache_dir=tmp / "cache",
+        s3_endpoint=s3_server.endpoint, aws_access_key_id=s3_server.access_key,
+        aws_secret_access_key=s3_server.secret_key, load_timeout_s=180)
+    settings = make_settings(db_url, s3_server, tmp / "cp", acquire_timeout_s=240)
+    app = create_app(settings, pool_factory=lambda desired, events: PoolManager(
+        pool_settings, desired, events))
+    async with serve(app) as base_url:
+        async with app.state.sessions() as session, session.begin():
+            admin = await bootstrap_admin(session)
+        plane = ControlPlane(base_url, app, admin.secret)
+        try:
+            yield plane
+        finally:
+            for client in plane.clients:
+                await client.aclose()
+
+
+async def test_deploy_invoke_and_bill_through_the_pool(plane, model_uri):
+    key = await plane.tenant_key("pooled")
+    client = plane.client(key)
+    never = await client.post("/v1/deployments", json={
+        "name": "huge", "model_uri": model_uri, "resources": {"gpu_count": 4}})
+    assert never.status_code == 422 and never.json()["error"]["param"] == "resources"
+    created = await client.post("/v1/deployments", json={
+        "name": "pooled", "model_uri": model_uri, "resources": {"gpu_memory_gb": 0.5},
+        "engine": {"kv_cache_tokens": 512}, "pricing": {"output_per_mtok": 1}})
+    assert created.status_code == 201, created.text
+    revision_id = created.json()["revisions"][0]["id"]
+
+    openai_client = openai.AsyncOpenAI(base_url=f"{plane.base_url}/v1", api_key=key,
+                                       max_retries=0, timeout=280)
+    try:
+        stream = await openai_client.chat.completions.create(
+            model="pooled", messages=[{"role": "user", "content": "Hello"}], max_tokens=6,
+            stream=True, stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True}, extra_headers={"x-request-id": "pooled-1"})
+        usage = None
+        async for chunk in stream:
+            usage = chunk.usage or usage
+        assert usage.completion_tokens == 6
+    finally:
+        await openai_client.close()
+
+    await plane.flush_usage()
+    async with plane.app.state.sessions() as session:
+        row = await session.scalar(select(UsageEvent).where(UsageEvent.request_id == "pooled-1"))
+    assert row.status == "ok" and row.revision_id == revision_id
+    assert row.cold_start_s is not None and row.cold_start_s > 0, "this request waited for a thaw"
+    assert row.replica_id and row.replica_id != "None"
+    status = (await client.get("/v1/deployments/pooled")).json()["status"]
+    assert status["r1"]["state"] == "ready"
+    for _ in range(100):                      # replica events reach Postgres asynchronously
+        async with plane.app.state.sessions() as session:
+            lifetime = await session.scalar(select(ReplicaLifetime).where(
+                ReplicaLifetime.replica_id == row.replica_id))
+        if lifetime is not None and lifetime.ready_at is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert lifetime.revision_id == revision_id and lifetime.ready_at >= lifetime.started_at

@@ -1,0 +1,104 @@
+"""Tenants, keys and auth over real HTTP against a migrated Postgres."""
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import pytest_asyncio
+from sqlalchemy import select
+
+from controlplane.keys import hash_key
+from controlplane.models import ApiKey
+from tests.controlplane.conftest import make_settings, running_control_plane
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def plane(db_url, s3_server, tmp_path_factory):
+    settings = make_settings(db_url, s3_server, tmp_path_factory.mktemp("cp-auth"))
+    async with running_control_plane(settings) as plane:
+        yield plane
+
+
+async def test_every_call_needs_a_key(plane):
+    anonymous = plane.client()
+    for method, path in [("GET", "/v1/deployments"), ("POST", "/v1/chat/completions"),
+                         ("GET", "/v1/billing/report"), ("POST", "/v1/tenants")]:
+        response = await anonymous.request(method, path)
+        assert response.status_code == 401, path
+        assert response.json()["error"]["type"] == "authentication_error"
+        assert response.headers["x-request-id"]
+    bad = await plane.client("tp_nothere_secret").get("/v1/deployments")
+    assert bad.status_code == 401 and bad.json()["error"]["code"] == "invalid_key"
+
+
+async def test_health_and_metrics_are_public(plane):
+    client = plane.client()
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"]["database"] is True
+    metrics = await client.get("/metrics")
+    assert "thawpool_http_requests_total" in metrics.text
+    assert "thawpool_usage_outbox_depth" in metrics.text
+
+
+async def test_keys_are_shown_once_and_stored_hashed(plane):
+    admin = plane.admin
+    assert (await admin.post("/v1/tenants", json={"name": "acme"})).status_code == 201
+    assert (await admin.post("/v1/tenants", json={"name": "acme"})).status_code == 409
+    response = await admin.post("/v1/tenants/acme/keys", json={"scopes": ["invoke"]})
+    assert response.status_code == 201
+    body = response.json()
+    secret = body["key"]
+    assert secret.startswith(body["prefix"] + "_") and len(secret) > 40
+    async with plane.app.state.sessions() as session:
+        stored = await session.scalar(select(ApiKey).where(ApiKey.prefix == body["prefix"]))
+    assert stored.key_hash == hash_key(secret) and secret not in stored.key_hash
+    listing = (await admin.get("/v1/tenants/acme/keys")).json()["data"]
+    assert [k["prefix"] for k in listing] == [body["prefix"]]
+    assert all("key" not in k for k in listing)
+
+
+async def test_scopes_are_enforced_with_403(plane):
+    key = await plane.tenant_key("scoped", scopes=["invoke"])
+    client = plane.client(key)
+    response = await client.get("/v1/deployments")
+    assert response.status_code == 403 and "deploy" in response.json()["error"]["message"]
+    assert (await client.get("/v1/billing/report")).status_code == 403
+    assert (await client.post("/v1/tenants", json={"name": "x"})).status_code == 403
+
+
+async def test_revoked_and_expired_keys_stop_working(plane):
+    admin = plane.admin
+    await admin.post("/v1/tenants", json={"name": "revokes"})
+    created = (await admin.post("/v1/tenants/revokes/keys",
+                                json={"scopes": ["deploy"]})).json()
+    client = plane.client(created["key"])
+    assert (await client.get("/v1/deployments")).status_code == 200
+    assert (await admin.delete(f"/v1/keys/{created['prefix']}")).status_code == 200
+    assert (await client.get("/v1/deployments")).status_code == 401
+    assert (await admin.delete("/v1/keys/tp_missing")).status_code == 404
+    past = (datetime.now(timezone.utc) - timedelta(seconds=1)).isoformat()
+    expired = (await admin.post("/v1/tenants/revokes/keys",
+                                json={"scopes": ["deploy"], "expires_at": past})).json()
+    assert (await plane.client(expired["key"]).get("/v1/deployments")).status_code == 401
+
+
+async def test_key_body_is_validated(plane):
+    admin = plane.admin
+    await admin.post("/v1/tenants", json={"name": "valid"})
+    for body, field in [({"scopes": ["fly"]}, "scopes"), ({"scopes": ["invoke"], "x": 1}, "x"),
+                        ({"requests_per_min": 0}, "requests_per_min"),
+                        ({"expires_at": "soon"}, "expires_at")]:
+        response = await admin.post("/v1/tenants/valid/keys", json=body)
+        assert response.status_code == 422 and response.json()["error"]["param"] == field
+    assert (await admin.post("/v1/tenants/nobody/keys", json={})).status_code == 404
+    assert (await admin.post("/v1/tenants", json={"name": "Bad Name"})).status_code == 422
+
+
+async def test_request_id_is_accepted_or_generated(plane):
+    client = plane.client()
+    given = await client.get("/healthz", headers={"x-request-id": "abc-123"})
+    assert given.headers["x-request-id"] == "abc-123"
+    made = await client.get("/healthz", headers={"x-request-id": "bad id with spaces"})
+    assert made.headers["x-request-id"] != "bad id with spaces"
+    assert len(made.headers["x-request-id"]) == 32

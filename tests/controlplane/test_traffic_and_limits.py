@@ -1,0 +1,70 @@
+"""Traffic splits stick by request id; token buckets refill on a passed-in clock."""
+from collections import Counter
+
+import pytest
+
+from controlplane.errors import ApiError
+from controlplane.ratelimit import RateLimiter, TokenBucket
+from controlplane.traffic import choose, parse_split, rollback_target
+
+
+def test_choice_is_deterministic_per_request_id():
+    split = {"r1": 90, "r2": 10}
+    assert all(choose(split, f"req-{i}") == choose(split, f"req-{i}") for i in range(200))
+
+
+def test_choice_follows_the_percentages():
+    counts = Counter(choose({"r1": 90, "r2": 10}, f"req-{i}") for i in range(5000))
+    assert 4300 < counts["r1"] < 4700 and 300 < counts["r2"] < 700
+
+
+def test_a_single_revision_takes_everything():
+    assert {choose({"r3": 100}, str(i)) for i in range(100)} == {"r3"}
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"r1": 90, "r2": 20}, "traffic"),
+    ({"r1": 90, "r9": 10}, "traffic.r9"),
+    ({"r1": 100.0}, "traffic.r1"),
+    ({"r1": -10, "r2": 110}, "traffic.r1"),
+    ({}, "traffic"),
+    ([100], "traffic"),
+])
+def test_bad_splits_are_422_naming_the_field(body, field):
+    with pytest.raises(ApiError) as caught:
+        parse_split(body, ["r1", "r2"])
+    assert caught.value.status == 422 and caught.value.param == field
+
+
+def test_zero_percent_entries_are_dropped():
+    assert parse_split({"r1": 0, "r2": 100}, ["r1", "r2"]) == {"r2": 100}
+
+
+def test_rollback_picks_the_revision_before_the_newest_live_one():
+    assert rollback_target({"r3": 100}, ["r1", "r2", "r3"]) == "r2"
+    assert rollback_target({"r2": 90, "r3": 10}, ["r1", "r2", "r3"]) == "r2"
+    with pytest.raises(ApiError):
+        rollback_target({"r1": 100}, ["r1", "r2"])
+
+
+def test_bucket_refills_linearly_up_to_capacity():
+    bucket = TokenBucket.per_minute(60, now=0.0)
+    for _ in range(60):
+        assert bucket.wait_for(1, now=0.0) == 0
+        bucket.take(1, now=0.0)
+    assert bucket.wait_for(1, now=0.0) == pytest.approx(1.0)
+    assert bucket.wait_for(1, now=1.0) == 0
+    assert bucket.wait_for(60, now=1000.0) == 0 and bucket.level == 60
+
+
+def test_limiter_checks_both_buckets_and_takes_from_neither_when_refused():
+    limiter = RateLimiter()
+    admit = lambda tokens, now: limiter.admit("k", requests_per_min=2, tokens_per_min=100,
+                                              tokens=tokens, now=now)
+    assert admit(60, 0.0) is None
+    refused = admit(60, 0.0)
+    assert refused.limit == "tokens_per_min" and refused.retry_after_s == pytest.approx(12.0)
+    assert admit(40, 0.0) is None             # the refusal took nothing
+    refused = admit(1, 0.0)
+    assert refused.limit == "requests_per_min" and refused.retry_after_s == pytest.approx(30.0)
+    assert admit(1, 30.0) is None

@@ -1,0 +1,49 @@
+"""kernels/dispatch.py: which implementation a device gets."""
+import subprocess
+import sys
+
+import pytest
+
+from kernels import attention, int8, rmsnorm, rotary
+from kernels.dispatch import KernelSet, get_kernels
+
+
+def test_cpu_gets_the_references():
+    ks = get_kernels("cpu")
+    assert ks == KernelSet(backend="torch", rms_norm=rmsnorm.rms_norm,
+                           fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
+                           apply_rotary=rotary.apply_rotary,
+                           paged_decode_attention=attention.paged_decode_attention,
+                           int8_linear=int8.int8_linear)
+
+
+def test_cuda_gets_triton_when_it_imports():
+    pytest.importorskip("triton", reason="triton not installed")
+    from kernels.triton import int8_matmul, paged_attention
+    from kernels.triton import rmsnorm as triton_rmsnorm
+    from kernels.triton import rotary as triton_rotary
+
+    # Choosing needs no GPU: the device says what the engine will run on.
+    import torch
+    ks = get_kernels(torch.device("cuda", 0))
+    assert ks.backend == "triton"
+    assert ks.rms_norm is triton_rmsnorm.rms_norm
+    assert ks.fused_add_rms_norm is triton_rmsnorm.fused_add_rms_norm
+    assert ks.apply_rotary is triton_rotary.apply_rotary
+    assert ks.paged_decode_attention is paged_attention.paged_decode_attention
+    assert ks.int8_linear is int8_matmul.int8_linear
+
+
+def test_cuda_without_triton_falls_back(monkeypatch):
+    # None in sys.modules makes `import triton` raise ImportError.
+    ours = ("triton", "kernels.triton")
+    for name in [m for m in sys.modules if m in ours or m.startswith(tuple(p + "." for p in ours))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "triton", None)
+    assert get_kernels("cuda").backend == "torch"
+
+
+def test_importing_dispatch_imports_no_triton():
+    code = "import sys, kernels.dispatch; print('triton' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,103 @@
+"""kernels/triton/paged_attention.py against kernels/attention.py (interpreter on the CPU)."""
+import pytest
+import torch
+
+from tests.kernels.triton_support import DEVICE, assert_close
+
+from kernels import attention as ref
+from kernels.triton import paged_attention as tri
+
+# Slots no sequence owns hold this; a kernel that reads past a context shows it at once.
+POISON = 1e4
+
+
+def _case(context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype=torch.float32, seed=0):
+    """Caches whose blocks are handed out in shuffled order, spare table entries pointing
+    at real (but foreign) blocks, and poisoned slots beyond every context."""
+    g = torch.Generator().manual_seed(seed)
+    batch = len(context_lens)
+    blocks_per_seq = [-(-n // block_size) for n in context_lens]
+    max_blocks = max(blocks_per_seq) + 1
+    num_blocks = sum(blocks_per_seq) + 2
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(shape, POISON)
+    v_cache = torch.full(shape, POISON)
+    order = torch.randperm(num_blocks, generator=g)
+    tables = torch.empty(batch, max_blocks, dtype=torch.int32)
+    used = 0
+    for b, (n, nb) in enumerate(zip(context_lens, blocks_per_seq)):
+        mine = order[used:used + nb]
+        used += nb
+        tables[b, :nb] = mine.int()
+        tables[b, nb:] = order[-1].int()       # a spare entry: valid id, never to be read
+        flat_k = k_cache[mine].view(-1, num_kv_heads, head_dim)
+        flat_v = v_cache[mine].view(-1, num_kv_heads, head_dim)
+        flat_k[:n] = torch.randn(n, num_kv_heads, head_dim, generator=g)
+        flat_v[:n] = torch.randn(n, num_kv_heads, head_dim, generator=g)
+        k_cache[mine] = flat_k.view(nb, block_size, num_kv_heads, head_dim)
+        v_cache[mine] = flat_v.view(nb, block_size, num_kv_heads, head_dim)
+    q = torch.randn(batch, num_heads, head_dim, generator=g)
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    to = dict(device=DEVICE)
+    return (q.to(dtype=dtype, **to), k_cache.to(dtype=dtype, **to), v_cache.to(dtype=dtype, **to),
+            tables.to(**to), lens.to(**to), head_dim ** -0.5)
+
+
+def _check(*args, rounded_to=None):
+    out = tri.paged_decode_attention(*args)
+    expected = ref.paged_decode_attention(*args)
+    assert out.abs().max() < 100, "read a poisoned slot beyond a context"
+    assert_close(out, expected, rounded_to)
+
+
+@pytest.mark.parametrize("block_size", [16, 4])
+@pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 2), (4, 1)])
+def test_block_boundaries_and_gqa(heads, kv_heads, block_size):
+    # 1 token; exactly k blocks; k blocks + 1; a partial block further on.
+    bs = block_size
+    lens = [1, bs, bs + 1, 2 * bs, 2 * bs + 3]
+    _check(*_case(lens, heads, kv_heads, 32, block_size))
+
+
+@pytest.mark.parametrize("head_dim", [16, 64, 48, 80])
+def test_head_dims(head_dim):
+    # 48 and 80 are not powers of two: padded to 64 and 128 and masked.
+    _check(*_case([5, 17, 33], 2, 1, head_dim, 16))
+
+
+@pytest.mark.parametrize("block_size", [6, 1])
+def test_odd_block_sizes(block_size):
+    _check(*_case([1, block_size, 2 * block_size + 1, 7], 2, 1, 32, block_size))
+
+
+def test_single_sequence_single_token():
+    _check(*_case([1], 2, 1, 16, 16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision(dtype):
+    _check(*_case([1, 16, 23], 8, 2, 64, 16, dtype=dtype))
+
+
+def test_q_as_a_strided_view_of_qkv():
+    q, k_cache, v_cache, tables, lens, scale = _case([7, 20], 4, 2, 32, 16)
+    batch, heads, dim = q.shape
+    qkv = torch.zeros(batch, heads + 4, dim, device=DEVICE)
+    qkv[:, :heads] = q
+    view = qkv[:, :heads]
+    assert not view.is_contiguous()
+    torch.testing.assert_close(tri.paged_decode_attention(view, k_cache, v_cache, tables, lens, scale),
+                               ref.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale),
+                               rtol=2e-5, atol=2e-5)
+
+
+def test_long_context_softmax_is_stable():
+    # Large logits across many blocks: the online softmax must rescale, not overflow.
+    q, k_cache, v_cache, tables, lens, _ = _case([70, 3], 2, 1, 16, 16)
+    _check(q * 30, k_cache, v_cache, tables, lens, 1.0)
+
+
+def test_heads_not_a_multiple_of_kv_heads_is_refused():
+    q, k_cache, v_cache, tables, lens, scale = _case([3], 3, 2, 16, 16)
+    with pytest.raises(ValueError, match="multiple"):
+        tri.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)

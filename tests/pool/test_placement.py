@@ -1,0 +1,100 @@
+"""Best-fit placement and memory sizing, as pure functions."""
+from pool.api import ModelInfo
+from pool.placement import (GB, NoCapacity, Placed, PlacementRequest, SlotState, kv_bytes,
+                            never_fits, place, request_for, weight_bytes)
+
+
+def slots(*free_gb, node="n1", size_gb=16):
+    return [SlotState(f"{node}/s{i}", node, size_gb * GB, (size_gb - f) * GB) for i, f in enumerate(free_gb)]
+
+
+def test_best_fit_picks_the_tightest_slot():
+    decision = place(PlacementRequest(3 * GB), slots(10, 4, 16, 3))
+    assert decision == Placed("n1", ("n1/s3",), 3 * GB)
+
+
+def test_best_fit_skips_slots_too_small():
+    decision = place(PlacementRequest(5 * GB), slots(10, 4, 16, 3))
+    assert decision == Placed("n1", ("n1/s0",), 5 * GB)
+
+
+def test_multi_slot_request_stays_on_one_node():
+    pool = slots(8, 1, node="a") + slots(8, 8, 8, node="b")
+    decision = place(PlacementRequest(6 * GB, slot_count=2), pool)
+    assert isinstance(decision, Placed) and decision.node == "b"
+    assert decision.slot_ids == ("b/s0", "b/s1")
+
+
+def test_multi_slot_prefers_node_with_least_leftover():
+    pool = slots(8, 7, node="a") + slots(16, 16, node="b")
+    assert place(PlacementRequest(6 * GB, slot_count=2), pool).node == "a"
+
+
+def test_busy_pool_waits_with_a_reason():
+    decision = place(PlacementRequest(6 * GB), slots(2, 3))
+    assert isinstance(decision, NoCapacity) and "waiting for capacity" in decision.reason
+    assert never_fits(PlacementRequest(6 * GB), slots(2, 3)) is None
+
+
+def test_never_fits_too_big_or_too_many_slots():
+    assert "largest slot has 16.00 GiB" in never_fits(PlacementRequest(17 * GB), slots(16, 16))
+    assert never_fits(PlacementRequest(1 * GB, slot_count=3), slots(16, 16) + slots(16, 16, node="x"))
+    assert never_fits(PlacementRequest(16 * GB, slot_count=2), slots(0, 0)) is None
+
+
+def test_no_slots_never_fits():
+    assert never_fits(PlacementRequest(1), []) is not None
+
+
+INFO = ModelInfo("s3://b/m/", "LlamaForCausalLM", weight_bytes=4_000, dtype="float32",
+                 num_parameters=1_000, files=("model.safetensors",), linear_parameters=800,
+                 num_hidden_layers=2, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
+
+
+def test_weight_bytes_per_dtype_and_int8():
+    assert weight_bytes(INFO, None, None) == 4_000
+    assert weight_bytes(INFO, "bfloat16", None) == 2_000
+    assert weight_bytes(INFO, None, "int8") == 4_000 - 800 * 3      # fp32 linears to a quarter
+    assert weight_bytes(INFO, "bfloat16", "int8") == 2_000 - 800    # bf16 linears halved
+
+
+def test_kv_bytes_and_request_sizing():
+    assert kv_bytes(INFO, None, 10) == 2 * 2 * 2 * 16 * 4 * 10
+    req = request_for(INFO, gpu_memory_gb=0, gpu_count=2, engine={"kv_cache_tokens": 10},
+                      kv_tokens_default=4096, overhead_fraction=0.0)
+    assert req == PlacementRequest((4_000 + 5120) // 2, 2)
+    declared = request_for(INFO, gpu_memory_gb=1, gpu_count=1, engine={}, kv_tokens_default=1,
+                           overhead_fraction=0.1)
+    assert declared.bytes_per_slot == GB
+
+
+# -- preferred nodes (they already hold the revision's weights) -------------
+
+def test_preferred_node_wins_over_a_tighter_fit_elsewhere():
+    pool = slots(4, node="a") + slots(10, 16, node="b")
+    assert place(PlacementRequest(3 * GB), pool) == Placed("a", ("a/s0",), 3 * GB)
+    assert place(PlacementRequest(3 * GB), pool, prefer_nodes={"b"}) == Placed("b", ("b/s0",), 3 * GB)
+
+
+def test_best_fit_decides_among_preferred_nodes():
+    pool = slots(4, node="a") + slots(16, node="b") + slots(6, node="c")
+    decision = place(PlacementRequest(3 * GB), pool, prefer_nodes={"b", "c"})
+    assert decision == Placed("c", ("c/s0",), 3 * GB)
+
+
+def test_preferred_node_without_room_falls_back_to_best_fit():
+    pool = slots(2, 1, node="a") + slots(16, node="b") + slots(5, node="c")
+    decision = place(PlacementRequest(3 * GB), pool, prefer_nodes={"a"})
+    assert decision == Placed("c", ("c/s0",), 3 * GB)
+
+
+def test_preference_keeps_a_multi_slot_replica_on_one_node():
+    pool = slots(8, 2, node="a") + slots(8, 8, node="b") + slots(6, 6, node="c")
+    assert place(PlacementRequest(6 * GB, slot_count=2), pool).node == "c"
+    decision = place(PlacementRequest(6 * GB, slot_count=2), pool, prefer_nodes=("a", "b"))
+    assert decision == Placed("b", ("b/s0", "b/s1"), 6 * GB)
+
+
+def test_unknown_preferred_nodes_change_nothing():
+    pool = slots(10, 4, 16, 3)
+    assert place(PlacementRequest(3 * GB), pool, prefer_nodes={"gone"}) == Placed("n1", ("n1/s3",), 3 * GB)

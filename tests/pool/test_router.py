@@ -1,0 +1,49 @@
+"""Least outstanding requests with bounded-load prefix affinity."""
+from pool.router import Candidate, RouterConfig, choose, rendezvous_order
+
+
+def cands(**loads):
+    return [Candidate(k, v) for k, v in loads.items()]
+
+
+def test_least_outstanding_without_prefix():
+    assert choose(cands(a=3, b=1, c=2)) == "b"
+    assert choose(cands(a=1, b=1)) == "a"
+    assert choose([]) is None
+
+
+def test_same_prefix_same_replica_when_balanced():
+    pool = cands(a=0, b=0, c=0, d=0)
+    picks = {choose(pool, "system-prompt-1") for _ in range(5)}
+    assert len(picks) == 1
+    spread = {choose(pool, f"prefix-{i}") for i in range(64)}
+    assert spread == {"a", "b", "c", "d"}
+
+
+def test_affinity_yields_when_preferred_replica_is_overloaded():
+    pool = cands(a=0, b=0, c=0)
+    preferred = rendezvous_order(pool, "k")[0].replica_id
+    second = rendezvous_order(pool, "k")[1].replica_id
+    loads = {c.replica_id: 0 for c in pool}
+    loads[preferred] = 2                                  # within slack of 2
+    assert choose(cands(**loads), "k") == preferred
+    loads[preferred] = 3                                  # beyond the bound
+    assert choose(cands(**loads), "k") == second
+
+
+def test_bound_grows_with_load_factor():
+    cfg = RouterConfig(load_factor=1.5, slack=0)
+    pool = cands(a=10, b=10)
+    preferred = rendezvous_order(pool, "k")[0].replica_id
+    other = "b" if preferred == "a" else "a"
+    assert choose(cands(**{preferred: 15, other: 10}), "k", cfg) == preferred
+    assert choose(cands(**{preferred: 16, other: 10}), "k", cfg) == other
+
+
+def test_removing_a_replica_moves_only_its_keys():
+    full = cands(a=0, b=0, c=0, d=0)
+    fewer = [c for c in full if c.replica_id != "d"]
+    for i in range(50):
+        before = choose(full, f"p{i}")
+        if before != "d":
+            assert choose(fewer, f"p{i}") == before

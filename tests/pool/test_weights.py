@@ -1,0 +1,120 @@
+"""Weight download into the content cache, against real S3 (SeaweedFS)."""
+import hashlib
+import os
+
+import pytest
+
+from pool.api import ColdStartFailed
+from pool.s3 import list_objects
+from pool.weights import WeightCache, WeightStore, entry_key, part_ranges
+from tests.pool.conftest import FlakyS3
+from tests.support.model_factory import upload_model
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+def store_for(client, settings, **changes):
+    settings = settings.with_(**changes)
+    return WeightStore(client, WeightCache(settings.cache_dir, settings.cache_budget_bytes), settings)
+
+
+def digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+async def test_part_ranges_cover_the_object_exactly():
+    assert part_ranges(10, 4) == [(0, 3), (4, 7), (8, 9)]
+    assert part_ranges(8, 4) == [(0, 3), (4, 7)]
+    assert part_ranges(0, 4) == []
+
+
+async def test_parallel_ranged_download_is_byte_exact(s3, s3_server, pool_bucket, fresh_prefix, settings, tiny_model):
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    store = store_for(s3, settings, part_size_mb=16 / 1024, download_concurrency=4)   # 16 KiB parts
+    files = await store.fetch_model(uri)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert digest(files.model_dir / name) == digest(tiny_model / name)
+    assert files.downloaded_bytes == sum(f.stat().st_size for f in tiny_model.iterdir() if f.is_file())
+    assert files.cached_bytes == 0
+    assert os.listdir(store.cache.tmp) == []
+
+
+async def test_second_fetch_is_a_cache_hit_with_no_get(s3, s3_server, pool_bucket, fresh_prefix, settings, tiny_model):
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    await store_for(s3, settings).fetch_model(uri)
+    counting = FlakyS3(s3)
+    again = await store_for(counting, settings).fetch_model(uri)     # a new store over the same dir
+    assert counting.calls == 0 and again.downloaded_bytes == 0 and again.cached_bytes > 0
+    assert digest(again.model_dir / "model.safetensors") == digest(tiny_model / "model.safetensors")
+
+
+async def test_throttling_is_retried(s3, s3_server, pool_bucket, fresh_prefix, settings, tiny_model):
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    flaky = FlakyS3(s3, throttle=3)
+    files = await store_for(flaky, settings, download_concurrency=1).fetch_model(uri)
+    assert digest(files.model_dir / "model.safetensors") == digest(tiny_model / "model.safetensors")
+    assert flaky.calls >= 3 + 4
+
+
+async def test_throttling_beyond_attempts_fails_clearly(s3, s3_server, pool_bucket, fresh_prefix, settings, tiny_model):
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    store = store_for(FlakyS3(s3, throttle=1000), settings, s3_attempts=3)
+    with pytest.raises(Exception, match="SlowDown"):
+        await store.fetch_model(uri)
+    assert os.listdir(store.cache.tmp) == [] and store.cache.used_bytes == 0
+
+
+async def test_partial_download_never_enters_the_cache(s3, s3_server, pool_bucket, fresh_prefix, settings, tiny_model):
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    store = store_for(FlakyS3(s3, deny_call=5), settings, part_size_mb=16 / 1024, download_concurrency=2)
+    with pytest.raises(Exception, match="AccessDenied"):
+        await store.fetch_model(uri)
+    objects = await store.list_model(uri)
+    weights = next(o for o in objects if o.key.endswith("model.safetensors"))
+    assert weights not in store.cache
+    assert os.listdir(store.cache.tmp) == []
+    assert not (store.cache.objects / entry_key(weights)).exists()
+
+
+async def test_missing_object_fails_with_reason(s3, s3_server, pool_bucket, fresh_prefix, settings, tiny_model):
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    store = store_for(s3, settings)
+    objects = await store.list_model(uri)
+    s3_server.client().delete_object(Bucket=pool_bucket, Key=f"{fresh_prefix}/tiny/model.safetensors")
+    with pytest.raises(ColdStartFailed, match=r"missing object s3://.*/tiny/model.safetensors"):
+        await store.fetch_model(uri, objects)
+    with pytest.raises(ColdStartFailed, match="model.safetensors"):
+        await store.fetch_model(uri)
+
+
+async def test_object_changed_since_listing_is_a_mismatch(s3, s3_server, pool_bucket, fresh_prefix, settings, tiny_model, tmp_path):
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    store = store_for(s3, settings)
+    stale = await store.list_model(uri)
+    other = tmp_path / "other.json"
+    other.write_text('{"architectures": ["MistralForCausalLM"]}')
+    s3_server.client().upload_file(str(other), pool_bucket, f"{fresh_prefix}/tiny/config.json")
+    with pytest.raises(ColdStartFailed, match="mismatch.*config.json"):
+        await store.fetch_model(uri, stale)
+    assert os.listdir(store.cache.tmp) == []
+
+
+async def test_lru_eviction_under_budget_spares_pinned(s3, s3_server, pool_bucket, fresh_prefix, settings, tmp_path):
+    client = s3_server.client()
+    blobs = {}
+    for name in ("a", "b", "c"):
+        blobs[name] = os.urandom(40_000)
+        client.put_object(Bucket=pool_bucket, Key=f"{fresh_prefix}/{name}", Body=blobs[name])
+    store = store_for(s3, settings, cache_disk_budget_gb=100_000 / 1024 ** 3)
+    objs = {o.key[-1]: o for o in await list_objects(s3, pool_bucket, f"{fresh_prefix}/")}
+    path_a = await store.fetch_object(objs["a"])
+    store.cache.pin(["pinned-a"])
+    await store.fetch_object(objs["b"])
+    store.cache.lookup(objs["a"])                      # a is now the most recently used
+    await store.fetch_object(objs["c"])                # over budget: evicts b, the oldest
+    assert objs["a"] in store.cache and objs["c"] in store.cache and objs["b"] not in store.cache
+    assert path_a.read_bytes() == blobs["a"]
+    store.cache.pin([entry_key(objs["c"])])
+    await store.fetch_object(objs["b"])                # a is evicted; c is pinned
+    assert objs["c"] in store.cache and objs["b"] in store.cache and objs["a"] not in store.cache
+    assert store.cache.used_bytes == 80_000

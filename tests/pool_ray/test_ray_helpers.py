@@ -1,0 +1,54 @@
+"""The Ray backend's pure helpers: no cluster needed."""
+from __future__ import annotations
+
+from pool.backends.ray import engine_for, short_error, slots_from_nodes
+from pool.backends.ray_actor import cache_entries
+from pool.inventory import Slot
+from tests.pool_ray.test_backend import CPU_ENGINE, spec_for
+
+
+def test_slots_come_from_alive_gpu_nodes_only():
+    nodes = [{"NodeID": "head" * 14, "Alive": True, "Resources": {"CPU": 0.0}},
+             {"NodeID": "a" * 56, "Alive": True, "Resources": {"GPU": 2.0, "CPU": 2.0}},
+             {"NodeID": "b" * 56, "Alive": False, "Resources": {"GPU": 8.0}}]
+    slots = slots_from_nodes(nodes, 10)
+    assert [(s.slot_id, s.node, s.kind, s.memory_bytes, s.device_index) for s in slots] == [
+        ("ray-aaaaaaaaaaaa/gpu0", "a" * 56, "cuda", 10, 0), ("ray-aaaaaaaaaaaa/gpu1", "a" * 56, "cuda", 10, 1)]
+    assert all(s.exclusive for s in slots)          # an actor takes whole GPUs
+
+
+def test_engine_gets_plain_cuda_and_tensor_parallel_from_the_slots():
+    cuda = [Slot("n/gpu0", "n", "cuda", 1, 0), Slot("n/gpu1", "n", "cuda", 1, 1)]
+    assert engine_for(spec_for(engine={}), cuda, 128) == {"kv_cache_tokens": 128, "device": "cuda",
+                                                          "tensor_parallel_size": 2}
+    assert engine_for(spec_for(), cuda[:1], 128) == CPU_ENGINE
+
+
+def test_cache_entries_lists_only_complete_entries(tmp_path):
+    for key, files in (("done", ("data", "meta.json")), ("partial", ("data",))):
+        (tmp_path / "objects" / key).mkdir(parents=True)
+        for name in files:
+            (tmp_path / "objects" / key / name).write_text("x")
+    assert cache_entries(tmp_path) == ["done"]
+    assert cache_entries(tmp_path / "absent") == []
+
+
+def test_short_error_keeps_the_lines_that_say_why():
+    message = ("The actor died unexpectedly before finishing this task.\n\tclass_name: ReplicaActor\n"
+               "\tpid: 123\nThe actor died because its node has died. Node Id: abc")
+    assert short_error(RuntimeError(message)) == (
+        "The actor died unexpectedly before finishing this task. "
+        "The actor died because its node has died. Node Id: abc")
+
+
+def test_a_node_pulls_into_its_own_cache_with_its_own_budget(tmp_path, monkeypatch):
+    from pool.backends.ray_actor import node_settings
+    from pool.settings import PoolSettings
+
+    pool = PoolSettings(cache_dir=tmp_path / "pool", cache_disk_budget_gb=50)
+    monkeypatch.delenv("THAWPOOL_CACHE_DIR", raising=False)
+    monkeypatch.delenv("THAWPOOL_CACHE_DISK_BUDGET_GB", raising=False)
+    assert node_settings(pool) == pool
+    monkeypatch.setenv("THAWPOOL_CACHE_DIR", str(tmp_path / "node"))
+    monkeypatch.setenv("THAWPOOL_CACHE_DISK_BUDGET_GB", "12.5")
+    assert (node_settings(pool).cache_dir, node_settings(pool).cache_disk_budget_gb) == (tmp_path / "node", 12.5)

@@ -1,0 +1,102 @@
+"""Block manager alone: exact block ids, prefix hits, eviction order, salts, no leaks."""
+from __future__ import annotations
+
+from runtime.block_manager import BlockManager, block_hashes, prefix_key
+
+A = list(range(10))                 # two full blocks of 4 and a partial one
+
+
+def test_allocate_grow_and_free_in_order():
+    bm = BlockManager(num_blocks=5, block_size=4)
+    bm.allocate("a", [], 5)
+    assert bm.block_table("a") == [0, 1]
+    assert bm.can_append("a", 12) and not bm.can_append("a", 21)
+    bm.append_slot("a", 12)
+    assert bm.block_table("a") == [0, 1, 2]
+    assert bm.num_free_blocks == 2
+    bm.deallocate("a")
+    assert bm.num_free_blocks == 5
+    bm.check_invariants()
+
+
+def test_prefix_hit_then_lru_eviction_of_tails_first():
+    bm = BlockManager(num_blocks=6, block_size=4)
+    assert bm.cached_prefix(A) == []
+    bm.allocate("a", [], len(A))
+    assert bm.block_table("a") == [0, 1, 2]
+    bm.commit("a", A, len(A))                          # blocks 0 and 1 are full and computed
+
+    b = A[:8] + [100, 101, 102]
+    hit = bm.cached_prefix(b)
+    assert hit == [0, 1]
+    assert bm.can_allocate(hit, len(b))
+    bm.allocate("b", hit, len(b))
+    assert bm.block_table("b") == [0, 1, 3]            # partial last block never shared
+    bm.deallocate("a")                                 # 2 (never cached) -> free list
+    bm.deallocate("b")                                 # 3 free; 1 then 0 become evictable
+    assert bm.num_free_blocks == 6
+    assert bm.cached_prefix(A) == [0, 1]               # still cached after everyone left
+
+    bm.allocate("c", [], 20)                           # needs 5: 4 free, then evict LRU (1)
+    assert bm.block_table("c") == [4, 5, 2, 3, 1]
+    assert bm.cached_prefix(A) == [0]                  # block 1 evicted, block 0 kept
+    bm.allocate("d", [], 4)                            # evicts 0 last
+    assert bm.block_table("d") == [0]
+    assert bm.cached_prefix(A) == []
+    bm.check_invariants()
+
+
+def test_hit_leaves_one_token_to_compute():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    tokens = list(range(8))
+    bm.allocate("a", [], 8)
+    bm.commit("a", tokens, 8)
+    assert bm.cached_prefix(tokens) == [0]             # the last block is recomputed for logits
+    assert bm.cached_prefix(tokens + [9]) == [0, 1]
+
+
+def test_revived_blocks_count_against_free_space():
+    bm = BlockManager(num_blocks=3, block_size=4)
+    bm.allocate("a", [], 8)
+    bm.commit("a", list(range(8)), 8)
+    bm.deallocate("a")                                 # both blocks cached, evictable
+    hit = bm.cached_prefix(list(range(9)))
+    assert hit == [1, 0][::-1]                         # chained: block 0 then block 1
+    assert bm.can_allocate(hit, 12)                    # 2 revived + 1 fresh = 3
+    assert not bm.can_allocate(hit, 13)
+    bm.allocate("b", hit, 12)
+    assert bm.block_table("b") == [0, 1, 2]
+    bm.check_invariants()
+
+
+def test_salt_separates_caches_and_duplicates_stay_private():
+    bm = BlockManager(num_blocks=6, block_size=4)
+    tokens = list(range(9))
+    bm.allocate("a", [], 9, salt="rev-1")
+    bm.allocate("b", [], 9, salt="rev-1")             # same content computed alongside
+    bm.commit("a", tokens, 9)
+    bm.commit("b", tokens, 9)
+    assert bm.cached_prefix(tokens, salt="rev-1") == [0, 1]
+    assert bm.cached_prefix(tokens, salt="rev-2") == []
+    assert bm.cached_prefix(tokens) == []
+    bm.deallocate("b")                                 # b's duplicates were never registered
+    assert list(bm._free) == [5, 4, 3]
+    bm.deallocate("a")
+    bm.check_invariants()
+
+
+def test_disabled_prefix_caching_never_hits():
+    bm = BlockManager(num_blocks=4, block_size=4, enable_prefix_caching=False)
+    bm.allocate("a", [], 9)
+    bm.commit("a", list(range(9)), 9)
+    bm.deallocate("a")
+    assert bm.cached_prefix(list(range(9))) == []
+
+
+def test_hashes_are_chained_and_stable():
+    h = block_hashes(list(range(12)), 4)
+    assert len(h) == 3 and len(set(h)) == 3
+    other = block_hashes([99] + list(range(1, 12)), 4)
+    assert all(x != y for x, y in zip(h, other))        # a change in block 0 changes all
+    assert prefix_key(list(range(12)), 4, num_blocks=2) == h[1].hex()
+    assert prefix_key([1, 2], 4) is None

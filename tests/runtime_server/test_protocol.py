@@ -1,0 +1,176 @@
+"""Request parsing, validation and wire-format builders, with no server."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, strategies as st
+
+from runtime.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, ProtocolError, ResponseHeader,
+                              StreamOptions, chat_logprobs, chunk, completion_logprobs,
+                              error_from, full_response, parse_chat_request,
+                              parse_completion_request, sse, usage_dict)
+
+
+def refusal(parse, body) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        parse(body)
+    assert info.value.status == 400
+    return info.value
+
+
+def test_completion_maps_fields_to_sampling_params():
+    req = parse_completion_request({
+        "model": "m", "prompt": "hi", "max_tokens": 7, "temperature": 0, "top_p": 0.5,
+        "top_k": 3, "seed": 11, "stop": "x", "ignore_eos": True, "logprobs": 2, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "n": 1})
+    p = req.params
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed, p.stop, p.ignore_eos,
+            p.logprobs) == (7, 0, 0.5, 3, 11, ["x"], True, 2)
+    assert (req.kind, req.prompt, req.model, req.stream, req.logprobs) == ("completion", "hi", "m", True, 2)
+    assert req.stream_options == StreamOptions(include_usage=True, continuous_usage_stats=True)
+
+
+def test_completion_defaults_follow_openai():
+    req = parse_completion_request({"prompt": [1, 2, 3]})
+    assert req.prompt == [1, 2, 3]
+    assert req.params.max_tokens == 16 and req.params.logprobs is None and not req.stream
+    assert parse_completion_request({"prompt": ["one"]}).prompt == "one"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": "8"}, "max_tokens"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "top_p": 1.5}, "top_p"),
+    ({"prompt": "x", "temperature": -0.1}, "temperature"),
+    ({"prompt": "x", "top_k": -1}, "top_k"),
+    ({"prompt": "x", "seed": -3}, "seed"),
+    ({"prompt": "x", "stop": 5}, "stop"),
+    ({"prompt": "x", "stop": [""]}, "stop"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "bogus": 1}, "bogus"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"prompt": "x", "stream": True, "stream_options": {"nope": True}}, "stream_options"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [1, -2]}, "prompt"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": 5}, "prompt"),
+    ({}, "prompt"),
+])
+def test_completion_refusals_name_the_field(body, param):
+    err = refusal(parse_completion_request, body)
+    assert err.param == param
+    assert str(err).startswith(param)
+
+
+def test_chat_parses_messages_and_logprobs():
+    req = parse_chat_request({
+        "messages": [{"role": "system", "content": "be brief"},
+                     {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                  {"type": "text", "text": "b"}]}],
+        "logprobs": True, "top_logprobs": 3, "max_completion_tokens": 5})
+    assert req.messages == [{"role": "system", "content": "be brief"},
+                            {"role": "user", "content": "ab"}]
+    assert req.logprobs == 3 and req.params.logprobs == 3
+    assert req.params.max_tokens == 5 and req.max_tokens_given
+
+
+def test_chat_without_max_tokens_is_filled_later():
+    req = parse_chat_request({"messages": [{"role": "user", "content": "hi"}]})
+    assert not req.max_tokens_given and req.logprobs is None
+    assert req.with_max_tokens(99).params.max_tokens == 99
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": []}, "messages"),
+    ({"messages": "hi"}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": 3}, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
+     "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, "prompt"),
+])
+def test_chat_refusals_name_the_field(body, param):
+    assert refusal(parse_chat_request, body).param == param
+
+
+def test_non_object_body_is_refused():
+    assert refusal(parse_completion_request, [1, 2]).param is None
+
+
+def test_usage_and_full_completion_body():
+    header = ResponseHeader(id="cmpl-1", model="m", kind="completion", created=5)
+    usage = usage_dict(3, 4, 2)
+    assert usage == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+                     "prompt_tokens_details": {"cached_tokens": 2}}
+    body = full_response(header, "hey", "length", usage, {"e2e_s": 1.0})
+    assert body == {"id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m",
+                    "choices": [{"index": 0, "text": "hey", "logprobs": None,
+                                 "finish_reason": "length"}],
+                    "usage": usage, "metrics": {"e2e_s": 1.0}}
+
+
+def test_chat_bodies_and_chunks():
+    header = ResponseHeader(id="chatcmpl-1", model="m", kind="chat", created=5)
+    body = full_response(header, "yo", "stop", usage_dict(1, 1, 0), None)
+    assert body["object"] == "chat.completion" and "metrics" not in body
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "yo"}
+    final = chunk(header, None, usage_dict(1, 1, 0), {"ttft_s": 0.1})
+    assert final["object"] == "chat.completion.chunk" and final["choices"] == []
+    assert final["metrics"] == {"ttft_s": 0.1}
+
+
+def test_sse_framing():
+    assert sse({"a": 1}) == b'data: {"a":1}\n\n'
+    assert sse("[DONE]") == b"data: [DONE]\n\n"
+
+
+def test_logprob_formats():
+    text = {7: "ab", 8: "c", 9: "é"}.__getitem__
+    entries = [(-0.5, [(7, -0.5), (9, -1.0)]), (-0.25, [(8, -0.25)])]
+    legacy = completion_logprobs(entries, [7, 8], text, text_offset=10)
+    assert legacy == {"tokens": ["ab", "c"], "token_logprobs": [-0.5, -0.25],
+                      "top_logprobs": [{"ab": -0.5, "é": -1.0}, {"c": -0.25}],
+                      "text_offset": [10, 12]}
+    chat = chat_logprobs(entries, [7, 9], text)
+    assert chat["content"][1] == {"token": "é", "logprob": -0.25, "bytes": [195, 169],
+                                  "top_logprobs": [{"token": "c", "logprob": -0.25,
+                                                    "bytes": [99]}]}
+
+
+def test_error_body_shape():
+    err = ProtocolError.from_value_error(ValueError("prompt: 900 tokens do not fit"))
+    assert err.param == "prompt"
+    assert error_from(err) == {"error": {"type": "invalid_request_error",
+                                         "message": "prompt: 900 tokens do not fit",
+                                         "code": 400, "param": "prompt"}}
+    assert ProtocolError.from_value_error(ValueError("no field here")).param is None
+    json.dumps(error_from(err))
+
+
+@given(st.sets(st.text(alphabet="abcdefghij_", min_size=1, max_size=8), min_size=1, max_size=4))
+def test_any_unknown_field_is_named(names):
+    unknown = sorted(names - COMPLETION_FIELDS)
+    body = {"prompt": "x", **{n: 1 for n in names}}
+    if unknown:
+        assert refusal(parse_completion_request, body).param == unknown[0]
+    chat_unknown = sorted(names - CHAT_FIELDS)
+    if chat_unknown:
+        chat = {"messages": [{"role": "user", "content": "x"}], **{n: 1 for n in names}}
+        assert refusal(parse_chat_request, chat).param == chat_unknown[0]
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False, min_value=-2, max_value=2))
+def test_top_p_accepted_exactly_on_the_open_closed_interval(top_p):
+    body = {"prompt": "x", "top_p": top_p}
+    if 0 < top_p <= 1:
+        assert parse_completion_request(body).params.top_p == top_p
+    else:
+        assert refusal(parse_completion_request, body).param == "top_p"

@@ -1,0 +1,40 @@
+"""Command line -> ServerSettings, parsed once; every engine argument has a flag."""
+from __future__ import annotations
+
+import pytest
+
+from runtime.model_host import engine_kwarg_names
+from runtime.server import build_parser, parse_settings
+
+
+def test_engine_flags_become_llm_kwargs():
+    s = parse_settings(["--model", "/m", "--port", "9000", "--dtype", "bfloat16",
+                        "--kv-cache-tokens", "4096", "--block-size", "32", "--max-num-seqs", "8",
+                        "--max-num-batched-tokens", "512", "--no-enable-prefix-caching",
+                        "--speculative", '{"method": "ngram", "k": 4}', "--quantization", "int8",
+                        "--tensor-parallel-size", "2", "--served-model-name", "m1"])
+    assert (s.model, s.port, s.served_model_name, s.standby) == ("/m", 9000, "m1", False)
+    assert s.engine == {"dtype": "bfloat16", "kv_cache_tokens": 4096, "block_size": 32,
+                        "max_num_seqs": 8, "max_num_batched_tokens": 512,
+                        "enable_prefix_caching": False,
+                        "speculative": {"method": "ngram", "k": 4}, "quantization": "int8",
+                        "tensor_parallel_size": 2}
+    assert s.load_request().served_model_name == "m1"
+
+
+def test_unset_flags_keep_engine_defaults_and_name_defaults_to_the_folder():
+    s = parse_settings(["--model", "/models/x"])
+    assert s.engine == {} and s.load_request().served_model_name == "/models/x"
+
+
+def test_standby_and_model_are_exclusive():
+    assert parse_settings(["--standby"]).standby
+    for argv in ([], ["--standby", "--model", "/m"]):
+        with pytest.raises(SystemExit):
+            parse_settings(argv)
+
+
+def test_every_engine_argument_has_a_flag():
+    """The pool starts replicas with `--<kwarg-with-dashes>` for each engine kwarg."""
+    dests = {a.dest for a in build_parser()._actions}
+    assert engine_kwarg_names() <= dests
