@@ -70,6 +70,7 @@ class ReplicaSlot:
     waiting_reason: Optional[str] = None
     task: Optional[asyncio.Task] = None
     drain_started: Optional[float] = None
+    stopping: bool = False              # being stopped on purpose: a dead handle is no crash
 
     @property
     def state(self) -> S:
@@ -458,7 +459,7 @@ class PoolManager:
         if reason:
             raise NeverFits(f"can never be placed: {reason}")
         while True:
-            decision = place(request, self._slot_states())
+            decision = place(request, self._slot_states(), preferred)
             if isinstance(decision, Placed):
                 self._reserve(slot, decision)
                 return
@@ -491,7 +492,7 @@ class PoolManager:
     # ------------------------------------------------------------- failure and stop
 
     def _fail(self, rev: RevisionState, slot: ReplicaSlot, reason: str) -> None:
-        if slot.state not in LIVE:
+        if slot.state not in LIVE or slot.stopping:
             return
         log.warning("replica %s of %s failed: %s", slot.replica_id, rev.spec.revision_id, reason)
         crashed_after_ready = slot.replica.entered(S.READY) is not None
@@ -536,6 +537,7 @@ class PoolManager:
     async def _cleanup(self, slot: ReplicaSlot) -> None:
         handle = slot.handle
         if handle is not None:
+            slot.stopping = True         # a Ray handle reads dead before its actor is gone
             try:
                 await handle.stop(self.settings.stop_timeout_s)
             finally:

@@ -111,9 +111,27 @@ class ControlPlane:
         await self.app.state.writer.flush()
 
 
+def cpu_pool_settings(s3_server, cache_dir, **overrides):
+    """One CPU slot, one-thread replicas, weights from the session S3."""
+    from pool.settings import PoolSettings
+
+    base = dict(accelerator="cpu", cpu_slots=1, slot_memory_gb=2, warm_pool_size=0, tick_s=0.2,
+                runtime_threads=1, kv_cache_tokens_default=512, cache_dir=cache_dir,
+                s3_endpoint=s3_server.endpoint, aws_access_key_id=s3_server.access_key,
+                aws_secret_access_key=s3_server.secret_key, load_timeout_s=180)
+    return PoolSettings(**{**base, **overrides})
+
+
+def real_pool(pool_settings):
+    """A pool_factory for create_app: the real PoolManager over the app's desired state."""
+    from pool.manager import PoolManager
+
+    return lambda desired, events: PoolManager(pool_settings, desired, events)
+
+
 @contextlib.asynccontextmanager
-async def running_control_plane(settings: Settings, pool=None):
-    app = create_app(settings, pool=pool)
+async def running_control_plane(settings: Settings, pool=None, pool_factory=None):
+    app = create_app(settings, pool=pool, pool_factory=pool_factory)
     async with serve(app) as base_url:
         async with app.state.sessions() as session, session.begin():
             new = await bootstrap_admin(session)

@@ -10,11 +10,10 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.app import create_app
 from controlplane.models import ReplicaLifetime, UsageEvent
-from controlplane.tenants import bootstrap_admin
-from tests.controlplane.conftest import ControlPlane, make_settings
-from tests.controlplane.support.servers import runtime_server_available, serve
+from tests.controlplane.conftest import (cpu_pool_settings, make_settings, real_pool,
+                                         running_control_plane)
+from tests.controlplane.support.servers import runtime_server_available
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
 
@@ -23,27 +22,11 @@ pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300
 async def plane(db_url, s3_server, tmp_path_factory):
     if not runtime_server_available():
         pytest.skip("runtime.server not available")
-    from pool.manager import PoolManager
-    from pool.settings import PoolSettings
-
     tmp = tmp_path_factory.mktemp("cp-pool")
-    pool_settings = PoolSettings(
-        accelerator="cpu", cpu_slots=1, slot_memory_gb=2, warm_pool_size=0, tick_s=0.2,
-        runtime_threads=1, kv_cache_tokens_default=512, cache_dir=tmp / "cache",
-        s3_endpoint=s3_server.endpoint, aws_access_key_id=s3_server.access_key,
-        aws_secret_access_key=s3_server.secret_key, load_timeout_s=180)
     settings = make_settings(db_url, s3_server, tmp / "cp", acquire_timeout_s=240)
-    app = create_app(settings, pool_factory=lambda desired, events: PoolManager(
-        pool_settings, desired, events))
-    async with serve(app) as base_url:
-        async with app.state.sessions() as session, session.begin():
-            admin = await bootstrap_admin(session)
-        plane = ControlPlane(base_url, app, admin.secret)
-        try:
-            yield plane
-        finally:
-            for client in plane.clients:
-                await client.aclose()
+    pool_factory = real_pool(cpu_pool_settings(s3_server, tmp / "cache"))
+    async with running_control_plane(settings, pool_factory=pool_factory) as plane:
+        yield plane
 
 
 async def test_deploy_invoke_and_bill_through_the_pool(plane, model_uri):

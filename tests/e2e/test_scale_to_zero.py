@@ -17,13 +17,11 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.app import create_app
 from controlplane.db import migrate_async
 from controlplane.models import UsageEvent
-from controlplane.tenants import bootstrap_admin
-from tests.controlplane.conftest import (ControlPlane, create_database, drop_database,
-                                         make_settings)
-from tests.controlplane.support.servers import serve
+from tests.controlplane.conftest import (ControlPlane, cpu_pool_settings, create_database,
+                                         drop_database, make_settings, real_pool,
+                                         running_control_plane)
 from tests.support.model_factory import upload_model
 
 pytestmark = pytest.mark.timeout(600)
@@ -34,32 +32,17 @@ CHAT = {"model": "thaw", "messages": [{"role": "user", "content": "Hello there"}
 
 
 @pytest_asyncio.fixture(scope="module")
-async def plane(pg_server, s3_server, tiny_model, tmp_path_factory):
-    from pool.manager import PoolManager
-    from pool.settings import PoolSettings
-
+async def plane(pg_server, s3_server, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
     db_url = await create_database(pg_server)
     await migrate_async(db_url)
-    pool_settings = PoolSettings(
-        accelerator="cpu", cpu_slots=1, slot_memory_gb=2, warm_pool_size=1, tick_s=0.2,
-        desired_refresh_s=0.5, scale_down_delay_s=0.5, runtime_threads=1,
-        kv_cache_tokens_default=512, cache_dir=tmp / "cache", s3_endpoint=s3_server.endpoint,
-        aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key,
-        load_timeout_s=240)
+    pool_settings = cpu_pool_settings(
+        s3_server, tmp / "cache", warm_pool_size=1, desired_refresh_s=0.5,
+        scale_down_delay_s=0.5, load_timeout_s=240)
     settings = make_settings(db_url, s3_server, tmp / "cp", acquire_timeout_s=280)
-    app = create_app(settings, pool_factory=lambda desired, events: PoolManager(
-        pool_settings, desired, events))
     try:
-        async with serve(app) as base_url:
-            async with app.state.sessions() as session, session.begin():
-                admin = await bootstrap_admin(session)
-            plane = ControlPlane(base_url, app, admin.secret)
-            try:
-                yield plane
-            finally:
-                for client in plane.clients:
-                    await client.aclose()
+        async with running_control_plane(settings, pool_factory=real_pool(pool_settings)) as plane:
+            yield plane
     finally:
         await drop_database(pg_server, db_url)
 

@@ -192,3 +192,17 @@ def test_an_exclusive_slot_is_full_once_held_a_shared_one_by_its_bytes():
     assert reserved_bytes(ray_gpu, {}) == 0
     assert reserved_bytes(ray_gpu, {"r1": GB}) == 8 * GB
     assert reserved_bytes(local_gpu, {"r1": GB, "r2": 2 * GB}) == 3 * GB
+
+
+def test_a_replica_being_stopped_is_not_failed_by_its_dead_handle():
+    from pool.activator import RevisionQueue
+    from pool.desired import EventLog, InMemoryDesiredState
+    from pool.manager import PoolManager, RevisionState
+
+    manager = PoolManager(PoolSettings(), InMemoryDesiredState(), EventLog())
+    rev = RevisionState(SPEC, RevisionQueue("rev", 4))
+    draining = slot("d", 0, S.PULLING, S.LOADING, S.READY, S.DRAINING)
+    draining.stopping = True
+    rev.replicas["d"] = draining
+    manager._fail(rev, draining, "stopped")
+    assert (draining.state, rev.failures, rev.last_error) == (S.DRAINING, 0, None)
