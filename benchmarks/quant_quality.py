@@ -14,7 +14,10 @@ On the trained demo model (models/demo, a bf16 checkpoint) and its held-out text
 Perplexity and teacher-forced agreement run whole windows as one prefill (rows
 > 16: int8 dequantizes and keeps fp32 activations); free-running generation
 decodes one row at a time, the path where kernels/int8.py rounds activations
-to bf16 for torch's int8 GEMV.
+to bf16 for torch's int8 GEMV. Decode speed is timed at each of --speed-threads:
+on a CPU whose cores are busy with other work, torch's int8 GEMV slowed down
+far more with 2 threads than fp32's small GEMVs did (a parallel region waits
+for its slowest thread), so the thread count matters to the ratio.
 
     .venv/bin/python benchmarks/quant_quality.py [--model models/demo] [--threads 2]
 """
@@ -42,9 +45,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--gen-tokens", type=int, default=1000, help="in total, over all prompts")
-    p.add_argument("--speed-tokens", type=int, default=128)
-    p.add_argument("--speed-repeats", type=int, default=5)
+    p.add_argument("--speed-tokens", type=int, default=64)
+    p.add_argument("--speed-repeats", type=int, default=9)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--speed-threads", default="1,2", help="torch thread counts to time decode at")
     return p.parse_args(argv)
 
 
@@ -116,15 +120,15 @@ def decode_s_per_token(llm, prompt: list[int], n: int) -> float:
     return out.metrics.decode_s / (len(out.token_ids) - 1)
 
 
-def speed(llms: dict, prompt: list[int], args) -> dict[str, float]:
-    """Median per-token decode time, the engines alternating so drift hits both alike."""
+def speed(llms: dict, prompt: list[int], args) -> dict[str, list[float]]:
+    """Per-token decode times of each repeat, the engines alternating so load drift hits both."""
     for llm in llms.values():
         decode_s_per_token(llm, prompt, 8)                         # warm-up
-    times = {name: [] for name in llms}
+    times: dict[str, list[float]] = {name: [] for name in llms}
     for _ in range(args.speed_repeats):
         for name, llm in llms.items():
             times[name].append(decode_s_per_token(llm, prompt, args.speed_tokens))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
 
 
 def mib(n: int) -> str:
@@ -166,7 +170,7 @@ def main(argv=None) -> None:
     ppl = {name: perplexity(llm.engine, ppl_ids, args.window, args.stride) for name, llm in llms.items()}
     ppl_gap = ppl["int8"] / ppl["full"] - 1
     print(f"perplexity ({len(ppl_ids)} tokens, window {args.window}, stride {args.stride}): "
-          f"full {ppl['full']:.3f}  int8 {ppl['int8']:.3f}  ({ppl_gap:+.2%}; target within 2%: "
+          f"full {ppl['full']:.3f}  int8 {ppl['int8']:.3f}  ({ppl_gap:+.3%}; target within 2%: "
           f"{verdict(abs(ppl_gap) <= 0.02)})")
 
     prompts = held_out_prompts(ids, args.prompts, args.prompt_len)
@@ -179,11 +183,22 @@ def main(argv=None) -> None:
           f"free-running {free:.1%}, teacher-forced {forced:.1%} (target >= 90%: "
           f"free-running {verdict(free >= 0.9)}, teacher-forced {verdict(forced >= 0.9)})")
 
-    t = speed(llms, prompts[0], args)
-    ratio = t["int8"] / t["full"]
-    print(f"CPU decode, batch 1, {args.speed_tokens} tokens, median of {args.speed_repeats}: "
-          f"full {t['full'] * 1e3:.2f} ms/token  int8 {t['int8'] * 1e3:.2f} ms/token  "
-          f"(int8/full {ratio:.2f}x; target <= 1.2x: {verdict(ratio <= 1.2)})")
+    for threads in (int(n) for n in args.speed_threads.split(",")):
+        torch.set_num_threads(threads)
+        report_speed(speed(llms, prompts[0], args), args, threads)
+
+
+def report_speed(times: dict[str, list[float]], args, threads: int) -> None:
+    # On a shared CPU other processes only ever add time, so the best repeat is the
+    # engine's own cost; the median shows how noisy the machine was.
+    best = {k: min(v) for k, v in times.items()}
+    mid = {k: statistics.median(v) for k, v in times.items()}
+    ratio = best["int8"] / best["full"]
+    print(f"CPU decode, {threads} thread(s), batch 1, {args.speed_tokens} tokens x {args.speed_repeats} repeats: "
+          f"best full {best['full'] * 1e3:.2f} int8 {best['int8'] * 1e3:.2f} ms/token, "
+          f"median full {mid['full'] * 1e3:.2f} int8 {mid['int8'] * 1e3:.2f} ms/token "
+          f"(int8/full best {ratio:.2f}x, median {mid['int8'] / mid['full']:.2f}x; "
+          f"target <= 1.2x: {verdict(ratio <= 1.2)})")
 
 
 if __name__ == "__main__":

@@ -104,6 +104,8 @@ def _gb(n: int) -> str:
 
 # -- how much memory a revision needs -------------------------------------
 
+RUNTIME_DEFAULT_DTYPE = "float32"
+
 def weight_bytes(info: ModelInfo, dtype: Optional[str], quantization: Optional[str]) -> int:
     """Weights at the runtime dtype; int8 stores linear weights in one byte (+ scales)."""
     width = DTYPE_BYTES.get(dtype or "", 0)
@@ -122,7 +124,9 @@ def kv_bytes(info: ModelInfo, dtype: Optional[str], tokens: int) -> int:
 def request_for(info: ModelInfo, gpu_memory_gb: float, gpu_count: int,
                 engine: Mapping, kv_tokens_default: int, overhead_fraction: float) -> PlacementRequest:
     """Per-slot need: max(declared gpu_memory_gb, (weights + KV) * (1 + overhead) / slots)."""
-    dtype = engine.get("dtype")
+    # The runtime computes in float32 unless told otherwise (runtime.config.EngineConfig),
+    # whatever width the checkpoint was saved in.
+    dtype = engine.get("dtype") or RUNTIME_DEFAULT_DTYPE
     tokens = engine.get("kv_cache_tokens") or kv_tokens_default
     need = weight_bytes(info, dtype, engine.get("quantization")) + kv_bytes(info, dtype, tokens)
     count = max(1, int(gpu_count))

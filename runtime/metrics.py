@@ -36,6 +36,8 @@ class EngineStatsCollector:
         yield _gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).",
                      stats.kv_usage)
         yield _gauge("kv_cache_blocks_total", "KV-cache blocks in the pool.", stats.kv_blocks_total)
+        yield _gauge("model_weight_bytes", "Bytes of the loaded weights (after quantization).",
+                     stats.weight_bytes)
         yield _counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                        stats.prefix_cache_queries)
         yield _counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",

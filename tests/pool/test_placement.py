@@ -68,6 +68,17 @@ def test_kv_bytes_and_request_sizing():
     assert declared.bytes_per_slot == GB
 
 
+def test_bf16_checkpoint_without_an_engine_dtype_is_sized_at_the_runtime_float32():
+    bf16 = ModelInfo("s3://b/m/", "LlamaForCausalLM", weight_bytes=2_000, dtype="bfloat16",
+                     num_parameters=1_000, files=("model.safetensors",), linear_parameters=800,
+                     num_hidden_layers=2, num_key_value_heads=2, head_dim=16,
+                     max_position_embeddings=512)
+    req = request_for(bf16, gpu_memory_gb=0, gpu_count=1, engine={"quantization": "int8",
+                      "kv_cache_tokens": 10}, kv_tokens_default=1, overhead_fraction=0.0)
+    fp32_kv = 2 * 2 * 2 * 16 * 4 * 10
+    assert req.bytes_per_slot == (4_000 - 800 * 3) + fp32_kv
+
+
 # -- preferred nodes (they already hold the revision's weights) -------------
 
 def test_preferred_node_wins_over_a_tighter_fit_elsewhere():
