@@ -149,8 +149,8 @@ def parse_pricing(value: Any, base: Pricing) -> Pricing:
 
 def parse_engine(value: Any) -> dict[str, Any]:
     value = _object("engine", value, ENGINE_FIELDS)
-    if "dtype" in value and value["dtype"] not in ("auto", "float32", "float16", "bfloat16"):
-        raise invalid("engine.dtype", "one of auto, float32, float16, bfloat16")
+    if "dtype" in value and value["dtype"] not in ("float32", "float16", "bfloat16"):
+        raise invalid("engine.dtype", "one of float32, float16, bfloat16")
     if value.get("quantization") not in (None, "int8"):
         raise invalid("engine.quantization", "null or 'int8'")
     if "enable_prefix_caching" in value and not isinstance(value["enable_prefix_caching"], bool):

@@ -67,6 +67,7 @@ async def test_create_get_list_delete(plane, model_uri):
     ({"resources": {"gpu_memory_gb": "lots"}}, "resources.gpu_memory_gb"),
     ({"engine": {"turbo": True}}, "engine.turbo"),
     ({"engine": {"quantization": "int4"}}, "engine.quantization"),
+    ({"engine": {"dtype": "auto"}}, "engine.dtype"),
     ({"name": "Has Spaces"}, "name"),
 ])
 async def test_invalid_deployments_are_422_naming_the_field(plane, model_uri, change, field):
