@@ -8,8 +8,8 @@ Targets: TTFT p50 >= 3x lower and throughput >= 2x higher with caching on (share
 < 3% throughput lost with caching on (unshared). Throughput is also given per CPU second
 of this process, which a busy machine disturbs much less than wall time.
 
-    .venv/bin/python benchmarks/prefix_cache.py                          # 200 requests
-    .venv/bin/python benchmarks/prefix_cache.py --num-requests 16        # ~2-3 minutes on 2 CPU cores
+    .venv/bin/python benchmarks/prefix_cache.py                          # 200 requests, ~5 minutes
+    .venv/bin/python benchmarks/prefix_cache.py --num-requests 96        # ~2-3 minutes on 2 quiet CPU cores
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ acceptance rate printed says how copy-heavy the run was. Ratios are given per wa
 second and per CPU second of this process (the latter is robust to a busy machine).
 Targets: >= 1.5x output tok/s at batch 1; >= 0.95x at batch 32 (backoff turns it off).
 
-    .venv/bin/python benchmarks/speculative.py                      # ~2-3 minutes on 2 CPU cores
+    .venv/bin/python benchmarks/speculative.py                      # ~30 s on 2 quiet CPU cores
     .venv/bin/python benchmarks/speculative.py --batch1-requests 1 --output-len 48 --batch-output-len 16
 """
 from __future__ import annotations
