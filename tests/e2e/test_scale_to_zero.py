@@ -27,7 +27,9 @@ from tests.support.model_factory import upload_model
 pytestmark = pytest.mark.timeout(600)
 
 IDLE_TIMEOUT_S = 1.5
-CHAT = {"model": "thaw", "messages": [{"role": "user", "content": "Hello there"}],
+# Long enough to fill whole KV blocks, so a repeat of it is served from the prefix cache.
+PROMPT = "Hello there! Please write a short poem about serverless GPU pools that thaw."
+CHAT = {"model": "thaw", "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": 12, "temperature": 0, "ignore_eos": True}
 
 
@@ -102,6 +104,8 @@ async def test_cold_warm_scale_to_zero_and_back(plane, model_uri):
     warm_row = await usage_row(plane, "thaw-warm")
     assert not warm_row.cold_start_s, "a warm request waits for no thaw"
     assert warm_row.replica_id == cold_row.replica_id
+    assert cold_row.cached_tokens == 0 and warm_row.cached_tokens >= 16, "prefix cache hit is billed"
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == warm_row.cached_tokens
     assert warm["choices"][0]["message"] == cold["choices"][0]["message"]
 
     assert await wait_for(lambda: _is_zero(plane, revision_id)), "idle revision scaled to zero"
