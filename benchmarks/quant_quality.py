@@ -52,21 +52,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def prompt_logits(engine, ids: list[int]):
-    """[T, V] fp32 logits of every position of `ids`, as one fresh prefill of the engine's model."""
-    import torch
-    from runtime.models.llama import ForwardBatch, PrefillMeta
-
-    n = len(ids)
-    batch = ForwardBatch(positions=torch.arange(n), slot_mapping=torch.arange(n),
-                         logits_indices=torch.arange(n),
-                         prefill=PrefillMeta(num_tokens=n, query_lens=[n], context_lens=[n],
-                                             block_tables=None))
-    model = engine.runner.model
-    with torch.inference_mode():
-        return model.logits(model.forward(torch.tensor(ids), batch, engine.runner.kv_caches))
-
-
 def perplexity(engine, ids: list[int], window: int, stride: int) -> float:
     """exp(mean NLL); every token after the first is scored once, with up to window-1 of context."""
     import torch
@@ -74,7 +59,7 @@ def perplexity(engine, ids: list[int], window: int, stride: int) -> float:
     nll, count, done = 0.0, 0, 1          # done: tokens [0, done) are scored (0 cannot be)
     for begin in range(0, len(ids) - 1, stride):
         end = min(begin + window, len(ids))
-        logp = torch.log_softmax(prompt_logits(engine, ids[begin:end]), dim=-1)
+        logp = torch.log_softmax(engine.runner.prompt_logits(ids[begin:end]), dim=-1)
         rows = torch.arange(done - begin - 1, end - begin - 1)     # row r predicts token begin+r+1
         nll -= logp[rows, torch.tensor(ids[done:end])].sum().item()
         count, done = count + end - done, end
@@ -105,7 +90,7 @@ def teacher_forced_agreement(engine, prompts, continuations) -> float:
     """Share of positions where int8's argmax equals full precision's greedy token."""
     hits = total = 0
     for prompt, cont in zip(prompts, continuations):
-        logits = prompt_logits(engine, prompt + cont)
+        logits = engine.runner.prompt_logits(prompt + cont)
         guess = logits[len(prompt) - 1: len(prompt) + len(cont) - 1].argmax(dim=-1).tolist()
         hits += sum(g == t for g, t in zip(guess, cont))
         total += len(cont)

@@ -97,6 +97,21 @@ class ModelRunner:
             out.logprobs[chunk.request_id] = self.sampler.logprobs(
                 logits[:len(tokens)], tokens, [chunk.params] * len(tokens))
 
+    @torch.inference_mode()
+    def prompt_logits(self, ids: list[int]) -> torch.Tensor:
+        """[T, V] logits of every position of `ids`, scored as one fresh prefill.
+
+        For evaluation (perplexity, teacher-forced agreement), outside the scheduler: it
+        writes KV slots 0..T-1, so call it only on an engine that serves nothing else."""
+        n = len(ids)
+        batch = ForwardBatch(positions=torch.arange(n, device=self.device),
+                             slot_mapping=torch.arange(n, device=self.device),
+                             logits_indices=torch.arange(n, device=self.device),
+                             prefill=PrefillMeta(num_tokens=n, query_lens=[n], context_lens=[n],
+                                                 block_tables=None))
+        hidden = self.model.forward(torch.tensor(ids, device=self.device), batch, self.kv_caches)
+        return self.model.logits(hidden)
+
     def _prepare(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, ForwardBatch]:
         prefills = [c for c in chunks if _num_rows(c) > 1]
         decodes = chunks[len(prefills):]

@@ -8,7 +8,6 @@ import torch
 
 from runtime import LLM, SamplingParams
 from runtime.engine import LLMEngine
-from runtime.models.llama import ForwardBatch, PrefillMeta
 from runtime.quantization import LINEAR_FIELDS, Int8Weight
 from runtime.server import parse_settings
 
@@ -24,18 +23,6 @@ def engine(path, quantization=None, dtype="float32") -> LLMEngine:
 
 def llm(path, quantization=None, dtype="float32") -> LLM:
     return LLM(str(path), dtype=dtype, quantization=quantization, kv_cache_tokens=512, block_size=8)
-
-
-def prompt_logits(eng: LLMEngine, ids: list[int]) -> torch.Tensor:
-    """[T, V] fp32 logits of every prompt position, one prefill through the engine's model."""
-    n = len(ids)
-    batch = ForwardBatch(positions=torch.arange(n), slot_mapping=torch.arange(n),
-                         logits_indices=torch.arange(n),
-                         prefill=PrefillMeta(num_tokens=n, query_lens=[n], context_lens=[n],
-                                             block_tables=None))
-    model = eng.runner.model
-    with torch.inference_mode():
-        return model.logits(model.forward(torch.tensor(ids), batch, eng.runner.kv_caches))
 
 
 def prompts(count: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -70,7 +57,7 @@ def test_linears_are_int8_and_embeddings_norms_untouched(pair):
 def test_int8_logits_are_close_to_fp32_relative_to_their_scale(pair):
     full, int8 = pair
     for ids in prompts(3, 40):
-        ref, got = prompt_logits(full, ids), prompt_logits(int8, ids)
+        ref, got = full.runner.prompt_logits(ids), int8.runner.prompt_logits(ids)
         err = (got - ref).norm() / ref.norm()
         assert 0 < err < 0.05       # not identical (int8 really runs), yet within a few percent
 
