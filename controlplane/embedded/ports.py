@@ -4,11 +4,8 @@ from __future__ import annotations
 import socket
 import time
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+# One free-port helper for the repo; controlplane may depend on pool, not the reverse.
+from pool.processes import free_port  # noqa: F401  (re-exported)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
