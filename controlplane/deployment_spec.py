@@ -69,11 +69,11 @@ def parse_create(body: Any) -> DeploymentSpec:
     name = body["name"]
     if not isinstance(name, str) or not NAME.match(name):
         raise invalid("name", "lowercase letters, digits and '-', 1-63 characters")
-    revision = RevisionConfig(
+    revision = check_parallelism(RevisionConfig(
         model_uri=parse_model_uri(body["model_uri"]),
         resources=parse_resources(body.get("resources", {}), Resources()),
         engine=parse_engine(body.get("engine", {})),
-        pricing=parse_pricing(body.get("pricing", {}), Pricing()))
+        pricing=parse_pricing(body.get("pricing", {}), Pricing())))
     return DeploymentSpec(name=name, revision=revision,
                           scaling=parse_scaling(body.get("scaling", {}), Scaling()))
 
@@ -164,6 +164,29 @@ def parse_engine(value: Any) -> dict[str, Any]:
         if value.get(name) is not None:
             _integer(f"engine.{name}", value[name], minimum=1)
     return dict(value)
+
+
+def check_parallelism(revision: RevisionConfig) -> RevisionConfig:
+    """A replica on N GPUs runs one tensor-parallel rank per GPU: the two must agree."""
+    size = revision.engine.get("tensor_parallel_size")
+    if size is not None and size != revision.resources.gpu_count:
+        raise invalid("engine.tensor_parallel_size",
+                      f"must equal resources.gpu_count ({revision.resources.gpu_count}): "
+                      "a replica runs one rank per GPU")
+    return revision
+
+
+def check_heads(config: dict, gpu_count: int) -> None:
+    """Tensor parallelism splits attention heads whole, gpu_count ways."""
+    if gpu_count == 1:
+        return
+    heads = config.get("num_attention_heads")
+    counts = {"num_attention_heads": heads, "num_key_value_heads": config.get("num_key_value_heads") or heads}
+    for name, value in counts.items():
+        if not isinstance(value, int) or value % gpu_count:
+            raise invalid("resources.gpu_count",
+                          f"{gpu_count} does not divide the model's {name} ({value}); "
+                          "a replica on several GPUs splits the heads between them")
 
 
 def check_architecture(config: Any) -> str:

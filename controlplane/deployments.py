@@ -10,8 +10,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.deployment_spec import (DeploymentPatch, DeploymentSpec, Resources,
-                                          RevisionConfig, Scaling, parse_engine, parse_model_uri,
-                                          parse_pricing, parse_resources, parse_scaling)
+                                          RevisionConfig, Scaling, check_parallelism, parse_engine,
+                                          parse_model_uri, parse_pricing, parse_resources,
+                                          parse_scaling)
 from controlplane.errors import ApiError
 from controlplane.models import Deployment, Revision, utcnow
 from controlplane.pricing import PRICE_QUANTUM, Pricing
@@ -70,14 +71,14 @@ def revision_config(revision: Revision) -> RevisionConfig:
 
 def patched_config(base: RevisionConfig, patch: DeploymentPatch) -> RevisionConfig:
     """The revision config a PATCH asks for (validated against the current one)."""
-    return RevisionConfig(
+    return check_parallelism(RevisionConfig(
         model_uri=parse_model_uri(patch.model_uri) if patch.model_uri else base.model_uri,
         resources=(parse_resources(patch.resources, base.resources)
                    if patch.resources is not None else base.resources),
         engine=(parse_engine(_merge(base.engine, patch.engine))
                 if patch.engine is not None else base.engine),
         pricing=(parse_pricing(patch.pricing, base.pricing)
-                 if patch.pricing is not None else base.pricing))
+                 if patch.pricing is not None else base.pricing)))
 
 
 def _merge(base: dict, change: dict) -> dict:

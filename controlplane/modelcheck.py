@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from controlplane.deployment_spec import check_architecture, split_s3_uri
+from controlplane.deployment_spec import check_architecture, check_heads, split_s3_uri
 from controlplane.errors import invalid
 
 
@@ -11,7 +11,9 @@ class ModelChecker:
     def __init__(self, s3_client):
         self.s3 = s3_client
 
-    async def architecture(self, model_uri: str) -> str:
+    async def architecture(self, model_uri: str, gpu_count: int = 1) -> str:
+        """The model's architecture; 422 if it is not one we run, or if gpu_count GPUs
+        cannot split its heads."""
         bucket, prefix = split_s3_uri(model_uri)
         try:
             response = await self.s3.get_object(Bucket=bucket, Key=f"{prefix}config.json")
@@ -24,4 +26,6 @@ class ModelChecker:
             config = json.loads(raw)
         except ValueError:
             raise invalid("model_uri", "config.json is not valid JSON") from None
-        return check_architecture(config)
+        architecture = check_architecture(config)
+        check_heads(config, gpu_count)
+        return architecture

@@ -26,6 +26,7 @@ from runtime.scheduler import ScheduledChunk
 class DraftModelProposer:
     def __init__(self, model_dir: str, target: EngineConfig, num_blocks: int):
         config = dataclasses.replace(target, model=str(model_dir), kv_cache_tokens=num_blocks * target.block_size,
+                                     tensor_parallel_size=1,   # the draft is small: rank 0 runs it whole
                                      speculative=None, quantization=None, enable_prefix_caching=False)
         self.model_config = ModelConfig.from_dir(model_dir)
         if self.model_config.vocab_size != ModelConfig.from_dir(target.model).vocab_size:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig, ModelConfig
@@ -20,6 +20,7 @@ from runtime.request import Request
 from runtime.sampling_params import SamplingParams, validate_prompt_ids
 from runtime.scheduler import Scheduler, SchedulerConfig
 from runtime.speculative import SpeculativeConfig, Speculator, make_speculator
+from runtime.tensor_parallel import check_divisible
 from runtime.tokenizer import Tokenizer
 
 
@@ -27,12 +28,14 @@ def check_features(config: EngineConfig) -> None:
     """Refuse what this build cannot do yet, clearly, before any weights are read."""
     if config.speculative is not None:
         SpeculativeConfig.parse(config.speculative)      # ValueError naming what is wrong
-    if config.tensor_parallel_size != 1:
-        raise NotImplementedError("tensor_parallel_size: only 1 is supported yet")
 
 
 class LLMEngine:
-    def __init__(self, model: str, **engine_kwargs: Any):
+    """on_worker_failure(reason): called from a watchdog thread when a tensor-parallel
+    worker dies (the server exits there); without it the next step raises WorkerDied."""
+
+    def __init__(self, model: str, on_worker_failure: Optional[Callable[[str], None]] = None,
+                 **engine_kwargs: Any):
         known = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"}
         for key in engine_kwargs:
             if key not in known:
@@ -43,13 +46,16 @@ class LLMEngine:
         timings = LoadTimings()
         since = time.perf_counter()
         self.model_config = ModelConfig.from_dir(model)
+        check_divisible(self.model_config, self.config.tensor_parallel_size)
         self.tokenizer = Tokenizer(model, self.model_config.eos_token_ids)
         since = timings.record("config_tokenizer", since)
         from runtime.model_runner import ModelRunner   # torch is imported here, not before
         timings.record("import_torch", since)
-        self.runner = ModelRunner(self.model_config, self.config, timings)
+        self.runner = self._runner(ModelRunner, timings, on_worker_failure)
         self.load_timings = timings.stages
-        self.weight_memory = self.runner.model.weight_memory()   # bytes, after any quantization
+        # bytes on each rank's device, after any quantization; rank 0 first
+        self.rank_weight_memory = self.runner.weight_memory()
+        self.weight_memory = self.rank_weight_memory[0]
         self.max_model_len = min(self.config.max_model_len or self.model_config.max_position_embeddings,
                                  self.runner.num_blocks * self.config.block_size)
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
@@ -114,6 +120,31 @@ class LLMEngine:
             self._known.difference_update(o.request_id for o in outputs if o.finished)
         self.step_s += time.perf_counter() - started
         return outputs
+
+    def _runner(self, runner_class, timings: LoadTimings, on_worker_failure):
+        """Rank 0's ModelRunner; with tensor parallelism its workers start first, so that
+        they load their shards while this process loads its own."""
+        if self.config.tensor_parallel_size == 1:
+            return runner_class(self.model_config, self.config, timings)
+        from runtime.worker_group import WorkerGroup
+
+        workers = WorkerGroup(self.model_config, self.config)
+        workers.on_failure = on_worker_failure
+        try:
+            return runner_class(self.model_config, self.config, timings, tp=workers.rank0(),
+                                workers=workers)
+        except BaseException:
+            workers.close()
+            raise
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of tensor-parallel ranks 1..N-1 (empty on one rank)."""
+        return self.runner.workers.pids if self.runner.workers is not None else []
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent)."""
+        self.runner.close()
 
     def _lookahead(self) -> int:
         """Slots each decoding sequence holds beyond its next token, for proposals."""

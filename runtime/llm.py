@@ -24,6 +24,16 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    def close(self) -> None:
+        """Stop the tensor-parallel worker processes (nothing to do on one rank)."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[CompletionOutput]:
         prompts = _as_list(prompts)

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
+import os
+import sys
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from runtime.async_engine import AsyncEngine
 from runtime.outputs import EngineStats
+
+log = logging.getLogger("thawpool.runtime")
+EXIT_WORKER_DIED = 3      # exit status of a replica whose tensor-parallel worker died
 
 
 class Status(str, enum.Enum):
@@ -39,6 +45,7 @@ class LoadedModel:
     tokenizer: Any               # runtime.tokenizer.Tokenizer
     vocab_size: int
     max_model_len: int
+    worker_pids: list[int] = field(default_factory=list)   # tensor-parallel ranks 1..N-1
 
 
 def warm_imports() -> float:
@@ -59,10 +66,18 @@ def _build_engine(request: LoadRequest) -> tuple[Any, dict[str, float]]:
     timings = {"import_s": round(warm_imports(), 6)}
     from runtime.engine import LLMEngine
     start = time.perf_counter()
-    engine = LLMEngine(request.model, **request.engine)
+    engine = LLMEngine(request.model, on_worker_failure=_end_replica, **request.engine)
     timings["engine_init_s"] = round(time.perf_counter() - start, 6)
     timings.update(_engine_stage_timings(engine))
     return engine, timings
+
+
+def _end_replica(reason: str) -> None:
+    """A tensor-parallel worker died (the watchdog already killed the others): the replica
+    is beyond repair, so the process ends and the pool starts a whole new one."""
+    log.critical("%s; the replica exits (status %d)", reason, EXIT_WORKER_DIED)
+    sys.stderr.flush()
+    os._exit(EXIT_WORKER_DIED)
 
 
 def _engine_stage_timings(engine: Any) -> dict[str, float]:
@@ -114,7 +129,7 @@ class ModelHost:
         self.model = LoadedModel(
             served_model_name=request.served_model_name, engine=async_engine,
             tokenizer=engine.tokenizer, vocab_size=engine.model_config.vocab_size,
-            max_model_len=_max_model_len(engine),
+            max_model_len=_max_model_len(engine), worker_pids=list(getattr(engine, "worker_pids", [])),
         )
         self.load_timings = {**timings, "total_s": round(time.perf_counter() - start, 6)}
         self.status = Status.READY
@@ -126,6 +141,9 @@ class ModelHost:
             body["model"] = self.pending.served_model_name
         if self.load_timings:
             body["load_timings"] = self.load_timings
+        if self.model is not None and self.model.worker_pids:
+            body["tensor_parallel"] = {"size": 1 + len(self.model.worker_pids),
+                                       "worker_pids": self.model.worker_pids}
         engine_error = self.model.engine.error if self.model else None
         if self.status is Status.READY and engine_error is not None:
             body["status"], body["error"] = Status.FAILED.value, f"engine: {engine_error!r}"
@@ -141,3 +159,4 @@ class ModelHost:
             await asyncio.gather(self._task, return_exceptions=True)
         if self.model is not None:
             await self.model.engine.stop()
+            self.model.engine.engine.close()      # tensor-parallel workers, if any

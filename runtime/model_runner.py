@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 
@@ -19,21 +19,35 @@ from runtime.models.llama import DecodeMeta, ForwardBatch, LlamaModel, PrefillMe
 from runtime.rejection_sampler import speculative_verify
 from runtime.sampler import Sampler
 from runtime.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
+from runtime.tensor_parallel import TensorParallel
+from runtime.worker_group import WorkerGroup
+
+T = TypeVar("T")
 
 
 class ModelRunner:
-    def __init__(self, model_config: ModelConfig, config: EngineConfig, timings: LoadTimings):
+    """tp: this runner's rank; workers: on rank 0 of a tensor-parallel replica, the other
+    ranks, which every model call is mirrored to (runtime/worker_group.py)."""
+
+    def __init__(self, model_config: ModelConfig, config: EngineConfig, timings: LoadTimings,
+                 tp: TensorParallel = TensorParallel(), workers: Optional[WorkerGroup] = None):
         self.config = config
-        self.device = config.device
+        self.tp = tp
+        self.workers = workers
+        self.device = tp.device(config.device)
         self.block_size = config.block_size
-        self.model = LlamaModel(model_config, DTYPES[config.dtype], config.device,
-                                quantization=config.quantization)
+        if tp.size > 1:
+            since = time.perf_counter()
+            tp.connect(self.device)           # waits for every rank to be up
+            timings.record("tp_connect", since)
+        self.model = LlamaModel(model_config, DTYPES[config.dtype], self.device,
+                                quantization=config.quantization, tp=tp)
         self.model.load(config.model, timings)
         since = time.perf_counter()
         self.num_blocks = self._num_blocks(model_config)
         self.kv_caches = self.model.allocate_kv_cache(self.num_blocks, self.block_size)
         timings.record("kv_cache", since)
-        self.sampler = Sampler(config.device, config.seed)
+        self.sampler = Sampler(self.device, config.seed)
         self.forward_s = 0.0                  # time inside the model forward (incl. logits)
 
     def _num_blocks(self, model_config: ModelConfig) -> int:
@@ -45,7 +59,7 @@ class ModelRunner:
             budget = min(budget, self.config.kv_cache_max_bytes_cpu)
         max_len = self.config.max_model_len or model_config.max_position_embeddings
         useful = self.config.max_num_seqs * -(-max_len // self.block_size)   # more is never used
-        return max(1, min(budget // per_block, useful))
+        return self.tp.min_int(max(1, min(budget // per_block, useful)), self.device)
 
     @torch.inference_mode()
     def run(self, batch: SchedulerOutput) -> RunnerOutput:
@@ -67,15 +81,40 @@ class ModelRunner:
                 self._verify(logits[rows[i]:rows[i] + 1 + len(chunk.draft_token_ids)], chunk, out)
         return out
 
+    @torch.inference_mode()
     def compute_logits(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
         """Logits [rows, V] fp32 of every sampled chunk (1 + its proposals rows), in chunk order;
         chunks must come prefills first (see prefills_first)."""
-        input_ids, fwd = self._prepare(chunks)
-        started = time.perf_counter()
-        hidden = self.model.forward(input_ids, fwd, self.kv_caches)
-        logits = self.model.logits(hidden)
-        self.forward_s += time.perf_counter() - started
-        return logits
+        def local() -> torch.Tensor:
+            input_ids, fwd = self._prepare(chunks)
+            started = time.perf_counter()
+            hidden = self.model.forward(input_ids, fwd, self.kv_caches)
+            logits = self.model.logits(hidden)
+            self.forward_s += time.perf_counter() - started
+            return logits
+        return self._on_every_rank(local, "compute_logits", chunks)[0]
+
+    def weight_memory(self) -> list:
+        """WeightMemory of each rank, rank 0 first (one entry without tensor parallelism)."""
+        mine, theirs = self._on_every_rank(self.model.weight_memory, "weight_memory")
+        return [mine, *(w[0] for w in theirs)]
+
+    def _on_every_rank(self, local: Callable[[], T], method: str, *args: Any) -> tuple[T, list]:
+        """Run `local` here and the same-named method on every worker (their collectives
+        meet ours); returns our result and the workers' replies."""
+        if self.workers is None:
+            return local(), []
+        self.workers.send(method, *args)
+        try:
+            result = local()
+        except RuntimeError as exc:      # a collective whose peer died: name the worker
+            raise self.workers.explain(exc) from exc
+        return result, self.workers.collect()
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
+        self.tp.disconnect()
 
     def _sample(self, logits: torch.Tensor, sampled: list[ScheduledChunk],
                 out: Optional[RunnerOutput] = None) -> RunnerOutput:
@@ -103,14 +142,16 @@ class ModelRunner:
 
         For evaluation (perplexity, teacher-forced agreement), outside the scheduler: it
         writes KV slots 0..T-1, so call it only on an engine that serves nothing else."""
-        n = len(ids)
-        batch = ForwardBatch(positions=torch.arange(n, device=self.device),
-                             slot_mapping=torch.arange(n, device=self.device),
-                             logits_indices=torch.arange(n, device=self.device),
-                             prefill=PrefillMeta(num_tokens=n, query_lens=[n], context_lens=[n],
-                                                 block_tables=None))
-        hidden = self.model.forward(torch.tensor(ids, device=self.device), batch, self.kv_caches)
-        return self.model.logits(hidden)
+        def local() -> torch.Tensor:
+            n = len(ids)
+            batch = ForwardBatch(positions=torch.arange(n, device=self.device),
+                                 slot_mapping=torch.arange(n, device=self.device),
+                                 logits_indices=torch.arange(n, device=self.device),
+                                 prefill=PrefillMeta(num_tokens=n, query_lens=[n], context_lens=[n],
+                                                     block_tables=None))
+            hidden = self.model.forward(torch.tensor(ids, device=self.device), batch, self.kv_caches)
+            return self.model.logits(hidden)
+        return self._on_every_rank(local, "prompt_logits", ids)[0]
 
     def _prepare(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, ForwardBatch]:
         prefills = [c for c in chunks if _num_rows(c) > 1]

@@ -22,6 +22,7 @@ from kernels.rotary import rotary_cos_sin
 from runtime.config import ModelConfig
 from runtime.loader import LoadTimings, iter_weights
 from runtime.quantization import Weight, WeightMemory, linear, quantize_layer, weight_memory
+from runtime.tensor_parallel import TensorParallel
 
 
 @dataclass
@@ -60,14 +61,20 @@ class LayerWeights:
 
 
 class LlamaModel:
+    """With tensor parallelism (tp.size > 1) this is one rank's shard: its heads, MLP
+    columns and vocabulary rows (runtime/tensor_parallel.py); every rank runs forward()
+    on the same batch and all of them return the same full logits."""
+
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: str,
-                 quantization: Optional[str] = None):
+                 quantization: Optional[str] = None, tp: TensorParallel = TensorParallel()):
         self.config = config
         self.dtype = dtype
         self.device = device
         self.quantization = quantization       # None or "int8" (EngineConfig validated it)
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.tp = tp
+        self.num_heads = config.num_attention_heads // tp.size         # this rank's share
+        self.num_kv_heads = config.num_key_value_heads // tp.size
+        self.vocab_start, _, self.vocab_rows = tp.vocab_rows(config.vocab_size)
         self.head_dim = config.head_dim
         self.scale = config.head_dim ** -0.5
         self.inv_freq = rope_inv_freq(config).to(device)
@@ -82,7 +89,8 @@ class LlamaModel:
         # int8: read the floats into host memory so that the device only ever holds
         # one float matrix at a time, not the whole full-precision model
         where = "cpu" if self.quantization else self.device
-        raw = dict(iter_weights(model_dir, self.dtype, where))
+        raw = dict(iter_weights(model_dir, self.dtype, where,
+                                lambda name: self.tp.shard_of(name, self.config)))
         since = timings.record("read_weights", since)
         self._assemble(raw)
         timings.record("assemble", since)
@@ -90,10 +98,11 @@ class LlamaModel:
     def _assemble(self, raw: dict[str, torch.Tensor]) -> None:
         cfg = self.config
         dev = self.device
-        self.embed = raw.pop("model.embed_tokens.weight").to(dev)
+        self.embed = self._vocab_padded(raw.pop("model.embed_tokens.weight")).to(dev)
         self.norm = raw.pop("model.norm.weight").to(dev)
         head = raw.pop("lm_head.weight", None)
-        self.lm_head = self.embed if cfg.tie_word_embeddings or head is None else head.to(dev)
+        tied = cfg.tie_word_embeddings or head is None
+        self.lm_head = self.embed if tied else self._vocab_padded(head).to(dev)
         # quantized layer by layer, so the float copies are freed as we go
         self.layers = [self._placed(self._layer(raw, f"model.layers.{i}."))
                        for i in range(cfg.num_hidden_layers)]
@@ -106,6 +115,11 @@ class LlamaModel:
         return dataclasses.replace(layer, **{
             f.name: getattr(layer, f.name).to(self.device) for f in dataclasses.fields(layer)
             if isinstance(getattr(layer, f.name), torch.Tensor)})
+
+    def _vocab_padded(self, rows: torch.Tensor) -> torch.Tensor:
+        """The last rank's vocabulary slice grows zero rows up to the common slice size."""
+        missing = self.vocab_rows - rows.shape[0]
+        return F.pad(rows, (0, 0, 0, missing)) if missing else rows
 
     def weight_memory(self) -> WeightMemory:
         return weight_memory(self.layers, (self.embed, self.norm, self.lm_head))
@@ -139,7 +153,7 @@ class LlamaModel:
         """input_ids [T] -> final hidden states of the rows in batch.logits_indices [N, H]."""
         eps, ops = self.config.rms_norm_eps, self.ops
         cos, sin = rotary_cos_sin(batch.positions, self.inv_freq)
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = self._embed(input_ids)
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             if residual is None:
@@ -153,12 +167,21 @@ class LlamaModel:
         return ops.rms_norm(hidden, self.norm, eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()        # [N, V]
+        local = F.linear(hidden, self.lm_head).float()       # [N, V / tp]
+        return self.tp.gather_columns(local, self.config.vocab_size)   # [N, V]
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.embed)
+        local = input_ids - self.vocab_start
+        mine = (local >= 0) & (local < self.vocab_rows)
+        hidden = F.embedding(local.clamp(0, self.vocab_rows - 1), self.embed)
+        return self.tp.all_reduce(hidden * mine.unsqueeze(-1).to(hidden.dtype))
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
         int8_linear = self.ops.int8_linear
         gate, up = linear(x, layer.gate_up, None, int8_linear).chunk(2, dim=-1)
-        return linear(F.silu(gate) * up, layer.down, None, int8_linear)
+        return self.tp.all_reduce(linear(F.silu(gate) * up, layer.down, None, int8_linear))
 
     def _attention(self, x, layer, cos, sin, batch, k_cache, v_cache) -> torch.Tensor:
         t = x.shape[0]
@@ -178,7 +201,7 @@ class LlamaModel:
                 q[n:], k_cache, v_cache, batch.decode.block_tables, batch.decode.context_lens,
                 self.scale))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        return linear(out.reshape(t, nh * d), layer.o, None, self.ops.int8_linear)
+        return self.tp.all_reduce(linear(out.reshape(t, nh * d), layer.o, None, self.ops.int8_linear))
 
     def _prefill_attention(self, q, k, v, meta: PrefillMeta, k_cache, v_cache) -> torch.Tensor:
         n = meta.num_tokens

@@ -68,6 +68,8 @@ async def test_create_get_list_delete(plane, model_uri):
     ({"engine": {"turbo": True}}, "engine.turbo"),
     ({"engine": {"quantization": "int4"}}, "engine.quantization"),
     ({"engine": {"dtype": "auto"}}, "engine.dtype"),
+    ({"engine": {"tensor_parallel_size": 2}}, "engine.tensor_parallel_size"),   # != gpu_count
+    ({"resources": {"gpu_count": 4}}, "resources.gpu_count"),     # 2 kv heads do not split 4 ways
     ({"name": "Has Spaces"}, "name"),
 ])
 async def test_invalid_deployments_are_422_naming_the_field(plane, model_uri, change, field):

@@ -33,7 +33,7 @@ async def test_deploy_invoke_and_bill_through_the_pool(plane, model_uri):
     key = await plane.tenant_key("pooled")
     client = plane.client(key)
     never = await client.post("/v1/deployments", json={
-        "name": "huge", "model_uri": model_uri, "resources": {"gpu_count": 4}})
+        "name": "huge", "model_uri": model_uri, "resources": {"gpu_memory_gb": 4096}})
     assert never.status_code == 422 and never.json()["error"]["param"] == "resources"
     created = await client.post("/v1/deployments", json={
         "name": "pooled", "model_uri": model_uri, "resources": {"gpu_memory_gb": 0.5},

@@ -208,3 +208,36 @@ async def test_waiting_for_capacity_then_placed_when_a_drained_replica_stops(poo
     await manager.refresh()
     for spec in (b, c):
         assert await wait_no_live_replicas(manager, spec.revision_id)
+
+
+async def test_tensor_parallel_replica_spans_two_slots_and_is_replaced_whole(pool):
+    manager, desired, events, uri, _ = pool
+    spec = spec_for(uri, gpu_count=2, idle_timeout_s=30)      # both CPU slots, tensor_parallel_size=2
+    desired.put(spec)
+    async with await manager.acquire(spec, request_id="tp1", prefix_key=None, prompt_tokens=4,
+                                     timeout_s=120) as lease:
+        text = (await complete(lease))["choices"][0]["text"]
+        async with httpx.AsyncClient(timeout=10) as client:
+            health = (await client.get(f"{lease.base_url}/health")).json()
+    assert text and health["tensor_parallel"]["size"] == 2
+    (worker_pid,) = health["tensor_parallel"]["worker_pids"]
+    ready = next(e for e in events.events if e.replica_id == lease.replica_id and e.state == "ready")
+    assert len(ready.slot_ids) == 2
+
+    handle = manager.handle(lease.replica_id)
+    os.kill(worker_pid, signal.SIGKILL)                # one rank dies: the whole replica goes
+    ok = await events.wait_for(lambda evs: any(e.replica_id == lease.replica_id and e.state == "failed"
+                                               for e in evs), 30)
+    assert ok
+    failed = next(r for r in manager.revision_status(spec.revision_id).replicas
+                  if r.replica_id == lease.replica_id)
+    assert "exited with code 3" in failed.reason       # runtime.model_host.EXIT_WORKER_DIED
+    assert not handle.is_alive()
+
+    async with await manager.acquire(spec, request_id="tp2", prefix_key=None, prompt_tokens=4,
+                                     timeout_s=120) as fresh:
+        assert fresh.replica_id != lease.replica_id and fresh.cold_start is not None
+        assert (await complete(fresh))["choices"][0]["text"] == text
+    desired.remove(spec.revision_id)
+    await manager.refresh()
+    assert await wait_no_live_replicas(manager, spec.revision_id)

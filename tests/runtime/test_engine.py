@@ -105,12 +105,6 @@ def test_prompt_larger_than_the_whole_cache_is_refused(tiny_model):
         engine.add_request("x", list(range(5, 45)), GREEDY)
 
 
-@pytest.mark.parametrize("kwargs", [{"tensor_parallel_size": 2}])
-def test_unsupported_options_say_so(tiny_model, kwargs):
-    with pytest.raises(NotImplementedError):
-        LLM(str(tiny_model), **kwargs)
-
-
 def test_unknown_architecture_is_rejected_by_name(tiny_model, tmp_path):
     folder = tmp_path / "gpt2ish"
     shutil.copytree(tiny_model, folder)
