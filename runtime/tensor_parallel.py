@@ -59,8 +59,7 @@ class TensorParallel:
         if self.size == 1:
             return None
         d = config.head_dim
-        leaf = name.rsplit(".", 2)[-2:]           # e.g. ["q_proj", "weight"]
-        kind = leaf[0]
+        kind = name.rsplit(".", 2)[-2]            # e.g. "q_proj" of "...self_attn.q_proj.weight"
         if kind == "q_proj":
             start, stop = self.split(config.num_attention_heads)
             return Shard(0, start * d, stop * d)

@@ -117,7 +117,8 @@ async def _body(request: Request):
 
 async def _inspect(request: Request, config: RevisionConfig) -> str:
     """Reads config.json from S3 (422 naming model_uri) and asks the pool whether it fits."""
-    architecture = await request.app.state.model_checker.architecture(config.model_uri, config.resources.gpu_count)
+    architecture = await request.app.state.model_checker.architecture(
+        config.model_uri, config.resources.gpu_count)
     pool = request.app.state.pool
     if hasattr(pool, "inspect_model") and hasattr(pool, "check_fits"):
         try:
