@@ -11,10 +11,11 @@ On the trained demo model (models/demo, a bf16 checkpoint) and its held-out text
 - weight bytes of the loaded models, whole and linear-only;
 - CPU decode time per token at batch 1 (target: int8 no slower than 1.2x).
 
-Perplexity and teacher-forced agreement run whole windows as one prefill (rows
-> 16: int8 dequantizes and keeps fp32 activations); free-running generation
-decodes one row at a time, the path where kernels/int8.py rounds activations
-to bf16 for torch's int8 GEMV. Decode speed is timed at each of --speed-threads:
+Perplexity and teacher-forced agreement run whole windows as one prefill (many
+rows: int8 dequantizes for MKL's fp32 matmul); free-running generation decodes one
+row at a time, through kernels/cpu/int8_matmul.c, which keeps activations in fp32
+(torch's own int8 GEMV, the fallback without a C compiler, rounds them to bf16 and
+agreed on 82% here). Decode speed is timed at each of --speed-threads:
 on a CPU whose cores are busy with other work, torch's int8 GEMV slowed down
 far more with 2 threads than fp32's small GEMVs did (a parallel region waits
 for its slowest thread), so the thread count matters to the ratio.

@@ -2,28 +2,35 @@
 its device and gets a KernelSet back; nothing reads the environment.
 
 On a CUDA device with triton importable: the Triton kernels of kernels/triton/.
-Anywhere else (CPU, or CUDA without triton): the pure-torch references, which
-are the definitions the Triton kernels are tested against.
+On the CPU: the C kernels of kernels/cpu/ where they build (a C compiler is on
+PATH), the pure-torch references for the rest. Anywhere else (CUDA without
+triton, a CPU with no compiler): the references, which are the definitions the
+faster kernels are tested against. A fallback is logged with its reason.
 
 Importing this module imports torch and the references only; triton is
 imported inside get_kernels, and only for a CUDA device.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class KernelSet:
-    backend: str                        # "triton" or "torch"
+    backend: str                        # "triton", "cpu" (C kernels + references) or "torch"
     rms_norm: Callable                  # (x [T,H], weight [H], eps) -> [T,H]
     fused_add_rms_norm: Callable        # (x, residual, weight, eps) -> (normed, residual_out)
     apply_rotary: Callable              # (x [T,n,D], cos [T,D/2], sin [T,D/2]) -> [T,n,D]
     paged_decode_attention: Callable    # (q [B,nh,D], k_cache, v_cache, block_tables, context_lens, scale)
     int8_linear: Callable               # (x [T,K], qweight [N,K] int8, scale [N], bias=None) -> [T,N]
+    silu_and_mul: Callable              # (x [T,2I]) -> [T,I]
 
 
 def get_kernels(device: torch.device | str) -> KernelSet:
@@ -31,17 +38,35 @@ def get_kernels(device: torch.device | str) -> KernelSet:
         triton_set = _triton_kernels()
         if triton_set is not None:
             return triton_set
-    return _torch_kernels()
+        return _torch_kernels()
+    return _cpu_kernels()
 
 
 def _torch_kernels() -> KernelSet:
-    from kernels import attention, int8, rmsnorm, rotary
+    from kernels import activation, attention, int8, rmsnorm, rotary
 
     return KernelSet(backend="torch", rms_norm=rmsnorm.rms_norm,
                      fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
                      apply_rotary=rotary.apply_rotary,
                      paged_decode_attention=attention.paged_decode_attention,
-                     int8_linear=int8.int8_linear)
+                     int8_linear=int8.int8_linear,
+                     silu_and_mul=activation.silu_and_mul)
+
+
+def _cpu_kernels() -> KernelSet:
+    from kernels.cpu.build import NativeUnavailable
+
+    try:
+        from kernels.cpu import activation, int8_matmul, paged_attention, rmsnorm, rotary
+    except NativeUnavailable as exc:
+        log.warning("CPU C kernels unavailable, using the torch references: %s", exc)
+        return _torch_kernels()
+    return dataclasses.replace(_torch_kernels(), backend="cpu", rms_norm=rmsnorm.rms_norm,
+                               fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
+                               apply_rotary=rotary.apply_rotary,
+                               paged_decode_attention=paged_attention.paged_decode_attention,
+                               int8_linear=int8_matmul.int8_linear,
+                               silu_and_mul=activation.silu_and_mul)
 
 
 def _triton_kernels() -> KernelSet | None:
@@ -49,8 +74,8 @@ def _triton_kernels() -> KernelSet | None:
         from kernels.triton import int8_matmul, paged_attention, rmsnorm, rotary
     except ImportError:   # triton not installed: the references serve CUDA too
         return None
-    return KernelSet(backend="triton", rms_norm=rmsnorm.rms_norm,
-                     fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
-                     apply_rotary=rotary.apply_rotary,
-                     paged_decode_attention=paged_attention.paged_decode_attention,
-                     int8_linear=int8_matmul.int8_linear)
+    return dataclasses.replace(_torch_kernels(), backend="triton", rms_norm=rmsnorm.rms_norm,
+                               fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
+                               apply_rotary=rotary.apply_rotary,
+                               paged_decode_attention=paged_attention.paged_decode_attention,
+                               int8_linear=int8_matmul.int8_linear)

@@ -180,8 +180,8 @@ class LlamaModel:
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
         int8_linear = self.ops.int8_linear
-        gate, up = linear(x, layer.gate_up, None, int8_linear).chunk(2, dim=-1)
-        return self.tp.all_reduce(linear(F.silu(gate) * up, layer.down, None, int8_linear))
+        gated = self.ops.silu_and_mul(linear(x, layer.gate_up, None, int8_linear))
+        return self.tp.all_reduce(linear(gated, layer.down, None, int8_linear))
 
     def _attention(self, x, layer, cos, sin, batch, k_cache, v_cache) -> torch.Tensor:
         t = x.shape[0]

@@ -4,17 +4,18 @@ import sys
 
 import pytest
 
-from kernels import attention, int8, rmsnorm, rotary
-from kernels.dispatch import KernelSet, get_kernels
+from kernels import activation, attention, int8, rmsnorm, rotary
+from kernels.dispatch import KernelSet, _torch_kernels, get_kernels
 
 
-def test_cpu_gets_the_references():
-    ks = get_kernels("cpu")
-    assert ks == KernelSet(backend="torch", rms_norm=rmsnorm.rms_norm,
-                           fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
-                           apply_rotary=rotary.apply_rotary,
-                           paged_decode_attention=attention.paged_decode_attention,
-                           int8_linear=int8.int8_linear)
+def test_the_reference_set():
+    # what a CPU without a C compiler gets (tests/kernels/test_cpu_build.py), and CUDA without triton
+    assert _torch_kernels() == KernelSet(backend="torch", rms_norm=rmsnorm.rms_norm,
+                                         fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
+                                         apply_rotary=rotary.apply_rotary,
+                                         paged_decode_attention=attention.paged_decode_attention,
+                                         int8_linear=int8.int8_linear,
+                                         silu_and_mul=activation.silu_and_mul)
 
 
 def test_cuda_gets_triton_when_it_imports():
@@ -32,6 +33,7 @@ def test_cuda_gets_triton_when_it_imports():
     assert ks.apply_rotary is triton_rotary.apply_rotary
     assert ks.paged_decode_attention is paged_attention.paged_decode_attention
     assert ks.int8_linear is int8_matmul.int8_linear
+    assert ks.silu_and_mul is activation.silu_and_mul     # no Triton version yet: the reference
 
 
 def test_cuda_without_triton_falls_back(monkeypatch):

@@ -1,0 +1,12 @@
+"""C kernels for the CPU, each with the signature of its pure-torch reference in kernels/:
+
+- paged_attention.py: paged_decode_attention   (kernels/attention.py), the paged cache read in place
+- rmsnorm.py:         rms_norm, fused_add_rms_norm (kernels/rmsnorm.py)
+- rotary.py:          apply_rotary              (kernels/rotary.py)
+- activation.py:      silu_and_mul              (kernels/activation.py)
+- int8_matmul.py:     int8_linear               (kernels/int8.py), fp32 activations
+
+Each wraps the .c file of its name; fp32 runs in C, other dtypes go to the reference.
+build.py compiles a .c with the system compiler on first use and caches the library;
+kernels/dispatch.py picks these on a CPU device when that works.
+"""

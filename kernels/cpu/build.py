@@ -1,0 +1,106 @@
+"""Compile a C kernel of this folder once per machine and load it with ctypes.
+
+The shared object is built with the system C compiler (`cc`, else `gcc`) for this
+very CPU (-march=native) and cached under the temp dir, keyed by the source, the
+flags and the CPU, so a machine compiles each kernel once (about a second) and
+every later process just loads it. Concurrent builders each write a private file
+and rename it into place, so a half-written library is never loaded.
+
+Load after torch is imported: the library links libgomp by soname, and the
+dynamic loader then binds it to the libgomp torch already loaded, so the kernels
+share torch's OpenMP thread pool instead of starting a second one.
+
+`load(name)` raises NativeUnavailable with the reason (no compiler, a failed
+build); kernels/dispatch.py then keeps the pure-torch reference and says why.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# -ffast-math lets the compiler reorder float sums into vector lanes and call glibc's
+# vector expf. It is given to the compile step only: linked with it, a library sets the
+# CPU to flush subnormals to zero for the whole process (crtfastmath.o) as it loads.
+COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11")
+LINK_FLAGS = ("-shared", "-fopenmp")
+
+
+class NativeUnavailable(RuntimeError):
+    """A C kernel could not be built or loaded on this machine."""
+
+
+@lru_cache(maxsize=None)
+def load(name: str) -> ctypes.CDLL:
+    """The compiled kernels/cpu/<name>.c, built on first use."""
+    source = HERE / f"{name}.c"
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise NativeUnavailable("no C compiler (cc or gcc) on PATH")
+    target = _cache_dir() / f"{name}-{_build_key(source, compiler)}.so"
+    if not target.exists():
+        _compile(compiler, source, target)
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as exc:
+        raise NativeUnavailable(f"{target}: {exc}") from exc
+
+
+def function(name: str, symbol: str, argtypes: list, restype=None) -> ctypes._CFuncPtr:
+    """`symbol` of kernels/cpu/<name>.c with its C types; pointers are c_void_p
+    (tensor.data_ptr(), or None for NULL). ctypes lets go of the GIL during the call."""
+    fn = getattr(load(name), symbol)
+    fn.argtypes = argtypes
+    fn.restype = restype
+    return fn
+
+
+def _build_key(source: Path, compiler: str) -> str:
+    digest = hashlib.sha256(source.read_bytes())
+    digest.update(" ".join((compiler, *COMPILE_FLAGS, *LINK_FLAGS, platform.machine(),
+                            _cpu_model())).encode())
+    return digest.hexdigest()[:16]
+
+
+def _cpu_model() -> str:
+    """-march=native code is only good on the CPU it was built on."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            first_cpu = f.read().split("\n\n")[0]
+    except OSError:
+        return platform.processor()
+    return "".join(line for line in first_cpu.splitlines() if line.startswith(("model name", "flags")))
+
+
+def _cache_dir() -> Path:
+    path = Path(tempfile.gettempdir()) / f"thawpool-kernels-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def _compile(compiler: str, source: Path, target: Path) -> None:
+    obj = target.with_suffix(f".{os.getpid()}.o")
+    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        _run([compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)])
+        _run([compiler, *LINK_FLAGS, str(obj), "-o", str(partial), "-lm"])
+        os.replace(partial, target)
+    finally:
+        obj.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
+
+
+def _run(cmd: list[str]) -> None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NativeUnavailable(f"{' '.join(cmd)}: {exc}") from exc
+    if done.returncode != 0:
+        raise NativeUnavailable(f"{' '.join(cmd)} failed: {done.stderr.strip()[-2000:]}")

@@ -1,0 +1,73 @@
+"""kernels/cpu/paged_attention.py (C, reading the paged cache in place) against kernels/attention.py."""
+import pytest
+import torch
+
+from tests.kernels.cpu_support import ATOL, RTOL, threads
+from tests.kernels.paged_cases import paged_case
+
+from kernels import attention as ref
+from kernels.cpu import paged_attention as cpu
+
+
+def _check(q, k_cache, v_cache, tables, lens, scale):
+    out = cpu.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
+    assert out.abs().max() < 100, "read a poisoned slot beyond a context"
+    torch.testing.assert_close(out, ref.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale),
+                               rtol=RTOL, atol=ATOL)
+
+
+# With 2 threads, a batch of 4 or more is split by sequence (all kv heads of one at a
+# time), a smaller one by (sequence, kv head): both ways are checked.
+@pytest.mark.parametrize("num_threads", [1, 2])
+@pytest.mark.parametrize("block_size", [16, 4])
+@pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 2), (4, 1), (8, 2)])
+def test_block_boundaries_and_gqa(heads, kv_heads, block_size, num_threads):
+    bs = block_size
+    lens = [1, bs, bs + 1, 2 * bs, 2 * bs + 3]       # 1 token; k blocks; k blocks + 1; partial
+    with threads(num_threads):
+        _check(*paged_case(lens, heads, kv_heads, 64, block_size))
+        _check(*paged_case(lens[-2:], heads, kv_heads, 64, block_size))
+
+
+# 32, 64 and 128 take the vectorized loops; the others the plain ones.
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 16, 48, 80])
+def test_head_dims(head_dim):
+    with threads(2):
+        _check(*paged_case([5, 17, 33, 2, 40], 4, 2, head_dim, 16))
+        _check(*paged_case([5, 17], 4, 2, head_dim, 16))
+
+
+@pytest.mark.parametrize("block_size", [6, 1])
+def test_odd_block_sizes(block_size):
+    _check(*paged_case([1, block_size, 2 * block_size + 1, 7], 2, 1, 32, block_size))
+
+
+def test_single_sequence_single_token():
+    _check(*paged_case([1], 2, 1, 64, 16))
+
+
+def test_long_context_softmax_is_stable():
+    # Large logits over many blocks: max-subtracted exponentials, no overflow.
+    q, k_cache, v_cache, tables, lens, _ = paged_case([300, 3, 129, 64], 4, 2, 64, 16)
+    _check(q * 30, k_cache, v_cache, tables, lens, 1.0)
+
+
+def test_q_as_a_strided_view_of_qkv():
+    q, k_cache, v_cache, tables, lens, scale = paged_case([7, 20], 4, 2, 32, 16)
+    qkv = torch.zeros(2, 8, 32)
+    qkv[:, :4] = q
+    view = qkv[:, :4]
+    assert not view.is_contiguous()
+    _check(view, k_cache, v_cache, tables, lens, scale)
+
+
+def test_int64_tables_and_lengths_are_taken():
+    q, k_cache, v_cache, tables, lens, scale = paged_case([9, 30], 4, 2, 64, 16)
+    _check(q, k_cache, v_cache, tables.long(), lens.long(), scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_goes_to_the_reference(dtype):
+    args = paged_case([1, 16, 23], 8, 2, 64, 16, dtype=dtype)
+    torch.testing.assert_close(cpu.paged_decode_attention(*args), ref.paged_decode_attention(*args),
+                               rtol=0, atol=0)
