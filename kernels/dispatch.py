@@ -2,8 +2,9 @@
 its device and gets a KernelSet back; nothing reads the environment.
 
 On a CUDA device with triton importable: the Triton kernels of kernels/triton/.
-On the CPU: the C kernels of kernels/cpu/ where they build (a C compiler is on
-PATH), the pure-torch references for the rest. Anywhere else (CUDA without
+On the CPU: linear layers through oneDNN with prepacked weights, and the C
+kernels of kernels/cpu/ where they build (a C compiler is on PATH), the
+pure-torch references for the rest. Anywhere else (CUDA without
 triton, a CPU with no compiler): the references, which are the definitions the
 faster kernels are tested against. A fallback is logged with its reason.
 
@@ -31,6 +32,8 @@ class KernelSet:
     paged_decode_attention: Callable    # (q [B,nh,D], k_cache, v_cache, block_tables, context_lens, scale)
     int8_linear: Callable               # (x [T,K], qweight [N,K] int8, scale [N], bias=None) -> [T,N]
     silu_and_mul: Callable              # (x [T,2I]) -> [T,I]
+    pack_linear: Callable               # (weight [N,K]) -> what `linear` takes, once at load
+    linear: Callable                    # (x [T,K], packed weight, bias=None) -> [T,N]
 
 
 def get_kernels(device: torch.device | str) -> KernelSet:
@@ -38,30 +41,34 @@ def get_kernels(device: torch.device | str) -> KernelSet:
         triton_set = _triton_kernels()
         if triton_set is not None:
             return triton_set
-        return _torch_kernels()
+        return reference_kernels()
     return _cpu_kernels()
 
 
-def _torch_kernels() -> KernelSet:
-    from kernels import activation, attention, int8, rmsnorm, rotary
+def reference_kernels() -> KernelSet:
+    from kernels import activation, attention, int8, linear, rmsnorm, rotary
 
     return KernelSet(backend="torch", rms_norm=rmsnorm.rms_norm,
                      fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
                      apply_rotary=rotary.apply_rotary,
                      paged_decode_attention=attention.paged_decode_attention,
                      int8_linear=int8.int8_linear,
-                     silu_and_mul=activation.silu_and_mul)
+                     silu_and_mul=activation.silu_and_mul,
+                     pack_linear=linear.pack, linear=linear.linear)
 
 
 def _cpu_kernels() -> KernelSet:
+    from kernels.cpu import linear
     from kernels.cpu.build import NativeUnavailable
 
+    # oneDNN's prepacked linear is torch's own: it needs no compiler
+    with_onednn = dataclasses.replace(reference_kernels(), pack_linear=linear.pack, linear=linear.linear)
     try:
         from kernels.cpu import activation, int8_matmul, paged_attention, rmsnorm, rotary
     except NativeUnavailable as exc:
         log.warning("CPU C kernels unavailable, using the torch references: %s", exc)
-        return _torch_kernels()
-    return dataclasses.replace(_torch_kernels(), backend="cpu", rms_norm=rmsnorm.rms_norm,
+        return with_onednn
+    return dataclasses.replace(with_onednn, backend="cpu", rms_norm=rmsnorm.rms_norm,
                                fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
                                apply_rotary=rotary.apply_rotary,
                                paged_decode_attention=paged_attention.paged_decode_attention,
@@ -74,7 +81,7 @@ def _triton_kernels() -> KernelSet | None:
         from kernels.triton import int8_matmul, paged_attention, rmsnorm, rotary
     except ImportError:   # triton not installed: the references serve CUDA too
         return None
-    return dataclasses.replace(_torch_kernels(), backend="triton", rms_norm=rmsnorm.rms_norm,
+    return dataclasses.replace(reference_kernels(), backend="triton", rms_norm=rmsnorm.rms_norm,
                                fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
                                apply_rotary=rotary.apply_rotary,
                                paged_decode_attention=paged_attention.paged_decode_attention,

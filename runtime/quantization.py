@@ -56,11 +56,18 @@ def quantize_layer(layer, device: str):
                                          for f in LINEAR_FIELDS})
 
 
-def linear(x: torch.Tensor, weight: Weight, bias: Optional[torch.Tensor], int8_linear) -> torch.Tensor:
-    """x: [T, K] -> [T, N], float or int8 weight alike; int8_linear is the dispatched kernel."""
+def linear(x: torch.Tensor, weight: Weight, bias: Optional[torch.Tensor], ops) -> torch.Tensor:
+    """x: [T, K] -> [T, N], float (packed by ops.pack_linear) or int8 weight alike;
+    ops is the dispatched kernels.dispatch.KernelSet."""
     if isinstance(weight, Int8Weight):
-        return int8_linear(x, weight.qweight, weight.scale, bias)
-    return torch.nn.functional.linear(x, weight, bias)
+        return ops.int8_linear(x, weight.qweight, weight.scale, bias)
+    return ops.linear(x, weight, bias)
+
+
+def pack_layer(layer, pack_linear):
+    """A copy of a LayerWeights whose float matmul weights went through pack_linear."""
+    return dataclasses.replace(layer, **{f: pack_linear(getattr(layer, f)) for f in LINEAR_FIELDS
+                                         if not isinstance(getattr(layer, f), Int8Weight)})
 
 
 def weight_memory(layers: Iterable, others: Iterable[Optional[torch.Tensor]]) -> WeightMemory:
@@ -80,9 +87,14 @@ def _count(value, seen: set[int]) -> int:
     if value is None:
         return 0
     tensors = (value.qweight, value.scale) if isinstance(value, Int8Weight) else (value,)
-    fresh = [t for t in tensors if t.data_ptr() not in seen]
-    seen.update(t.data_ptr() for t in fresh)
+    fresh = [t for t in tensors if _identity(t) not in seen]
+    seen.update(_identity(t) for t in fresh)
     return sum(_nbytes(t) for t in fresh)
+
+
+def _identity(t: torch.Tensor) -> int:
+    # a packed (opaque oneDNN) weight has no data pointer, and is never shared
+    return id(t) if t.is_mkldnn else t.data_ptr()
 
 
 def _nbytes(t: torch.Tensor) -> int:

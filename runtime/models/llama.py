@@ -21,7 +21,7 @@ from kernels.dispatch import get_kernels
 from kernels.rotary import rotary_cos_sin
 from runtime.config import ModelConfig
 from runtime.loader import LoadTimings, iter_weights
-from runtime.quantization import Weight, WeightMemory, linear, quantize_layer, weight_memory
+from runtime.quantization import Weight, WeightMemory, linear, pack_layer, quantize_layer, weight_memory
 from runtime.tensor_parallel import TensorParallel
 
 
@@ -102,15 +102,17 @@ class LlamaModel:
         self.norm = raw.pop("model.norm.weight").to(dev)
         head = raw.pop("lm_head.weight", None)
         tied = cfg.tie_word_embeddings or head is None
-        self.lm_head = self.embed if tied else self._vocab_padded(head).to(dev)
-        # quantized layer by layer, so the float copies are freed as we go
+        # a tied head stays the embedding itself: packing it would keep a second copy
+        self.lm_head = self.embed if tied else self.ops.pack_linear(self._vocab_padded(head).to(dev))
+        # quantized (or packed) layer by layer, so the float copies are freed as we go
         self.layers = [self._placed(self._layer(raw, f"model.layers.{i}."))
                        for i in range(cfg.num_hidden_layers)]
 
     def _placed(self, layer: LayerWeights) -> LayerWeights:
-        """int8: the layer was read on the CPU; quantize its matmuls and move it all to the device."""
+        """Float matmuls are packed for the kernels' linear; int8: the layer was read on the
+        CPU, its matmuls are quantized and all of it moved to the device."""
         if self.quantization is None:
-            return layer
+            return pack_layer(layer, self.ops.pack_linear)
         layer = quantize_layer(layer, self.device)
         return dataclasses.replace(layer, **{
             f.name: getattr(layer, f.name).to(self.device) for f in dataclasses.fields(layer)
@@ -167,7 +169,7 @@ class LlamaModel:
         return ops.rms_norm(hidden, self.norm, eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = F.linear(hidden, self.lm_head).float()       # [N, V / tp]
+        local = self.ops.linear(hidden, self.lm_head).float()    # [N, V / tp]
         return self.tp.gather_columns(local, self.config.vocab_size)   # [N, V]
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -179,14 +181,13 @@ class LlamaModel:
         return self.tp.all_reduce(hidden * mine.unsqueeze(-1).to(hidden.dtype))
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        int8_linear = self.ops.int8_linear
-        gated = self.ops.silu_and_mul(linear(x, layer.gate_up, None, int8_linear))
-        return self.tp.all_reduce(linear(gated, layer.down, None, int8_linear))
+        gated = self.ops.silu_and_mul(linear(x, layer.gate_up, None, self.ops))
+        return self.tp.all_reduce(linear(gated, layer.down, None, self.ops))
 
     def _attention(self, x, layer, cos, sin, batch, k_cache, v_cache) -> torch.Tensor:
         t = x.shape[0]
         nh, nkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = linear(x, layer.qkv, layer.qkv_bias, self.ops.int8_linear)
+        qkv = linear(x, layer.qkv, layer.qkv_bias, self.ops)
         q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
         q = self.ops.apply_rotary(q.view(t, nh, d), cos, sin)
         k = self.ops.apply_rotary(k.view(t, nkv, d), cos, sin)
@@ -201,7 +202,7 @@ class LlamaModel:
                 q[n:], k_cache, v_cache, batch.decode.block_tables, batch.decode.context_lens,
                 self.scale))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        return self.tp.all_reduce(linear(out.reshape(t, nh * d), layer.o, None, self.ops.int8_linear))
+        return self.tp.all_reduce(linear(out.reshape(t, nh * d), layer.o, None, self.ops))
 
     def _prefill_attention(self, q, k, v, meta: PrefillMeta, k_cache, v_cache) -> torch.Tensor:
         n = meta.num_tokens

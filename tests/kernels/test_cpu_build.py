@@ -53,15 +53,16 @@ def test_loading_the_kernels_keeps_subnormals():
 
 def test_no_compiler_means_the_references_and_a_warning(tmp_path):
     code = ("import logging; logging.basicConfig();"
-            "from kernels.dispatch import get_kernels; print(get_kernels('cpu').backend)")
+            "from kernels.dispatch import get_kernels; ks = get_kernels('cpu');"
+            "print(ks.backend, ks.paged_decode_attention.__module__, ks.linear.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PATH": str(tmp_path), "TMPDIR": str(tmp_path)})
-    assert out.stdout.strip() == "torch"
+    assert out.stdout.split() == ["torch", "kernels.attention", "kernels.cpu.linear"]
     assert "no C compiler" in out.stderr
 
 
 def test_cpu_gets_the_c_kernels():
-    from kernels.cpu import activation, int8_matmul, paged_attention, rmsnorm, rotary
+    from kernels.cpu import activation, int8_matmul, linear, paged_attention, rmsnorm, rotary
     from kernels.dispatch import get_kernels
 
     ks = get_kernels("cpu")
@@ -72,3 +73,4 @@ def test_cpu_gets_the_c_kernels():
     assert ks.apply_rotary is rotary.apply_rotary
     assert ks.silu_and_mul is activation.silu_and_mul
     assert ks.int8_linear is int8_matmul.int8_linear
+    assert ks.pack_linear is linear.pack and ks.linear is linear.linear

@@ -4,18 +4,20 @@ import sys
 
 import pytest
 
-from kernels import activation, attention, int8, rmsnorm, rotary
-from kernels.dispatch import KernelSet, _torch_kernels, get_kernels
+from kernels import activation, attention, int8, linear, rmsnorm, rotary
+from kernels.dispatch import KernelSet, reference_kernels, get_kernels
 
 
 def test_the_reference_set():
-    # what a CPU without a C compiler gets (tests/kernels/test_cpu_build.py), and CUDA without triton
-    assert _torch_kernels() == KernelSet(backend="torch", rms_norm=rmsnorm.rms_norm,
+    # what CUDA without triton gets; a CPU without a C compiler gets it with oneDNN's linear
+    # (tests/kernels/test_cpu_build.py)
+    assert reference_kernels() == KernelSet(backend="torch", rms_norm=rmsnorm.rms_norm,
                                          fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
                                          apply_rotary=rotary.apply_rotary,
                                          paged_decode_attention=attention.paged_decode_attention,
                                          int8_linear=int8.int8_linear,
-                                         silu_and_mul=activation.silu_and_mul)
+                                         silu_and_mul=activation.silu_and_mul,
+                                         pack_linear=linear.pack, linear=linear.linear)
 
 
 def test_cuda_gets_triton_when_it_imports():
