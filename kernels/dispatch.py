@@ -78,11 +78,12 @@ def _cpu_kernels() -> KernelSet:
 
 def _triton_kernels() -> KernelSet | None:
     try:
-        from kernels.triton import int8_matmul, paged_attention, rmsnorm, rotary
+        from kernels.triton import activation, int8_matmul, paged_attention, rmsnorm, rotary
     except ImportError:   # triton not installed: the references serve CUDA too
         return None
     return dataclasses.replace(reference_kernels(), backend="triton", rms_norm=rmsnorm.rms_norm,
                                fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
                                apply_rotary=rotary.apply_rotary,
                                paged_decode_attention=paged_attention.paged_decode_attention,
-                               int8_linear=int8_matmul.int8_linear)
+                               int8_linear=int8_matmul.int8_linear,
+                               silu_and_mul=activation.silu_and_mul)

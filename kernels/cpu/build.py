@@ -44,7 +44,10 @@ def load(name: str) -> ctypes.CDLL:
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise NativeUnavailable("no C compiler (cc or gcc) on PATH")
-    target = _cache_dir() / f"{name}-{_build_key(source, compiler)}.so"
+    try:
+        target = _cache_dir() / f"{name}-{_build_key(source, compiler)}.so"
+    except OSError as exc:
+        raise NativeUnavailable(f"no cache folder for the built kernels: {exc}") from exc
     if not target.exists():
         _compile(compiler, source, target)
     try:

@@ -59,18 +59,3 @@ def test_no_compiler_means_the_references_and_a_warning(tmp_path):
                          env={"PATH": str(tmp_path), "TMPDIR": str(tmp_path)})
     assert out.stdout.split() == ["torch", "kernels.attention", "kernels.cpu.linear"]
     assert "no C compiler" in out.stderr
-
-
-def test_cpu_gets_the_c_kernels():
-    from kernels.cpu import activation, int8_matmul, linear, paged_attention, rmsnorm, rotary
-    from kernels.dispatch import get_kernels
-
-    ks = get_kernels("cpu")
-    assert ks.backend == "cpu"
-    assert ks.paged_decode_attention is paged_attention.paged_decode_attention
-    assert ks.rms_norm is rmsnorm.rms_norm
-    assert ks.fused_add_rms_norm is rmsnorm.fused_add_rms_norm
-    assert ks.apply_rotary is rotary.apply_rotary
-    assert ks.silu_and_mul is activation.silu_and_mul
-    assert ks.int8_linear is int8_matmul.int8_linear
-    assert ks.pack_linear is linear.pack and ks.linear is linear.linear

@@ -1,4 +1,5 @@
 """kernels/dispatch.py: which implementation a device gets."""
+import shutil
 import subprocess
 import sys
 
@@ -22,6 +23,7 @@ def test_the_reference_set():
 
 def test_cuda_gets_triton_when_it_imports():
     pytest.importorskip("triton", reason="triton not installed")
+    from kernels.triton import activation as triton_activation
     from kernels.triton import int8_matmul, paged_attention
     from kernels.triton import rmsnorm as triton_rmsnorm
     from kernels.triton import rotary as triton_rotary
@@ -35,7 +37,7 @@ def test_cuda_gets_triton_when_it_imports():
     assert ks.apply_rotary is triton_rotary.apply_rotary
     assert ks.paged_decode_attention is paged_attention.paged_decode_attention
     assert ks.int8_linear is int8_matmul.int8_linear
-    assert ks.silu_and_mul is activation.silu_and_mul     # no Triton version yet: the reference
+    assert ks.silu_and_mul is triton_activation.silu_and_mul
 
 
 def test_cuda_without_triton_falls_back(monkeypatch):
@@ -51,3 +53,19 @@ def test_importing_dispatch_imports_no_triton():
     code = "import sys, kernels.dispatch; print('triton' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_cpu_gets_the_c_kernels_and_onednn():
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler (cc or gcc) on PATH to build kernels/cpu")
+    from kernels.cpu import activation, int8_matmul, linear, paged_attention, rmsnorm, rotary
+
+    ks = get_kernels("cpu")
+    assert ks.backend == "cpu"
+    assert ks.paged_decode_attention is paged_attention.paged_decode_attention
+    assert ks.rms_norm is rmsnorm.rms_norm
+    assert ks.fused_add_rms_norm is rmsnorm.fused_add_rms_norm
+    assert ks.apply_rotary is rotary.apply_rotary
+    assert ks.silu_and_mul is activation.silu_and_mul
+    assert ks.int8_linear is int8_matmul.int8_linear
+    assert ks.pack_linear is linear.pack and ks.linear is linear.linear

@@ -26,6 +26,9 @@ KERNELS = {
                 "x_s0": "i64", "x_s1": "i64", "cos_s0": "i64", "sin_s0": "i64", "out_s0": "i64",
                 "out_s1": "i64"},
                {"HALF": 40, "BLOCK": 64}),
+    "silu_and_mul": ("activation", "_silu_and_mul_kernel",
+                     {"x_ptr": "*bf16", "out_ptr": "*bf16", "x_s0": "i64", "out_s0": "i64", "WIDTH": "i32"},
+                     {"BLOCK": 1024}),
     "paged_decode_attention": (
         "paged_attention", "_paged_decode_kernel",
         {"out_ptr": "*bf16", "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16",
