@@ -21,7 +21,7 @@ MAX_ROWS = 64
 
 _fn = function("int8_matmul", "int8_linear_f32",
                [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
-               + [ctypes.c_int])
+               + [ctypes.c_int], restype=ctypes.c_int)
 
 
 def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
@@ -32,8 +32,10 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
         return int8.int8_linear(x, qweight, scale, bias)
     qweight, scale = qweight.contiguous(), scale.to(torch.float32).contiguous()
     out = torch.empty(x2.shape[0], n, dtype=torch.float32)
-    _fn(x2.data_ptr(), x2.stride(0), qweight.data_ptr(), scale.data_ptr(), out.data_ptr(),
-        x2.shape[0], n, k, torch.get_num_threads())
+    status = _fn(x2.data_ptr(), x2.stride(0), qweight.data_ptr(), scale.data_ptr(), out.data_ptr(),
+                 x2.shape[0], n, k, torch.get_num_threads())
+    if status != 0:
+        raise MemoryError("int8_linear: no memory for the widened weight panels")
     if bias is not None:
         out += bias.to(torch.float32)
     return out.reshape(*x.shape[:-1], n)
