@@ -16,7 +16,7 @@ _fn = function("activation", "silu_and_mul_f32",
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    if x.dtype != torch.float32 or not x.is_contiguous():
+    if x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous():
         return activation.silu_and_mul(x)
     rows, width = x.shape[0], x.shape[1] // 2
     out = torch.empty(rows, width, dtype=x.dtype)

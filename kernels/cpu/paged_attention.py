@@ -22,7 +22,7 @@ _fn = function("paged_attention", "paged_decode_attention_f32",
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            scale: float) -> torch.Tensor:
-    if q.dtype != torch.float32:
+    if not (q.dtype == k_cache.dtype == v_cache.dtype == torch.float32):
         return attention.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("paged_decode_attention: k_cache and v_cache must be contiguous")
@@ -31,6 +31,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     q = q.contiguous()
     tables = block_tables.to(torch.int32).contiguous()
     lens = context_lens.to(torch.int32).contiguous()
+    if batch and not 1 <= int(lens.min()) <= int(lens.max()) <= tables.shape[1] * block_size:
+        # the C code trusts them: past the table it would read memory that is not the cache
+        raise ValueError("paged_decode_attention: context_lens must be in [1, block_tables "
+                         "width * block_size]")
     out = torch.empty_like(q)
     status = _fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
                  lens.data_ptr(), out.data_ptr(), batch, num_heads, num_kv_heads, dim,

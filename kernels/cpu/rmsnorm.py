@@ -15,8 +15,14 @@ _fn = function("rmsnorm", "rms_norm_f32", [ctypes.c_void_p, ctypes.c_int64] * 2
                + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int])
 
 
+def _in_c(*rows: torch.Tensor, weight: torch.Tensor) -> bool:
+    """What the C kernel reads: fp32 [T, H] rows of unit column stride, an fp32 [H] weight."""
+    return (all(r.dtype == torch.float32 and r.dim() == 2 and r.stride(1) == 1 for r in rows)
+            and weight.dtype == torch.float32 and weight.is_contiguous())
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype != torch.float32 or x.stride(-1) != 1:
+    if not _in_c(x, weight=weight):
         return rmsnorm.rms_norm(x, weight, eps)
     out = torch.empty(x.shape, dtype=x.dtype)
     _fn(x.data_ptr(), x.stride(0), None, 0, weight.data_ptr(), out.data_ptr(), None,
@@ -26,7 +32,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    if x.dtype != torch.float32 or x.stride(-1) != 1 or residual.stride(-1) != 1:
+    if not _in_c(x, residual, weight=weight):
         return rmsnorm.fused_add_rms_norm(x, residual, weight, eps)
     out = torch.empty(x.shape, dtype=x.dtype)
     residual_out = torch.empty(x.shape, dtype=x.dtype)

@@ -88,3 +88,16 @@ def test_silu_and_mul_reference_is_swiglu():
     gate, up = torch.tensor([0.0, 1.0, -2.0]), torch.tensor([3.0, 5.0, 7.0])
     expected = gate / (1 + torch.exp(-gate)) * up
     torch.testing.assert_close(activation.silu_and_mul(x), expected[None])
+
+
+def test_a_weight_of_another_dtype_goes_to_the_reference():
+    # fp32 rows with a bf16 norm weight: the reference promotes, the C kernel reads fp32 only
+    x, weight = _randn(3, 64), (_randn(64, seed=1) + 2).to(torch.bfloat16)
+    assert cpu_rmsnorm.rms_norm(x, weight, EPS).equal(rmsnorm.rms_norm(x, weight, EPS))
+
+
+def test_more_leading_dims_go_to_the_reference():
+    x, weight = _randn(2, 3, 64), _randn(64, seed=1)
+    assert cpu_rmsnorm.rms_norm(x, weight, EPS).equal(rmsnorm.rms_norm(x, weight, EPS))
+    g = _randn(2, 3, 16)
+    assert cpu_activation.silu_and_mul(g).equal(activation.silu_and_mul(g))

@@ -19,7 +19,7 @@ def _x(tokens, k, seed=1):
 
 # 1 row takes 1 x 8 tiles, more rows 4 x 4 tiles; N and K off those sizes leave partial
 # tiles and a masked tail of K. Exact up to summation order: no bf16 anywhere.
-@pytest.mark.parametrize("tokens", [1, 2, 3, 4, 5, 17, 64])
+@pytest.mark.parametrize("tokens", [1, 2, 3, 4, 5, 17, 64, 256])
 @pytest.mark.parametrize("n,k", [(1, 16), (3, 100), (13, 64), (48, 256), (37, 688)])
 def test_matches_the_definition_in_fp32(tokens, n, k):
     qweight, scale = int8.quantize_per_channel(_weight(n, k))

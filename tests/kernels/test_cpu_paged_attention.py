@@ -71,3 +71,11 @@ def test_half_precision_goes_to_the_reference(dtype):
     args = paged_case([1, 16, 23], 8, 2, 64, 16, dtype=dtype)
     torch.testing.assert_close(cpu.paged_decode_attention(*args), ref.paged_decode_attention(*args),
                                rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bad_len", [0, 3 * 16 + 1])
+def test_a_context_outside_its_block_table_is_refused(bad_len):
+    q, k_cache, v_cache, tables, lens, scale = paged_case([5, 20], 4, 2, 64, 16)
+    lens[1] = bad_len                       # the table is 3 blocks wide
+    with pytest.raises(ValueError, match="context_lens"):
+        cpu.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
