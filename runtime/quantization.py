@@ -65,9 +65,8 @@ def linear(x: torch.Tensor, weight: Weight, bias: Optional[torch.Tensor], ops) -
 
 
 def pack_layer(layer, pack_linear):
-    """A copy of a LayerWeights whose float matmul weights went through pack_linear."""
-    return dataclasses.replace(layer, **{f: pack_linear(getattr(layer, f)) for f in LINEAR_FIELDS
-                                         if not isinstance(getattr(layer, f), Int8Weight)})
+    """A copy of a float LayerWeights whose matmul weights went through pack_linear."""
+    return dataclasses.replace(layer, **{f: pack_linear(getattr(layer, f)) for f in LINEAR_FIELDS})
 
 
 def weight_memory(layers: Iterable, others: Iterable[Optional[torch.Tensor]]) -> WeightMemory:

@@ -24,6 +24,7 @@ import subprocess
 import tempfile
 from functools import lru_cache
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 # -ffast-math lets the compiler reorder float sums into vector lanes and call glibc's
@@ -37,19 +38,24 @@ class NativeUnavailable(RuntimeError):
     """A C kernel could not be built or loaded on this machine."""
 
 
+def compiler() -> Optional[str]:
+    """The C compiler the kernels are built with: `cc`, else `gcc`, else None."""
+    return shutil.which("cc") or shutil.which("gcc")
+
+
 @lru_cache(maxsize=None)
 def load(name: str) -> ctypes.CDLL:
     """The compiled kernels/cpu/<name>.c, built on first use."""
     source = HERE / f"{name}.c"
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    cc = compiler()
+    if cc is None:
         raise NativeUnavailable("no C compiler (cc or gcc) on PATH")
     try:
-        target = _cache_dir() / f"{name}-{_build_key(source, compiler)}.so"
+        target = _cache_dir() / f"{name}-{_build_key(source, cc)}.so"
     except OSError as exc:
         raise NativeUnavailable(f"no cache folder for the built kernels: {exc}") from exc
     if not target.exists():
-        _compile(compiler, source, target)
+        _compile(cc, source, target)
     try:
         return ctypes.CDLL(str(target))
     except OSError as exc:
@@ -65,9 +71,9 @@ def function(name: str, symbol: str, argtypes: list, restype=None) -> ctypes._CF
     return fn
 
 
-def _build_key(source: Path, compiler: str) -> str:
+def _build_key(source: Path, cc: str) -> str:
     digest = hashlib.sha256(source.read_bytes())
-    digest.update(" ".join((compiler, *COMPILE_FLAGS, *LINK_FLAGS, platform.machine(),
+    digest.update(" ".join((cc, *COMPILE_FLAGS, *LINK_FLAGS, platform.machine(),
                             _cpu_model())).encode())
     return digest.hexdigest()[:16]
 
@@ -88,12 +94,12 @@ def _cache_dir() -> Path:
     return path
 
 
-def _compile(compiler: str, source: Path, target: Path) -> None:
+def _compile(cc: str, source: Path, target: Path) -> None:
     obj = target.with_suffix(f".{os.getpid()}.o")
     partial = target.with_suffix(f".{os.getpid()}.tmp")
     try:
-        _run([compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)])
-        _run([compiler, *LINK_FLAGS, str(obj), "-o", str(partial), "-lm"])
+        _run([cc, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)])
+        _run([cc, *LINK_FLAGS, str(obj), "-o", str(partial), "-lm"])
         os.replace(partial, target)
     finally:
         obj.unlink(missing_ok=True)

@@ -3,12 +3,13 @@ under a chosen torch thread count (the C kernels split their work by it)."""
 from __future__ import annotations
 
 import contextlib
-import shutil
 
 import pytest
 import torch
 
-if shutil.which("cc") is None and shutil.which("gcc") is None:
+from kernels.cpu import build
+
+if build.compiler() is None:
     pytest.skip("no C compiler (cc or gcc) on PATH to build kernels/cpu", allow_module_level=True)
 
 # fp32, summation order only
