@@ -4,7 +4,15 @@ Same ~50M-parameter Llama (random weights, fp32, CPU), same workload (prompt and
 output lengths drawn from a fixed seed, all submitted at once, ignore_eos), one run.
 transformers gets the best static batching it can do: requests sorted by length,
 left-padded into batches, each batch generating to its longest output; only the
-tokens each request asked for are counted.
+tokens each request asked for are counted. Its batch size is swept in the same run
+(--hf-batch-sizes, default 16, 32, 64: the peer's time three times over, about
+5 minutes each on 2 CPU cores for the full workload) and the ratio is taken against
+the best of them; one size given is a fixed setting, and the report says so.
+
+Conditions that matter: random weights (so outputs are never cut short by EOS),
+fp32 on CPU with --threads torch threads for both engines, one run each (the
+per-CPU-second ratio is the one to trust on a shared machine). The report, with the
+machine's details, is also written to benchmarks/results/engine_throughput.txt.
 
     .venv/bin/python benchmarks/engine_throughput.py                 # the full workload
     .venv/bin/python benchmarks/engine_throughput.py --num-requests 48 --max-prompt 256 --max-output 96
@@ -66,15 +74,15 @@ def run_thawpool(model_dir: Path, work: Workload, args) -> dict:
             "step_overhead": (step_s - fwd_s) / wall, "preemptions": engine.stats().num_preemptions}
 
 
-def run_transformers(model_dir: Path, work: Workload, args) -> dict:
+def run_transformers(model_dir: Path, work: Workload, batch_size: int) -> dict:
     import torch
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     order = sorted(range(len(work.prompts)), key=lambda i: (len(work.prompts[i]), work.output_lens[i]))
     started, cpu = time.perf_counter(), time.process_time()
-    for b in range(0, len(order), args.hf_batch_size):
-        batch = order[b:b + args.hf_batch_size]
+    for b in range(0, len(order), batch_size):
+        batch = order[b:b + batch_size]
         width = max(len(work.prompts[i]) for i in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         mask = torch.zeros(len(batch), width, dtype=torch.long)
@@ -102,9 +110,9 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=None, help="default: the engine's")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the engine's")
     ap.add_argument("--kv-cache-tokens", type=int, default=None)
-    # 32 was transformers' best on this workload (256 requests: 107 tok/s at 32, 98 at 16;
-    # 64 requests: 8 -> 71, 16 -> 78, 32 -> 86, 64 -> 52 tok/s)
-    ap.add_argument("--hf-batch-size", type=int, default=32)
+    ap.add_argument("--hf-batch-sizes", type=lambda text: [int(x) for x in text.split(",")],
+                    default=[16, 32, 64], help="static batch sizes to try for transformers; "
+                    "the ratio uses the best (default: 16,32,64)")
     ap.add_argument("--model-dir", type=Path, default=None, help="reuse a folder made by a previous run")
     ap.add_argument("--skip-transformers", action="store_true")
     args = ap.parse_args()
@@ -127,12 +135,23 @@ def main() -> None:
           f"({100 * ours['step_overhead']:.1f}% inside engine.step)")
     if args.skip_transformers:
         return
-    ref = run_transformers(model_dir, work, args)
-    print(f"transformers: {ref['tok_s']:8.1f} output tok/s  ({ref['wall_s']:.1f} s, "
-          f"static batches of {args.hf_batch_size}; {ref['tok_cpu_s']:.1f} tok per CPU-second)")
+    tried = {}
+    for size in args.hf_batch_sizes:
+        tried[size] = run_transformers(model_dir, work, size)
+        print(f"transformers: {tried[size]['tok_s']:8.1f} output tok/s  "
+              f"({tried[size]['wall_s']:.1f} s, static batches of {size}; "
+              f"{tried[size]['tok_cpu_s']:.1f} tok per CPU-second)")
+    best = max(tried, key=lambda size: tried[size]["tok_cpu_s"])
+    ref = tried[best]
+    how = (f"the best of batch sizes {', '.join(map(str, tried))} (by tok per CPU-second)"
+           if len(tried) > 1 else "a fixed setting, not a sweep")
+    print(f"transformers' batch size {best}: {how}")
     print(f"ratio thawpool / transformers: {ours['tok_s'] / ref['tok_s']:.2f}x wall, "
           f"{ours['tok_cpu_s'] / ref['tok_cpu_s']:.2f}x per CPU-second (robust to a busy machine)")
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.results import recorded
+
+    with recorded(__file__):
+        main()

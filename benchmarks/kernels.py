@@ -7,12 +7,16 @@ On CUDA the fast set is kernels/triton/ (bf16 by default); with no CUDA device i
 says so and times the CPU set (kernels/cpu/, fp32). Each row prints reference time /
 fast time. The int8 rows also compare with the unquantized layer (the per-token
 figure issue 6 asks for: int8 no slower than 1.2x the float layer).
+
+Which set ran (Triton or C), the dtype and the device are in the report, which is also
+written, with the machine's details (CPU model, cores, GPU), to benchmarks/results/kernels.txt.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -83,12 +87,12 @@ def cases(ref: KernelSet, fast: KernelSet, dev: str, dtype: torch.dtype, batch: 
         qweight, scale = int8.quantize_per_channel(weight)
         for tokens in (1, batch):
             xt = torch.randn(tokens, k, device=dev, dtype=dtype)
-            yield (f"linear {n}x{k} T={tokens}", lambda: ref.linear(xt, weight),
-                   lambda: fast.linear(xt, packed))
-            yield (f"int8_linear {n}x{k} T={tokens}", lambda: ref.int8_linear(xt, qweight, scale),
-                   lambda: fast.int8_linear(xt, qweight, scale))
-            yield (f"  vs the {str(dtype)[6:]} layer", lambda: fast.linear(xt, packed),
-                   lambda: fast.int8_linear(xt, qweight, scale))
+            yield (f"linear {n}x{k} T={tokens}", partial(ref.linear, xt, weight),
+                   partial(fast.linear, xt, packed))
+            yield (f"int8_linear {n}x{k} T={tokens}", partial(ref.int8_linear, xt, qweight, scale),
+                   partial(fast.int8_linear, xt, qweight, scale))
+            yield (f"  vs the {str(dtype)[6:]} layer", partial(fast.linear, xt, packed),
+                   partial(fast.int8_linear, xt, qweight, scale))
 
 
 def report(title: str, rows, timer) -> None:
@@ -127,4 +131,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.results import recorded
+
+    with recorded(__file__):
+        main()

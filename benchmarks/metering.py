@@ -7,6 +7,10 @@ write path is controlplane.metering.UsageWriter (batched multi-row INSERT ...
 ON CONFLICT DO NOTHING, one transaction per batch); the peer is the naive
 path, one INSERT and one commit per event, measured in the same run. 2% of
 the events are submitted twice; the row count proves none lost or doubled.
+Postgres runs on this machine's disk with its default (durable) commit settings, so
+the one-by-one peer is bound by fsync per commit; on RDS both paths pay a network
+round trip as well. The report, with the machine's details, is also written to
+benchmarks/results/metering.txt.
 """
 from __future__ import annotations
 
@@ -20,13 +24,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import func, select, text  # noqa: E402
+from sqlalchemy.dialects.postgresql import insert  # noqa: E402
 
-from controlplane.db import create_engine, migrate  # noqa: E402
+from controlplane.db import create_db_engine, migrate  # noqa: E402
 from controlplane.embedded import EmbeddedPostgres  # noqa: E402
-from controlplane.metering import INSERT_USAGE, UsageWriter  # noqa: E402
+from controlplane.metering import UsageWriter  # noqa: E402
 from controlplane.models import UsageEvent  # noqa: E402
 from controlplane.outbox import Outbox  # noqa: E402
 from tests.controlplane.support.usage import make_record  # noqa: E402
+
+# The naive peer: one idempotent INSERT per event.
+INSERT_USAGE = insert(UsageEvent.__table__).on_conflict_do_nothing(index_elements=["invocation_id"])
 
 
 async def rows(engine) -> int:
@@ -61,7 +69,7 @@ async def one_by_one(engine, events: int) -> tuple[float, int]:
 
 
 async def run(args, pg: EmbeddedPostgres, workdir: Path) -> int:
-    engine = create_engine(pg.url)
+    engine = create_db_engine(pg.url)
     try:
         async with engine.begin() as conn:
             await conn.execute(text("TRUNCATE usage_events"))
@@ -100,4 +108,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.results import recorded
+
+    with recorded(__file__):
+        sys.exit(main())

@@ -7,6 +7,8 @@ it never hits. Each case runs on a fresh engine per setting (same model, same fl
 Targets: TTFT p50 >= 3x lower and throughput >= 2x higher with caching on (shared);
 < 3% throughput lost with caching on (unshared). Throughput is also given per CPU second
 of this process, which a busy machine disturbs much less than wall time.
+Random weights, fp32, CPU, --threads torch threads. The report, with the machine's
+details, is also written to benchmarks/results/prefix_cache.txt.
 
     .venv/bin/python benchmarks/prefix_cache.py                          # 200 requests, ~5 minutes
     .venv/bin/python benchmarks/prefix_cache.py --num-requests 96        # ~2-3 minutes on 2 quiet CPU cores
@@ -109,4 +111,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.results import recorded
+
+    with recorded(__file__):
+        main()

@@ -19,6 +19,8 @@ agreed on 82% here). Decode speed is timed at each of --speed-threads:
 on a CPU whose cores are busy with other work, torch's int8 GEMV slowed down
 far more with 2 threads than fp32's small GEMVs did (a parallel region waits
 for its slowest thread), so the thread count matters to the ratio.
+The report, with the machine's details, is also written to
+benchmarks/results/quant_quality.txt.
 
     .venv/bin/python benchmarks/quant_quality.py [--model models/demo] [--threads 2]
 """
@@ -188,4 +190,7 @@ def report_speed(times: dict[str, list[float]], args, threads: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.results import recorded
+
+    with recorded(__file__):
+        main()

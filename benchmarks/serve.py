@@ -7,7 +7,10 @@ time. Without --url it builds a random-weight Llama with
 tests.support.model_factory, starts `python -m runtime.server` on it, and, as
 the peer measured in the same run, pushes the same requests through the
 offline `runtime.LLM` (all at once) to print the serving path's throughput
-as a ratio of the bare engine's.
+as a ratio of the bare engine's. The served throughput is bounded by
+--request-rate (Poisson arrivals), the peer's is not, so that ratio compares
+engines only at --request-rate inf. Random weights, CPU, --threads torch threads.
+The report, with the machine's details, is also written to benchmarks/results/serve.txt.
 
     .venv/bin/python -m benchmarks.serve --num-prompts 64 --request-rate 8
     .venv/bin/python -m benchmarks.serve --url http://127.0.0.1:8000 --model NAME
@@ -282,4 +285,7 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.results import recorded
+
+    with recorded(__file__):
+        main()

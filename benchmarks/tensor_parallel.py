@@ -10,6 +10,9 @@
   halved matmuls save; the point here is memory and exactness. Speed is for NCCL
   on GPUs, which this machine does not have.
 
+The report, with the machine's details, is also written to
+benchmarks/results/tensor_parallel.txt.
+
     .venv/bin/python benchmarks/tensor_parallel.py [--model models/demo]
 """
 from __future__ import annotations
@@ -80,4 +83,7 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.results import recorded
+
+    with recorded(__file__):
+        main()

@@ -3,43 +3,45 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, Optional
+from typing import AsyncIterator, Callable, Optional
 
 import httpx
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 
 from controlplane.auth import AuthMiddleware
-from controlplane.db import create_engine, sessionmaker
-from controlplane.desired_state import PostgresDesiredState, PostgresReplicaEvents
-from controlplane.errors import (ApiError, api_error_handler, http_exception_handler,
-                                 unhandled_error_handler)
+from controlplane.db import create_db_engine, sessionmaker
+from controlplane.deployer import Deployer
+from controlplane.errors import REFUSALS, refusal_handler, unhandled_error_handler
 from controlplane.gateway import Gateway
 from controlplane.metering import UsageWriter
 from controlplane.metrics import Metrics, MetricsMiddleware
-from controlplane.modelcheck import ModelChecker
 from controlplane.outbox import Outbox
-from controlplane.requestid import RequestIdMiddleware
 from controlplane.routes import billing, deployments, gateway, health, tenants
 from controlplane.settings import Settings
+from controlplane.state import state_of
+from controlplane.store.desired_state import PostgresDesiredState, PostgresReplicaEvents
+from pool.api import Pool
+from wire.request_id import RequestIdMiddleware
 
-log = logging.getLogger("thawpool.app")
-PoolFactory = Callable[[PostgresDesiredState, PostgresReplicaEvents], Any]
+PoolFactory = Callable[[PostgresDesiredState, PostgresReplicaEvents], Pool]
 
 
-def create_app(settings: Settings, pool: Any = None, *,
+def create_app(settings: Settings, pool: Optional[Pool] = None, *,
                pool_factory: Optional[PoolFactory] = None) -> Starlette:
-    """`pool` is used as given (its owner starts and stops it); a `pool_factory` gets the
-    app's DesiredStateSource and ReplicaEventSink and its pool is started and stopped here."""
+    """Exactly one of `pool` (used as given: its owner starts and stops it) and
+    `pool_factory` (given the app's DesiredStateSource and ReplicaEventSink; its pool is
+    started and stopped with the app)."""
+    make_pool, owns_pool = _pool_maker(pool, pool_factory)
     metrics = Metrics()
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            engine = create_engine(settings.database_url)
-            stack.push_async_callback(engine.dispose)
-            sessions = sessionmaker(engine)
-            writer = UsageWriter(engine, Outbox(settings.outbox_path), metrics,
+            db_engine = create_db_engine(settings.database_url)
+            stack.push_async_callback(db_engine.dispose)
+            sessions = sessionmaker(db_engine)
+            writer = UsageWriter(db_engine, Outbox(settings.outbox_path), metrics,
                                  batch_size=settings.usage_batch_size,
                                  flush_interval_s=settings.usage_flush_interval_s,
                                  retry_s=settings.outbox_retry_s)
@@ -48,42 +50,41 @@ def create_app(settings: Settings, pool: Any = None, *,
             http = await stack.enter_async_context(httpx.AsyncClient(
                 timeout=httpx.Timeout(settings.upstream_timeout_s, connect=5.0),
                 limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)))
-            s3 = await stack.enter_async_context(_s3_client(settings))
-            the_pool = pool
-            if pool_factory is not None:
-                the_pool = pool_factory(PostgresDesiredState(sessions),
-                                        PostgresReplicaEvents(sessions))
+            the_pool = make_pool(PostgresDesiredState(sessions), PostgresReplicaEvents(sessions))
+            if owns_pool:
                 await the_pool.start()
                 stack.push_async_callback(the_pool.stop)
-            app.state.settings = settings
-            app.state.engine = engine
-            app.state.sessions = sessions
-            app.state.writer = writer
-            app.state.pool = the_pool
-            app.state.model_checker = ModelChecker(s3)
-            app.state.gateway = Gateway(sessions=sessions, pool=the_pool, http=http,
-                                        writer=writer, metrics=metrics, settings=settings)
+            state = state_of(app)
+            state.settings = settings
+            state.db_engine = db_engine
+            state.sessions = sessions
+            state.writer = writer
+            state.pool = the_pool
+            state.deployer = Deployer(sessions, the_pool)
+            state.gateway = Gateway(sessions=sessions, pool=the_pool, http=http, writer=writer,
+                                    metrics=metrics, settings=settings)
             yield
 
     app = Starlette(
         routes=[*health.routes, *tenants.routes, *deployments.routes, *gateway.routes,
                 *billing.routes],
-        exception_handlers={ApiError: api_error_handler, HTTPException: http_exception_handler,
+        # in the order they run: the request id first (every answer carries it, auth's
+        # refusals too), then metrics (they count refusals), then auth
+        middleware=[Middleware(RequestIdMiddleware, access_log=logging.getLogger("thawpool.access")),
+                    Middleware(MetricsMiddleware, metrics=metrics),
+                    Middleware(AuthMiddleware)],
+        exception_handlers={**{kind: refusal_handler for kind in REFUSALS},
                             Exception: unhandled_error_handler},
         lifespan=lifespan)
-    app.state.metrics = metrics
-    app.add_middleware(AuthMiddleware)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
-    app.add_middleware(RequestIdMiddleware)
+    state_of(app).metrics = metrics
     return app
 
 
-def _s3_client(settings: Settings):
-    from aiobotocore.config import AioConfig
-    from aiobotocore.session import get_session
-
-    return get_session().create_client(
-        "s3", endpoint_url=settings.s3_endpoint, region_name=settings.aws_region,
-        aws_access_key_id=settings.aws_access_key_id,
-        aws_secret_access_key=settings.aws_secret_access_key,
-        config=AioConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 2}))
+def _pool_maker(pool: Optional[Pool],
+                pool_factory: Optional[PoolFactory]) -> tuple[PoolFactory, bool]:
+    """What the lifespan calls for its pool, and whether the app starts and stops it."""
+    if pool is not None and pool_factory is None:
+        return (lambda desired, events: pool), False
+    if pool_factory is not None and pool is None:
+        return pool_factory, True
+    raise TypeError("create_app: pass either pool or pool_factory")

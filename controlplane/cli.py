@@ -146,15 +146,15 @@ def _banner(settings: Settings, base_url: str, new_admin, pool_settings) -> None
 
 
 async def _bootstrap_admin(settings: Settings):
-    from controlplane.db import create_engine, sessionmaker
-    from controlplane.tenants import bootstrap_admin
+    from controlplane.db import create_db_engine, sessionmaker
+    from controlplane.store.tenants import bootstrap_admin
 
-    engine = create_engine(settings.database_url)
+    db_engine = create_db_engine(settings.database_url)
     try:
-        async with sessionmaker(engine)() as session, session.begin():
+        async with sessionmaker(db_engine).begin() as session:
             return await bootstrap_admin(session)
     finally:
-        await engine.dispose()
+        await db_engine.dispose()
 
 
 def _without_password(url: str) -> str:
@@ -199,13 +199,13 @@ def pool_settings_for(settings: Settings, args):
 
 async def _demo(app, settings: Settings, base_url: str) -> None:
     from controlplane.demo import DEMO_TENANT, run_demo
-    from controlplane.tenants import create_key, create_tenant, find_tenant
-    from controlplane.errors import ApiError
+    from controlplane.store.errors import NotFound
+    from controlplane.store.tenants import create_key, create_tenant, find_tenant
 
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.sessions.begin() as session:
         try:
             tenant = await find_tenant(session, DEMO_TENANT)
-        except ApiError:
+        except NotFound:
             tenant = await create_tenant(session, DEMO_TENANT)
         _, key = await create_key(session, tenant, ["billing:read", "deploy", "invoke"],
                                   name="demo")

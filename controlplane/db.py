@@ -1,11 +1,16 @@
-"""Database engine, sessions and programmatic migrations."""
+"""The SQLAlchemy engine ("db_engine" throughout), sessions and programmatic migrations."""
 from __future__ import annotations
 
 import asyncio
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (AsyncEngine, AsyncSession, async_sessionmaker,
+                                    create_async_engine)
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 
 def migrations_dir() -> Path:
@@ -18,7 +23,7 @@ def migrations_dir() -> Path:
     return Path(next(iter(migrations.__path__)))
 
 
-def alembic_config(url: str):
+def alembic_config(url: str) -> "Config":
     from alembic.config import Config
 
     config = Config(str(migrations_dir() / "alembic.ini"))
@@ -37,7 +42,8 @@ def migrate(url: str, revision: str = "head") -> None:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return run()
+        run()
+        return
     errors: list[BaseException] = []
 
     def in_thread() -> None:
@@ -57,11 +63,11 @@ async def migrate_async(url: str) -> None:
     await asyncio.to_thread(migrate, url)
 
 
-def create_engine(url: str, **kw) -> AsyncEngine:
+def create_db_engine(url: str, **kw: Any) -> AsyncEngine:
     kw.setdefault("pool_pre_ping", True)
     kw.setdefault("pool_size", 10)
     return create_async_engine(url, **kw)
 
 
-def sessionmaker(engine: AsyncEngine) -> async_sessionmaker:
-    return async_sessionmaker(engine, expire_on_commit=False)
+def sessionmaker(db_engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(db_engine, expire_on_commit=False)

@@ -17,17 +17,13 @@ DEMO_DEPLOYMENT = "demo-chat"
 REPO = Path(__file__).resolve().parents[1]
 
 
-def demo_model_dir(settings: Settings) -> Path:
-    """models/demo when it is complete, else a freshly made tiny model (random weights)."""
+def demo_model_dir() -> Path:
+    """models/demo, the small model committed with the repo (scripts/train_demo_model.py)."""
     committed = REPO / "models" / "demo"
-    if (committed / "config.json").exists() and any(committed.glob("*.safetensors")):
-        return committed
-    made = settings.data_dir / "demo-model"
-    if not (made / "config.json").exists():
-        from tests.support.model_factory import make_model
-
-        make_model(made)
-    return made
+    if not (committed / "config.json").exists() or not any(committed.glob("*.safetensors")):
+        raise SystemExit(f"the demo model is missing from {committed}; rebuild it with "
+                         "`python scripts/train_demo_model.py --out models/demo`")
+    return committed
 
 
 def upload(settings: Settings, model_dir: Path) -> str:
@@ -52,7 +48,7 @@ async def run_demo(settings: Settings, base_url: str, key: str, flush, out=None)
     def say(*parts, end="\n"):
         print(*parts, file=out, flush=True, end=end)
 
-    model_dir = demo_model_dir(settings)
+    model_dir = demo_model_dir()
     model_uri = await asyncio.to_thread(upload, settings, model_dir)
     say(f"demo: uploaded {model_dir} to {model_uri}")
     async with httpx.AsyncClient(base_url=base_url, timeout=600,

@@ -1,13 +1,17 @@
-"""Strict validation of deployment bodies; every refusal is a 422 naming the field."""
+"""Strict validation of deployment bodies and of the model they name.
+
+Every refusal is an `InvalidField` naming the field (a 422 at the API).
+"""
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import AbstractSet, Any, Optional
 
-from controlplane.errors import invalid
 from controlplane.pricing import Pricing, parse_price
+from controlplane.store.errors import InvalidField
+from pool.api import ModelInfo
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<prefix>[^\s]+?)/?$")
@@ -54,10 +58,10 @@ class DeploymentSpec:
 class DeploymentPatch:
     """Only the parts given; None means unchanged."""
     model_uri: Optional[str] = None
-    resources: Optional[dict] = None
-    scaling: Optional[dict] = None
-    engine: Optional[dict] = None
-    pricing: Optional[dict] = None
+    resources: Optional[dict[str, Any]] = None
+    scaling: Optional[dict[str, Any]] = None
+    engine: Optional[dict[str, Any]] = None
+    pricing: Optional[dict[str, Any]] = None
     promote: bool = True
 
 
@@ -65,10 +69,10 @@ def parse_create(body: Any) -> DeploymentSpec:
     body = _object("body", body, CREATE_FIELDS)
     for required in ("name", "model_uri"):
         if required not in body:
-            raise invalid(required, "is required")
+            raise InvalidField(required, "is required")
     name = body["name"]
     if not isinstance(name, str) or not NAME.match(name):
-        raise invalid("name", "lowercase letters, digits and '-', 1-63 characters")
+        raise InvalidField("name", "lowercase letters, digits and '-', 1-63 characters")
     revision = check_parallelism(RevisionConfig(
         model_uri=parse_model_uri(body["model_uri"]),
         resources=parse_resources(body.get("resources", {}), Resources()),
@@ -81,10 +85,10 @@ def parse_create(body: Any) -> DeploymentSpec:
 def parse_patch(body: Any) -> DeploymentPatch:
     body = _object("body", body, PATCH_FIELDS)
     if not body:
-        raise invalid("body", "nothing to change")
+        raise InvalidField("body", "nothing to change")
     promote = body.get("promote", True)
     if not isinstance(promote, bool):
-        raise invalid("promote", "must be true or false")
+        raise InvalidField("promote", "must be true or false")
     if "model_uri" in body:
         parse_model_uri(body["model_uri"])
     for name in ("resources", "scaling", "engine", "pricing"):
@@ -97,13 +101,8 @@ def parse_patch(body: Any) -> DeploymentPatch:
 
 def parse_model_uri(value: Any) -> str:
     if not isinstance(value, str) or not S3_URI.match(value):
-        raise invalid("model_uri", "must look like s3://bucket/prefix/")
+        raise InvalidField("model_uri", "must look like s3://bucket/prefix/")
     return value if value.endswith("/") else value + "/"
-
-
-def split_s3_uri(uri: str) -> tuple[str, str]:
-    match = S3_URI.match(uri)
-    return match["bucket"], match["prefix"].strip("/") + "/"
 
 
 def parse_resources(value: Any, base: Resources) -> Resources:
@@ -127,7 +126,7 @@ def parse_scaling(value: Any, base: Scaling) -> Scaling:
         idle_timeout_s=_number("scaling.idle_timeout_s",
                                value.get("idle_timeout_s", base.idle_timeout_s), minimum=0.0))
     if scaling.min_replicas > scaling.max_replicas:
-        raise invalid("scaling.min_replicas", "must not exceed scaling.max_replicas")
+        raise InvalidField("scaling.min_replicas", "must not exceed scaling.max_replicas")
     return scaling
 
 
@@ -140,7 +139,7 @@ def parse_pricing(value: Any, base: Pricing) -> Pricing:
                 prices[name] = parse_price(f"pricing.{name}", value[name])
             except ValueError as exc:
                 field_name, _, message = str(exc).partition(": ")
-                raise invalid(field_name, message) from None
+                raise InvalidField(field_name, message) from None
     if "input_per_mtok" in prices and "cached_input_per_mtok" not in prices \
             and base == Pricing():
         prices["cached_input_per_mtok"] = prices["input_per_mtok"]
@@ -150,15 +149,15 @@ def parse_pricing(value: Any, base: Pricing) -> Pricing:
 def parse_engine(value: Any) -> dict[str, Any]:
     value = _object("engine", value, ENGINE_FIELDS)
     if "dtype" in value and value["dtype"] not in ("float32", "float16", "bfloat16"):
-        raise invalid("engine.dtype", "one of float32, float16, bfloat16")
+        raise InvalidField("engine.dtype", "one of float32, float16, bfloat16")
     if value.get("quantization") not in (None, "int8"):
-        raise invalid("engine.quantization", "null or 'int8'")
+        raise InvalidField("engine.quantization", "null or 'int8'")
     if "enable_prefix_caching" in value and not isinstance(value["enable_prefix_caching"], bool):
-        raise invalid("engine.enable_prefix_caching", "must be true or false")
+        raise InvalidField("engine.enable_prefix_caching", "must be true or false")
     spec = value.get("speculative")
     if spec is not None and (not isinstance(spec, dict)
                              or spec.get("method") not in ("ngram", "draft")):
-        raise invalid("engine.speculative", "null or {\"method\": \"ngram\"|\"draft\", ...}")
+        raise InvalidField("engine.speculative", "null or {\"method\": \"ngram\"|\"draft\", ...}")
     for name in ("kv_cache_tokens", "tensor_parallel_size", "max_num_seqs",
                  "max_num_batched_tokens", "max_model_len", "block_size"):
         if value.get(name) is not None:
@@ -166,61 +165,80 @@ def parse_engine(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+def patched_config(base: RevisionConfig, patch: DeploymentPatch) -> RevisionConfig:
+    """The revision config a PATCH asks for (validated against the current one)."""
+    return check_parallelism(RevisionConfig(
+        model_uri=parse_model_uri(patch.model_uri) if patch.model_uri else base.model_uri,
+        resources=(parse_resources(patch.resources, base.resources)
+                   if patch.resources is not None else base.resources),
+        engine=(parse_engine(_merge(base.engine, patch.engine))
+                if patch.engine is not None else base.engine),
+        pricing=(parse_pricing(patch.pricing, base.pricing)
+                 if patch.pricing is not None else base.pricing)))
+
+
+def _merge(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    """JSON merge patch: given keys replace, null removes."""
+    merged = {**base, **change}
+    return {k: v for k, v in merged.items() if v is not None}
+
+
 def check_parallelism(revision: RevisionConfig) -> RevisionConfig:
     """A replica on N GPUs runs one tensor-parallel rank per GPU: the two must agree."""
     size = revision.engine.get("tensor_parallel_size")
     if size is not None and size != revision.resources.gpu_count:
-        raise invalid("engine.tensor_parallel_size",
+        raise InvalidField("engine.tensor_parallel_size",
                       f"must equal resources.gpu_count ({revision.resources.gpu_count}): "
                       "a replica runs one rank per GPU")
     return revision
 
 
-def check_heads(config: dict, gpu_count: int) -> None:
-    """Tensor parallelism splits attention heads whole, gpu_count ways."""
+def check_model(info: ModelInfo, resources: Resources) -> None:
+    """The model in S3 is one thawpool's engine runs, and a replica on `gpu_count` GPUs
+    can split its attention heads (what `pool.inspect_model` read from config.json)."""
+    if info.architecture not in SUPPORTED_ARCHITECTURES:
+        raise InvalidField("model_uri",
+                           f"unsupported architecture {info.architecture!r} in config.json; "
+                           f"supported: {sorted(SUPPORTED_ARCHITECTURES)}")
+    _check_heads(info, resources.gpu_count)
+
+
+def _check_heads(info: ModelInfo, gpu_count: int) -> None:
+    """Tensor parallelism splits attention heads whole, gpu_count ways (0: config.json
+    does not say, which cannot be split either)."""
     if gpu_count == 1:
         return
-    heads = config.get("num_attention_heads")
-    counts = {"num_attention_heads": heads, "num_key_value_heads": config.get("num_key_value_heads") or heads}
+    counts = {"num_attention_heads": info.num_attention_heads,
+              "num_key_value_heads": info.num_key_value_heads}
     for name, value in counts.items():
-        if not isinstance(value, int) or value % gpu_count:
-            raise invalid("resources.gpu_count",
-                          f"{gpu_count} does not divide the model's {name} ({value}); "
-                          "a replica on several GPUs splits the heads between them")
+        if value <= 0 or value % gpu_count:
+            raise InvalidField("resources.gpu_count",
+                               f"{gpu_count} does not divide the model's {name} ({value}); "
+                               "a replica on several GPUs splits the heads between them")
 
 
-def check_architecture(config: Any) -> str:
-    """The architecture named by a config.json, if thawpool's engine runs it."""
-    archs = config.get("architectures") if isinstance(config, dict) else None
-    arch = archs[0] if isinstance(archs, list) and archs else None
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise invalid("model_uri", f"unsupported architecture {arch!r} in config.json; "
-                                   f"supported: {sorted(SUPPORTED_ARCHITECTURES)}")
-    return arch
-
-
-def _object(name: str, value: Any, allowed: Optional[set]) -> dict:
+def _object(name: str, value: Any, allowed: Optional[AbstractSet[str]]) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise invalid(name, "must be a JSON object")
+        raise InvalidField(name, "must be a JSON object")
     if allowed is not None:
         unknown = sorted(set(value) - set(allowed))
         if unknown:
             prefix = "" if name == "body" else f"{name}."
-            raise invalid(f"{prefix}{unknown[0]}", "unknown field")
+            raise InvalidField(f"{prefix}{unknown[0]}", "unknown field")
     return value
 
 
 def _integer(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(name, "must be an integer")
+        raise InvalidField(name, "must be an integer")
     if value < minimum:
-        raise invalid(name, f"must be >= {minimum}")
+        raise InvalidField(name, f"must be >= {minimum}")
     return value
 
 
 def _number(name: str, value: Any, minimum: float, exclusive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise invalid(name, "must be a number")
+        raise InvalidField(name, "must be a number")
     if value < minimum or (exclusive and value == minimum):
-        raise invalid(name, f"must be {'>' if exclusive else '>='} {minimum}")
+        raise InvalidField(name, f"must be {'>' if exclusive else '>='} {minimum}")
     return float(value)

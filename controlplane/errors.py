@@ -1,18 +1,23 @@
-"""API errors as JSON `{"error": {"type", "message", "code"}}` with the right status."""
+"""API errors: `{"error": {"message", "type", "param", "code"}}` (wire.errors) with the
+right status, and the one mapping from domain errors to statuses."""
 from __future__ import annotations
 
 import json
+import logging
 import math
+import re
 from typing import Optional
 
-from starlette.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
-_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 409: "conflict_error", 413: "request_too_large",
-    422: "invalid_request_error", 429: "rate_limit_error", 502: "upstream_error",
-    503: "service_unavailable",
-}
+from controlplane.store.errors import AlreadyExists, InvalidField, NotFound
+from pool.api import PoolError
+from wire.errors import ProtocolError, error_body
+from wire.request_id import Send
+
+log = logging.getLogger("thawpool.app")
 
 
 class ApiError(Exception):
@@ -25,12 +30,8 @@ class ApiError(Exception):
         self.retry_after_s = retry_after_s
         self.param = param
 
-    def body(self) -> dict:
-        error = {"type": _TYPES.get(self.status, "api_error"), "message": self.message,
-                 "code": self.code}
-        if self.param:
-            error["param"] = self.param
-        return {"error": error}
+    def body(self) -> dict[str, object]:
+        return error_body(self.message, self.status, param=self.param, code=self.code)
 
     def headers(self) -> dict[str, str]:
         if self.retry_after_s is None:
@@ -40,35 +41,50 @@ class ApiError(Exception):
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers())
 
-    def raw(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """Status, headers and body for plain ASGI middleware."""
+    async def send_to(self, send: Send) -> None:
+        """The error as a whole response, for plain ASGI middleware."""
         headers = [(b"content-type", b"application/json")]
         headers += [(k.lower().encode(), v.encode()) for k, v in self.headers().items()]
-        return self.status, headers, json.dumps(self.body()).encode()
-
-    async def send_to(self, send) -> None:
-        status, headers, body = self.raw()
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send({"type": "http.response.start", "status": self.status, "headers": headers})
+        await send({"type": "http.response.body", "body": json.dumps(self.body()).encode()})
 
 
-def invalid(field: str, message: str) -> ApiError:
-    """422 naming the field: `scaling.min_replicas: must be <= max_replicas`."""
-    return ApiError(422, f"{field}: {message}", code="invalid_field", param=field)
+def api_error_for(exc: Exception) -> ApiError:
+    """The status and code of a refusal raised below the routes."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, NotFound):
+        return ApiError(404, str(exc), code=f"{exc.kind}_not_found")
+    if isinstance(exc, AlreadyExists):
+        return ApiError(409, str(exc), code=f"{exc.kind}_exists")
+    if isinstance(exc, InvalidField):
+        return ApiError(422, str(exc), code="invalid_field", param=exc.field)
+    if isinstance(exc, ProtocolError):
+        return ApiError(exc.status, exc.message, code=exc.code, param=exc.param)
+    if isinstance(exc, PoolError):
+        retry = exc.retry_after_s if exc.retry_after_s is not None else (
+            5.0 if exc.status in (429, 503) else None)
+        return ApiError(exc.status, str(exc) or type(exc).__name__,
+                        code=_snake(type(exc).__name__), retry_after_s=retry)
+    if isinstance(exc, HTTPException):
+        return ApiError(exc.status_code, str(exc.detail))
+    raise TypeError(f"no status for {type(exc).__name__}") from exc
 
 
-async def api_error_handler(request, exc: ApiError) -> JSONResponse:
-    return exc.response()
+async def refusal_handler(request: Request, exc: Exception) -> Response:
+    return api_error_for(exc).response()
 
 
-async def http_exception_handler(request, exc) -> JSONResponse:
-    return ApiError(exc.status_code, str(exc.detail)).response()
-
-
-async def unhandled_error_handler(request, exc: Exception) -> JSONResponse:
-    import logging
-
-    logging.getLogger("thawpool.app").error(
-        "unhandled error", exc_info=exc,
-        extra={"request_id": getattr(request.state, "request_id", None)})
+async def unhandled_error_handler(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error", exc_info=exc,
+              extra={"request_id": getattr(request.state, "request_id", None)})
     return ApiError(500, "internal error").response()
+
+
+# Every refusal type the routes let through; one handler answers them all.
+REFUSALS = (ApiError, NotFound, AlreadyExists, InvalidField, ProtocolError, PoolError,
+            HTTPException)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
+from typing import Any, Iterable, Union
 
 SCOPES = frozenset({"deploy", "invoke", "billing:read", "admin"})
 KEY_PREFIX = "tp_"
@@ -26,7 +27,7 @@ def hash_key(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def parse_scopes(value) -> list[str]:
+def parse_scopes(value: Union[str, Iterable[Any]]) -> list[str]:
     """A list or comma string of scopes; ValueError naming an unknown one."""
     items = value.split(",") if isinstance(value, str) else list(value)
     scopes = sorted({str(s).strip() for s in items if str(s).strip()})

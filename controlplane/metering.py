@@ -12,10 +12,10 @@ import asyncio
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Optional
+from typing import Any, Optional
 
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.metrics import Metrics
 from controlplane.models import UsageEvent
@@ -23,13 +23,12 @@ from controlplane.outbox import Outbox
 from controlplane.usage import FIELD_NAMES, UsageRecord
 
 log = logging.getLogger("thawpool.metering")
-INSERT_USAGE = insert(UsageEvent.__table__).on_conflict_do_nothing(index_elements=["invocation_id"])
 
 
 def _unnest_insert() -> str:
     """INSERT ... SELECT FROM unnest($1::uuid[], ...) ON CONFLICT DO NOTHING: one array
     per column, so a batch is one statement with 23 parameters, whatever its size."""
-    dialect = postgresql.dialect()
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]  # untyped in SQLAlchemy
     columns = UsageEvent.__table__.columns
     casts = ", ".join(f"${i}::{columns[name].type.compile(dialect=dialect)}[]"
                       for i, name in enumerate(FIELD_NAMES, 1))
@@ -40,27 +39,28 @@ def _unnest_insert() -> str:
 UNNEST_INSERT = _unnest_insert()
 
 
-async def insert_usage(engine, records: list[UsageRecord]) -> None:
+async def insert_usage(db_engine: AsyncEngine, records: list[UsageRecord]) -> None:
     """One statement, hence one transaction, for the whole batch (asyncpg underneath)."""
     columns = [[getattr(r, name) for r in records] for name in FIELD_NAMES]
-    async with engine.connect() as conn:
-        raw = await conn.get_raw_connection()
-        await raw.driver_connection.execute(UNNEST_INSERT, *columns)
+    async with db_engine.connect() as conn:
+        asyncpg_connection: Any = (await conn.get_raw_connection()).driver_connection
+        await asyncpg_connection.execute(UNNEST_INSERT, *columns)
 
 
 class UsageWriter:
-    def __init__(self, engine, outbox: Outbox, metrics: Optional[Metrics] = None, *,
-                 batch_size: int = 1000, flush_interval_s: float = 0.05,
+    def __init__(self, db_engine: AsyncEngine, outbox: Outbox, metrics: Optional[Metrics] = None,
+                 *, batch_size: int = 1000, flush_interval_s: float = 0.05,
                  retry_s: float = 1.0):
-        self.engine = engine
+        self.db_engine = db_engine
         self.outbox = outbox
         self.metrics = metrics or Metrics()
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
         self.retry_s = retry_s
         self._buffer: list[UsageRecord] = []
-        self._wake = asyncio.Event()
-        self._task: Optional[asyncio.Task] = None
+        self._wake = asyncio.Event()       # the first event of a batch, or stop()
+        self._full = asyncio.Event()       # a full batch, or stop(): end the gathering wait
+        self._task: Optional[asyncio.Task[None]] = None
         self._stopping = False
         self._db_down_since: Optional[float] = None
         self._lock = asyncio.Lock()
@@ -77,8 +77,11 @@ class UsageWriter:
     def submit(self, record: UsageRecord) -> None:
         self._buffer.append(record)
         self.metrics.usage_pending.set(len(self._buffer))
-        if len(self._buffer) == 1 or len(self._buffer) >= self.batch_size:
+        if len(self._buffer) == 1:
             self._wake.set()
+        if len(self._buffer) >= self.batch_size:
+            self._wake.set()
+            self._full.set()
 
     async def start(self) -> None:
         await self.replay_outbox()
@@ -88,6 +91,7 @@ class UsageWriter:
         """Flush everything: into Postgres, or into the outbox when it is away."""
         self._stopping = True
         self._wake.set()
+        self._full.set()
         if self._task is not None:
             await self._task
             self._task = None
@@ -111,8 +115,7 @@ class UsageWriter:
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
-            if len(self._buffer) < self.batch_size and not self._stopping:
-                await asyncio.sleep(self.flush_interval_s)     # let a batch gather
+            await self._gather()
             try:
                 async with self._lock:
                     await self._drain()
@@ -120,6 +123,17 @@ class UsageWriter:
                         await self._replay()
             except Exception:  # noqa: BLE001 - the writer must outlive any one failure
                 log.exception("usage writer iteration failed")
+
+    async def _gather(self) -> None:
+        """Let a batch gather for flush_interval_s; a batch that fills or stop() ends the
+        wait at once."""
+        self._full.clear()
+        if len(self._buffer) >= self.batch_size or self._stopping:
+            return
+        try:
+            await asyncio.wait_for(self._full.wait(), self.flush_interval_s)
+        except asyncio.TimeoutError:
+            pass
 
     def _retry_due(self) -> bool:
         return (self._db_down_since is None
@@ -138,7 +152,7 @@ class UsageWriter:
 
     async def _write(self, batch: list[UsageRecord]) -> bool:
         try:
-            await insert_usage(self.engine, batch)
+            await insert_usage(self.db_engine, batch)
         except Exception as exc:  # noqa: BLE001 - unreachable or failing: keep the events
             if self._db_down_since is None:
                 log.warning("postgres unreachable, usage events go to the outbox",

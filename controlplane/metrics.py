@@ -7,11 +7,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
+from wire.request_id import ASGIApp, Message, Receive, Scope, Send
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 class Metrics:
-    def __init__(self):
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("thawpool_http_requests_total", "HTTP requests",
@@ -40,17 +42,18 @@ class Metrics:
 
 
 class MetricsMiddleware:
-    def __init__(self, app, metrics: Metrics):
+    def __init__(self, app: ASGIApp, metrics: Metrics):
         self.app = app
         self.metrics = metrics
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
+            return
         started = time.perf_counter()
         status = [500]
 
-        async def record_status(message):
+        async def record_status(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
             await send(message)

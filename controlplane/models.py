@@ -31,7 +31,7 @@ class Base(DeclarativeBase):
     type_annotation_map = {datetime: DateTime(timezone=True), str: Text}
 
 
-def _id_column(*args, **kw) -> Mapped[str]:
+def _id_column(*args: Any, **kw: Any) -> Mapped[str]:
     return mapped_column(Uuid(as_uuid=False), *args, **kw)
 
 
@@ -88,6 +88,9 @@ class Revision(Base):
     number: Mapped[int] = mapped_column(Integer)
     model_uri: Mapped[str]
     architecture: Mapped[Optional[str]]
+    # Read from config.json at deploy; NULL on revisions made before migration 0002.
+    context_length: Mapped[Optional[int]] = mapped_column(Integer)   # max_position_embeddings
+    vocab_size: Mapped[Optional[int]] = mapped_column(Integer)
     engine: Mapped[dict[str, Any]] = mapped_column(JSONB)
     gpu_memory_gb: Mapped[float] = mapped_column(Float)
     gpu_count: Mapped[int] = mapped_column(Integer)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation, localcontext
+from typing import Union
 
 MONEY_QUANTUM = Decimal("1e-15")        # NUMERIC(30, 15)
 PRICE_QUANTUM = Decimal("1e-9")         # NUMERIC(18, 9)
@@ -17,7 +18,7 @@ class Pricing:
     gpu_second: Decimal = Decimal(0)
 
 
-def parse_price(field: str, value) -> Decimal:
+def parse_price(field: str, value: object) -> Decimal:
     """A non-negative price with at most 9 decimals; ValueError naming the field."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{field}: must be a number")
@@ -44,7 +45,10 @@ def token_cost(pricing: Pricing, prompt_tokens: int, cached_tokens: int,
         return (micro / Decimal(1_000_000)).quantize(MONEY_QUANTUM)
 
 
-def gpu_cost(pricing: Pricing, gpu_seconds: float) -> Decimal:
+def gpu_cost(pricing: Pricing, gpu_seconds: Union[Decimal, float]) -> Decimal:
+    """GPU-seconds at the per-second price (the billing report prices each revision's
+    replica lifetimes with this)."""
+    seconds = gpu_seconds if isinstance(gpu_seconds, Decimal) else Decimal(repr(gpu_seconds))
     with localcontext() as ctx:
         ctx.prec = 50
-        return (Decimal(repr(gpu_seconds)) * pricing.gpu_second).quantize(MONEY_QUANTUM)
+        return (seconds * pricing.gpu_second).quantize(MONEY_QUANTUM)

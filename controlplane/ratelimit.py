@@ -44,7 +44,7 @@ class Limited:
 class RateLimiter:
     """Two buckets per key; admit() takes from both or from neither."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._buckets: dict[tuple[str, str], TokenBucket] = {}
 
     def _bucket(self, key_id: str, kind: str, limit: int, now: float) -> TokenBucket:

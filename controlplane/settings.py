@@ -5,7 +5,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 
 @dataclass(frozen=True)
@@ -32,14 +32,14 @@ class Settings:
     def outbox_path(self) -> Path:
         return self.data_dir / "usage-outbox.jsonl"
 
-    def replace(self, **changes) -> "Settings":
+    def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
         """Read THAWPOOL_* and AWS_* once; explicit overrides (CLI flags) win."""
         env = os.environ if environ is None else environ
-        values: dict = {}
+        values: dict[str, Any] = {}
         for name, var, cast in _ENV_FIELDS:
             if var in env and env[var] != "":
                 values[name] = cast(env[var])
@@ -49,7 +49,7 @@ class Settings:
         return cls(**values)
 
 
-_ENV_FIELDS = [
+_ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
     ("database_url", "THAWPOOL_DATABASE_URL", str),
     ("data_dir", "THAWPOOL_DATA_DIR", lambda v: Path(v).expanduser()),
     ("s3_endpoint", "THAWPOOL_S3_ENDPOINT", str),

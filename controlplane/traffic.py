@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Iterable
 
-from controlplane.errors import invalid
+from controlplane.store.errors import InvalidField
 
 
 def revision_number(name: str) -> int:
@@ -15,14 +15,14 @@ def parse_split(body: Any, revision_names: Iterable[str]) -> dict[str, int]:
     """{"r1": 90, "r2": 10}: known revisions, integer percents summing to 100."""
     known = set(revision_names)
     if not isinstance(body, dict) or not body:
-        raise invalid("traffic", "must be an object like {\"r1\": 90, \"r2\": 10}")
+        raise InvalidField("traffic", "must be an object like {\"r1\": 90, \"r2\": 10}")
     for name, percent in body.items():
         if name not in known:
-            raise invalid(f"traffic.{name}", "no such revision")
+            raise InvalidField(f"traffic.{name}", "no such revision")
         if isinstance(percent, bool) or not isinstance(percent, int) or not 0 <= percent <= 100:
-            raise invalid(f"traffic.{name}", "must be an integer percent 0-100")
+            raise InvalidField(f"traffic.{name}", "must be an integer percent 0-100")
     if sum(body.values()) != 100:
-        raise invalid("traffic", f"percents must sum to 100, not {sum(body.values())}")
+        raise InvalidField("traffic", f"percents must sum to 100, not {sum(body.values())}")
     return {name: percent for name, percent in sorted(body.items(), key=_order) if percent}
 
 
@@ -42,9 +42,9 @@ def rollback_target(split: dict[str, int], revision_names: Iterable[str]) -> str
     newest_live = max(revision_number(name) for name in split)
     older = [n for n in revision_names if revision_number(n) < newest_live]
     if not older:
-        raise invalid("traffic", "no earlier revision to roll back to")
+        raise InvalidField("traffic", "no earlier revision to roll back to")
     return max(older, key=revision_number)
 
 
-def _order(item) -> int:
+def _order(item: tuple[str, int]) -> int:
     return revision_number(item[0])

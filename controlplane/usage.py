@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass, fields
 from datetime import datetime
 from decimal import Decimal
-from typing import Optional
+from typing import Any, Optional
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ class UsageRecord:
     started_at: datetime
     finished_at: datetime
 
-    def row(self) -> dict:
-        """A shallow dict (dataclasses.asdict deep-copies, which dominated the write path)."""
+    def row(self) -> dict[str, Any]:
+        """A shallow dict: dataclasses.asdict deep-copies every field, too slow for the write path."""
         return {name: getattr(self, name) for name in FIELD_NAMES}
 
     def to_json(self) -> str:

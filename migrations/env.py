@@ -34,13 +34,13 @@ def _run(connection) -> None:
 
 
 async def _run_async() -> None:
-    engine = create_async_engine(_url(), poolclass=pool.NullPool)
+    db_engine = create_async_engine(_url(), poolclass=pool.NullPool)
     try:
-        async with engine.connect() as connection:
+        async with db_engine.connect() as connection:
             await connection.run_sync(_run)
             await connection.commit()
     finally:
-        await engine.dispose()
+        await db_engine.dispose()
 
 
 if context.is_offline_mode():

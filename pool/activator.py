@@ -21,7 +21,7 @@ class Waiter:
     prompt_tokens: int
     prefix_key: Optional[str]
     enqueued_mono: float
-    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    future: asyncio.Future[str] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     @property
     def open(self) -> bool:

@@ -2,7 +2,9 @@
 
 The control plane implements DesiredStateSource (reads its deployment tables)
 and ReplicaEventSink (records replica lifetimes for GPU-second billing); the
-pool implements acquire() and hands back a Lease on a ready runtime replica.
+pool implements `Pool` (pool.manager.PoolManager) and hands back a `Lease` on a
+ready runtime replica. These protocols list everything either side calls: a
+test double implements them whole, and mypy --strict checks both sides.
 """
 from __future__ import annotations
 
@@ -26,6 +28,18 @@ class RevisionSpec:
     idle_timeout_s: float = 300.0
     engine: Mapping[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs
 
+    @property
+    def shape(self) -> "ReplicaShape":
+        return ReplicaShape(self.gpu_memory_gb, self.gpu_count, self.engine)
+
+
+@dataclass(frozen=True)
+class ReplicaShape:
+    """What one replica of a revision asks of the slots: placement sizes it from this."""
+    gpu_memory_gb: float
+    gpu_count: int
+    engine: Mapping[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -36,14 +50,16 @@ class ModelInfo:
     dtype: str
     num_parameters: int
     files: tuple[str, ...]
-    # Added by pool (additive, all optional): what placement needs to size the
-    # int8 weights and the KV cache.
+    # What placement needs to size int8 weights and the KV cache, and what the
+    # control plane checks at deploy (tensor-parallel head split, edge validation).
     linear_parameters: int = 0     # parameters of *_proj.weight matrices (int8-quantizable)
     bytes_by_dtype: Mapping[str, int] = field(default_factory=dict)
     num_hidden_layers: int = 0
     num_key_value_heads: int = 0
     head_dim: int = 0
     max_position_embeddings: int = 0
+    num_attention_heads: int = 0
+    vocab_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -145,3 +161,48 @@ class DesiredStateSource(Protocol):
 
 class ReplicaEventSink(Protocol):
     async def replica_changed(self, event: ReplicaEvent) -> None: ...
+
+
+class Lease(Protocol):
+    """One request's hold on a ready replica; release() is idempotent."""
+    @property
+    def base_url(self) -> str: ...            # http://HOST:PORT of a ready runtime.server
+    @property
+    def replica_id(self) -> str: ...
+    @property
+    def revision_id(self) -> str: ...
+    @property
+    def queue_s(self) -> float: ...           # time spent waiting in the activator
+    @property
+    def cold_start(self) -> Optional[ColdStartTimings]: ...   # set when it waited for a thaw
+
+    def release(self) -> None: ...            # give the replica back (first call counts)
+
+    def mark_failed(self) -> None: ...        # the replica broke mid-request: check, replace
+
+
+class Pool(Protocol):
+    """What the control plane calls on the pool (pool.manager.PoolManager)."""
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def inspect_model(self, model_uri: str) -> ModelInfo:
+        """config.json and the safetensors headers from S3; ModelUnavailable (-> 422)."""
+        ...
+
+    def check_fits(self, info: ModelInfo, shape: ReplicaShape) -> None:
+        """NeverFits (-> 422) when no inventory could ever hold a replica of this shape."""
+        ...
+
+    async def acquire(self, spec: RevisionSpec, *, request_id: str, prefix_key: Optional[str],
+                      prompt_tokens: int, timeout_s: float) -> Lease:
+        """A lease on a ready replica; QueueFull (429), ColdStartTimeout or
+        ColdStartFailed (503, with retry_after_s)."""
+        ...
+
+    def revision_status(self, revision_id: str) -> RevisionStatus: ...
+
+    async def refresh(self) -> None:
+        """Re-read the desired state now (after a deploy, patch, traffic change or delete)."""
+        ...

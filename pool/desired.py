@@ -6,7 +6,7 @@ EventLog is a ReplicaEventSink that keeps every event in order.
 from __future__ import annotations
 
 import asyncio
-from typing import Iterable
+from typing import Callable, Iterable
 
 from pool.api import ReplicaEvent, RevisionSpec
 
@@ -45,9 +45,9 @@ class EventLog:
                 seen.setdefault(e.replica_id)
         return list(seen)
 
-    async def wait_for(self, predicate, timeout_s: float) -> bool:
+    async def wait_for(self, predicate: Callable[[list[ReplicaEvent]], bool], timeout_s: float) -> bool:
         """Wait (event-driven, bounded) until predicate(events) holds."""
-        async def until():
+        async def until() -> None:
             async with self._changed:
                 await self._changed.wait_for(lambda: predicate(self.events))
         try:

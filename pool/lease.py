@@ -1,4 +1,9 @@
-"""Lease: one request's hold on a ready replica (an async context manager)."""
+"""ReplicaLease: the pool's `pool.api.Lease`, one request's hold on a ready replica.
+
+An async context manager that releases on exit. The manager passes in what
+release and failure do (count the replica out, probe it), so the lease holds
+no reference to the pool's state.
+"""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -6,14 +11,13 @@ from typing import Callable, Optional
 from pool.api import ColdStartTimings
 
 
-class Lease:
+class ReplicaLease:
     def __init__(self, *, base_url: str, replica_id: str, revision_id: str, queue_s: float,
-                 cold_start: Optional[ColdStartTimings], on_release: Callable[["Lease"], None],
-                 on_failed: Callable[["Lease"], None]):
+                 cold_start: Optional[ColdStartTimings], on_release: Callable[[ReplicaLease], None],
+                 on_failed: Callable[[ReplicaLease], None]):
         self.base_url = base_url
         self.replica_id = replica_id
-        self.revision_id = revision_id
-        self.served_model_name = revision_id      # what the replica calls its model
+        self.revision_id = revision_id          # also the model name the replica serves
         self.queue_s = queue_s
         self.cold_start = cold_start
         self.failed = False
@@ -33,11 +37,11 @@ class Lease:
             self.failed = True
             self._on_failed(self)
 
-    async def __aenter__(self) -> "Lease":
+    async def __aenter__(self) -> ReplicaLease:
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self.release()
 
     def __repr__(self) -> str:
-        return f"Lease({self.replica_id} at {self.base_url}, queue_s={self.queue_s:.3f})"
+        return f"ReplicaLease({self.replica_id} at {self.base_url}, queue_s={self.queue_s:.3f})"

@@ -9,10 +9,10 @@ import json
 import math
 import struct
 from collections import Counter
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from pool.api import ModelInfo, ModelUnavailable
-from pool.s3 import MISSING_CODES, S3Object, error_code, list_objects, parse_uri
+from pool.s3 import MISSING_CODES, S3Client, S3Object, error_code, list_objects, parse_uri
 
 HEAD_GUESS = 64 * 1024
 SAFETENSORS_DTYPES = {
@@ -20,14 +20,19 @@ SAFETENSORS_DTYPES = {
     "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
     "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
 }
-Retry = Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
+T = TypeVar("T")
 
 
-async def _plain(call):
+class Retry(Protocol):
+    """Runs an S3 call, again if it fails transiently (WeightStore.retry)."""
+    async def __call__(self, call: Callable[[], Awaitable[T]]) -> T: ...
+
+
+async def _plain(call: Callable[[], Awaitable[T]]) -> T:
     return await call()
 
 
-async def inspect_model(client, model_uri: str, retry: Retry = _plain) -> ModelInfo:
+async def inspect_model(client: S3Client, model_uri: str, retry: Retry = _plain) -> ModelInfo:
     bucket, prefix = parse_uri(model_uri)
     objects = {o.key[len(prefix):]: o for o in await retry(lambda: list_objects(client, bucket, prefix))}
     if "config.json" not in objects:
@@ -38,7 +43,7 @@ async def inspect_model(client, model_uri: str, retry: Retry = _plain) -> ModelI
     return summarize(model_uri, config, shards, headers)
 
 
-async def weight_files(client, objects: dict[str, S3Object], retry: Retry, where: str) -> list[str]:
+async def weight_files(client: S3Client, objects: dict[str, S3Object], retry: Retry, where: str) -> list[str]:
     """The safetensors files the model loads, each checked to exist."""
     if "model.safetensors.index.json" in objects:
         index = json.loads(await read_range(client, objects["model.safetensors.index.json"], retry))
@@ -53,7 +58,8 @@ async def weight_files(client, objects: dict[str, S3Object], retry: Retry, where
     return names
 
 
-async def read_range(client, obj: S3Object, retry: Retry, start: int = 0, end: int | None = None) -> bytes:
+async def read_range(client: S3Client, obj: S3Object, retry: Retry, start: int = 0,
+                     end: int | None = None) -> bytes:
     rng = f"bytes={start}-{'' if end is None else end}"
 
     async def call() -> bytes:
@@ -64,11 +70,12 @@ async def read_range(client, obj: S3Object, retry: Retry, start: int = 0, end: i
                 raise ModelUnavailable(f"missing object {obj.uri}") from exc
             raise
         async with resp["Body"] as body:
-            return await body.read()
+            data: bytes = await body.read()
+            return data
     return await retry(call)
 
 
-async def read_header(client, obj: S3Object, retry: Retry) -> dict:
+async def read_header(client: S3Client, obj: S3Object, retry: Retry) -> dict[str, Any]:
     if obj.size < 8:
         raise ModelUnavailable(f"bad safetensors file {obj.uri}: {obj.size} bytes")
     head = await read_range(client, obj, retry, 0, min(obj.size, HEAD_GUESS) - 1)
@@ -79,13 +86,14 @@ async def read_header(client, obj: S3Object, retry: Retry) -> dict:
     if len(raw) < length:
         raw += await read_range(client, obj, retry, 8 + len(raw), 8 + length - 1)
     try:
-        return json.loads(raw)
+        header: dict[str, Any] = json.loads(raw)
+        return header
     except ValueError as exc:
         raise ModelUnavailable(f"bad safetensors header in {obj.uri}: {exc}") from exc
 
 
-def summarize(model_uri: str, config: dict, files: list[str], headers: list[dict]) -> ModelInfo:
-    by_dtype: Counter = Counter()
+def summarize(model_uri: str, config: dict[str, Any], files: list[str], headers: list[dict[str, Any]]) -> ModelInfo:
+    by_dtype: Counter[str] = Counter()
     params = linear = 0
     for header in headers:
         for name, entry in header.items():
@@ -111,4 +119,6 @@ def summarize(model_uri: str, config: dict, files: list[str], headers: list[dict
         num_key_value_heads=int(config.get("num_key_value_heads") or heads),
         head_dim=int(config.get("head_dim") or int(config.get("hidden_size", 0)) // heads),
         max_position_embeddings=int(config.get("max_position_embeddings") or 0),
+        num_attention_heads=int(config.get("num_attention_heads") or 0),
+        vocab_size=int(config.get("vocab_size") or 0),
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Collection, Mapping, Optional, Sequence, Union
+from typing import Any, Collection, Mapping, Optional, Sequence, Union
 
 from pool.api import ModelInfo
 
@@ -122,7 +122,7 @@ def kv_bytes(info: ModelInfo, dtype: Optional[str], tokens: int) -> int:
 
 
 def request_for(info: ModelInfo, gpu_memory_gb: float, gpu_count: int,
-                engine: Mapping, kv_tokens_default: int, overhead_fraction: float) -> PlacementRequest:
+                engine: Mapping[str, Any], kv_tokens_default: int, overhead_fraction: float) -> PlacementRequest:
     """Per-slot need: max(declared gpu_memory_gb, (weights + KV) * (1 + overhead) / slots)."""
     # The runtime computes in float32 unless told otherwise (runtime.config.EngineConfig),
     # whatever width the checkpoint was saved in.

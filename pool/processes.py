@@ -16,7 +16,8 @@ from typing import Mapping, Optional, Sequence
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class ManagedProcess:

@@ -23,18 +23,17 @@ class ReplicaState(str, Enum):
     FAILED = "failed"
 
 
-S = ReplicaState
 ALLOWED: dict[ReplicaState, frozenset[ReplicaState]] = {
-    S.PENDING: frozenset({S.PULLING, S.STOPPED, S.FAILED}),
-    S.PULLING: frozenset({S.LOADING, S.STOPPED, S.FAILED}),
-    S.LOADING: frozenset({S.READY, S.STOPPED, S.FAILED}),
-    S.READY: frozenset({S.DRAINING, S.FAILED}),
-    S.DRAINING: frozenset({S.STOPPED, S.FAILED}),
-    S.STOPPED: frozenset(),
-    S.FAILED: frozenset(),
+    ReplicaState.PENDING: frozenset({ReplicaState.PULLING, ReplicaState.STOPPED, ReplicaState.FAILED}),
+    ReplicaState.PULLING: frozenset({ReplicaState.LOADING, ReplicaState.STOPPED, ReplicaState.FAILED}),
+    ReplicaState.LOADING: frozenset({ReplicaState.READY, ReplicaState.STOPPED, ReplicaState.FAILED}),
+    ReplicaState.READY: frozenset({ReplicaState.DRAINING, ReplicaState.FAILED}),
+    ReplicaState.DRAINING: frozenset({ReplicaState.STOPPED, ReplicaState.FAILED}),
+    ReplicaState.STOPPED: frozenset(),
+    ReplicaState.FAILED: frozenset(),
 }
-STARTING = frozenset({S.PENDING, S.PULLING, S.LOADING})
-LIVE = STARTING | {S.READY, S.DRAINING}
+STARTING = frozenset({ReplicaState.PENDING, ReplicaState.PULLING, ReplicaState.LOADING})
+LIVE = STARTING | {ReplicaState.READY, ReplicaState.DRAINING}
 
 
 class InvalidTransition(Exception):
@@ -61,7 +60,7 @@ class Replica:
 
     def __post_init__(self) -> None:
         if not self.history:
-            self.history.append(Transition(S.PENDING, self.created_mono, self.created_at))
+            self.history.append(Transition(ReplicaState.PENDING, self.created_mono, self.created_at))
 
     @property
     def state(self) -> ReplicaState:

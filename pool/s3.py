@@ -10,11 +10,12 @@ import asyncio
 import random
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Optional, TypeVar
 
 from pool.settings import PoolSettings
 
 T = TypeVar("T")
+S3Client = Any                       # an aiobotocore S3 client (the library has no type hints)
 
 TRANSIENT_CODES = frozenset({
     "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
@@ -51,7 +52,7 @@ def parse_uri(uri: str) -> tuple[str, str]:
     return bucket, f"{prefix}/" if prefix else ""
 
 
-async def open_client(settings: PoolSettings, stack: AsyncExitStack):
+async def open_client(settings: PoolSettings, stack: AsyncExitStack) -> S3Client:
     """An aiobotocore S3 client that lives as long as `stack`."""
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
@@ -69,9 +70,7 @@ async def open_client(settings: PoolSettings, stack: AsyncExitStack):
 
 
 def error_code(exc: BaseException) -> Optional[str]:
-    response = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return None
+    response = _response(exc)
     code = response.get("Error", {}).get("Code")
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     return str(code or status or "") or None
@@ -83,11 +82,17 @@ def is_transient(exc: BaseException) -> bool:
 
     code = error_code(exc)
     if code is not None:
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        status = _response(exc).get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
         return code in TRANSIENT_CODES or status == 429 or status >= 500
     return isinstance(exc, (asyncio.TimeoutError, aiohttp.ClientError, ConnectionError,
                             bx.ConnectionError, bx.HTTPClientError, bx.ReadTimeoutError,
                             ShortRead))
+
+
+def _response(exc: BaseException) -> dict[str, Any]:
+    """The parsed error response a botocore ClientError carries ({} for other errors)."""
+    response = getattr(exc, "response", None)
+    return response if isinstance(response, dict) else {}
 
 
 class ShortRead(Exception):
@@ -95,7 +100,7 @@ class ShortRead(Exception):
 
 
 async def with_retries(call: Callable[[], Awaitable[T]], *, attempts: int, base_s: float,
-                       cap_s: float, sleep=asyncio.sleep) -> T:
+                       cap_s: float, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> T:
     for attempt in range(attempts):
         try:
             return await call()
@@ -108,11 +113,11 @@ async def with_retries(call: Callable[[], Awaitable[T]], *, attempts: int, base_
 
 def backoff_s(attempt: int, base_s: float, cap_s: float) -> float:
     """Capped exponential backoff with equal jitter: [d/2, d], d = min(cap, base * 2^n)."""
-    delay = min(cap_s, base_s * (2 ** attempt))
+    delay = min(cap_s, base_s * (2.0 ** attempt))
     return delay / 2 + random.random() * delay / 2
 
 
-async def list_objects(client, bucket: str, prefix: str) -> list[S3Object]:
+async def list_objects(client: S3Client, bucket: str, prefix: str) -> list[S3Object]:
     """Objects directly under `prefix` (no deeper folders)."""
     found: list[S3Object] = []
     paginator = client.get_paginator("list_objects_v2")

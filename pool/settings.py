@@ -10,7 +10,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 GB = 1024 ** 3
 MB = 1024 ** 2
@@ -83,13 +83,13 @@ class PoolSettings:
     def logs(self) -> Path:
         return self.log_dir or Path(self.cache_dir) / "logs"
 
-    def with_(self, **changes) -> "PoolSettings":
+    def with_(self, **changes: Any) -> "PoolSettings":
         return replace(self, **changes)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ, **overrides) -> "PoolSettings":
+    def from_env(cls, env: Mapping[str, str] = os.environ, **overrides: Any) -> "PoolSettings":
         """THAWPOOL_* variables (names are the field names upper-cased), then overrides."""
-        values = {}
+        values: dict[str, Any] = {}
         for name, f in cls.__dataclass_fields__.items():
             raw = env.get(f"THAWPOOL_{name.upper()}")
             if raw is not None:
@@ -103,7 +103,7 @@ class PoolSettings:
         return cls(**values)
 
 
-def _parse(raw: str, type_name: str):
+def _parse(raw: str, type_name: object) -> Any:
     kind = str(type_name)
     if "Optional" in kind and not raw.strip():      # an empty variable means "not set"
         return None

@@ -25,14 +25,15 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Awaitable, Callable, Iterable, Optional, TypeVar
 
 from pool.api import ColdStartFailed
-from pool.s3 import (MISMATCH_CODES, MISSING_CODES, S3Object, ShortRead, error_code,
+from pool.s3 import (MISMATCH_CODES, MISSING_CODES, S3Client, S3Object, ShortRead, error_code,
                      list_objects, parse_uri, with_retries)
 from pool.settings import PoolSettings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CHUNK = 1024 * 1024
 SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt", ".md", ".gitattributes")
@@ -130,11 +131,11 @@ class WeightCache:
             log.warning("weight cache over budget: %d in use by live replicas", self.used_bytes)
         return evicted
 
-    def pin(self, keys) -> None:
+    def pin(self, keys: Iterable[str]) -> None:
         for key in keys:
             self._pins[key] = self._pins.get(key, 0) + 1
 
-    def unpin(self, keys) -> None:
+    def unpin(self, keys: Iterable[str]) -> None:
         for key in keys:
             left = self._pins.get(key, 0) - 1
             if left > 0:
@@ -149,14 +150,14 @@ class WeightCache:
 class WeightStore:
     """Fetches model folders from S3 through the cache; dedupes concurrent fetches."""
 
-    def __init__(self, client, cache: WeightCache, settings: PoolSettings):
+    def __init__(self, client: S3Client, cache: WeightCache, settings: PoolSettings):
         self.client = client
         self.cache = cache
         self.settings = settings
         self._parts = asyncio.Semaphore(settings.download_concurrency)
-        self._inflight: dict[str, asyncio.Future] = {}
+        self._inflight: dict[str, Shared] = {}
 
-    async def retry(self, call):
+    async def retry(self, call: Callable[[], Awaitable[T]]) -> T:
         s = self.settings
         return await with_retries(call, attempts=s.s3_attempts, base_s=s.s3_backoff_base_s,
                                   cap_s=s.s3_backoff_cap_s)
@@ -212,7 +213,7 @@ class WeightStore:
         if key not in self._inflight:
             task = asyncio.ensure_future(self._download_into_cache(obj))
             self._inflight[key] = Shared(task)
-            task.add_done_callback(lambda _f, k=key: self._inflight.pop(k, None))
+            task.add_done_callback(lambda _done: self._inflight.pop(key, None))
         shared = self._inflight[key]
         shared.waiters += 1
         try:
@@ -283,11 +284,11 @@ class WeightStore:
 
 @dataclass
 class Shared:
-    task: asyncio.Future
+    task: asyncio.Task[Path]
     waiters: int = 0
 
 
-async def settle_all(coros) -> list:
+async def settle_all(coros: Iterable[Awaitable[T]]) -> list[T]:
     """gather() that, on the first failure, cancels the rest and waits for them to end."""
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
@@ -339,7 +340,7 @@ class OrderedHasher:
         return md5.hexdigest()
 
 
-def _hash_range(fd: int, start: int, end: int, md5) -> None:
+def _hash_range(fd: int, start: int, end: int, md5: "hashlib._Hash") -> None:
     step = 4 * 1024 * 1024
     for offset in range(start, end + 1, step):
         md5.update(os.pread(fd, min(step, end + 1 - offset), offset))

@@ -1,10 +1,12 @@
 """thawpool runtime: one model replica. `import runtime` does not import torch."""
-from runtime.sampling_params import SamplingParams
+from typing import Any
+
+from wire.sampling import SamplingParams
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "LLM":
         from runtime.llm import LLM
         return LLM

@@ -1,20 +1,27 @@
-"""Drives a synchronous LLMEngine from one background thread for an asyncio server.
+"""The one hand-off between the asyncio loop and a synchronous LLMEngine.
 
-The engine is not thread-safe, so only the engine thread ever calls it. The
-event loop hands over adds and aborts through a list guarded by a condition;
-the thread applies them between steps, steps while work remains, and sleeps
-on the condition when idle (no busy spin). Outputs of a step go back to the
-loop in one `call_soon_threadsafe`, where each lands in its request's queue.
+LLMEngine is not thread-safe; only the engine thread started here calls it.
+The loop queues adds and aborts in a list guarded by a condition; the thread
+applies them between steps, steps while work remains, and sleeps on the
+condition when idle (no busy spin). Outputs of a step go back to the loop in
+one `call_soon_threadsafe`, where each lands in its request's queue.
+
+Request ids live in two places, each with one owner:
+- `AsyncEngine._requests`, on the loop: every id the engine may still hold,
+  from `add` until the engine reports it finished, with the queue of whoever
+  reads its outputs (None once the reader left and the abort is on its way).
+  A repeated id gets a suffix while the first one is in here.
+- the LLMEngine's scheduler, on the engine thread: the requests it runs.
 """
 from __future__ import annotations
 
 import asyncio
 import threading
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Optional, Protocol, Union
+from typing import Any, AsyncIterator, Optional, Protocol, Union
 
 from runtime.outputs import EngineStats, RequestOutput
-from runtime.sampling_params import SamplingParams
+from wire.sampling import SamplingParams
 
 
 class Engine(Protocol):
@@ -24,6 +31,7 @@ class Engine(Protocol):
     def abort_request(self, request_id: str) -> None: ...
     def step(self) -> list[RequestOutput]: ...
     def has_unfinished_requests(self) -> bool: ...
+    def unfinished_request_ids(self) -> list[str]: ...
     def stats(self) -> EngineStats: ...
 
 
@@ -31,12 +39,15 @@ class EngineDead(RuntimeError):
     """The engine thread failed a step; requests that were in flight get this."""
 
 
+Delivery = Union[RequestOutput, BaseException]   # what a request's queue carries
+
+
 @dataclass
 class _Add:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    done: asyncio.Future   # resolved on the loop: None, or the engine's ValueError
+    done: "asyncio.Future[None]"   # resolved on the loop: None, or the engine's ValueError
 
 
 @dataclass
@@ -51,14 +62,14 @@ _Op = Union[_Add, _Abort]
 class RequestStream:
     """The per-step deltas of one request. Leaving the `async with` early aborts it."""
     request_id: str
-    _queue: asyncio.Queue
+    _queue: "asyncio.Queue[Delivery]"
     _owner: "AsyncEngine"
     finished: bool = False
 
     async def __aenter__(self) -> "RequestStream":
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         self.close()
 
     def close(self) -> None:
@@ -99,16 +110,14 @@ class _Handoff:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, llm_engine: Engine):
+        self.llm_engine = llm_engine
+        self.error: Optional[BaseException] = None   # set by the engine thread on a failed step
         self._handoff = _Handoff()
-        self._streams: dict[str, asyncio.Queue] = {}   # touched on the loop only
-        self._reserved: set[str] = set()               # ids the engine may still hold (loop only)
-        self._live: set[str] = set()                   # touched on the engine thread only
-        self._stats: EngineStats = engine.stats()
+        self._requests: dict[str, Optional[asyncio.Queue[Delivery]]] = {}   # the loop's only
+        self._stats: EngineStats = llm_engine.stats()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
-        self.error: Optional[BaseException] = None
 
     # ---------------------------------------------------------- loop side
 
@@ -131,42 +140,41 @@ class AsyncEngine:
 
     @property
     def num_in_flight(self) -> int:
-        return len(self._streams)
+        """Requests someone is still reading."""
+        return sum(queue is not None for queue in self._requests.values())
 
     async def add(self, request_id: str, prompt_token_ids: list[int],
                   params: SamplingParams) -> RequestStream:
         """Queue a request; raises the engine's ValueError (too long, bad ids) if it refuses."""
         request_id = self._unique_id(request_id)
-        queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = queue
-        self._reserved.add(request_id)
-        done = self._loop.create_future()
+        queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._requests[request_id] = queue
+        done: asyncio.Future[None] = self._running_loop().create_future()
         self._submit(_Add(request_id, prompt_token_ids, params, done))
         try:
             await asyncio.shield(done)
         except ValueError:
-            self._streams.pop(request_id, None)
-            self._reserved.discard(request_id)   # refused: the engine never held it
-            raise
+            raise   # `_added` already forgot it
         except BaseException:
             self.abort(request_id)   # the client left while we waited
             raise
         return RequestStream(request_id, queue, self)
 
     def abort(self, request_id: str) -> None:
-        """Forget the request here; the engine frees its blocks at its next step."""
-        if self._streams.pop(request_id, None) is not None:
+        """Stop reading the request; the engine ends it and frees its blocks at its next step."""
+        if self._requests.get(request_id) is not None:
+            self._requests[request_id] = None
             self._submit(_Abort(request_id))
 
     def abort_keeping_stream(self, request_id: str) -> None:
-        if request_id in self._streams:
+        if self._requests.get(request_id) is not None:
             self._submit(_Abort(request_id))
 
     def _unique_id(self, wanted: str) -> str:
         """Ids must be distinct in the engine, even from aborted ones not yet freed;
         a repeat gets a suffix."""
         candidate, n = wanted, 1
-        while candidate in self._reserved:
+        while candidate in self._requests:
             candidate, n = f"{wanted}-{n}", n + 1
         return candidate
 
@@ -175,21 +183,32 @@ class AsyncEngine:
             self._handoff.ops.append(op)
             self._handoff.cond.notify()
 
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("AsyncEngine.start() was not called")
+        return self._loop
+
+    def _added(self, op: _Add, error: Optional[ValueError]) -> None:
+        if error is not None:
+            self._requests.pop(op.request_id, None)   # refused: the engine never held it
+        if op.done.done():
+            return
+        if error is None:
+            op.done.set_result(None)
+        else:
+            op.done.set_exception(error)
+
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
+            queue = self._requests.get(output.request_id)
             if output.finished:
-                self._reserved.discard(output.request_id)
-            queue = self._streams.get(output.request_id)
-            if queue is None:
-                continue   # aborted on our side; its last delta has nobody to go to
-            queue.put_nowait(output)
-            if output.finished:
-                del self._streams[output.request_id]
+                self._requests.pop(output.request_id, None)
+            if queue is not None:   # None: aborted on our side, nobody reads it
+                queue.put_nowait(output)
 
     def _fail(self, request_ids: list[str], error: BaseException) -> None:
         for request_id in request_ids:
-            self._reserved.discard(request_id)
-            queue = self._streams.pop(request_id, None)
+            queue = self._requests.pop(request_id, None)
             if queue is not None:
                 queue.put_nowait(error)
 
@@ -197,66 +216,47 @@ class AsyncEngine:
 
     def _run(self) -> None:
         while (ops := self._wait_for_work()) is not None:
-            aborted = self._apply(ops)
-            # An abort frees blocks at the next step, so step even if nothing else runs.
-            if aborted or self.engine.has_unfinished_requests():
+            for op in ops:
+                self._apply(op)
+            if self.llm_engine.has_unfinished_requests():   # an abort counts: it needs a step
                 self._step()
-            self._stats = self.engine.stats()
+            self._stats = self.llm_engine.stats()
 
     def _wait_for_work(self) -> Optional[list[_Op]]:
         handoff = self._handoff
         with handoff.cond:
-            while not (handoff.ops or handoff.stopping or self.engine.has_unfinished_requests()):
+            while not (handoff.ops or handoff.stopping
+                       or self.llm_engine.has_unfinished_requests()):
                 handoff.cond.wait()
             if handoff.stopping:
                 return None
             ops, handoff.ops = handoff.ops, []
             return ops
 
-    def _apply(self, ops: list[_Op]) -> bool:
-        aborted = False
-        for op in ops:
-            if isinstance(op, _Add):
-                self._apply_add(op)
-            elif op.request_id in self._live:
-                self._live.discard(op.request_id)
-                self.engine.abort_request(op.request_id)
-                aborted = True
-        return aborted
-
-    def _apply_add(self, op: _Add) -> None:
-        try:
-            self.engine.add_request(op.request_id, op.prompt_token_ids, op.params)
-        except ValueError as exc:
-            self._loop.call_soon_threadsafe(_resolve, op.done, exc)
+    def _apply(self, op: _Op) -> None:
+        if isinstance(op, _Abort):
+            self.llm_engine.abort_request(op.request_id)   # ignored if it finished meanwhile
             return
-        self._live.add(op.request_id)
-        self._loop.call_soon_threadsafe(_resolve, op.done, None)
+        error: Optional[ValueError] = None
+        try:
+            self.llm_engine.add_request(op.request_id, op.prompt_token_ids, op.params)
+        except ValueError as exc:
+            error = exc
+        self._running_loop().call_soon_threadsafe(self._added, op, error)
 
     def _step(self) -> None:
         try:
-            outputs = self.engine.step()
+            outputs = self.llm_engine.step()
         except Exception as exc:   # noqa: BLE001 - every in-flight request must hear of it
             self._fail_everything(exc)
             return
-        self._live.difference_update(o.request_id for o in outputs if o.finished)
         if outputs:
-            self._loop.call_soon_threadsafe(self._deliver, outputs)
+            self._running_loop().call_soon_threadsafe(self._deliver, outputs)
 
     def _fail_everything(self, exc: Exception) -> None:
         self.error = exc
-        failed = sorted(self._live)
+        failed = self.llm_engine.unfinished_request_ids()
         for request_id in failed:
-            self.engine.abort_request(request_id)
-        self._live.clear()
+            self.llm_engine.abort_request(request_id)
         error = EngineDead(f"engine step failed: {exc!r}")
-        self._loop.call_soon_threadsafe(self._fail, failed, error)
-
-
-def _resolve(future: asyncio.Future, error: Optional[BaseException]) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
+        self._running_loop().call_soon_threadsafe(self._fail, failed, error)

@@ -37,13 +37,6 @@ def block_hashes(token_ids: Sequence[int], block_size: int, salt: Optional[str] 
     return hashes
 
 
-def prefix_key(token_ids: Sequence[int], block_size: int = 16, num_blocks: int = 4,
-               salt: Optional[str] = None) -> Optional[str]:
-    """A cheap routing key: hex hash of the prompt's first full blocks (None if none)."""
-    hashes = block_hashes(token_ids, block_size, salt, max_blocks=num_blocks)
-    return hashes[-1].hex() if hashes else None
-
-
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         self.num_blocks = num_blocks
@@ -99,7 +92,7 @@ class BlockManager:
         for block in cached:
             self._take(block)
         self._tables[request_id] = list(cached)
-        self._hashes[request_id] = [self._block_hash[b] for b in cached]
+        self._hashes[request_id] = [self._hash_of(b) for b in cached]
         self.append_slot(request_id, num_tokens)
 
     # ---- running requests
@@ -147,12 +140,18 @@ class BlockManager:
             self._evictable.pop(block)
         self._ref[block] += 1
 
+    def _hash_of(self, block: int) -> bytes:
+        """The hash of a block in the prefix cache (only cached blocks have one)."""
+        block_hash = self._block_hash[block]
+        assert block_hash is not None, f"block {block} is not in the prefix cache"
+        return block_hash
+
     def _fresh_block(self) -> int:
         if self._free:
             block = self._free.popleft()
         else:
             block, _ = self._evictable.popitem(last=False)
-            del self._cached[self._block_hash[block]]
+            del self._cached[self._hash_of(block)]
             self._block_hash[block] = None
         self._ref[block] = 1
         return block

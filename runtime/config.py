@@ -23,7 +23,7 @@ class ModelConfig:
     max_position_embeddings: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: Optional[dict] = None      # None or {"rope_type": "llama3"|"linear", ...}
+    rope_scaling: Optional[dict[str, Any]] = None      # None or {"rope_type": "llama3"|"linear", ...}
     attention_bias: bool = False             # Qwen2: bias on q/k/v
     tie_word_embeddings: bool = False
     bos_token_id: Optional[int] = None
@@ -71,13 +71,13 @@ def _architecture(data: dict[str, Any]) -> str:
     archs = data.get("architectures") or []
     for arch in archs:
         if arch in SUPPORTED_ARCHITECTURES:
-            return arch
+            return str(arch)
     named = ", ".join(archs) if archs else "none given"
     raise ValueError(
         f"architecture: {named} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
 
 
-def _rope(data: dict[str, Any]) -> tuple[float, Optional[dict]]:
+def _rope(data: dict[str, Any]) -> tuple[float, Optional[dict[str, Any]]]:
     """transformers 5 writes rope_parameters; older folders use rope_theta + rope_scaling."""
     params = dict(data.get("rope_parameters") or {})
     scaling = dict(data.get("rope_scaling") or {}) or params
@@ -116,7 +116,7 @@ class EngineConfig:
     kv_cache_max_bytes_cpu: int = 4 << 30        # sane cap on the CPU
     enable_prefix_caching: bool = True
     cache_salt: Optional[str] = None             # e.g. a revision id; changes every block hash
-    speculative: Optional[dict] = None
+    speculative: Optional[dict[str, Any]] = None
     quantization: Optional[str] = None
     tensor_parallel_size: int = 1
     block_size: int = 16

@@ -9,11 +9,15 @@ set. flush() releases what is still held back once the request has ended.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Protocol, Sequence
+
+
+class Decoder(Protocol):
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, stop: Optional[Sequence[str]] = None,
+    def __init__(self, tokenizer: Decoder, stop: Optional[Sequence[str]] = None,
                  skip_special_tokens: bool = True):
         self._tok = tokenizer
         self._stop = [s for s in (stop or []) if s]

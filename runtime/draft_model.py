@@ -16,7 +16,7 @@ import torch
 
 from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig, ModelConfig
-from runtime.loader import LoadTimings
+from runtime.load_timings import LoadTimings
 from runtime.model_runner import ModelRunner, prefills_first
 from runtime.proposers import Proposal, ProposalRequest
 from runtime.rejection_sampler import target_probs
@@ -50,7 +50,7 @@ class DraftModelProposer:
         chunks = [self._catch_up(a) for a in asks]
         drafts: dict[str, list[int]] = {a.request_id: [] for a in asks}
         probs: dict[str, list[torch.Tensor]] = {a.request_id: [] for a in asks}
-        for step in range(max(a.k for a in asks)):
+        for _ in range(max(a.k for a in asks)):
             chunks = prefills_first(chunks)
             logits = self.runner.compute_logits(chunks)
             by_id = {a.request_id: a for a in asks}

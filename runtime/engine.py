@@ -8,20 +8,22 @@ scheduler.postprocess(batch, result). Options other helpers add later
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig, ModelConfig
-from runtime.loader import LoadTimings
+from runtime.load_timings import LoadTimings
 from runtime.outputs import EngineStats, RequestOutput
 from runtime.request import Request
-from runtime.sampling_params import SamplingParams, validate_prompt_ids
 from runtime.scheduler import Scheduler, SchedulerConfig
 from runtime.speculative import SpeculativeConfig, Speculator, make_speculator
 from runtime.tensor_parallel import check_divisible
 from runtime.tokenizer import Tokenizer
+from wire.sampling import SamplingParams, validate_prompt_ids
+
+if TYPE_CHECKING:
+    from runtime.model_runner import ModelRunner
 
 
 def check_features(config: EngineConfig) -> None:
@@ -49,10 +51,11 @@ class LLMEngine:
         check_divisible(self.model_config, self.config.tensor_parallel_size)
         self.tokenizer = Tokenizer(model, self.model_config.eos_token_ids)
         since = timings.record("config_tokenizer", since)
-        from runtime.model_runner import ModelRunner   # torch is imported here, not before
+        # torch is imported here, not before
+        from runtime.model_runner import ModelRunner
         timings.record("import_torch", since)
         self.runner = self._runner(ModelRunner, timings, on_worker_failure)
-        self.load_timings = timings.stages
+        self.load_timings: dict[str, float] = timings.stages   # seconds per load stage
         # bytes on each rank's device, after any quantization; rank 0 first
         self.rank_weight_memory = self.runner.weight_memory()
         self.weight_memory = self.rank_weight_memory[0]
@@ -70,42 +73,39 @@ class LLMEngine:
             self.speculator = make_speculator(self.config.speculative, self.config,
                                               self.max_model_len, self.runner.num_blocks)
         self._eos = tuple(dict.fromkeys(self.model_config.eos_token_ids + self.tokenizer.eos_token_ids))
-        # add/abort may come from another thread (the server); step() applies them
-        self._lock = threading.Lock()
-        self._adds: list[Request] = []
-        self._aborts: list[str] = []
-        self._known: set[str] = set()       # ids added and not yet finished
+        self._aborts: list[str] = []   # applied at the start of the next step
         self.step_s = 0.0          # wall time inside step()
+
+    # Not thread-safe: only the thread that calls step() calls these (LLM.generate's, or
+    # AsyncEngine's engine thread). The requests it holds are the scheduler's `requests`.
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     cache_salt: Optional[str] = None) -> None:
-        """Thread-safe. ValueError (naming the field) for bad parameters, bad ids, a duplicate
-        id or a prompt that could never run; the request joins the batch at the next step."""
-        params.validate(self.model_config.vocab_size)
+        """The one check of a request against the model; ValueError naming the field for
+        token ids outside the vocabulary, bad parameters, a duplicate id or a prompt that
+        could never run. The request joins the batch at the next step."""
         validate_prompt_ids(prompt_token_ids, self.model_config.vocab_size)
-        self.scheduler.check_fits(len(prompt_token_ids))
+        params.validate(self.model_config.vocab_size)
         salt = cache_salt if cache_salt is not None else self.config.cache_salt
-        request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids),
-                          params=params, arrival_time=time.monotonic(),
-                          eos_token_ids=self._eos, cache_salt=salt)
-        with self._lock:
-            if request_id in self._known:
-                raise ValueError(f"request_id: {request_id!r} is already in the engine")
-            self._known.add(request_id)
-            self._adds.append(request)
+        self.scheduler.add(Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids),
+                                   params=params, arrival_time=time.monotonic(),
+                                   eos_token_ids=self._eos, cache_salt=salt))
 
     def abort_request(self, request_id: str) -> None:
-        """Thread-safe; the request's blocks are freed at the start of the next step."""
-        with self._lock:
+        """The request's blocks are freed, and its last output (finish_reason "abort") made,
+        at the start of the next step; an id the engine does not hold is ignored."""
+        if request_id in self.scheduler.requests:
             self._aborts.append(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        with self._lock:
-            return bool(self._known)
+        return self.scheduler.has_unfinished()
+
+    def unfinished_request_ids(self) -> list[str]:
+        return list(self.scheduler.requests)
 
     def step(self) -> list[RequestOutput]:
         started = time.perf_counter()
-        outputs = self._apply_pending()
+        outputs = self._apply_aborts()
         batch = self.scheduler.schedule(time.monotonic())
         if batch.chunks or batch.finished:
             if self.speculator is not None:
@@ -116,12 +116,11 @@ class LLMEngine:
             outputs += self.scheduler.postprocess(batch, result, time.monotonic())
         elif self.scheduler.has_unfinished() and not outputs:
             raise RuntimeError("scheduler made no progress with requests pending")
-        with self._lock:
-            self._known.difference_update(o.request_id for o in outputs if o.finished)
         self.step_s += time.perf_counter() - started
         return outputs
 
-    def _runner(self, runner_class, timings: LoadTimings, on_worker_failure):
+    def _runner(self, runner_class: type[ModelRunner], timings: LoadTimings,
+                on_worker_failure: Optional[Callable[[str], None]]) -> ModelRunner:
         """Rank 0's ModelRunner; with tensor parallelism its workers start first, so that
         they load their shards while this process loads its own."""
         if self.config.tensor_parallel_size == 1:
@@ -152,12 +151,8 @@ class LLMEngine:
             return 0
         return SpeculativeConfig.parse(self.config.speculative).k
 
-    def _apply_pending(self) -> list[RequestOutput]:
-        with self._lock:
-            adds, self._adds = self._adds, []
-            aborts, self._aborts = self._aborts, []
-        for request in adds:
-            self.scheduler.add(request)
+    def _apply_aborts(self) -> list[RequestOutput]:
+        aborts, self._aborts = self._aborts, []
         outputs = []
         for request_id in aborts:
             request = self.scheduler.abort(request_id, time.monotonic())
@@ -172,7 +167,7 @@ class LLMEngine:
         s = self.scheduler.stats
         return EngineStats(
             num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting) + len(self._adds),
+            num_waiting=len(self.scheduler.waiting),
             kv_blocks_total=self.block_manager.num_blocks,
             kv_blocks_used=self.block_manager.num_used_blocks,
             prefix_cache_queries=s.prefix_cache_queries,

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union, cast
 
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.engine import LLMEngine
 from runtime.outputs import CompletionOutput, RequestOutput
-from runtime.sampling_params import SamplingParams
+from runtime.tokenizer import Tokenizer
+from wire.sampling import SamplingParams
 
 Prompt = Union[str, list[int]]
 
@@ -15,7 +16,7 @@ Prompt = Union[str, list[int]]
 class LLM:
     def __init__(self, model: str, device: str = "cpu", dtype: str = "float32",
                  kv_cache_tokens: Optional[int] = None, enable_prefix_caching: bool = True,
-                 speculative: Optional[dict] = None, quantization: Optional[str] = None,
+                 speculative: Optional[dict[str, Any]] = None, quantization: Optional[str] = None,
                  tensor_parallel_size: int = 1, **engine_kwargs: Any):
         self.engine = LLMEngine(model, device=device, dtype=dtype, kv_cache_tokens=kv_cache_tokens,
                                 enable_prefix_caching=enable_prefix_caching, speculative=speculative,
@@ -74,7 +75,7 @@ class _Job:
     def __init__(self, out: CompletionOutput, detok: Optional[IncrementalDetokenizer]):
         self.out, self.detok = out, detok
 
-    def finish(self, tokenizer) -> CompletionOutput:
+    def finish(self, tokenizer: Tokenizer) -> CompletionOutput:
         if self.detok is not None:
             self.detok.flush()
             self.out.text = self.detok.text
@@ -83,21 +84,22 @@ class _Job:
         return self.out
 
 
-def _as_list(prompts) -> list[Prompt]:
+def _as_list(prompts: Union[Prompt, Sequence[Prompt]]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
-    prompts = list(prompts)
-    if prompts and isinstance(prompts[0], int):
-        return [prompts]
-    return prompts
+    items = list(prompts)
+    if items and isinstance(items[0], int):
+        return [cast(list[int], items)]   # one prompt of token ids
+    return cast(list[Prompt], items)
 
 
-def _params_for(prompts: list[Prompt], params) -> list[SamplingParams]:
+def _params_for(prompts: list[Prompt], params: Union[SamplingParams, Sequence[SamplingParams], None]
+                ) -> list[SamplingParams]:
     if params is None:
         params = SamplingParams()
     if isinstance(params, SamplingParams):
         return [params] * len(prompts)
-    params = list(params)
-    if len(params) != len(prompts):
-        raise ValueError(f"params: {len(params)} given for {len(prompts)} prompts")
-    return params
+    given = list(params)
+    if len(given) != len(prompts):
+        raise ValueError(f"params: {len(given)} given for {len(prompts)} prompts")
+    return given

@@ -6,8 +6,6 @@ straight to the target dtype and device. Timings are reported per stage.
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -17,16 +15,6 @@ from safetensors import safe_open
 from runtime.tensor_parallel import Shard
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class LoadTimings:
-    stages: dict[str, float] = field(default_factory=dict)
-
-    def record(self, stage: str, since: float) -> float:
-        now = time.perf_counter()
-        self.stages[stage] = round(self.stages.get(stage, 0.0) + now - since, 6)
-        return now
 
 
 def weight_files(model_dir: str | Path) -> list[Path]:

@@ -14,10 +14,15 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from runtime.async_engine import AsyncEngine
+from runtime.metrics import ServerMetrics
+from runtime.openai_serving import OpenAIServing
 from runtime.outputs import EngineStats
+
+if TYPE_CHECKING:   # importing the engine imports torch: that happens in the load thread
+    from runtime.engine import LLMEngine
 
 log = logging.getLogger("thawpool.runtime")
 EXIT_WORKER_DIED = 3      # exit status of a replica whose tensor-parallel worker died
@@ -34,18 +39,16 @@ class Status(str, enum.Enum):
 class LoadRequest:
     model: str
     served_model_name: str
-    engine: dict[str, Any] = field(default_factory=dict)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs
 
 
 @dataclass
 class LoadedModel:
-    """What the request handlers need once weights are in memory."""
+    """The model once its weights are in memory, and what serves it."""
     served_model_name: str
-    engine: AsyncEngine
-    tokenizer: Any               # runtime.tokenizer.Tokenizer
-    vocab_size: int
-    max_model_len: int
-    worker_pids: list[int] = field(default_factory=list)   # tensor-parallel ranks 1..N-1
+    llm_engine: "LLMEngine"
+    async_engine: AsyncEngine     # the one thread that drives llm_engine
+    serving: OpenAIServing
 
 
 def warm_imports() -> float:
@@ -61,15 +64,19 @@ def engine_kwarg_names() -> set[str]:
     return {f.name for f in fields(EngineConfig)} - {"model", "extra"}
 
 
-def _build_engine(request: LoadRequest) -> tuple[Any, dict[str, float]]:
+def _build_llm_engine(request: LoadRequest) -> tuple["LLMEngine", dict[str, float]]:
     """Runs in a worker thread: construct the engine, timing each stage."""
     timings = {"import_s": round(warm_imports(), 6)}
     from runtime.engine import LLMEngine
     start = time.perf_counter()
-    engine = LLMEngine(request.model, on_worker_failure=_end_replica, **request.engine)
+    llm_engine = LLMEngine(request.model, on_worker_failure=_end_replica, **request.engine_kwargs)
     timings["engine_init_s"] = round(time.perf_counter() - start, 6)
-    timings.update(_engine_stage_timings(engine))
-    return engine, timings
+    timings.update({_seconds_key(stage): s for stage, s in llm_engine.load_timings.items()})
+    return llm_engine, timings
+
+
+def _seconds_key(stage: str) -> str:
+    return stage if stage.endswith("_s") else f"{stage}_s"
 
 
 def _end_replica(reason: str) -> None:
@@ -80,32 +87,26 @@ def _end_replica(reason: str) -> None:
     os._exit(EXIT_WORKER_DIED)
 
 
-def _engine_stage_timings(engine: Any) -> dict[str, float]:
-    """The engine's own per-stage load times, whatever shape it reports them in."""
-    timings = getattr(engine, "load_timings", None)
-    stages = getattr(timings, "stages", timings)
-    if not isinstance(stages, dict):
-        return {}
-    return {f"{k}_s" if not k.endswith("_s") else k: float(v) for k, v in stages.items()}
-
-
-def _max_model_len(engine: Any) -> int:
-    """The engine caps the context by its KV cache as well as by the model."""
-    limit = getattr(engine, "max_model_len", None)
-    return int(limit or engine.model_config.max_position_embeddings)
-
-
 class ModelHost:
+    """The replica's one model through its lifecycle, and the metrics of everything it served
+    (a replica that loads no model still answers /metrics)."""
+
     def __init__(self) -> None:
         self.status = Status.STANDBY
         self.error: Optional[str] = None
         self.load_timings: dict[str, float] = {}
         self.pending: Optional[LoadRequest] = None
         self.model: Optional[LoadedModel] = None
-        self._task: Optional[asyncio.Task] = None
+        self.metrics = ServerMetrics(self.stats)
+        self._task: Optional[asyncio.Task[None]] = None
+
+    @property
+    def serving(self) -> Optional[OpenAIServing]:
+        """What answers completions; None until the model is ready."""
+        return self.model.serving if self.model is not None else None
 
     def stats(self) -> Optional[EngineStats]:
-        return self.model.engine.stats if self.model else None
+        return self.model.async_engine.stats if self.model else None
 
     def start_loading(self, request: LoadRequest) -> None:
         """Begin loading in the background; callers check `can_load` first."""
@@ -119,18 +120,16 @@ class ModelHost:
     async def _load(self, request: LoadRequest) -> None:
         start = time.perf_counter()
         try:
-            engine, timings = await asyncio.to_thread(_build_engine, request)
+            llm_engine, timings = await asyncio.to_thread(_build_llm_engine, request)
         except Exception as exc:   # noqa: BLE001 - any failure is reported on /health
             self.status, self.error = Status.FAILED, f"{type(exc).__name__}: {exc}"
             self.load_timings = {"total_s": round(time.perf_counter() - start, 6)}
             return
-        async_engine = AsyncEngine(engine)
+        async_engine = AsyncEngine(llm_engine)
         async_engine.start()
-        self.model = LoadedModel(
-            served_model_name=request.served_model_name, engine=async_engine,
-            tokenizer=engine.tokenizer, vocab_size=engine.model_config.vocab_size,
-            max_model_len=_max_model_len(engine), worker_pids=list(getattr(engine, "worker_pids", [])),
-        )
+        serving = OpenAIServing(request.served_model_name, async_engine, llm_engine.tokenizer,
+                                llm_engine.max_model_len, self.metrics)
+        self.model = LoadedModel(request.served_model_name, llm_engine, async_engine, serving)
         self.load_timings = {**timings, "total_s": round(time.perf_counter() - start, 6)}
         self.status = Status.READY
 
@@ -141,10 +140,10 @@ class ModelHost:
             body["model"] = self.pending.served_model_name
         if self.load_timings:
             body["load_timings"] = self.load_timings
-        if self.model is not None and self.model.worker_pids:
-            body["tensor_parallel"] = {"size": 1 + len(self.model.worker_pids),
-                                       "worker_pids": self.model.worker_pids}
-        engine_error = self.model.engine.error if self.model else None
+        worker_pids = self.model.llm_engine.worker_pids if self.model else []
+        if worker_pids:
+            body["tensor_parallel"] = {"size": 1 + len(worker_pids), "worker_pids": worker_pids}
+        engine_error = self.model.async_engine.error if self.model else None
         if self.status is Status.READY and engine_error is not None:
             body["status"], body["error"] = Status.FAILED.value, f"engine: {engine_error!r}"
             return 500, body
@@ -158,5 +157,5 @@ class ModelHost:
             # The load thread cannot be interrupted; let it finish so the process exits cleanly.
             await asyncio.gather(self._task, return_exceptions=True)
         if self.model is not None:
-            await self.model.engine.stop()
-            self.model.engine.engine.close()      # tensor-parallel workers, if any
+            await self.model.async_engine.stop()
+            self.model.llm_engine.close()      # tensor-parallel workers, if any

@@ -14,7 +14,8 @@ from typing import Any, Callable, Optional, TypeVar
 import torch
 
 from runtime.config import EngineConfig, ModelConfig
-from runtime.loader import DTYPES, LoadTimings
+from runtime.load_timings import LoadTimings
+from runtime.loader import DTYPES
 from runtime.models.llama import DecodeMeta, ForwardBatch, LlamaModel, PrefillMeta
 from runtime.rejection_sampler import speculative_verify
 from runtime.sampler import Sampler
@@ -30,9 +31,9 @@ class ModelRunner:
     ranks, which every model call is mirrored to (runtime/worker_group.py)."""
 
     def __init__(self, model_config: ModelConfig, config: EngineConfig, timings: LoadTimings,
-                 tp: TensorParallel = TensorParallel(), workers: Optional[WorkerGroup] = None):
+                 tp: Optional[TensorParallel] = None, workers: Optional[WorkerGroup] = None):
         self.config = config
-        self.tp = tp
+        self.tp = tp = tp or TensorParallel()      # a single rank unless given
         self.workers = workers
         self.device = tp.device(config.device)
         self.block_size = config.block_size

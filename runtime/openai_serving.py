@@ -1,35 +1,184 @@
-"""Turns parsed OpenAI requests into engine requests and engine deltas into OpenAI bodies.
+"""The whole path of one completion or chat request through a replica, route to engine and back.
 
-`Generation` is the one place that knows about text: it feeds token deltas
-to the incremental detokenizer, ends the request on a stop string (aborting
-it in the engine), and counts usage. `full_body` gathers its `TextDelta`s
-into one JSON body, `sse_events` turns them into SSE chunks; completions and
-chat differ only in the shape of a choice.
+`OpenAIServing.create(request, request_id, receive)` takes a request that
+wire's parser has already validated (fields, without the model) and answers it:
+
+1. `_check_model`: the name the client asked for is the one served (404 otherwise);
+2. `_prompt_token_ids`: tokenize the prompt, or render and tokenize the chat;
+   `GenerationRequest.max_tokens_within` is the one max_tokens rule;
+3. `_start`: hand it to the engine thread (`AsyncEngine.add`), where
+   `LLMEngine.add_request` checks what needs the model: token ids against the
+   vocabulary, the prompt against the context and the KV cache (a 400);
+4. `Generation`: the engine's token deltas as text (incremental detokenizer,
+   stop strings, usage, metrics); `close()` aborts the request if unfinished;
+5. `_full_response`: one JSON body, raced against the client leaving (499), or
+   `_events`: SSE chunks, then usage, then [DONE], streamed by wire's
+   `EventStreamResponse`, which closes the generation when the client leaves.
+
+A refusal before the engine holds the request is a `ProtocolError` for the
+route to answer; from then on every outcome is a response made here.
+Completions and chat differ only in the shape of a choice.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncGenerator, AsyncIterator, Optional, Sequence, Union
 
-from runtime.async_engine import EngineDead, RequestStream
+from starlette.responses import JSONResponse, Response
+
+from runtime.async_engine import AsyncEngine, EngineDead, RequestStream
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.metrics import ServerMetrics
-from runtime.model_host import LoadedModel
-from runtime.outputs import RequestMetrics, TokenLogprobs
-from runtime.protocol import (SSE_DONE, GenerationRequest, ProtocolError, ResponseHeader,
-                              chat_delta_choice, chat_logprobs, check_sampling_params, chunk,
-                              completion_choice, completion_logprobs, error_body, full_response,
-                              sse, usage_dict)
-from runtime.sampling_params import validate_prompt_ids
+from runtime.outputs import RequestMetrics
+from runtime.tokenizer import Tokenizer
+from wire.disconnect import until_disconnect
+from wire.errors import ProtocolError, error_body
+from wire.request_id import Receive
+from wire.requests import GenerationRequest
+from wire.responses import (ResponseHeader, TokenLogprobs, chat_delta_choice, chat_logprobs,
+                            chunk, completion_choice, completion_logprobs, full_response,
+                            usage_dict)
+from wire.sse import SSE_DONE, EventStreamResponse, sse
+
+ID_PREFIX = {"completion": "cmpl", "chat": "chatcmpl"}   # the response id: PREFIX-<request id>
 
 
-@dataclass
-class PreparedRequest:
-    """A request checked against the model, ready for the engine."""
-    request: GenerationRequest
-    prompt_token_ids: list[int]
+class OpenAIServing:
+    """Answers /v1/completions and /v1/chat/completions for the one loaded model."""
 
+    def __init__(self, served_model_name: str, async_engine: AsyncEngine, tokenizer: Tokenizer,
+                 max_model_len: int, metrics: ServerMetrics):
+        self.served_model_name = served_model_name
+        self.async_engine = async_engine
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len   # the context, capped by the KV cache
+        self.metrics = metrics
+
+    async def create(self, request: GenerationRequest, request_id: str,
+                     receive: Receive) -> Union[Response, EventStreamResponse]:
+        """The response, or the stream, for one parsed request; ProtocolError on refusal.
+
+        `request_id` (the X-Request-Id) becomes the engine's id, with a suffix when one is
+        already in flight; `receive` is the client's, to notice it leaving."""
+        self._check_model(request)
+        prompt_ids = self._prompt_token_ids(request)
+        request = request.with_max_tokens(request.max_tokens_within(self.max_model_len,
+                                                                    len(prompt_ids)))
+        generation = await self._start(request, request_id, prompt_ids)
+        header = ResponseHeader(id=f"{ID_PREFIX[request.kind]}-{generation.request_id}",
+                                model=self.served_model_name, kind=request.kind)
+        if request.stream:
+            return EventStreamResponse(self._events(header, request, generation),
+                                       on_close=lambda completed: generation.close())
+        return await self._full_response(header, request, generation, receive)
+
+    # ---------------------------------------------------------- before the engine
+
+    def _check_model(self, request: GenerationRequest) -> None:
+        if request.model is not None and request.model != self.served_model_name:
+            raise ProtocolError(f"model: the model `{request.model}` does not exist (this replica "
+                                f"serves `{self.served_model_name}`)", param="model", status=404,
+                                code="model_not_found")
+
+    def _prompt_token_ids(self, request: GenerationRequest) -> list[int]:
+        if request.kind == "chat":
+            try:
+                return self.tokenizer.encode_chat(request.messages or [],
+                                                  add_generation_prompt=True)
+            except ValueError as exc:   # no chat template, or the template refused the messages
+                raise ProtocolError.from_value_error(exc) from None
+        if isinstance(request.prompt, str):
+            return self.tokenizer.encode(request.prompt)
+        return list(request.prompt or [])   # checked against the vocabulary by the engine
+
+    async def _start(self, request: GenerationRequest, request_id: str,
+                     prompt_ids: list[int]) -> "Generation":
+        try:
+            stream = await self.async_engine.add(request_id, prompt_ids, request.params)
+        except ValueError as exc:   # the engine's refusal names the field
+            raise ProtocolError.from_value_error(exc) from None
+        return Generation(self.tokenizer, self.metrics, stream, len(prompt_ids),
+                          request.params.stop)
+
+    # ---------------------------------------------------------- the answer
+
+    async def _full_response(self, header: ResponseHeader, request: GenerationRequest,
+                             generation: "Generation", receive: Receive) -> Response:
+        try:
+            body = await until_disconnect(receive, self._full_body(header, request, generation))
+        except EngineDead as exc:
+            return JSONResponse(error_body(str(exc), 500), status_code=500)
+        finally:
+            await generation.close()
+        if body is None:   # the client left; nobody reads this
+            return Response(status_code=499)
+        return JSONResponse(body)
+
+    async def _full_body(self, header: ResponseHeader, request: GenerationRequest,
+                         generation: "Generation") -> dict[str, Any]:
+        """Every delta gathered into one body."""
+        got = _Collected()
+        async for delta in generation.deltas():
+            got.add(delta)
+        assert got.last is not None   # the engine's last delta always comes (or EngineDead)
+        logprobs = self._logprobs(header.kind, got.logprobs, got.token_ids, 0) \
+            if request.logprobs is not None else None
+        metrics = got.last.metrics.as_dict() if got.last.metrics else None
+        return full_response(header, got.text, got.last.finish_reason, got.last.usage, metrics,
+                             logprobs)
+
+    async def _events(self, header: ResponseHeader, request: GenerationRequest,
+                      generation: "Generation") -> AsyncGenerator[bytes, None]:
+        """One chunk per delta, then usage, then [DONE]."""
+        options = request.stream_options
+        if header.kind == "chat":
+            # The role comes first, alone, as OpenAI sends it.
+            first_usage = usage_dict(generation.num_prompt_tokens, 0, 0) \
+                if options.continuous_usage_stats else None
+            yield sse(chunk(header, chat_delta_choice({"role": "assistant", "content": ""}, None),
+                            first_usage))
+        offset, last = 0, None
+        try:
+            async for delta in generation.deltas():
+                last = delta
+                logprobs = None
+                if request.logprobs is not None and delta.logprobs:
+                    logprobs = self._logprobs(header.kind, delta.logprobs, delta.token_ids, offset)
+                offset += len(delta.text)
+                if not (delta.text or delta.finish_reason or logprobs):
+                    continue   # held back by the detokenizer (partial character, possible stop)
+                usage = delta.usage if options.continuous_usage_stats else None
+                yield sse(chunk(header, _delta_choice(header.kind, delta, logprobs), usage))
+        except EngineDead as exc:   # headers are gone already: say it in the stream
+            yield sse(error_body(str(exc), 500))
+            yield SSE_DONE
+            return
+        if options.include_usage and last is not None:
+            yield sse(chunk(header, None, last.usage,
+                            last.metrics.as_dict() if last.metrics else None))
+        yield SSE_DONE
+
+    def _logprobs(self, kind: str, entries: list[TokenLogprobs], token_ids: list[int],
+                  offset: int) -> dict[str, Any]:
+        entries = entries[:len(token_ids)]
+        if kind == "chat":
+            return chat_logprobs(entries, token_ids, self._token_text)
+        return completion_logprobs(entries, token_ids, self._token_text, offset)
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+
+def _delta_choice(kind: str, delta: "TextDelta",
+                  logprobs: Optional[dict[str, Any]]) -> dict[str, Any]:
+    if kind == "chat":
+        content = {"content": delta.text} if delta.text else {}
+        return chat_delta_choice(content, delta.finish_reason, logprobs)
+    return completion_choice(delta.text, delta.finish_reason, logprobs)
+
+
+# ---------------------------------------------------------------- one request as text
 
 @dataclass
 class TextDelta:
@@ -41,29 +190,49 @@ class TextDelta:
     metrics: Optional[RequestMetrics] = None   # set on the last delta
 
 
-def prepare(model: LoadedModel, request: GenerationRequest) -> PreparedRequest:
-    """Tokenize and check everything that needs the model; ProtocolError on refusal."""
-    prompt_ids = _prompt_token_ids(model, request)
-    if not request.max_tokens_given:
-        # Chat without max_tokens: as much as the context leaves (at least one token).
-        request = request.with_max_tokens(max(1, model.max_model_len - len(prompt_ids)))
-    check_sampling_params(request.params, model.vocab_size)
-    return PreparedRequest(request, prompt_ids)
+class Generation:
+    """One request in the engine, seen as text. `close()` (always called) aborts it if
+    unfinished and records it in the metrics."""
 
+    def __init__(self, tokenizer: Tokenizer, metrics: ServerMetrics, stream: RequestStream,
+                 num_prompt_tokens: int, stop: Optional[Sequence[str]]):
+        self.request_id = stream.request_id   # the engine's id: X-Request-Id, deduped
+        self.num_prompt_tokens = num_prompt_tokens
+        self._stream, self._metrics = stream, metrics
+        self._detok = IncrementalDetokenizer(tokenizer, stop)
+        self._count = 0
+        self._reason: Optional[str] = None
+        self._final_metrics: Optional[RequestMetrics] = None
+        self._closed = False
 
-def _prompt_token_ids(model: LoadedModel, request: GenerationRequest) -> list[int]:
-    if request.kind == "chat":
-        try:
-            return model.tokenizer.encode_chat(request.messages, add_generation_prompt=True)
-        except ValueError as exc:   # no chat template, or the template refused the messages
-            raise ProtocolError.from_value_error(exc) from None
-    if isinstance(request.prompt, str):
-        return model.tokenizer.encode(request.prompt)
-    try:
-        validate_prompt_ids(request.prompt, model.vocab_size)
-    except ValueError as exc:
-        raise ProtocolError.from_value_error(exc) from None
-    return request.prompt
+    async def deltas(self) -> AsyncIterator[TextDelta]:
+        gaps, detok = _Gaps(), self._detok
+        async for out in self._stream:
+            self._metrics.observe_token_gaps(gaps.tick(len(out.new_token_ids)))
+            self._count += len(out.new_token_ids)
+            text = detok.push(out.new_token_ids)
+            reason = "stop" if detok.stopped else (out.finish_reason if out.finished else None)
+            final = out
+            if detok.stopped and not out.finished:
+                # A stop string: end it in the engine, whose last output has the metrics.
+                final = await self._stream.cancel()
+            if reason is not None:
+                text += detok.flush()
+                self._reason, self._final_metrics = reason, final.metrics
+            yield TextDelta(text, out.new_token_ids, out.new_logprobs, reason,
+                            usage_dict(self.num_prompt_tokens, self._count,
+                                       final.num_cached_tokens),
+                            self._final_metrics)
+            if reason is not None:
+                return
+
+    async def close(self) -> None:   # async: EventStreamResponse awaits its on_close
+        if self._closed:
+            return
+        self._closed = True
+        self._stream.close()
+        self._metrics.observe_finished(self._reason or "abort", self.num_prompt_tokens,
+                                       self._count, self._final_metrics)
 
 
 @dataclass
@@ -80,63 +249,6 @@ class _Gaps:
         return [] if gap is None else [gap / num_tokens] * num_tokens
 
 
-async def start(model: LoadedModel, metrics: ServerMetrics, request_id: str,
-                prepared: PreparedRequest) -> "Generation":
-    """Hand the request to the engine; ProtocolError if the engine refuses it (too long)."""
-    try:
-        stream = await model.engine.add(request_id, prepared.prompt_token_ids,
-                                        prepared.request.params)
-    except ValueError as exc:
-        raise ProtocolError.from_value_error(exc) from None
-    return Generation(model, metrics, stream, prepared)
-
-
-class Generation:
-    """One request in the engine, seen as text. `close()` (always called) aborts it if unfinished."""
-
-    def __init__(self, model: LoadedModel, metrics: ServerMetrics, stream: RequestStream,
-                 prepared: PreparedRequest):
-        self.request_id = stream.request_id   # the engine's id: X-Request-Id, deduped
-        self._stream, self._metrics, self._prepared = stream, metrics, prepared
-        self._detok = IncrementalDetokenizer(model.tokenizer, prepared.request.params.stop)
-        self._count, self._reason, self._final_metrics = 0, None, None
-        self._closed = False
-
-    async def deltas(self) -> AsyncIterator[TextDelta]:
-        num_prompt, gaps, detok = len(self._prepared.prompt_token_ids), _Gaps(), self._detok
-        async for out in self._stream:
-            self._metrics.observe_token_gaps(gaps.tick(len(out.new_token_ids)))
-            self._count += len(out.new_token_ids)
-            text = detok.push(out.new_token_ids)
-            reason = "stop" if detok.stopped else (out.finish_reason if out.finished else None)
-            final = out
-            if detok.stopped and not out.finished:
-                # A stop string: end it in the engine, whose last output has the metrics.
-                final = await self._stream.cancel()
-            if reason is not None:
-                text += detok.flush()
-                self._reason, self._final_metrics = reason, final.metrics
-            yield TextDelta(text, out.new_token_ids, out.new_logprobs, reason,
-                            usage_dict(num_prompt, self._count, final.num_cached_tokens),
-                            self._final_metrics)
-            if reason is not None:
-                return
-
-    async def close(self) -> None:   # async so the server can await it like any cleanup
-        if self._closed:
-            return
-        self._closed = True
-        self._stream.close()
-        self._metrics.observe_finished(self._reason or "abort", len(self._prepared.prompt_token_ids),
-                                       self._count, self._final_metrics)
-
-
-# ---------------------------------------------------------------- shaping
-
-def _token_text(model: LoadedModel):
-    return lambda token_id: model.tokenizer.decode([token_id])
-
-
 @dataclass
 class _Collected:
     text: str = ""
@@ -144,66 +256,8 @@ class _Collected:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     last: Optional[TextDelta] = None
 
-
-async def full_body(model: LoadedModel, header: ResponseHeader, prepared: PreparedRequest,
-                    deltas: AsyncIterator[TextDelta]) -> dict[str, Any]:
-    """The non-streaming response: every delta gathered into one body."""
-    got = _Collected()
-    async for delta in deltas:
-        got.text += delta.text
-        got.token_ids += delta.token_ids
-        got.logprobs += delta.logprobs or []
-        got.last = delta
-    logprobs = _logprobs(model, header.kind, got.logprobs, got.token_ids, 0) \
-        if prepared.request.logprobs is not None else None
-    metrics = got.last.metrics.as_dict() if got.last.metrics else None
-    return full_response(header, got.text, got.last.finish_reason, got.last.usage, metrics,
-                         logprobs)
-
-
-def _logprobs(model: LoadedModel, kind: str, entries: list[TokenLogprobs],
-              token_ids: list[int], offset: int) -> dict[str, Any]:
-    token_text = _token_text(model)
-    entries = entries[:len(token_ids)]
-    if kind == "chat":
-        return chat_logprobs(entries, token_ids, token_text)
-    return completion_logprobs(entries, token_ids, token_text, offset)
-
-
-async def sse_events(model: LoadedModel, header: ResponseHeader, prepared: PreparedRequest,
-                     deltas: AsyncIterator[TextDelta]) -> AsyncIterator[bytes]:
-    """The streaming response: one chunk per delta, then usage, then [DONE]."""
-    request = prepared.request
-    options = request.stream_options
-    if header.kind == "chat":
-        # The role comes first, alone, as OpenAI sends it.
-        first_usage = usage_dict(len(prepared.prompt_token_ids), 0, 0) \
-            if options.continuous_usage_stats else None
-        yield sse(chunk(header, chat_delta_choice({"role": "assistant", "content": ""}, None),
-                        first_usage))
-    offset, last = 0, None
-    try:
-        async for delta in deltas:
-            last = delta
-            logprobs = None
-            if request.logprobs is not None and delta.logprobs:
-                logprobs = _logprobs(model, header.kind, delta.logprobs, delta.token_ids, offset)
-            offset += len(delta.text)
-            if not (delta.text or delta.finish_reason or logprobs):
-                continue   # held back by the detokenizer (partial character, possible stop string)
-            usage = delta.usage if options.continuous_usage_stats else None
-            yield sse(chunk(header, _delta_choice(header.kind, delta, logprobs), usage))
-    except EngineDead as exc:   # headers are gone already: say it in the stream
-        yield sse(error_body(str(exc), 500, "server_error"))
-        yield SSE_DONE
-        return
-    if options.include_usage and last is not None:
-        yield sse(chunk(header, None, last.usage, last.metrics.as_dict() if last.metrics else None))
-    yield SSE_DONE
-
-
-def _delta_choice(kind: str, delta: TextDelta, logprobs: Optional[dict[str, Any]]):
-    if kind == "chat":
-        content = {"content": delta.text} if delta.text else {}
-        return chat_delta_choice(content, delta.finish_reason, logprobs)
-    return completion_choice(delta.text, delta.finish_reason, logprobs)
+    def add(self, delta: TextDelta) -> None:
+        self.text += delta.text
+        self.token_ids += delta.token_ids
+        self.logprobs += delta.logprobs or []
+        self.last = delta

@@ -4,8 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-# logprobs of one generated token: (chosen token logprob, [(token_id, logprob), ...] top-N)
-TokenLogprobs = tuple[float, list[tuple[int, float]]]
+from wire.responses import TokenLogprobs   # (chosen logprob, [(token_id, logprob)] top-N)
 
 
 @dataclass

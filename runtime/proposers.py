@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Sequence
 
-from runtime.sampling_params import SamplingParams
+from wire.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from runtime.sampler import filter_logits
-from runtime.sampling_params import SamplingParams
+from wire.sampling import SamplingParams
 
 
 def speculative_verify(logits: torch.Tensor, draft_ids: list[int], draft_probs: Optional[torch.Tensor],

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from runtime.outputs import RequestMetrics
-from runtime.sampling_params import SamplingParams
+from wire.sampling import SamplingParams
 
 
 class RequestStatus(enum.Enum):

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from runtime.outputs import TokenLogprobs
-from runtime.sampling_params import SamplingParams
+from wire.sampling import SamplingParams
 
 
 class Sampler:

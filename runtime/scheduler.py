@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from runtime.block_manager import BlockManager
-from runtime.outputs import RequestOutput, TokenLogprobs
+from runtime.outputs import RequestOutput
 from runtime.request import Request, RequestStatus
-from runtime.sampling_params import SamplingParams
+from wire.responses import TokenLogprobs
+from wire.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

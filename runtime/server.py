@@ -2,8 +2,11 @@
 
 Routes: /v1/completions, /v1/chat/completions (SSE when stream=true),
 /v1/models, /health, /metrics, and /admin/load for a `--standby` replica.
-Everything stateful (the model host, the metrics registry) is created in the
-lifespan and lives on `app.state`; the settings are parsed once in `main`.
+This module is the settings (parsed once, in `main`) and thin routes: a
+completion is parsed by wire's rules and handed to the loaded model's
+`OpenAIServing` (runtime/openai_serving.py), where the rest of its path is.
+Everything stateful (the `ModelHost`: the model, its serving object, the
+metrics registry) is created in the lifespan and lives on `app.state`.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import json
 import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, Mapping, Optional, Sequence, Union
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,15 +24,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from runtime import openai_serving as serving
-from runtime.async_engine import EngineDead
-from runtime.metrics import CONTENT_TYPE, ServerMetrics
-from runtime.model_host import (LoadedModel, LoadRequest, ModelHost, engine_kwarg_names,
-                                warm_imports)
-from runtime.protocol import (GenerationRequest, ProtocolError, ResponseHeader, error_body,
-                              error_from, parse_chat_request, parse_completion_request)
-from runtime.server_asgi import EventStreamResponse, RequestIdMiddleware, until_disconnect
-
+from runtime.metrics import CONTENT_TYPE
+from runtime.model_host import LoadRequest, ModelHost, engine_kwarg_names, warm_imports
+from wire.errors import ProtocolError, error_body
+from wire.request_id import RequestIdMiddleware
+from wire.requests import parse_request
+from wire.sse import EventStreamResponse
 
 # ---------------------------------------------------------------- settings
 
@@ -41,15 +41,17 @@ class ServerSettings:
     served_model_name: Optional[str] = None
     standby: bool = False
     log_level: str = "warning"
-    engine: dict[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs that were given
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs given
 
     def load_request(self) -> LoadRequest:
-        return LoadRequest(self.model, self.served_model_name or self.model, dict(self.engine))
+        assert self.model is not None, "a --standby replica loads what /admin/load names"
+        return LoadRequest(self.model, self.served_model_name or self.model,
+                           dict(self.engine_kwargs))
 
 
 # flag -> (LLM kwarg, type); flags left unset keep the engine's own defaults. Every
 # EngineConfig field has one: the pool turns a revision's engine dict into these flags.
-_ENGINE_FLAGS = {
+_ENGINE_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--dtype": ("dtype", str),
     "--device": ("device", str),
     "--kv-cache-tokens": ("kv_cache_tokens", int),
@@ -90,51 +92,55 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> ServerSettings:
     if bool(args.model) == args.standby:
         parser.error("give exactly one of --model DIR or --standby")
     names = [dest for dest, _ in _ENGINE_FLAGS.values()] + ["enable_prefix_caching"]
-    engine = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    engine_kwargs = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     return ServerSettings(host=args.host, port=args.port, model=args.model,
                           served_model_name=args.served_model_name, standby=args.standby,
-                          log_level=args.log_level, engine=engine)
+                          log_level=args.log_level, engine_kwargs=engine_kwargs)
 
 
 # ---------------------------------------------------------------- routes
 
-def _error(status: int, message: str, type: str, param: Optional[str] = None,
-           headers: Optional[dict[str, str]] = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status, type, param), status_code=status,
+def _error(status: int, message: str, param: Optional[str] = None,
+           headers: Optional[Mapping[str, str]] = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status, param=param), status_code=status,
                         headers=headers)
 
 
-async def _http_error(request: Request, exc: HTTPException) -> Response:
+def _refusal(exc: ProtocolError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
     """Unknown paths and methods answer in the same JSON error shape as everything else."""
-    kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "server_error")
-    return _error(exc.status_code, exc.detail, kind, headers=exc.headers)
+    assert isinstance(exc, HTTPException)
+    return _error(exc.status_code, exc.detail, headers=exc.headers)
 
 
 async def health(request: Request) -> Response:
-    status, body = request.app.state.host.health()
+    status, body = _host(request).health()
     return JSONResponse(body, status_code=status)
 
 
 async def metrics(request: Request) -> Response:
-    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+    return Response(_host(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
 async def models(request: Request) -> Response:
-    host: ModelHost = request.app.state.host
+    model = _host(request).model
     data = []
-    if host.model is not None:
-        data.append({"id": host.model.served_model_name, "object": "model", "owned_by": "thawpool"})
+    if model is not None:
+        data.append({"id": model.served_model_name, "object": "model", "owned_by": "thawpool"})
     return JSONResponse({"object": "list", "data": data})
 
 
 async def admin_load(request: Request) -> Response:
-    host: ModelHost = request.app.state.host
+    host = _host(request)
     try:
         load = _parse_load(await _json_body(request))
     except ProtocolError as exc:
-        return JSONResponse(error_from(exc), status_code=exc.status)
+        return _refusal(exc)
     if not host.can_load:
-        return _error(409, f"replica is {host.status.value}; it loads one model once", "conflict")
+        return _error(409, f"replica is {host.status.value}; it loads one model once")
     host.start_loading(load)
     return JSONResponse({"status": host.status.value, "model": load.served_model_name},
                         status_code=202)
@@ -146,17 +152,18 @@ def _parse_load(body: Any) -> LoadRequest:
     unknown = sorted(set(body) - {"model", "served_model_name", "engine"})
     if unknown:
         raise ProtocolError(f"{unknown[0]}: unknown field", param=unknown[0])
-    model, name, engine = body.get("model"), body.get("served_model_name"), body.get("engine") or {}
+    model, name = body.get("model"), body.get("served_model_name")
+    engine_kwargs = body.get("engine") or {}
     if not isinstance(model, str) or not model:
         raise ProtocolError("model: must be a model folder path", param="model")
     if name is not None and not isinstance(name, str):
         raise ProtocolError("served_model_name: must be a string", param="served_model_name")
-    if not isinstance(engine, dict):
+    if not isinstance(engine_kwargs, dict):
         raise ProtocolError("engine: must be an object of LLM keyword arguments", param="engine")
-    bad = sorted(set(engine) - engine_kwarg_names())
+    bad = sorted(set(engine_kwargs) - engine_kwarg_names())
     if bad:
         raise ProtocolError(f"engine.{bad[0]}: unknown engine argument", param="engine")
-    return LoadRequest(model, name or model, engine)
+    return LoadRequest(model, name or model, engine_kwargs)
 
 
 async def _json_body(request: Request) -> Any:
@@ -166,69 +173,40 @@ async def _json_body(request: Request) -> Any:
         raise ProtocolError("request body is not valid JSON") from None
 
 
-async def completions(request: Request) -> Response:
-    return await _serve(request, parse_completion_request, "cmpl")
+async def completions(request: Request) -> Union[Response, EventStreamResponse]:
+    return await _generate(request, "completions")
 
 
-async def chat_completions(request: Request) -> Response:
-    return await _serve(request, parse_chat_request, "chatcmpl")
+async def chat_completions(request: Request) -> Union[Response, EventStreamResponse]:
+    return await _generate(request, "chat/completions")
 
 
-async def _serve(request: Request, parse, id_prefix: str) -> Response:
-    host: ModelHost = request.app.state.host
-    if host.model is None:
-        return _error(503, f"model is not ready ({host.status.value})", "service_unavailable",
+async def _generate(request: Request, endpoint: str) -> Union[Response, EventStreamResponse]:
+    """Parse with wire's rules and hand over to the model's OpenAIServing, which does the rest."""
+    host = _host(request)
+    serving = host.serving
+    if serving is None:
+        return _error(503, f"model is not ready ({host.status.value})",
                       headers={"Retry-After": "1"})
     try:
-        prepared = await _prepare(request, host.model, parse)
-        generation = await serving.start(host.model, request.app.state.metrics,
-                                         request.state.request_id, prepared)
-    except ProtocolError as exc:   # refused by us, or by the engine (too long for the cache)
-        return JSONResponse(error_from(exc), status_code=exc.status)
-    header = ResponseHeader(id=f"{id_prefix}-{generation.request_id}",
-                            model=host.model.served_model_name, kind=prepared.request.kind)
-    if prepared.request.stream:
-        events = serving.sse_events(host.model, header, prepared, generation.deltas())
-        return EventStreamResponse(events, on_close=generation.close)
-    return await _full_response(request, host.model, header, prepared, generation)
+        parsed = parse_request(endpoint, await _json_body(request))
+        return await serving.create(parsed, request.state.request_id, request.receive)
+    except ProtocolError as exc:   # refused by wire's rules, by the model or by the engine
+        return _refusal(exc)
 
 
-async def _prepare(request: Request, model: LoadedModel, parse) -> serving.PreparedRequest:
-    parsed: GenerationRequest = parse(await _json_body(request))
-    _check_model_name(parsed, model.served_model_name)
-    return serving.prepare(model, parsed)
-
-
-async def _full_response(request: Request, model: LoadedModel, header: ResponseHeader,
-                         prepared: serving.PreparedRequest,
-                         generation: serving.Generation) -> Response:
-    try:
-        body = await until_disconnect(
-            request.receive, serving.full_body(model, header, prepared, generation.deltas()))
-    except EngineDead as exc:
-        return _error(500, str(exc), "server_error")
-    finally:
-        await generation.close()
-    if body is None:   # the client left; nobody reads this
-        return Response(status_code=499)
-    return JSONResponse(body)
-
-
-def _check_model_name(parsed: GenerationRequest, served: str) -> None:
-    if parsed.model is not None and parsed.model != served:
-        raise ProtocolError(f"model: the model `{parsed.model}` does not exist (this replica "
-                            f"serves `{served}`)", param="model", status=404,
-                            type="not_found_error")
+def _host(request: Request) -> ModelHost:
+    host: ModelHost = request.app.state.host
+    return host
 
 
 # ---------------------------------------------------------------- app
 
 def build_app(settings: ServerSettings) -> Starlette:
     @asynccontextmanager
-    async def lifespan(app: Starlette):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         host = ModelHost()
         app.state.host = host
-        app.state.metrics = ServerMetrics(host.stats)
         if settings.standby:
             await asyncio.to_thread(warm_imports)   # the point of standby: torch is in memory
         else:

@@ -4,9 +4,12 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Optional, Sequence
 
 from tokenizers import Tokenizer as HFTokenizer
+
+if TYPE_CHECKING:
+    from jinja2 import Template
 
 
 class Tokenizer:
@@ -22,7 +25,7 @@ class Tokenizer:
         self.eos_token = _token_text(self.config.get("eos_token"))
         self.chat_template: Optional[str] = _template(self.config.get("chat_template"))
         self.eos_token_ids = self._eos_ids(eos_token_ids)
-        self._template = None
+        self._template: Optional[Template] = None
 
     def _eos_ids(self, from_config: Sequence[int]) -> tuple[int, ...]:
         ids = list(from_config)
@@ -51,9 +54,10 @@ class Tokenizer:
             raise ValueError("messages: this model has no chat template")
         if self._template is None:
             self._template = _compile(self.chat_template)
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "",
-                                     **extra)
+        text: str = self._template.render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "", **extra)
+        return text
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         """The template writes special tokens itself, so none are added on top."""
@@ -63,18 +67,18 @@ class Tokenizer:
 
 def _token_text(value: Any) -> Optional[str]:
     if isinstance(value, dict):     # {"content": "</s>", ...} in older configs
-        return value.get("content")
-    return value
+        value = value.get("content")
+    return value if isinstance(value, str) else None
 
 
 def _template(value: Any) -> Optional[str]:
     if isinstance(value, list):     # [{"name": "default", "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in value}
-        return named.get("default") or next(iter(named.values()), None)
-    return value
+        value = named.get("default") or next(iter(named.values()), None)
+    return value if isinstance(value, str) else None
 
 
-def _compile(source: str):
+def _compile(source: str) -> Template:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
@@ -86,5 +90,5 @@ def _compile(source: str):
     return env.from_string(source)
 
 
-def _raise(message: str):
+def _raise(message: str) -> NoReturn:
     raise ValueError(f"messages: {message}")

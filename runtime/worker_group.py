@@ -137,7 +137,7 @@ def worker_main(tp: TensorParallel, model_config: ModelConfig, config: EngineCon
                 conn: Connection, parent_pid: int) -> None:
     """Rank tp.rank: load the shard, then run what rank 0 sends until its pipe closes."""
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
-    from runtime.loader import LoadTimings
+    from runtime.load_timings import LoadTimings
     from runtime.model_runner import ModelRunner
 
     try:

@@ -455,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"--- greedy chat\n{greedy(saved, tok, chat)}", flush=True)
 
     summary = {
-        "params": n_params, "steps": steps, "resumed": args.resume, "lr": args.lr, "batch": args.batch, "seq_len": SEQ_LEN,
+        "params": n_params, "steps": steps, "resumed": args.resume, "lr": args.lr, "batch": args.batch,
+        "seq_len": SEQ_LEN,
         "train_minutes": round(train_s / 60, 1), "final_train_loss": round(final_loss, 3),
         "heldout_ppl_8k": round(ppl_8k, 2), "heldout_ppl_all": round(ppl_all, 2),
         "heldout_tokens": len(held_ids), "random_init_ppl_8k": round(random_ppl, 1),

@@ -40,7 +40,8 @@ def test_config_is_small_gqa_llama():
 
 
 def test_tokenizer_round_trips_python(tokenizer):
-    snippet = 'import os\n\ndef walk(top="."):\n    for root, dirs, files in os.walk(top):\n        yield root, len(files)  # ünïcode\n'
+    snippet = ('import os\n\ndef walk(top="."):\n    for root, dirs, files in os.walk(top):\n'
+               '        yield root, len(files)  # ünïcode\n')
     ids = tokenizer.encode(snippet, add_special_tokens=False).ids
     assert tokenizer.decode(ids, skip_special_tokens=False) == snippet
     assert len(ids) < len(snippet) / 2  # BPE merges, not bytes

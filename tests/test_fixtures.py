@@ -29,7 +29,7 @@ def test_model_upload_to_s3(tiny_model, s3_server, s3_bucket):
     uri = upload_model(tiny_model, s3_server.client(), s3_bucket, "m/tiny")
     assert uri == f"s3://{s3_bucket}/m/tiny/"
     keys = {o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket)["Contents"]}
-    assert f"m/tiny/model.safetensors" in keys and "m/tiny/config.json" in keys
+    assert "m/tiny/model.safetensors" in keys and "m/tiny/config.json" in keys
 
 
 async def test_postgres_accepts_queries(pg_server):

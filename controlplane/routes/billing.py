@@ -1,16 +1,18 @@
 """GET /v1/billing/report: the caller's usage over [from, to), as JSON or CSV."""
 from __future__ import annotations
 
+import csv
+import io
 from datetime import datetime, timedelta, timezone
+from typing import Any, Mapping, Optional
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from controlplane import billing
-from controlplane import tenants as tenants_db
-from controlplane.auth import require
 from controlplane.errors import ApiError
+from controlplane.routes.context import app_state, require
+from controlplane.store import billing, tenants
 
 PARAMS = {"from", "to", "group_by", "format", "tenant"}
 
@@ -31,20 +33,31 @@ async def report(request: Request) -> Response:
     start = _time(query, "from") or end - timedelta(days=30)
     if start >= end:
         raise ApiError(400, "from: must be before to", param="from")
-    async with request.app.state.sessions() as session:
+    if "tenant" in query and not principal.is_admin:
+        raise ApiError(403, "tenant: only admin keys may query another tenant",
+                       code="admin_required")
+    async with app_state(request).sessions() as session:
         tenant_id = principal.tenant_id
         if "tenant" in query:
-            if not principal.is_admin:
-                raise ApiError(403, "tenant: only admin keys may query another tenant",
-                               code="admin_required")
-            tenant_id = (await tenants_db.find_tenant(session, query["tenant"])).id
+            tenant_id = (await tenants.find_tenant(session, query["tenant"])).id
         body = await billing.report(session, tenant_id, billing.Window(start, end), group_by)
     if fmt == "csv":
-        return PlainTextResponse(billing.to_csv(body), media_type="text/csv")
+        return PlainTextResponse(to_csv(body), media_type="text/csv")
     return JSONResponse(body)
 
 
-def _time(query, name: str):
+def to_csv(report_body: Mapping[str, Any]) -> str:
+    """The report's rows, then a TOTAL line."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(billing.COLUMNS)
+    for row in report_body["rows"]:
+        writer.writerow([row[c] for c in billing.COLUMNS])
+    writer.writerow(["TOTAL", *[report_body["totals"][c] for c in billing.COLUMNS[1:]]])
+    return buffer.getvalue()
+
+
+def _time(query: Mapping[str, str], name: str) -> Optional[datetime]:
     value = query.get(name)
     if value is None:
         return None

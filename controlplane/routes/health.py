@@ -6,16 +6,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from controlplane.routes.context import app_state
+
 
 async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
 async def readyz(request: Request) -> Response:
-    state = request.app.state
+    state = app_state(request)
     checks = {"usage_writer": state.writer.healthy}
     try:
-        async with state.engine.connect() as conn:
+        async with state.db_engine.connect() as conn:
             await conn.execute(text("SELECT 1"))
         checks["database"] = True
     except Exception:  # noqa: BLE001 - any failure means not ready
@@ -28,7 +30,7 @@ async def readyz(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    return request.app.state.metrics.render()
+    return app_state(request).metrics.render()
 
 
 routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics)]

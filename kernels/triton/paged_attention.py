@@ -5,7 +5,7 @@ paged_decode_attention(q [B,nh,D], k_cache, v_cache, block_tables [B,max_blocks]
 k_cache, v_cache: [num_blocks, block_size, nkv, D]; head h reads kv head h // (nh // nkv).
 
 Each program walks its sequence's block table one KV block at a time with an
-online softmax (running max m, running sum l, unnormalized accumulator), so no
+online softmax (running max m, running sum l_sum, unnormalized accumulator), so no
 [B, L] score matrix is ever materialized and a block past context_len is never
 read. Sums are in fp32. head_dim and block_size need not be powers of two: both
 are padded to one and masked.
@@ -32,7 +32,7 @@ def _paged_decode_kernel(out_ptr, q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, qk_
     q = tl.load(q_ptr + seq * q_s0 + head * q_s1 + d, mask=d_mask, other=0.0).to(tl.float32) * qk_scale
     context_len = tl.load(lens_ptr + seq)
     m = tl.full([], float("-inf"), tl.float32)
-    l = tl.zeros([], tl.float32)
+    l_sum = tl.zeros([], tl.float32)
     acc = tl.zeros([BLOCK_D], tl.float32)
     for i in range(0, tl.cdiv(context_len, BLOCK_SIZE)):
         block = tl.load(tables_ptr + seq * tables_s0 + i).to(tl.int64)
@@ -49,9 +49,9 @@ def _paged_decode_kernel(out_ptr, q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, qk_
         v = tl.load(v_ptr + block * v_s0 + t[:, None] * v_s1 + kv_head * v_s2 + d[None, :],
                     mask=kv_mask, other=0.0).to(tl.float32)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        l = l * alpha + tl.sum(p, axis=0)
+        l_sum = l_sum * alpha + tl.sum(p, axis=0)
         m = m_new
-    tl.store(out_ptr + seq * o_s0 + head * o_s1 + d, (acc / l).to(out_ptr.dtype.element_ty), mask=d_mask)
+    tl.store(out_ptr + seq * o_s0 + head * o_s1 + d, (acc / l_sum).to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -3,31 +3,34 @@
 A warm pool keeps `warm_pool_size` standby processes (`--standby`: torch and
 the engine imported, no model); a cold start takes one and POSTs
 /admin/load, so it pays only for the weights. The pool is refilled in the
-background. Without a warm process (pool empty, size 0, a runtime without
-standby mode, or a multi-GPU replica that needs its own CUDA_VISIBLE_DEVICES)
-the replica is started directly with `--model DIR`.
+background. Without a warm process (pool empty, size 0, or a multi-GPU
+replica that needs its own CUDA_VISIBLE_DEVICES) the replica is started
+directly with `--model DIR`.
+
+The slots are this machine's (CUDA devices, else declared CPU slots),
+discovered once; the pool's own weight cache is the only one, so no node is
+preferred for holding a model.
 """
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import json
 import logging
 import os
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import httpx
 
 from pool.api import RevisionSpec
-from pool.inventory import Slot
+from pool.backends.base import ReplicaHandle
+from pool.backends.runtime_args import engine_flags, engine_for, runtime_env
+from pool.inventory import Slot, discover_slots
 from pool.processes import ManagedProcess, free_port
 from pool.settings import PoolSettings
 
 log = logging.getLogger(__name__)
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -55,39 +58,20 @@ class LocalReplica:
 class WarmProcess:
     process: ManagedProcess
     port: int
-    ready: asyncio.Future            # True once /health says standby
-
-
-def runtime_has_standby() -> bool:
-    """The runtime helper adds standby mode; look for it in runtime/server.py's source."""
-    spec = importlib.util.find_spec("runtime.server")
-    if spec is None or not spec.origin:
-        return False
-    text = Path(spec.origin).read_text(errors="replace")
-    return "--standby" in text and "/admin/load" in text
-
-
-def engine_flags(engine: Mapping[str, Any]) -> list[str]:
-    """runtime.LLM kwargs as `python -m runtime.server` flags (for a direct start)."""
-    flags = []
-    for name, value in engine.items():
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else f"--no-{name.replace('_', '-')}")
-        elif isinstance(value, (dict, list)):
-            flags += [flag, json.dumps(value)]
-        elif value is not None:
-            flags += [flag, str(value)]
-    return flags
+    ready: asyncio.Future[bool]      # True once /health says standby
 
 
 class LocalBackend:
+    pulls_on_node = False            # replicas read the pool's own cache folder
+
     def __init__(self, settings: PoolSettings):
         self.settings = settings
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0))
+        self._slots: Optional[list[Slot]] = None
         self._warm: list[WarmProcess] = []
         self._all: dict[int, ManagedProcess] = {}          # every child, by PID
-        self._refilling: Optional[asyncio.Task] = None
+        self._replicas: dict[str, LocalReplica] = {}
+        self._refilling: Optional[asyncio.Task[None]] = None
         self._closed = False
         # last resort if close() never ran (a crashed test, interpreter exit): SIGKILL by PID
         weakref.finalize(self, _kill_all, self._all)
@@ -109,39 +93,40 @@ class LocalBackend:
                 warm.ready.cancel()
         self._warm.clear()
         self._all.clear()
+        self._replicas.clear()
         await self.http.aclose()
 
-    def warm_count(self) -> int:
-        return sum(1 for w in self._warm if w.process.is_alive())
+    # -- slots -------------------------------------------------------------
 
-    def warm_pids(self) -> list[int]:
-        return [w.process.pid for w in self._warm]
+    async def inventory(self) -> list[Slot]:
+        """This machine's slots, probed once (a CUDA probe starts a child process)."""
+        if self._slots is None:
+            self._slots = await asyncio.to_thread(discover_slots, self.settings)
+        return list(self._slots)
+
+    async def nodes_holding(self, keys: Iterable[str]) -> set[str]:
+        return set()                 # one node, one cache: nothing to prefer
 
     # -- replicas ----------------------------------------------------------
 
-    async def start_replica(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Path,
+    async def start_replica(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Optional[Path],
                             replica_id: str) -> LocalReplica:
-        engine = self.engine_for(spec, slots)
+        if model_dir is None:
+            raise ValueError("the local backend serves from the pool's own copy: model_dir is required")
+        engine = engine_for(spec, slots, self.settings.kv_cache_tokens_default, isolated=False)
         warm = None if needs_own_process(slots) else await self._take_warm()
-        if warm is not None:
+        if warm is None:
+            replica = self._start_direct(spec, slots, model_dir, engine, replica_id)
+        else:
             try:
-                return await self._load_into(warm, model_dir, spec, engine, replica_id)
+                replica = await self._load_into(warm, model_dir, spec, engine, replica_id)
             finally:
                 self.refill()
-        return self._start_direct(spec, slots, model_dir, engine, replica_id)
-
-    def engine_for(self, spec: RevisionSpec, slots: Sequence[Slot]) -> dict[str, Any]:
-        engine = dict(spec.engine)
-        engine.setdefault("kv_cache_tokens", self.settings.kv_cache_tokens_default)
-        cuda = [s for s in slots if s.kind == "cuda"]
-        if cuda and "device" not in spec.engine:
-            engine["device"] = f"cuda:{cuda[0].device_index}" if len(cuda) == 1 else "cuda"
-        if len(slots) > 1:
-            engine.setdefault("tensor_parallel_size", len(slots))
-        return engine
+        self._replicas[replica_id] = replica
+        return replica
 
     async def _load_into(self, warm: WarmProcess, model_dir: Path, spec: RevisionSpec,
-                         engine: dict, replica_id: str) -> LocalReplica:
+                         engine: dict[str, Any], replica_id: str) -> LocalReplica:
         base_url = f"http://{self.settings.host}:{warm.port}"
         body = {"model": str(model_dir), "served_model_name": spec.revision_id, "engine": engine}
         try:
@@ -155,7 +140,7 @@ class LocalBackend:
         return LocalReplica(replica_id, base_url, warm.process, warm=True)
 
     def _start_direct(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Path,
-                      engine: dict, replica_id: str) -> LocalReplica:
+                      engine: dict[str, Any], replica_id: str) -> LocalReplica:
         port = free_port(self.settings.host)
         args = [*self._server_args(port), "--model", str(model_dir),
                 "--served-model-name", spec.revision_id, *engine_flags(engine)]
@@ -166,9 +151,10 @@ class LocalBackend:
         await proc.stop(self.settings.stop_timeout_s)
         self._all.pop(proc.pid, None)
 
-    def forget(self, handle: LocalReplica) -> None:
-        """Drop a stopped replica's process from the registry."""
-        self._all.pop(handle.process.pid, None)
+    def forget(self, handle: ReplicaHandle) -> None:
+        replica = self._replicas.pop(handle.replica_id, None)
+        if replica is not None:
+            self._all.pop(replica.process.pid, None)
 
     # -- warm pool ---------------------------------------------------------
 
@@ -196,8 +182,6 @@ class LocalBackend:
         self._refilling = asyncio.ensure_future(self._refill())
 
     async def _refill(self) -> None:
-        if not runtime_has_standby():
-            return
         self._warm = [w for w in self._warm if w.process.is_alive() and not _failed(w.ready)]
         while not self._closed and len(self._warm) < self.settings.warm_pool_size:
             port = free_port(self.settings.host)
@@ -239,11 +223,7 @@ class LocalBackend:
         return proc
 
     def _env(self, slots: Sequence[Slot]) -> dict[str, str]:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
-        if self.settings.runtime_threads:
-            env["OMP_NUM_THREADS"] = str(self.settings.runtime_threads)
-            env["MKL_NUM_THREADS"] = str(self.settings.runtime_threads)
+        env = {**os.environ, **runtime_env(self.settings.runtime_threads)}
         cuda = [s for s in slots if s.kind == "cuda"]
         if len(cuda) > 1:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s.device_index) for s in cuda)
@@ -259,5 +239,5 @@ def needs_own_process(slots: Sequence[Slot]) -> bool:
     return sum(1 for s in slots if s.kind == "cuda") > 1
 
 
-def _failed(fut: asyncio.Future) -> bool:
+def _failed(fut: asyncio.Future[Any]) -> bool:
     return fut.done() and (fut.cancelled() or fut.exception() is not None)

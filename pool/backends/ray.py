@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
@@ -28,13 +27,13 @@ from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
                                             PlacementGroupSchedulingStrategy)
 
 from pool.api import ColdStartFailed, RevisionSpec
-from pool.backends.local import engine_flags
+from pool.backends.base import ReplicaHandle
 from pool.backends.ray_actor import ReplicaActor, cache_entries, node_cache_dir
+from pool.backends.runtime_args import engine_flags, engine_for, runtime_env
 from pool.inventory import Slot
 from pool.settings import GB, PoolSettings
 
 log = logging.getLogger(__name__)
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "thawpool"
 ACTOR_THREADS = 4          # wait_exit blocks one thread; stop/log_tail need others
 PROBE_TIMEOUT_S = 5.0      # a node slower to list its cache is answered from what it last said
@@ -50,7 +49,7 @@ class RayReplica:
     actor: Any
     group: Optional[PlacementGroup] = None
     reason: Optional[str] = None
-    watch: Optional[asyncio.Task] = field(default=None, repr=False)
+    watch: Optional[asyncio.Task[None]] = field(default=None, repr=False)
 
     def is_alive(self) -> bool:
         return self.reason is None
@@ -73,7 +72,8 @@ class RayReplica:
 
     async def cached(self, default_cache_dir: Path) -> list[str]:
         """Weight-cache keys held by this replica's node."""
-        return await ref_result(self.actor.cached.remote(str(default_cache_dir)), 30)
+        keys: list[str] = await ref_result(self.actor.cached.remote(str(default_cache_dir)), 30)
+        return keys
 
 
 class RayBackend:
@@ -109,13 +109,13 @@ class RayBackend:
             ray.shutdown()
             self._owns_ray = False
 
-    def forget(self, handle: RayReplica) -> None:
+    def forget(self, handle: ReplicaHandle) -> None:
         self.replicas.pop(handle.replica_id, None)
 
     # -- inventory and per-node weights ------------------------------------
 
     async def inventory(self) -> list[Slot]:
-        return slots_from_nodes(ray.nodes(), self.gpu_memory_bytes)
+        return slots_from_nodes(cluster_nodes(), self.gpu_memory_bytes)
 
     async def node_caches(self) -> dict[str, set[str]]:
         """Weight-cache keys (pool.weights.entry_key) held by each alive GPU node.
@@ -124,7 +124,7 @@ class RayBackend:
         (a busy node starting a worker) is answered from what it held after its
         last pull or probe, so a cold start never waits long for a preference.
         """
-        nodes = gpu_nodes(ray.nodes())
+        nodes = gpu_nodes(cluster_nodes())
         refs = [self._probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False))
                 .remote(str(self.settings.cache_dir)) for n in nodes]
         found = await asyncio.gather(*(ref_result(r, PROBE_TIMEOUT_S) for r in refs), return_exceptions=True)
@@ -156,21 +156,21 @@ class RayBackend:
         log.info("replica %s on node %s at %s", replica_id, handle.node_id[:12], handle.base_url)
         return handle
 
-    async def _launch(self, actor, group, spec: RevisionSpec, slots: Sequence[Slot],
-                      model_dir: Optional[Path], replica_id: str) -> RayReplica:
+    async def _launch(self, actor: Any, group: Optional[PlacementGroup], spec: RevisionSpec,
+                      slots: Sequence[Slot], model_dir: Optional[Path], replica_id: str) -> RayReplica:
         s = self.settings
         local = str(model_dir) if model_dir is not None else None
         folder = await self._await(actor.model_folder.remote(local, spec.model_uri, s),
                                    s.pull_timeout_s, "placing the replica or pulling its weights")
         args = ["-m", "runtime.server", "--model", folder, "--served-model-name", spec.revision_id,
-                *engine_flags(engine_for(spec, slots, s.kv_cache_tokens_default))]
-        where = await self._await(actor.launch.remote(args, self._env(), self.bind_host, None),
-                                  s.load_timeout_s, "starting the runtime")
+                *engine_flags(engine_for(spec, slots, s.kv_cache_tokens_default, isolated=True))]
+        launch = actor.launch.remote(args, runtime_env(s.runtime_threads), self.bind_host, None)
+        where = await self._await(launch, s.load_timeout_s, "starting the runtime")
         await self._note_cache(actor, where["node_id"])
         return RayReplica(replica_id, where["base_url"], where["node_id"], tuple(where["gpu_ids"]),
                           where["child_pid"], actor, group)
 
-    async def _note_cache(self, actor, node_id: str) -> None:
+    async def _note_cache(self, actor: Any, node_id: str) -> None:
         """Remember what this node's cache holds now (it may just have pulled)."""
         try:
             self._node_keys[node_id] = set(await ref_result(actor.cached.remote(str(self.settings.cache_dir)),
@@ -178,7 +178,7 @@ class RayBackend:
         except (RayError, asyncio.TimeoutError):
             pass                       # only a hint for later placements
 
-    async def _await(self, ref, timeout_s: float, stage: str):
+    async def _await(self, ref: Any, timeout_s: float, stage: str) -> Any:
         try:
             return await ref_result(ref, timeout_s)
         except asyncio.TimeoutError:
@@ -196,8 +196,8 @@ class RayBackend:
         if len(slots) < 2:
             return None
         node = self._target_node(slots)
-        group = placement_group([{"GPU": float(len(slots))}], strategy="STRICT_PACK",
-                                _soft_target_node_id=node)
+        group: PlacementGroup = placement_group([{"GPU": float(len(slots))}], strategy="STRICT_PACK",
+                                                _soft_target_node_id=node)
         try:
             await self._await(group.ready(), self.settings.load_timeout_s,
                               f"reserving {len(slots)} GPUs on one node")
@@ -206,9 +206,9 @@ class RayBackend:
             raise
         return group
 
-    def _actor_options(self, slots: Sequence[Slot], group: Optional[PlacementGroup]) -> dict:
-        options = {"num_cpus": 0, "num_gpus": float(max(1, len(slots))), "max_restarts": 0,
-                   "max_concurrency": ACTOR_THREADS, "namespace": NAMESPACE}
+    def _actor_options(self, slots: Sequence[Slot], group: Optional[PlacementGroup]) -> dict[str, Any]:
+        options: dict[str, Any] = {"num_cpus": 0, "num_gpus": float(max(1, len(slots))), "max_restarts": 0,
+                                   "max_concurrency": ACTOR_THREADS, "namespace": NAMESPACE}
         node = self._target_node(slots)
         if group is not None:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
@@ -222,16 +222,10 @@ class RayBackend:
         if len(nodes) != 1:
             return None
         node = nodes.pop()
-        known = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
+        known = {n["NodeID"]: n["Alive"] for n in cluster_nodes()}
         if node in known and not known[node]:
             raise ColdStartFailed(f"ray: node {node[:12]} has left the cluster")
         return node if node in known else None
-
-    def _env(self) -> dict[str, str]:
-        env = {"PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)}
-        if self.settings.runtime_threads:
-            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.settings.runtime_threads)
-        return env
 
 
 # ----------------------------------------------------------------- helpers
@@ -241,7 +235,13 @@ def node_cache_keys(default_cache_dir: str) -> list[str]:
     return cache_entries(node_cache_dir(Path(default_cache_dir)))
 
 
-def slots_from_nodes(nodes: Sequence[dict], gpu_memory_bytes: int) -> list[Slot]:
+def cluster_nodes() -> list[dict[str, Any]]:
+    """ray.nodes(): one dict per node the head knows, alive or not."""
+    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    return nodes
+
+
+def slots_from_nodes(nodes: Sequence[dict[str, Any]], gpu_memory_bytes: int) -> list[Slot]:
     """One cuda Slot per GPU of each alive node (Ray knows GPU counts, not their memory).
 
     Exclusive: an actor asks Ray for whole GPUs (num_gpus = its slot count), so two
@@ -251,19 +251,8 @@ def slots_from_nodes(nodes: Sequence[dict], gpu_memory_bytes: int) -> list[Slot]
             for n in nodes if n["Alive"] for i in range(int(n["Resources"].get("GPU", 0)))]
 
 
-def gpu_nodes(nodes: Sequence[dict]) -> list[str]:
+def gpu_nodes(nodes: Sequence[dict[str, Any]]) -> list[str]:
     return [n["NodeID"] for n in nodes if n["Alive"] and n["Resources"].get("GPU", 0) > 0]
-
-
-def engine_for(spec: RevisionSpec, slots: Sequence[Slot], kv_tokens_default: int) -> dict:
-    """Ray already limits CUDA_VISIBLE_DEVICES to the actor's GPUs, so the device is plain cuda."""
-    engine = dict(spec.engine)
-    engine.setdefault("kv_cache_tokens", kv_tokens_default)
-    if "device" not in engine and any(s.kind == "cuda" for s in slots):
-        engine["device"] = "cuda"
-    if len(slots) > 1:
-        engine.setdefault("tensor_parallel_size", len(slots))
-    return engine
 
 
 async def watch(handle: RayReplica) -> None:
@@ -273,7 +262,7 @@ async def watch(handle: RayReplica) -> None:
         handle.reason = reason
 
 
-async def wait_for_end(actor, node_id: str, retry_s: float = 0.5) -> str:
+async def wait_for_end(actor: Any, node_id: str, retry_s: float = 0.5) -> str:
     """Why the replica ended. An unavailable actor (its connection dropped) is asked
     again until Ray decides: it comes back, or it is declared dead with the reason,
     for a lost node once the head has missed its health checks."""
@@ -293,12 +282,12 @@ async def wait_for_end(actor, node_id: str, retry_s: float = 0.5) -> str:
         return f"runtime process on node {node_id[:12]} exited with code {code}: {last}".rstrip(": ")
 
 
-async def ref_result(ref, timeout_s: Optional[float]):
+async def ref_result(ref: Any, timeout_s: Optional[float]) -> Any:
     """Await a Ray ObjectRef on this event loop, with an optional timeout."""
     return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
 
 
-def release(actor, group: Optional[PlacementGroup]) -> None:
+def release(actor: Any, group: Optional[PlacementGroup]) -> None:
     try:
         ray.kill(actor, no_restart=True)
     except (RayError, ValueError):

@@ -15,12 +15,14 @@ import ctypes
 import fcntl
 import os
 import signal
-import socket
 import subprocess
 import sys
 from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+from pool.processes import free_port
+from pool.settings import PoolSettings
 
 PR_SET_PDEATHSIG = 1
 NODE_CACHE_ENV = "THAWPOOL_CACHE_DIR"      # a node's own cache folder, set where its raylet starts
@@ -32,21 +34,15 @@ def die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def node_cache_dir(default: Path) -> Path:
     """The weight cache of this node: its own THAWPOOL_CACHE_DIR, else the pool's path."""
     return Path(os.environ.get(NODE_CACHE_ENV) or default)
 
 
-def node_settings(settings):
+def node_settings(settings: PoolSettings) -> PoolSettings:
     """The pool's settings with this node's own cache folder and budget: the pool's
     machine has other disks than the GPU nodes."""
-    changes = {"cache_dir": node_cache_dir(settings.cache_dir)}
+    changes: dict[str, Any] = {"cache_dir": node_cache_dir(settings.cache_dir)}
     if os.environ.get(NODE_BUDGET_ENV):
         changes["cache_disk_budget_gb"] = float(os.environ[NODE_BUDGET_ENV])
     return settings.with_(**changes)
@@ -67,20 +63,21 @@ class ReplicaActor:
     def __init__(self, replica_id: str, log_dir: str):
         self.replica_id = replica_id
         self.log_path = Path(log_dir) / f"replica-{replica_id}.log"
-        self.process: Optional[subprocess.Popen] = None
+        self.process: Optional[subprocess.Popen[bytes]] = None
 
     # -- where am I --------------------------------------------------------
 
-    def node(self) -> dict:
+    def node(self) -> dict[str, Any]:
         import ray   # only ever called inside a Ray worker
 
         context = ray.get_runtime_context()
+        ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         return {"node_id": context.get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-                "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
+                "ip": ip, "pid": os.getpid()}
 
     # -- weights -----------------------------------------------------------
 
-    def model_folder(self, model_dir: Optional[str], model_uri: str, settings) -> str:
+    def model_folder(self, model_dir: Optional[str], model_uri: str, settings: PoolSettings) -> str:
         """model_dir when given and readable on this node, else the model pulled into
         this node's cache (settings carry the S3 endpoint and credentials, if any)."""
         if model_dir and (Path(model_dir) / "config.json").is_file():
@@ -93,7 +90,7 @@ class ReplicaActor:
     # -- the runtime process -----------------------------------------------
 
     def launch(self, args: Sequence[str], env: Mapping[str, str], bind_host: str,
-               advertise_host: Optional[str]) -> dict:
+               advertise_host: Optional[str]) -> dict[str, Any]:
         """Start `<this node's python> args --host --port`; returns the base_url and where it runs.
 
         The node's own interpreter, not the pool's path: on a cluster they differ.
@@ -137,7 +134,7 @@ class ReplicaActor:
         return self.returncode()
 
 
-def wait_quietly(process: subprocess.Popen, timeout_s: float) -> bool:
+def wait_quietly(process: subprocess.Popen[bytes], timeout_s: float) -> bool:
     try:
         process.wait(timeout=timeout_s)
         return True
@@ -145,7 +142,7 @@ def wait_quietly(process: subprocess.Popen, timeout_s: float) -> bool:
         return False
 
 
-async def pull_model(model_uri: str, settings) -> str:
+async def pull_model(model_uri: str, settings: PoolSettings) -> str:
     """Fetch a model into this node's cache with the same WeightStore the pool uses locally.
 
     One pull at a time per node cache: each replica's actor is its own process,

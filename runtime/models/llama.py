@@ -20,7 +20,8 @@ from kernels.attention import paged_prefill_attention, prefill_attention, write_
 from kernels.dispatch import get_kernels
 from kernels.rotary import rotary_cos_sin
 from runtime.config import ModelConfig
-from runtime.loader import LoadTimings, iter_weights
+from runtime.load_timings import LoadTimings
+from runtime.loader import iter_weights
 from runtime.quantization import Weight, WeightMemory, linear, pack_layer, quantize_layer, weight_memory
 from runtime.tensor_parallel import TensorParallel
 

@@ -15,8 +15,9 @@ from sqlalchemy.engine import make_url
 from controlplane.app import create_app
 from controlplane.db import migrate_async
 from controlplane.settings import Settings
-from controlplane.tenants import bootstrap_admin
+from controlplane.store.tenants import bootstrap_admin
 from tests.controlplane.support.servers import RuntimeProcess, runtime_server_available, serve
+from tests.controlplane.support.static_pool import StaticPool
 
 
 async def create_database(pg_server) -> str:
@@ -122,23 +123,37 @@ def cpu_pool_settings(s3_server, cache_dir, **overrides):
     return PoolSettings(**{**base, **overrides})
 
 
-def real_pool(pool_settings):
-    """A pool_factory for create_app: the real PoolManager over the app's desired state."""
+def real_pool(pool_settings, clock=None):
+    """A pool_factory for create_app: the real PoolManager over the app's desired state
+    (on `clock`, e.g. a tests.support.clock.SteppedClock, when given)."""
     from pool.manager import PoolManager
 
-    return lambda desired, events: PoolManager(pool_settings, desired, events)
+    return lambda desired, events: PoolManager(pool_settings, desired, events, clock=clock)
+
+
+def static_pool(settings: Settings, base_urls: list[str] | None = None) -> StaticPool:
+    """A StaticPool reading models from the settings' S3 (start and stop it yourself)."""
+    return StaticPool(settings.s3_endpoint, settings.aws_access_key_id,
+                      settings.aws_secret_access_key, base_urls=base_urls or [])
 
 
 @contextlib.asynccontextmanager
 async def running_control_plane(settings: Settings, pool=None, pool_factory=None):
-    app = create_app(settings, pool=pool, pool_factory=pool_factory)
-    async with serve(app) as base_url:
-        async with app.state.sessions() as session, session.begin():
+    """The app under uvicorn with an admin key; with neither a pool nor a pool_factory,
+    over a StaticPool of no servers (deploys are checked in the real S3)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if pool is None and pool_factory is None:
+            pool = static_pool(settings)
+            await pool.start()
+            stack.push_async_callback(pool.stop)
+        app = create_app(settings, pool=pool, pool_factory=pool_factory)
+        base_url = await stack.enter_async_context(serve(app))
+        async with app.state.sessions.begin() as session:
             new = await bootstrap_admin(session)
         if new is None:      # the module's database already has one: make another
-            from controlplane.tenants import create_key, find_tenant
+            from controlplane.store.tenants import create_key, find_tenant
 
-            async with app.state.sessions() as session, session.begin():
+            async with app.state.sessions.begin() as session:
                 _, new = await create_key(session, await find_tenant(session, "system"),
                                           ["admin"])
         plane = ControlPlane(base_url, app, new.secret)

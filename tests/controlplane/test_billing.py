@@ -8,9 +8,9 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.desired_state import PostgresReplicaEvents
+from controlplane.store.desired_state import PostgresReplicaEvents
 from controlplane.metering import insert_usage
-from controlplane.models import ApiKey, Revision, Tenant
+from controlplane.models import ApiKey, Tenant
 from pool.api import ReplicaEvent
 from tests.controlplane.conftest import make_settings, running_control_plane
 from tests.controlplane.support.usage import make_record
@@ -53,7 +53,7 @@ async def billed(plane):
         make_record(tenant_id=a, started_at=DAY1 - timedelta(microseconds=1), cost=Decimal(99)),
         make_record(tenant_id=b, started_at=DAY1 + timedelta(hours=1), cost=Decimal(7)),
     ]
-    await insert_usage(plane.app.state.engine, records)
+    await insert_usage(plane.app.state.db_engine, records)
     return {"a": a, "b": b, "key_a": key_a, "key_b": key_b, "prefix_a": keys[a].prefix}
 
 

@@ -6,7 +6,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.desired_state import PostgresDesiredState, PostgresReplicaEvents
+from controlplane.store.desired_state import PostgresDesiredState, PostgresReplicaEvents
 from controlplane.models import ReplicaLifetime
 from pool.api import ReplicaEvent
 from tests.controlplane.conftest import make_settings, running_control_plane
@@ -23,8 +23,15 @@ async def plane(db_url, s3_server, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gpt2_uri(s3_server, models_bucket):
-    s3_server.client().put_object(Bucket=models_bucket, Key="gpt2/config.json",
-                                  Body=json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    """A whole model folder (config.json and weights) of an architecture we do not run."""
+    from safetensors.numpy import save
+    import numpy as np
+
+    s3 = s3_server.client()
+    s3.put_object(Bucket=models_bucket, Key="gpt2/config.json",
+                  Body=json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    s3.put_object(Bucket=models_bucket, Key="gpt2/model.safetensors",
+                  Body=save({"wte.weight": np.zeros((8, 4), dtype=np.float32)}))
     return f"s3://{models_bucket}/gpt2/"
 
 
@@ -70,6 +77,7 @@ async def test_create_get_list_delete(plane, model_uri):
     ({"engine": {"dtype": "auto"}}, "engine.dtype"),
     ({"engine": {"tensor_parallel_size": 2}}, "engine.tensor_parallel_size"),   # != gpu_count
     ({"resources": {"gpu_count": 4}}, "resources.gpu_count"),     # 2 kv heads do not split 4 ways
+    ({"resources": {"gpu_memory_gb": 4096}}, "resources"),        # no slot could ever hold it
     ({"name": "Has Spaces"}, "name"),
 ])
 async def test_invalid_deployments_are_422_naming_the_field(plane, model_uri, change, field):
@@ -78,6 +86,24 @@ async def test_invalid_deployments_are_422_naming_the_field(plane, model_uri, ch
     assert response.status_code == 422, response.text
     error = response.json()["error"]
     assert error["param"] == field and error["message"].startswith(field)
+
+
+async def test_a_change_of_model_reads_it_once_and_every_change_refreshes_the_pool(
+        plane, model_uri):
+    pool = plane.app.state.pool
+    client = plane.client(await plane.tenant_key("reads"))
+    inspected, refreshes = len(pool.inspected), pool.refreshes
+    assert (await client.post("/v1/deployments", json=body("once", model_uri))).status_code == 201
+    assert pool.inspected[inspected:] == [model_uri] and pool.refreshes == refreshes + 1
+    scaled = await client.patch("/v1/deployments/once", json={"scaling": {"max_replicas": 3}})
+    assert scaled.status_code == 200
+    assert len(pool.inspected) == inspected + 1, "scaling alone reads no model"
+    assert pool.refreshes == refreshes + 2
+    assert (await client.patch("/v1/deployments/once",
+                               json={"engine": {"seed": 2}})).status_code == 200
+    assert pool.inspected[inspected:] == [model_uri, model_uri] and pool.refreshes == refreshes + 3
+    assert (await client.delete("/v1/deployments/once")).status_code == 204
+    assert pool.refreshes == refreshes + 4
 
 
 async def test_model_is_checked_in_s3_at_deploy_time(plane, gpt2_uri, models_bucket):

@@ -6,19 +6,20 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import func, select, text
 
-from controlplane.db import create_engine, migrate_async
+from controlplane.db import create_db_engine, migrate_async
 from controlplane.embedded import EmbeddedPostgres
 from controlplane.metering import UsageWriter
 from controlplane.models import UsageEvent
 from controlplane.outbox import Outbox
 from tests.controlplane.support.usage import make_record
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def engine(db_url):
-    engine = create_engine(db_url)
+    engine = create_db_engine(db_url)
     async with engine.begin() as conn:
         await conn.execute(text("TRUNCATE usage_events"))
     yield engine
@@ -38,7 +39,7 @@ async def own_pg(tmp_path_factory):
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def own_engine(own_pg):
-    engine = create_engine(own_pg.url)
+    engine = create_db_engine(own_pg.url)
     async with engine.begin() as conn:
         await conn.execute(text("TRUNCATE usage_events"))
     yield engine
@@ -49,6 +50,10 @@ async def own_engine(own_pg):
 async def count_rows(engine) -> int:
     async with engine.connect() as conn:
         return await conn.scalar(select(func.count()).select_from(UsageEvent))
+
+
+async def _has_rows(engine, count: int) -> bool:
+    return await count_rows(engine) >= count
 
 
 async def test_replayed_events_are_written_once(engine, tmp_path):
@@ -75,11 +80,30 @@ async def test_a_full_batch_is_written_without_waiting(engine, tmp_path):
     try:
         for _ in range(10):
             writer.submit(make_record())
-        while await count_rows(engine) < 10:     # no timing assertion: it just must arrive
-            await asyncio.sleep(0.02)
-        assert writer.pending == 0
+        # the flush interval is an hour: only the full-batch path can write within the bound
+        await eventually(lambda: _has_rows(engine, 10), timeout_s=30,
+                         what="a full batch written without waiting for the 1 h flush interval")
+        assert await count_rows(engine) == 10 and writer.pending == 0
     finally:
         await writer.stop()
+
+
+async def test_a_batch_that_fills_while_gathering_is_written_at_once(engine, tmp_path):
+    writer = UsageWriter(engine, Outbox(tmp_path / "outbox.jsonl"), batch_size=10,
+                         flush_interval_s=60)
+    await writer.start()
+    try:
+        for _ in range(9):
+            writer.submit(make_record())
+        await asyncio.sleep(0.3)                 # the writer is now gathering this batch
+        assert await count_rows(engine) == 0 and writer.pending == 9, \
+            "a batch short of batch_size waits for the flush interval"
+        writer.submit(make_record())             # the tenth fills the batch
+        await eventually(lambda: _has_rows(engine, 10), timeout_s=10,
+                         what="the batch written once it filled, not after the 60 s interval")
+        assert await count_rows(engine) == 10 and writer.pending == 0
+    finally:
+        await asyncio.wait_for(writer.stop(), 10)   # stop() does not wait out the interval
 
 
 async def test_outbox_survives_a_postgres_outage_and_a_restart(own_pg, own_engine, tmp_path):
@@ -101,7 +125,7 @@ async def test_outbox_survives_a_postgres_outage_and_a_restart(own_pg, own_engin
     await writer.flush()
     assert writer.pending == 0, "events left memory only into the durable outbox"
     lines = outbox_path.read_text().splitlines()
-    assert sorted(json.loads(l)["invocation_id"] for l in lines) == \
+    assert sorted(json.loads(line)["invocation_id"] for line in lines) == \
         sorted(r.invocation_id for r in during)
     assert not writer.healthy
     await writer.stop()            # the control plane stops while Postgres is down
@@ -125,11 +149,11 @@ async def test_outbox_is_replayed_when_postgres_returns(own_pg, own_engine, tmp_
     pg.stop()
     for _ in range(25):
         writer.submit(make_record())
-    while writer.outbox.depth < 25:
-        await asyncio.sleep(0.02)
+    await eventually(lambda: writer.outbox.depth == 25, timeout_s=30,
+                     what="25 events in the outbox while Postgres is down")
     pg.start()
-    while writer.outbox.depth:            # the writer retries on its own
-        await asyncio.sleep(0.05)
+    await eventually(lambda: writer.outbox.depth == 0, timeout_s=60,
+                     what="the writer replaying its outbox on its own once Postgres is back")
     assert await count_rows(engine) == 25 and writer.healthy
     await writer.stop()
 

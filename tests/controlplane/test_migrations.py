@@ -26,7 +26,7 @@ async def test_upgrade_head_twice_on_a_fresh_database(pg_server):
         finally:
             await conn.close()
         assert names == TABLES
-        assert version == "0001"
+        assert version == "0002"
         assert cost_type == "numeric"
     finally:
         await drop_database(pg_server, url)

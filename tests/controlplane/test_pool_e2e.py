@@ -3,7 +3,7 @@
 The pool reads the desired state from Postgres (PostgresDesiredState) and records
 replica lifetimes through PostgresReplicaEvents, as under `thawpool up`.
 """
-import asyncio
+import time
 
 import openai
 import pytest
@@ -14,6 +14,7 @@ from controlplane.models import ReplicaLifetime, UsageEvent
 from tests.controlplane.conftest import (cpu_pool_settings, make_settings, real_pool,
                                          running_control_plane)
 from tests.controlplane.support.servers import runtime_server_available
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
 
@@ -43,6 +44,7 @@ async def test_deploy_invoke_and_bill_through_the_pool(plane, model_uri):
 
     openai_client = openai.AsyncOpenAI(base_url=f"{plane.base_url}/v1", api_key=key,
                                        max_retries=0, timeout=280)
+    started = time.monotonic()
     try:
         stream = await openai_client.chat.completions.create(
             model="pooled", messages=[{"role": "user", "content": "Hello"}], max_tokens=6,
@@ -52,6 +54,7 @@ async def test_deploy_invoke_and_bill_through_the_pool(plane, model_uri):
         async for chunk in stream:
             usage = chunk.usage or usage
         assert usage.completion_tokens == 6
+        waited_s = time.monotonic() - started
     finally:
         await openai_client.close()
 
@@ -59,15 +62,17 @@ async def test_deploy_invoke_and_bill_through_the_pool(plane, model_uri):
     async with plane.app.state.sessions() as session:
         row = await session.scalar(select(UsageEvent).where(UsageEvent.request_id == "pooled-1"))
     assert row.status == "ok" and row.revision_id == revision_id
-    assert row.cold_start_s is not None and row.cold_start_s > 0, "this request waited for a thaw"
+    assert row.cold_start_s is not None and 0 < row.cold_start_s <= waited_s, \
+        "this request waited for a thaw, inside the time it took"
     assert row.replica_id and row.replica_id != "None"
     status = (await client.get("/v1/deployments/pooled")).json()["status"]
     assert status["r1"]["state"] == "ready"
-    for _ in range(100):                      # replica events reach Postgres asynchronously
+    async def ready_lifetime():               # replica events reach Postgres asynchronously
         async with plane.app.state.sessions() as session:
             lifetime = await session.scalar(select(ReplicaLifetime).where(
                 ReplicaLifetime.replica_id == row.replica_id))
-        if lifetime is not None and lifetime.ready_at is not None:
-            break
-        await asyncio.sleep(0.1)
+        return lifetime if lifetime is not None and lifetime.ready_at is not None else None
+
+    lifetime = await eventually(ready_lifetime, timeout_s=10,
+                                what="the replica's lifetime row with its ready time")
     assert lifetime.revision_id == revision_id and lifetime.ready_at >= lifetime.started_at

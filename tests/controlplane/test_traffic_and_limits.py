@@ -3,14 +3,34 @@ from collections import Counter
 
 import pytest
 
-from controlplane.errors import ApiError
+from controlplane.errors import api_error_for
 from controlplane.ratelimit import RateLimiter, TokenBucket
+from controlplane.store.errors import InvalidField
 from controlplane.traffic import choose, parse_split, rollback_target
 
 
 def test_choice_is_deterministic_per_request_id():
+    """Sticky means: the same id lands on the same revision in another process (a restarted
+    or second control plane, another hash seed), in any call order, whatever order the split
+    dict lists its revisions in. Comparing a call with itself in one process would pass for a
+    choice keyed on Python's salted hash() or on per-process state."""
+    import json
+    import os
+    import subprocess
+    import sys
+
     split = {"r1": 90, "r2": 10}
-    assert all(choose(split, f"req-{i}") == choose(split, f"req-{i}") for i in range(200))
+    ids = [f"req-{i}" for i in range(200)]
+    here = [choose(split, rid) for rid in ids]
+    assert set(here) == {"r1", "r2"}, "the choice depends on the id"
+    assert [choose(split, rid) for rid in reversed(ids)] == here[::-1]
+    assert [choose({"r2": 10, "r1": 90}, rid) for rid in ids] == here
+    code = ("import json, sys; from controlplane.traffic import choose; "
+            "print(json.dumps([choose({'r1': 90, 'r2': 10}, f'req-{i}') for i in range(200)]))")
+    for hash_seed in ("1", "2"):
+        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               check=True, env={**os.environ, "PYTHONHASHSEED": hash_seed})
+        assert json.loads(other.stdout) == here, f"PYTHONHASHSEED={hash_seed}"
 
 
 def test_choice_follows_the_percentages():
@@ -31,9 +51,10 @@ def test_a_single_revision_takes_everything():
     ([100], "traffic"),
 ])
 def test_bad_splits_are_422_naming_the_field(body, field):
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(InvalidField) as caught:
         parse_split(body, ["r1", "r2"])
-    assert caught.value.status == 422 and caught.value.param == field
+    refusal = api_error_for(caught.value)
+    assert refusal.status == 422 and refusal.param == field
 
 
 def test_zero_percent_entries_are_dropped():
@@ -43,7 +64,7 @@ def test_zero_percent_entries_are_dropped():
 def test_rollback_picks_the_revision_before_the_newest_live_one():
     assert rollback_target({"r3": 100}, ["r1", "r2", "r3"]) == "r2"
     assert rollback_target({"r2": 90, "r3": 10}, ["r1", "r2", "r3"]) == "r2"
-    with pytest.raises(ApiError):
+    with pytest.raises(InvalidField):
         rollback_target({"r1": 100}, ["r1", "r2"])
 
 
@@ -59,8 +80,8 @@ def test_bucket_refills_linearly_up_to_capacity():
 
 def test_limiter_checks_both_buckets_and_takes_from_neither_when_refused():
     limiter = RateLimiter()
-    admit = lambda tokens, now: limiter.admit("k", requests_per_min=2, tokens_per_min=100,
-                                              tokens=tokens, now=now)
+    def admit(tokens, now):
+        return limiter.admit("k", requests_per_min=2, tokens_per_min=100, tokens=tokens, now=now)
     assert admit(60, 0.0) is None
     refused = admit(60, 0.0)
     assert refused.limit == "tokens_per_min" and refused.retry_after_s == pytest.approx(12.0)

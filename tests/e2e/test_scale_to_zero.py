@@ -1,8 +1,9 @@
 """Serverless end to end: control plane + pool manager + real runtime processes.
 
 Deploy a tiny model from SeaweedFS S3, invoke it cold (a thaw happens and its
-stages are recorded), invoke it warm, wait past the idle timeout and see zero
-replicas, invoke again for the same greedy answer; kill the replica process
+stages are recorded), invoke it warm, step the pool's clock past the idle timeout
+(not before: the replica stays) and see zero replicas, invoke again for the same
+greedy answer; kill the replica process
 mid-stream and see a clean error, a `partial` usage row, and a fresh replica
 for the next request.
 """
@@ -12,6 +13,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 
 import pytest
 import pytest_asyncio
@@ -22,11 +24,16 @@ from controlplane.models import UsageEvent
 from tests.controlplane.conftest import (ControlPlane, cpu_pool_settings, create_database,
                                          drop_database, make_settings, real_pool,
                                          running_control_plane)
+from tests.support.clock import SteppedClock
 from tests.support.model_factory import upload_model
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(600)
 
-IDLE_TIMEOUT_S = 1.5
+# Passed by stepping the pool's clock (SteppedClock), never by waiting: a short real
+# timeout would race the warm request on a slow machine.
+IDLE_TIMEOUT_S = 600.0
+BLOCK_SIZE = 16               # the runtime's default KV block
 # Long enough to fill whole KV blocks, so a repeat of it is served from the prefix cache.
 PROMPT = "Hello there! Please write a short poem about serverless GPU pools that thaw."
 CHAT = {"model": "thaw", "messages": [{"role": "user", "content": PROMPT}],
@@ -43,7 +50,8 @@ async def plane(pg_server, s3_server, tmp_path_factory):
         scale_down_delay_s=0.5, load_timeout_s=240)
     settings = make_settings(db_url, s3_server, tmp / "cp", acquire_timeout_s=280)
     try:
-        async with running_control_plane(settings, pool_factory=real_pool(pool_settings)) as plane:
+        async with running_control_plane(
+                settings, pool_factory=real_pool(pool_settings, clock=SteppedClock())) as plane:
             yield plane
     finally:
         await drop_database(pg_server, db_url)
@@ -95,19 +103,30 @@ async def test_cold_warm_scale_to_zero_and_back(plane, model_uri):
     revision_id = created.json()["revisions"][0]["id"]
     assert await replica_count(plane, revision_id) == 0, "nothing runs before the first request"
 
+    started = time.monotonic()
     cold = await chat(client, "thaw-cold")
+    waited_s = time.monotonic() - started
     cold_row = await usage_row(plane, "thaw-cold")
-    assert cold_row.status == "ok" and cold_row.cold_start_s and cold_row.cold_start_s > 0
+    assert cold_row.status == "ok" and cold_row.cold_start_s is not None
+    assert 0 < cold_row.cold_start_s <= waited_s, "the thaw happened inside this request"
     assert cold_row.completion_tokens == 12
 
     warm = await chat(client, "thaw-warm")
     warm_row = await usage_row(plane, "thaw-warm")
     assert not warm_row.cold_start_s, "a warm request waits for no thaw"
     assert warm_row.replica_id == cold_row.replica_id
-    assert cold_row.cached_tokens == 0 and warm_row.cached_tokens >= 16, "prefix cache hit is billed"
+    whole_blocks = (warm_row.prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE   # last token computed
+    assert whole_blocks >= BLOCK_SIZE, "the prompt spans a whole block"
+    assert cold_row.cached_tokens == 0 and warm_row.cached_tokens == whole_blocks, \
+        "prefix cache hit is billed"
     assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == warm_row.cached_tokens
     assert warm["choices"][0]["message"] == cold["choices"][0]["message"]
 
+    pool = plane.app.state.pool
+    pool.clock.advance(IDLE_TIMEOUT_S - 5)                 # idle, but not for long enough
+    await pool.tick()
+    assert await replica_count(plane, revision_id) == 1, "kept until the idle timeout"
+    pool.clock.advance(10)
     assert await wait_for(lambda: _is_zero(plane, revision_id)), "idle revision scaled to zero"
 
     again = await chat(client, "thaw-again")
@@ -131,7 +150,7 @@ async def test_replica_killed_mid_stream(plane, model_uri):
     revision_id = created.json()["revisions"][0]["id"]
     body = {**CHAT, "model": "crashy", "max_tokens": 400, "stream": True,
             "messages": [{"role": "user", "content": "Tell me a long story"}]}
-    chunks, error = 0, None
+    chunks, delivered, error = 0, 0, None
     async with client.stream("POST", "/v1/chat/completions", json=body,
                              headers={"x-request-id": "crash-1"}) as response:
         assert response.status_code == 200
@@ -143,13 +162,20 @@ async def test_replica_killed_mid_stream(plane, model_uri):
                 error = event["error"]
                 break
             chunks += 1
+            delivered += bool(event["choices"] and event["choices"][0]["delta"].get("content"))
             if chunks == 3:
                 _kill_ready_replica(plane, revision_id)
     assert chunks >= 3 and error is not None, "the client gets a clean error, not a hang"
 
-    row = await usage_row(plane, "crash-1")
+    # the gateway bills the cut stream when it closes it, which may be just after the
+    # client has read the error event
+    row = await eventually(lambda: usage_row(plane, "crash-1"), timeout_s=30,
+                           what="the usage row of the stream cut by the crash")
     assert row.status == "partial"
-    assert 0 < row.completion_tokens < 400, "billed for what was delivered"
+    # each content chunk the client got carries at least one token; the kill came long
+    # before 400
+    assert delivered >= 1 and delivered <= row.completion_tokens < 400, \
+        ("billed for what was delivered", delivered, row.completion_tokens)
 
     fresh = await client.post("/v1/chat/completions", json={**CHAT, "model": "crashy"},
                               headers={"x-request-id": "crash-2"})

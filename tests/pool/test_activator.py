@@ -15,7 +15,7 @@ async def test_full_queue_refuses_with_429():
     q.push(Waiter("b", 1, None, 0.0))
     with pytest.raises(QueueFull) as err:
         q.push(Waiter("c", 1, None, 0.0))
-    assert err.value.status == 429 and err.value.retry_after_s > 0
+    assert err.value.status == 429 and err.value.retry_after_s == 1.0   # push()'s default
 
 
 async def test_dispatch_is_fifo_and_stops_when_no_replica():

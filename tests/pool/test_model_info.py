@@ -5,7 +5,7 @@ import pytest
 from safetensors import safe_open
 
 from pool.api import ModelUnavailable
-from pool.model_info import inspect_model
+from pool.model_info import inspect_model, summarize
 from tests.support.model_factory import upload_model
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -30,6 +30,7 @@ async def test_inspect_single_file_model(s3, s3_server, pool_bucket, fresh_prefi
     assert (info.num_parameters, info.weight_bytes, info.dtype) == (params, nbytes, "float32")
     assert info.files == ("model.safetensors",)
     assert info.num_hidden_layers == 2 and info.num_key_value_heads == 2 and info.head_dim == 16
+    assert (info.num_attention_heads, info.vocab_size) == (4, 512)     # GQA 4:2, not the KV heads
     assert 0 < info.linear_parameters < info.num_parameters
 
 
@@ -40,6 +41,8 @@ async def test_inspect_sharded_bf16_model(s3, s3_server, pool_bucket, fresh_pref
     index = json.loads((folder / "model.safetensors.index.json").read_text())
     assert len(info.files) > 1 and set(info.files) == set(index["weight_map"].values())
     assert info.architecture == "Qwen2ForCausalLM" and info.dtype == "bfloat16"
+    config = json.loads((folder / "config.json").read_text())
+    assert (info.num_attention_heads, info.vocab_size) == (config["num_attention_heads"], config["vocab_size"])
     assert (info.num_parameters, info.weight_bytes) == local_totals(folder)
 
 
@@ -50,3 +53,12 @@ async def test_missing_config_or_weights_is_a_clear_error(s3, s3_server, pool_bu
     client.upload_file(str(tiny_model / "config.json"), pool_bucket, f"{fresh_prefix}/half/config.json")
     with pytest.raises(ModelUnavailable, match="model.safetensors"):
         await inspect_model(s3, f"s3://{pool_bucket}/{fresh_prefix}/half/")
+
+
+async def test_head_and_vocab_counts_come_from_config_and_are_zero_when_absent():
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 96, "num_attention_heads": 6,
+              "num_key_value_heads": 2, "vocab_size": 1000}
+    info = summarize("s3://b/m/", config, ["model.safetensors"], [])
+    assert (info.num_attention_heads, info.num_key_value_heads, info.head_dim, info.vocab_size) == (6, 2, 16, 1000)
+    bare = summarize("s3://b/m/", {"architectures": ["LlamaForCausalLM"]}, ["model.safetensors"], [])
+    assert (bare.num_attention_heads, bare.vocab_size) == (0, 0)          # unknown, not a guess

@@ -1,16 +1,21 @@
 """Small pure pieces of the pool: settings, inventory, flags, manager helpers."""
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterable, Optional, Sequence
 
-from pool.backends.local import engine_flags, runtime_has_standby
-from pool.inventory import cpu_slots
-from pool.manager import ReplicaSlot, cold_start_timings, failure_reason, scale_down_order
 from pool.api import ColdStartFailed, RevisionSpec
-from pool.replica import Replica, ReplicaState as S
+from pool.backends.base import ReplicaHandle
+from pool.backends.runtime_args import engine_flags, engine_for
+from pool.cold_start import cold_start_timings, failure_reason
+from pool.inventory import Slot, cpu_slots
+from pool.registry import ManagedReplica, scale_down_order
+from pool.replica import Replica, ReplicaState
 from pool.settings import GB, PoolSettings
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 SPEC = RevisionSpec("rev", "dep", "ten", "s3://b/m/")
+PULLING, LOADING, READY, DRAINING = (ReplicaState.PULLING, ReplicaState.LOADING, ReplicaState.READY,
+                                     ReplicaState.DRAINING)
 
 
 def test_settings_from_env_reads_once_and_types_values():
@@ -25,7 +30,8 @@ def test_settings_from_env_reads_once_and_types_values():
 
 def test_declared_cpu_slots():
     slots = cpu_slots(PoolSettings(cpu_slots=2, slot_memory_gb=4, node="n"))
-    assert [(s.slot_id, s.kind, s.memory_bytes) for s in slots] == [("n/cpu0", "cpu", 4 * GB), ("n/cpu1", "cpu", 4 * GB)]
+    assert [(s.slot_id, s.kind, s.memory_bytes) for s in slots] == \
+        [("n/cpu0", "cpu", 4 * GB), ("n/cpu1", "cpu", 4 * GB)]
 
 
 def test_engine_kwargs_become_server_flags():
@@ -35,31 +41,41 @@ def test_engine_kwargs_become_server_flags():
         "--speculative", '{"method": "ngram", "k": 4}']
 
 
-def test_runtime_in_this_tree_has_standby_mode():
-    assert runtime_has_standby()
+def test_one_engine_for_both_backends():
+    """A local process names its one GPU; a Ray actor (isolated: it sees only its own
+    GPUs) and a multi-GPU local replica (CUDA_VISIBLE_DEVICES narrowed) say plain cuda."""
+    one, two = [Slot("n/cuda3", "n", "cuda", GB, 3)], [Slot(f"n/cuda{i}", "n", "cuda", GB, i) for i in (1, 2)]
+    spec = RevisionSpec("rev", "dep", "ten", "s3://b/m/", engine={"dtype": "float16"})
+    assert engine_for(spec, one, 64, isolated=False) == {"dtype": "float16", "kv_cache_tokens": 64,
+                                                         "device": "cuda:3"}
+    assert engine_for(spec, one, 64, isolated=True)["device"] == "cuda"
+    assert engine_for(spec, two, 64, isolated=False) == {"dtype": "float16", "kv_cache_tokens": 64,
+                                                         "device": "cuda", "tensor_parallel_size": 2}
+    pinned = RevisionSpec("rev", "dep", "ten", "s3://b/m/", engine={"device": "cpu", "kv_cache_tokens": 8})
+    assert engine_for(pinned, one, 64, isolated=False) == {"device": "cpu", "kv_cache_tokens": 8}
 
 
-def slot(rid, t, *path, in_flight=0, placed=True):
+def managed(rid, t, *path, in_flight=0, placed=True):
     r = Replica(rid, "rev", t, T0)
     for i, state in enumerate(path):
         r.move(state, t + i + 1, T0)
-    s = ReplicaSlot(r, SPEC, in_flight=in_flight)
-    s.placed = object() if placed else None
-    return s
+    m = ManagedReplica(r, SPEC, in_flight=in_flight)
+    m.placed = object() if placed else None
+    return m
 
 
 def test_scale_down_prefers_unplaced_then_starting_then_least_loaded():
-    ready_busy = slot("busy", 0, S.PULLING, S.LOADING, S.READY, in_flight=3)
-    ready_idle = slot("idle", 1, S.PULLING, S.LOADING, S.READY, in_flight=0)
-    loading = slot("loading", 2, S.PULLING, S.LOADING)
-    unplaced = slot("unplaced", 3, placed=False)
-    order = [s.replica_id for s in scale_down_order([ready_busy, ready_idle, loading, unplaced])]
+    ready_busy = managed("busy", 0, PULLING, LOADING, READY, in_flight=3)
+    ready_idle = managed("idle", 1, PULLING, LOADING, READY, in_flight=0)
+    loading = managed("loading", 2, PULLING, LOADING)
+    unplaced = managed("unplaced", 3, placed=False)
+    order = [m.replica_id for m in scale_down_order([ready_busy, ready_idle, loading, unplaced])]
     assert order == ["unplaced", "loading", "idle", "busy"]
 
 
 def test_cold_start_timings_come_from_transitions():
     r = Replica("r", "rev", 10.0, T0)
-    for t, state in [(10.5, S.PULLING), (13.0, S.LOADING), (14.0, S.READY)]:
+    for t, state in [(10.5, PULLING), (13.0, LOADING), (14.0, READY)]:
         r.move(state, t, T0)
     cs = cold_start_timings(r, queue_s=4.2)
     assert (cs.queue_s, cs.placement_s, cs.download_s, cs.load_s, cs.total_s) == (4.2, 0.5, 2.5, 1.0, 4.0)
@@ -68,24 +84,6 @@ def test_cold_start_timings_come_from_transitions():
 def test_failure_reasons_are_readable():
     assert failure_reason(ColdStartFailed("missing object s3://b/k")) == "missing object s3://b/k"
     assert failure_reason(RuntimeError("boom")) == "RuntimeError: boom"
-
-
-def test_crash_backoff_doubles_and_a_first_crash_after_serving_is_replaced_at_once():
-    from pool.activator import RevisionQueue
-    from pool.desired import EventLog, InMemoryDesiredState
-    from pool.manager import PoolManager, RevisionState
-
-    manager = PoolManager(PoolSettings(crash_backoff_base_s=1, crash_backoff_cap_s=8),
-                          InMemoryDesiredState(), EventLog())
-    rev = RevisionState(SPEC, RevisionQueue("rev", 4))
-    never_ready = slot("a", 0, S.PULLING)
-    assert [manager._note_failure(rev, never_ready, False, 10.0) for _ in range(5)] == [1, 2, 4, 8, 8]
-    rev = RevisionState(SPEC, RevisionQueue("rev", 4))
-    served = slot("b", 0, S.PULLING, S.LOADING, S.READY)            # ready at t=3
-    assert manager._note_failure(rev, served, True, 5.0) == 0        # first crash: replace now
-    assert manager._note_failure(rev, served, True, 6.0) == 1        # repeated: back off
-    assert manager._note_failure(rev, served, True, 7.0) == 2
-    assert manager._note_failure(rev, served, True, 3.0 + 8) == 0    # served past the cap: reset
 
 
 # -- backend selection and a cluster's changing inventory ---------------------
@@ -110,6 +108,21 @@ def test_build_backend_picks_local_by_default():
     assert isinstance(build_backend(PoolSettings()), LocalBackend)
 
 
+async def test_local_backend_lists_this_machines_slots_and_prefers_no_node(tmp_path):
+    from pool.backends.local import LocalBackend
+
+    backend = LocalBackend(PoolSettings(accelerator="cpu", cpu_slots=2, slot_memory_gb=1, node="n",
+                                        cache_dir=tmp_path, warm_pool_size=0))
+    try:
+        slots = await backend.inventory()
+        assert [(s.slot_id, s.memory_bytes) for s in slots] == [("n/cpu0", GB), ("n/cpu1", GB)]
+        slots.clear()                              # a copy: callers cannot change the backend's slots
+        assert len(await backend.inventory()) == 2
+        assert backend.pulls_on_node is False and await backend.nodes_holding(["some-key"]) == set()
+    finally:
+        await backend.close()
+
+
 def test_build_backend_ray_reads_its_settings():
     import pytest
 
@@ -125,23 +138,33 @@ def test_build_backend_ray_reads_its_settings():
     assert sized.gpu_memory_bytes == 80 * GB
 
 
-def test_slot_changes_by_slot_id():
-    from pool.inventory import Slot
-    from pool.manager import slot_changes
+class FakeBackend:
+    """A whole Backend (pool.backends.base) that starts nothing: inventory() answers
+    whatever `slots` holds now, as a cluster's would while nodes come and go."""
+    pulls_on_node = True
 
-    a, b, c = (Slot(f"n/{i}", "n", "cuda", GB, i) for i in range(3))
-    assert slot_changes([a, b], [b, c]) == ([c], [a])
-    assert slot_changes([a], [Slot("n/0", "n", "cuda", 2 * GB, 0)]) == ([], [])
+    def __init__(self, slots: Sequence[Slot]):
+        self.slots = list(slots)
+        self.forgotten: list[str] = []
 
+    async def start(self) -> None:
+        pass
 
-class ChangingInventory:
-    """A cluster backend stand-in: inventory() answers whatever `slots` holds now."""
+    async def close(self) -> None:
+        pass
 
-    def __init__(self, slots):
-        self.slots = slots
-
-    async def inventory(self):
+    async def inventory(self) -> list[Slot]:
         return list(self.slots)
+
+    async def nodes_holding(self, keys: Iterable[str]) -> set[str]:
+        return set()
+
+    async def start_replica(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Optional[Path],
+                            replica_id: str) -> ReplicaHandle:
+        raise RuntimeError("FakeBackend starts no replicas")
+
+    def forget(self, handle: ReplicaHandle) -> None:
+        self.forgotten.append(handle.replica_id)
 
 
 async def test_inventory_refresh_adds_and_drops_slots_and_wakes_waiters():
@@ -150,59 +173,44 @@ async def test_inventory_refresh_adds_and_drops_slots_and_wakes_waiters():
     import pytest
 
     from pool.desired import EventLog, InMemoryDesiredState
-    from pool.inventory import Slot
     from pool.manager import PoolManager
-    from pool.placement import Placed
+    from pool.placement import Placed, PlacementRequest
 
     node_a = [Slot(f"a/gpu{i}", "a", "cuda", GB, i) for i in range(2)]
     node_b = [Slot(f"b/gpu{i}", "b", "cuda", GB, i) for i in range(2)]
-    backend = ChangingInventory(node_a)
+    backend = FakeBackend(node_a)
     manager = PoolManager(PoolSettings(), InMemoryDesiredState(), EventLog(), backend=backend)
     await manager.refresh_inventory()
     assert [s.slot_id for s in manager.slots] == ["a/gpu0", "a/gpu1"]
-    held = slot("r", 0, S.PULLING)
-    manager._reserve(held, Placed("a", ("a/gpu1",), GB))
+    held = managed("r", 0, PULLING)
+    held.placed = manager.capacity.try_place("r", PlacementRequest(GB), preferred=())
+    assert held.placed == Placed("a", ("a/gpu0",), GB)
+    assert [(s.slot_id, s.reserved_bytes) for s in manager.capacity.states()] == [("a/gpu0", GB), ("a/gpu1", 0)]
 
-    async def woken() -> bool:
-        async with manager._capacity:
-            await manager._capacity.wait()
-        return True
-
-    waiter = asyncio.ensure_future(woken())
+    waiter = asyncio.ensure_future(manager.capacity.wait_for_room(timeout_s=60))
     await asyncio.sleep(0)
+    assert not waiter.done()
     backend.slots = node_b                      # a left, b joined
     await manager.refresh_inventory()
-    assert await asyncio.wait_for(waiter, 5)
+    await asyncio.wait_for(waiter, 5)           # woken by the join, long before its own timeout
     assert [s.slot_id for s in manager.slots] == ["b/gpu0", "b/gpu1"]
-    assert [(s.slot_id, s.reserved_bytes) for s in manager._slot_states()] == [("b/gpu0", 0), ("b/gpu1", 0)]
-    await manager._unreserve(held)              # the replica of the gone node lets go: no error
+    assert [(s.slot_id, s.reserved_bytes) for s in manager.capacity.states()] == [("b/gpu0", 0), ("b/gpu1", 0)]
+    await manager._cleanup(held)                # the replica of the gone node lets go: no error
     assert held.placed is None
-    late = slot("late", 0)
-    late.replica.slot_ids = ("a/gpu0",)          # placed on a before it left
     with pytest.raises(ColdStartFailed, match="a/gpu0 left the pool"):
-        manager._placed_slots(late)
-
-
-def test_an_exclusive_slot_is_full_once_held_a_shared_one_by_its_bytes():
-    from pool.inventory import Slot
-    from pool.manager import reserved_bytes
-
-    ray_gpu = Slot("ray-n/gpu0", "n", "cuda", 8 * GB, 0, exclusive=True)
-    local_gpu = Slot("local/cuda0", "local", "cuda", 8 * GB, 0)
-    assert reserved_bytes(ray_gpu, {}) == 0
-    assert reserved_bytes(ray_gpu, {"r1": GB}) == 8 * GB
-    assert reserved_bytes(local_gpu, {"r1": GB, "r2": 2 * GB}) == 3 * GB
+        manager.capacity.slots_for(("a/gpu0",))  # a replica placed on a before it left
 
 
 def test_a_replica_being_stopped_is_not_failed_by_its_dead_handle():
     from pool.activator import RevisionQueue
     from pool.desired import EventLog, InMemoryDesiredState
-    from pool.manager import PoolManager, RevisionState
+    from pool.manager import PoolManager
+    from pool.registry import RevisionState
 
-    manager = PoolManager(PoolSettings(), InMemoryDesiredState(), EventLog())
+    manager = PoolManager(PoolSettings(), InMemoryDesiredState(), EventLog(), backend=FakeBackend([]))
     rev = RevisionState(SPEC, RevisionQueue("rev", 4))
-    draining = slot("d", 0, S.PULLING, S.LOADING, S.READY, S.DRAINING)
+    draining = managed("d", 0, PULLING, LOADING, READY, DRAINING)
     draining.stopping = True
     rev.replicas["d"] = draining
     manager._fail(rev, draining, "stopped")
-    assert (draining.state, rev.failures, rev.last_error) == (S.DRAINING, 0, None)
+    assert (draining.state, rev.backoff.failures, rev.last_error) == (DRAINING, 0, None)

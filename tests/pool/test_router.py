@@ -13,11 +13,16 @@ def test_least_outstanding_without_prefix():
 
 
 def test_same_prefix_same_replica_when_balanced():
+    """The pick for a prefix is its rendezvous winner, whatever order the replicas are listed
+    in (each request builds its list anew), while different prefixes spread over all of them."""
     pool = cands(a=0, b=0, c=0, d=0)
-    picks = {choose(pool, "system-prompt-1") for _ in range(5)}
-    assert len(picks) == 1
-    spread = {choose(pool, f"prefix-{i}") for i in range(64)}
-    assert spread == {"a", "b", "c", "d"}
+    keys = [f"prefix-{i}" for i in range(64)]
+    picks = [choose(pool, key) for key in keys]
+    assert picks == [rendezvous_order(pool, key)[0].replica_id for key in keys]
+    for reordered in (pool[::-1], pool[2:] + pool[:2]):
+        assert [choose(reordered, key) for key in keys] == picks
+    assert set(picks) == {"a", "b", "c", "d"}
+    assert choose(pool) == "a", "without a prefix the tie goes to the first id, not by hash"
 
 
 def test_affinity_yields_when_preferred_replica_is_overloaded():
@@ -43,7 +48,10 @@ def test_bound_grows_with_load_factor():
 def test_removing_a_replica_moves_only_its_keys():
     full = cands(a=0, b=0, c=0, d=0)
     fewer = [c for c in full if c.replica_id != "d"]
+    kept = 0
     for i in range(50):
         before = choose(full, f"p{i}")
         if before != "d":
             assert choose(fewer, f"p{i}") == before
+            kept += 1
+    assert 0 < kept < 50, "some keys were on d and moved, the rest stayed"

@@ -91,19 +91,35 @@ async def test_three_replicas_spread_serve_and_release_every_gpu(backend, cluste
     assert await wait_until(lambda: gpus_free() == 2 * GPUS_PER_NODE, 30), gpus_free()
 
 
+@pytest.mark.skipif(not HAS_SERVER, reason="runtime/server.py is absent")
 async def test_tensor_parallel_replica_gets_two_gpus_on_one_node(backend, tiny_model):
+    """Two slots of one node make one replica of two ranks (tensor_parallel_size comes
+    from the slot count), which holds both GPUs and serves the single-process answer."""
+    from runtime import LLM, SamplingParams
+
     slots = await backend.inventory()
     node = slots[-1].node
     pair = [s for s in slots if s.node == node]
-    spec = spec_for(gpu_count=2, engine={**CPU_ENGINE, "tensor_parallel_size": 1})
+    spec = spec_for(gpu_count=2)                   # no tensor_parallel_size: the backend's
     handle = await backend.start_replica(spec, pair, tiny_model, "tp")
     try:
         assert handle.node_id == node and len(handle.gpu_ids) == 2
         assert handle.group is not None
         assert gpus_free() == 2 * GPUS_PER_NODE - 2
+        assert await wait_ready(handle), handle.exit_reason()
+        async with httpx.AsyncClient(timeout=10) as client:
+            health = (await client.get(f"{handle.base_url}/health")).json()
+        assert health["tensor_parallel"]["size"] == 2, health
+        assert len(health["tensor_parallel"]["worker_pids"]) == 1
+        served = await complete(handle, spec.revision_id)
     finally:
         await handle.stop(5)
     assert await wait_until(lambda: gpus_free() == 2 * GPUS_PER_NODE, 30), gpus_free()
+    with LLM(str(tiny_model), kv_cache_tokens=256) as one_rank:
+        (want,) = one_rank.generate(["The quick brown fox"],
+                                    SamplingParams(max_tokens=4, temperature=0.0))
+    assert served["choices"][0]["text"] == want.text
+    assert served["usage"]["completion_tokens"] == len(want.token_ids)
 
 
 @pytest.mark.skipif(not HAS_SERVER, reason="runtime/server.py is absent")

@@ -106,8 +106,9 @@ async def test_settings_alone_spread_three_replicas_then_scale_to_zero(cluster, 
         assert await manager.backend.nodes_holding(keys) == {n.node_id for n in cluster.workers}
         handles = [manager.handle(r.replica_id) for r in manager.revision_status(spec.revision_id).replicas]
 
-        async with await manager.acquire(spec, request_id="ray-1", timeout_s=30) as lease:
-            assert (await complete(lease, lease.served_model_name))["usage"]["completion_tokens"] == 4
+        async with await manager.acquire(spec, request_id="ray-1", prefix_key=None, prompt_tokens=1,
+                                         timeout_s=30) as lease:
+            assert (await complete(lease, lease.revision_id))["usage"]["completion_tokens"] == 4
 
         await set_min_replicas(manager, desired, spec, 0)
         assert await scaled_to_zero(manager, spec.revision_id), manager.revision_status(spec.revision_id)

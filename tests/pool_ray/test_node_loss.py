@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from functools import partial
 
 import pytest
 
@@ -42,7 +43,7 @@ async def test_lost_node_fails_its_replicas_and_replacements_land_on_the_survivo
     for handle in doomed:
         assert "ray actor of the replica died" in handle.exit_reason()
         assert "node" in handle.exit_reason().lower(), handle.exit_reason()
-        assert await wait_until(lambda: process_gone(handle.pid), 30), f"runtime {handle.pid} outlived its node"
+        assert await wait_until(partial(process_gone, handle.pid), 30), f"runtime {handle.pid} outlived its node"
     assert kept.is_alive()
     assert {s.node for s in await backend.inventory()} == {survivor.node_id}
     with pytest.raises(ColdStartFailed, match="left the cluster"):

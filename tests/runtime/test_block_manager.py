@@ -1,7 +1,7 @@
 """Block manager alone: exact block ids, prefix hits, eviction order, salts, no leaks."""
 from __future__ import annotations
 
-from runtime.block_manager import BlockManager, block_hashes, prefix_key
+from runtime.block_manager import BlockManager, block_hashes
 
 A = list(range(10))                 # two full blocks of 4 and a partial one
 
@@ -98,5 +98,5 @@ def test_hashes_are_chained_and_stable():
     assert len(h) == 3 and len(set(h)) == 3
     other = block_hashes([99] + list(range(1, 12)), 4)
     assert all(x != y for x, y in zip(h, other))        # a change in block 0 changes all
-    assert prefix_key(list(range(12)), 4, num_blocks=2) == h[1].hex()
-    assert prefix_key([1, 2], 4) is None
+    assert block_hashes(list(range(12)), 4, max_blocks=2) == h[:2]
+    assert block_hashes([1, 2], 4) == []

@@ -121,5 +121,5 @@ def test_unsupported_quantization_is_refused_by_field_name(tiny_model, value):
 def test_server_flag_builds_an_int8_engine(tiny_model):
     settings = parse_settings(["--model", str(tiny_model), "--quantization", "int8",
                                "--kv-cache-tokens", "256"])
-    eng = LLMEngine(settings.model, **settings.engine)
+    eng = LLMEngine(settings.model, **settings.engine_kwargs)
     assert isinstance(eng.runner.model.layers[0].qkv, Int8Weight)

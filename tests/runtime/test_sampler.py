@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from runtime.sampler import Sampler, filter_logits
-from runtime.sampling_params import SamplingParams
+from wire.sampling import SamplingParams
 
 LOGITS = torch.tensor([[0.0, 3.0, 1.0, 2.0, -1.0],
                        [5.0, 0.0, 0.0, 0.0, 6.0]])

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from runtime.block_manager import BlockManager
 from runtime.request import Request
-from runtime.sampling_params import SamplingParams
+from wire.sampling import SamplingParams
 from runtime.scheduler import RunnerOutput, Scheduler, SchedulerConfig
 
 EOS = 2
@@ -85,11 +85,19 @@ def test_recompute_after_preemption_includes_generated_tokens():
     old, new = req("old", 6, max_tokens=6), req("new", 6, max_tokens=6, first=40)
     s.add(old)
     s.add(new)
-    while new.num_preemptions == 0:
+    for _ in range(50):                  # 4 blocks for two 12-token requests: it must come
+        if new.num_preemptions:
+            break
         step(s)
+    else:
+        pytest.fail("new was never preempted")
     generated = new.num_output_tokens
-    while new.status.value == "waiting":
+    for _ in range(50):
         out, _ = step(s)
+        if new.status.value != "waiting":
+            break
+    else:
+        pytest.fail("new was never resumed")
     chunk = next(c for c in out.chunks if c.request_id == "new")
     assert chunk.start == 0 and len(chunk.token_ids) == 6 + generated
 

@@ -196,7 +196,12 @@ def test_stop_tokens_and_max_tokens_cut_inside_an_accepted_run(tiny_model, promp
     want, _ = _generate(tiny_model, prompts, params)
     got, _ = _generate(tiny_model, prompts, params, speculative=NGRAM)
     assert got == want
-    assert all(len(t) <= p.max_tokens for t, p in zip(got, params))
+    # each ends at its max_tokens or right at the stop token, whichever came first
+    for tokens, p in zip(got, params):
+        assert stop not in tokens[:-1]
+        assert len(tokens) == p.max_tokens or (tokens[-1] == stop and len(tokens) < p.max_tokens)
+    assert sum(t[-1] == stop and len(t) < p.max_tokens for t, p in zip(got, params)) >= 1, \
+        "the stop token cut at least one run"
 
 
 def test_only_committed_tokens_are_hashed_into_the_prefix_cache(tiny_model, prompts):
@@ -229,4 +234,4 @@ def test_the_server_flag_passes_the_json_through_to_the_engine():
     from runtime.server import parse_settings
 
     settings = parse_settings(["--model", "m", "--speculative", '{"method": "ngram", "k": 4, "n": 3}'])
-    assert settings.engine["speculative"] == {"method": "ngram", "k": 4, "n": 3}
+    assert settings.engine_kwargs["speculative"] == {"method": "ngram", "k": 4, "n": 3}

@@ -14,17 +14,17 @@ def test_engine_flags_become_llm_kwargs():
                         "--speculative", '{"method": "ngram", "k": 4}', "--quantization", "int8",
                         "--tensor-parallel-size", "2", "--served-model-name", "m1"])
     assert (s.model, s.port, s.served_model_name, s.standby) == ("/m", 9000, "m1", False)
-    assert s.engine == {"dtype": "bfloat16", "kv_cache_tokens": 4096, "block_size": 32,
-                        "max_num_seqs": 8, "max_num_batched_tokens": 512,
-                        "enable_prefix_caching": False,
-                        "speculative": {"method": "ngram", "k": 4}, "quantization": "int8",
-                        "tensor_parallel_size": 2}
+    assert s.engine_kwargs == {"dtype": "bfloat16", "kv_cache_tokens": 4096, "block_size": 32,
+                               "max_num_seqs": 8, "max_num_batched_tokens": 512,
+                               "enable_prefix_caching": False,
+                               "speculative": {"method": "ngram", "k": 4},
+                               "quantization": "int8", "tensor_parallel_size": 2}
     assert s.load_request().served_model_name == "m1"
 
 
 def test_unset_flags_keep_engine_defaults_and_name_defaults_to_the_folder():
     s = parse_settings(["--model", "/models/x"])
-    assert s.engine == {} and s.load_request().served_model_name == "/models/x"
+    assert s.engine_kwargs == {} and s.load_request().served_model_name == "/models/x"
 
 
 def test_standby_and_model_are_exclusive():

@@ -386,6 +386,10 @@ def test_gpu_node_role_only_reads_weights_and_writes_logs(hcl):
     statements = _policy_document(parsed, "gpu_node")["statement"]
     actions = {a for s in statements for a in _strings(s, "actions")}
     assert actions <= GPU_NODE_ALLOWED_ACTIONS, f"extra actions on GPU nodes: {sorted(actions - GPU_NODE_ALLOWED_ACTIONS)}"
+    # and it does read weights and write logs: an empty parse (an HCL shape this test
+    # does not read) would pass the subset check above with nothing checked
+    needed = {"s3:ListBucket", "s3:GetObject", "logs:CreateLogStream", "logs:PutLogEvents"}
+    assert needed <= actions, f"GPU nodes miss {sorted(needed - actions)}"
     for s in statements:
         assert _scalar(s, "effect", "Allow") == "Allow"
         assert "*" not in _strings(s, "resources"), f"statement {_scalar(s, 'sid')} has Resource *"

@@ -1,22 +1,30 @@
-"""A small real pool for gateway tests: leases a fixed list of runtime servers.
+"""A small real pool for control-plane tests: leases a fixed list of runtime servers.
 
-It implements the acquire()/Lease part of the PoolManager seam in
-docs/interfaces.md and records every call, so tests can check what the
-gateway asked for and that each lease was released exactly once.
+It implements `pool.api.Pool` whole: inspect_model reads config.json and the
+safetensors headers from the real S3 (pool.model_info, as PoolManager does),
+check_fits compares the shape with one slot of `slot_memory_gb` x `slot_gpus`,
+acquire leases the next server round robin. It records what the control plane
+asked for, so tests can check that a refused request acquired nothing and that
+each lease was released exactly once.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from pool.api import ColdStartTimings, PoolError, RevisionSpec
+from pool.api import (ColdStartTimings, Lease, ModelInfo, NeverFits, Pool, PoolError,
+                      ReplicaShape, RevisionSpec, RevisionStatus)
+from pool.model_info import inspect_model
 
 
 @dataclass
 class StaticLease:
+    """pool.api.Lease over one of the servers."""
     base_url: str
     replica_id: str
+    revision_id: str
     queue_s: float = 0.0
     cold_start: Optional[ColdStartTimings] = None
     released: int = 0
@@ -27,12 +35,6 @@ class StaticLease:
 
     def mark_failed(self) -> None:
         self.failed = True
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        self.release()
 
 
 @dataclass
@@ -47,20 +49,63 @@ class Acquired:
 
 @dataclass
 class StaticPool:
-    base_urls: list[str]
+    s3_endpoint: Optional[str]
+    aws_access_key_id: Optional[str]
+    aws_secret_access_key: Optional[str]
+    base_urls: list[str] = field(default_factory=list)
+    slot_memory_gb: float = 16.0
+    slot_gpus: int = 8
     refuse_with: Optional[PoolError] = None          # raise this from acquire() when set
     cold_start: Optional[ColdStartTimings] = None
     calls: list[Acquired] = field(default_factory=list)
+    inspected: list[str] = field(default_factory=list)   # model_uri per inspect_model call
+    refreshes: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._next = itertools.cycle(range(len(self.base_urls)))
+        self._stack = contextlib.AsyncExitStack()
+        self._s3: Any = None
+
+    async def start(self) -> None:
+        from aiobotocore.config import AioConfig
+        from aiobotocore.session import get_session
+
+        self._s3 = await self._stack.enter_async_context(get_session().create_client(
+            "s3", endpoint_url=self.s3_endpoint, region_name="us-east-1",
+            aws_access_key_id=self.aws_access_key_id,
+            aws_secret_access_key=self.aws_secret_access_key,
+            config=AioConfig(s3={"addressing_style": "path"})))
+
+    async def stop(self) -> None:
+        await self._stack.aclose()
+
+    async def inspect_model(self, model_uri: str) -> ModelInfo:
+        self.inspected.append(model_uri)
+        return await inspect_model(self._s3, model_uri)
+
+    def check_fits(self, info: ModelInfo, shape: ReplicaShape) -> None:
+        if shape.gpu_count > self.slot_gpus or shape.gpu_memory_gb > self.slot_memory_gb:
+            raise NeverFits(f"{info.model_uri} can never be placed: {shape.gpu_count} x "
+                            f"{shape.gpu_memory_gb} GB asked, {self.slot_gpus} x "
+                            f"{self.slot_memory_gb} GB held")
 
     async def acquire(self, spec: RevisionSpec, *, request_id: str, prefix_key: Optional[str],
                       prompt_tokens: int, timeout_s: float) -> StaticLease:
         if self.refuse_with is not None:
             raise self.refuse_with
         index = next(self._next)
-        lease = StaticLease(self.base_urls[index], f"static-{index}",
+        lease = StaticLease(self.base_urls[index], f"static-{index}", spec.revision_id,
                             queue_s=0.001, cold_start=self.cold_start)
         self.calls.append(Acquired(spec, request_id, prefix_key, prompt_tokens, timeout_s, lease))
         return lease
+
+    def revision_status(self, revision_id: str) -> RevisionStatus:
+        return RevisionStatus(revision_id, "ready" if self.base_urls else "scaled_to_zero")
+
+    async def refresh(self) -> None:
+        self.refreshes += 1
+
+
+if TYPE_CHECKING:       # mypy holds both doubles to the protocols the gateway calls
+    _pool: type[Pool] = StaticPool
+    _lease: type[Lease] = StaticLease

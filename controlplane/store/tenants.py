@@ -1,17 +1,18 @@
-"""Tenants and their API keys in Postgres: create, look up, revoke."""
+"""Tenants and their API keys: create, look up, list, revoke; the caller behind a key."""
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Optional
 
-from sqlalchemy import select, update
+from sqlalchemy import any_, literal, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.errors import ApiError
 from controlplane.keys import NewKey, generate_key, hash_key
 from controlplane.models import ApiKey, Tenant, utcnow
+from controlplane.store.errors import AlreadyExists, NotFound
 
 ADMIN_TENANT = "system"
 
@@ -38,7 +39,7 @@ async def create_tenant(session: AsyncSession, name: str) -> Tenant:
     try:
         await session.flush()
     except IntegrityError:
-        raise ApiError(409, f"tenant {name!r} already exists", code="tenant_exists")
+        raise AlreadyExists("tenant", name) from None
     return tenant
 
 
@@ -47,8 +48,12 @@ async def find_tenant(session: AsyncSession, name_or_id: str) -> Tenant:
     if tenant is None and _looks_like_uuid(name_or_id):
         tenant = await session.get(Tenant, name_or_id)
     if tenant is None:
-        raise ApiError(404, f"tenant {name_or_id!r} not found", code="tenant_not_found")
+        raise NotFound("tenant", name_or_id)
     return tenant
+
+
+async def list_tenants(session: AsyncSession) -> list[Tenant]:
+    return list(await session.scalars(select(Tenant).order_by(Tenant.name)))
 
 
 async def create_key(session: AsyncSession, tenant: Tenant, scopes: list[str], *,
@@ -64,14 +69,15 @@ async def create_key(session: AsyncSession, tenant: Tenant, scopes: list[str], *
     return key, new
 
 
-async def revoke_key(session: AsyncSession, prefix: str,
-                     tenant_id: Optional[str] = None) -> ApiKey:
-    query = select(ApiKey).where(ApiKey.prefix == prefix)
-    if tenant_id is not None:
-        query = query.where(ApiKey.tenant_id == tenant_id)
-    key = await session.scalar(query)
+async def list_keys(session: AsyncSession, tenant: Tenant) -> list[ApiKey]:
+    return list(await session.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant.id)
+                                      .order_by(ApiKey.created_at)))
+
+
+async def revoke_key(session: AsyncSession, prefix: str) -> ApiKey:
+    key = await session.scalar(select(ApiKey).where(ApiKey.prefix == prefix))
     if key is None:
-        raise ApiError(404, f"key {prefix!r} not found", code="key_not_found")
+        raise NotFound("key", prefix)
     if key.revoked_at is None:
         key.revoked_at = utcnow()
     return key
@@ -95,7 +101,8 @@ async def principal_for(session: AsyncSession, secret: str) -> Optional[Principa
 async def bootstrap_admin(session: AsyncSession) -> Optional[NewKey]:
     """On first start, an admin key in the system tenant; None when one exists."""
     live_admin = await session.scalar(
-        select(ApiKey.id).where(ApiKey.scopes.any("admin"), ApiKey.revoked_at.is_(None)))
+        select(ApiKey.id).where(literal("admin") == any_(ApiKey.scopes),
+                                ApiKey.revoked_at.is_(None)))
     if live_admin is not None:
         return None
     tenant = await session.scalar(select(Tenant).where(Tenant.name == ADMIN_TENANT))
@@ -106,18 +113,7 @@ async def bootstrap_admin(session: AsyncSession) -> Optional[NewKey]:
     return new
 
 
-def key_view(key: ApiKey) -> dict:
-    return {"id": key.id, "prefix": key.prefix, "tenant_id": key.tenant_id,
-            "scopes": list(key.scopes), "name": key.name,
-            "requests_per_min": key.requests_per_min, "tokens_per_min": key.tokens_per_min,
-            "expires_at": key.expires_at.isoformat() if key.expires_at else None,
-            "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
-            "created_at": key.created_at.isoformat()}
-
-
 def _looks_like_uuid(value: str) -> bool:
-    import uuid
-
     try:
         uuid.UUID(value)
         return True

@@ -1,21 +1,21 @@
-"""OpenAI wire format for the replica server: parse and validate requests, build responses.
+"""OpenAI completion and chat requests: parse and validate, for the edge and the replica.
 
-Pure functions over dicts; no engine, no HTTP. Every refusal is a
-`ProtocolError` naming the offending field, so the server answers 400 with
-`param` set and the client can tell which knob was wrong.
+Pure functions over dicts; no engine, no HTTP. The control plane parses every
+request with these rules before it wakes a replica, and the replica parses it
+again with the same rules (it can be used on its own, like `vllm serve`).
+Every refusal is a `ProtocolError` naming the offending field, so the answer is
+a 400 with `param` set. What needs the model (the vocabulary for token ids, the
+context length for a chat's default max_tokens) is checked by the replica.
 """
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
-from runtime.outputs import TokenLogprobs
-from runtime.sampling_params import SamplingParams
+from wire.errors import ProtocolError
+from wire.sampling import SamplingParams
 
 Prompt = Union[str, list[int]]
-TokenText = Callable[[int], str]   # token id -> its text, for logprobs
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16   # OpenAI's default for /v1/completions
 MAX_LOGPROBS = 20
@@ -28,29 +28,6 @@ _COMMON_FIELDS = _SAMPLING_FIELDS | {"model", "stream", "stream_options", "n", "
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "logprobs", "echo"}
 CHAT_FIELDS = _COMMON_FIELDS | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"}
 CHAT_ROLES = {"system", "user", "assistant", "tool", "developer"}
-
-
-class ProtocolError(ValueError):
-    """A request the server refuses; `param` names the field when there is one."""
-
-    def __init__(self, message: str, param: Optional[str] = None, status: int = 400,
-                 type: str = "invalid_request_error"):
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.status = status
-        self.type = type
-
-    @classmethod
-    def from_value_error(cls, exc: ValueError, rename: Optional[dict[str, str]] = None):
-        """Engine and SamplingParams messages start with 'field: ...'; keep that field."""
-        message = str(exc)
-        head, sep, _ = message.partition(":")
-        param = head.strip() if sep and head.strip().isidentifier() else None
-        if param and rename and param in rename:
-            message = rename[param] + message[len(head):]
-            param = rename[param]
-        return cls(message, param=param)
 
 
 @dataclass(frozen=True)
@@ -72,6 +49,14 @@ class GenerationRequest:
     stream_options: StreamOptions = field(default_factory=StreamOptions)
     max_tokens_given: bool = True              # chat: False -> fill up to the context
     logprobs: Optional[int] = None             # top-N requested; None: no logprobs
+
+    def max_tokens_within(self, context_len: int, prompt_len: int) -> int:
+        """The one max_tokens rule: what the client asked for; a completion without it
+        gets OpenAI's 16 (set at parse); a chat without it gets what the context leaves
+        after the prompt (at least one token)."""
+        if self.max_tokens_given:
+            return self.params.max_tokens
+        return max(1, context_len - prompt_len)
 
     def with_max_tokens(self, max_tokens: int) -> "GenerationRequest":
         return replace(self, params=replace(self.params, max_tokens=max_tokens))
@@ -267,119 +252,16 @@ def _optional_int(body: dict[str, Any], name: str, low: int, high: int) -> Optio
         return None
     if not _is_int(value) or not low <= value <= high:
         raise ProtocolError(f"{name}: must be an integer in [{low}, {high}]", param=name)
-    return value
+    return int(value)
 
 
-# ---------------------------------------------------------------- responses
-
-def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
+ENDPOINTS = ("completions", "chat/completions")
 
 
-@dataclass(frozen=True)
-class ResponseHeader:
-    """What every body and chunk of one response shares."""
-    id: str
-    model: str
-    kind: str                       # "completion" | "chat"
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def base(self, chunk: bool) -> dict[str, Any]:
-        if self.kind == "chat":
-            obj = "chat.completion.chunk" if chunk else "chat.completion"
-        else:
-            obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-
-def completion_choice(text: str, finish_reason: Optional[str],
-                      logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-
-
-def chat_message_choice(text: str, finish_reason: Optional[str],
-                        logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    return {"index": 0, "message": {"role": "assistant", "content": text},
-            "logprobs": logprobs, "finish_reason": finish_reason}
-
-
-def chat_delta_choice(delta: dict[str, Any], finish_reason: Optional[str],
-                      logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-
-
-def full_response(header: ResponseHeader, text: str, finish_reason: Optional[str],
-                  usage: dict[str, Any], metrics: Optional[dict[str, float]],
-                  logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    choice = (chat_message_choice if header.kind == "chat" else completion_choice)(
-        text, finish_reason, logprobs)
-    body = {**header.base(chunk=False), "choices": [choice], "usage": usage}
-    if metrics is not None:
-        body["metrics"] = metrics
-    return body
-
-
-def chunk(header: ResponseHeader, choice: Optional[dict[str, Any]],
-          usage: Optional[dict[str, Any]] = None,
-          metrics: Optional[dict[str, float]] = None) -> dict[str, Any]:
-    """One SSE chunk; `choice=None` makes the final usage-only chunk (choices: [])."""
-    body = {**header.base(chunk=True), "choices": [choice] if choice else []}
-    if usage is not None:
-        body["usage"] = usage
-    if metrics is not None:
-        body["metrics"] = metrics
-    return body
-
-
-def sse(data: Union[dict[str, Any], str]) -> bytes:
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return f"data: {payload}\n\n".encode()
-
-
-SSE_DONE = sse("[DONE]")
-
-
-def error_body(message: str, status: int = 400, type: str = "invalid_request_error",
-               param: Optional[str] = None) -> dict[str, Any]:
-    return {"error": {"type": type, "message": message, "code": status, "param": param}}
-
-
-def error_from(exc: ProtocolError) -> dict[str, Any]:
-    return error_body(exc.message, exc.status, exc.type, exc.param)
-
-
-# ---------------------------------------------------------------- logprobs
-
-def completion_logprobs(entries: list[TokenLogprobs], token_ids: list[int],
-                        token_text: TokenText, text_offset: int) -> dict[str, Any]:
-    """Legacy completions format: parallel lists, text offsets into the completion."""
-    tokens = [token_text(t) for t in token_ids]
-    offsets = []
-    for token in tokens:
-        offsets.append(text_offset)
-        text_offset += len(token)
-    return {
-        "tokens": tokens,
-        "token_logprobs": [chosen for chosen, _ in entries],
-        "top_logprobs": [{token_text(t): lp for t, lp in top} for _, top in entries],
-        "text_offset": offsets,
-    }
-
-
-def chat_logprobs(entries: list[TokenLogprobs], token_ids: list[int],
-                  token_text: TokenText) -> dict[str, Any]:
-    """Chat format: one object per token with its bytes and its top alternatives."""
-    return {"content": [
-        {**_chat_token(token_text(t), chosen),
-         "top_logprobs": [_chat_token(token_text(alt), lp) for alt, lp in top]}
-        for t, (chosen, top) in zip(token_ids, entries)
-    ]}
-
-
-def _chat_token(text: str, logprob: float) -> dict[str, Any]:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+def parse_request(endpoint: str, body: Any) -> GenerationRequest:
+    """`endpoint` is the path after /v1/: "completions" or "chat/completions"."""
+    if endpoint == "chat/completions":
+        return parse_chat_request(body)
+    if endpoint == "completions":
+        return parse_completion_request(body)
+    raise ValueError(f"unknown endpoint {endpoint!r}")

@@ -1,6 +1,7 @@
 """What the gateway forwards and what it hands back to the client."""
-from controlplane.openai_wire import (ClientStreamOptions, UsageSeen, client_chunk,
-                                      prefix_key, prompt_text, upstream_body)
+from controlplane.gateway_wire import (UsageSeen, client_chunk, estimate_prompt_tokens,
+                                       prefix_key, prompt_text, upstream_body)
+from wire.requests import StreamOptions, parse_request
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
          "prompt_tokens_details": {"cached_tokens": 3}}
@@ -17,21 +18,21 @@ def test_upstream_always_gets_cumulative_usage_and_no_model():
 
 
 def test_usage_is_stripped_unless_the_client_asked():
-    plain = ClientStreamOptions()
+    plain = StreamOptions()
     assert "usage" not in client_chunk(CONTENT, "chat", plain)
     assert client_chunk(FINAL, "chat", plain) is None
     assert client_chunk(CONTENT, "chat", plain)["model"] == "chat"
 
 
 def test_include_usage_gives_openai_shape():
-    options = ClientStreamOptions(include_usage=True)
+    options = StreamOptions(include_usage=True)
     assert client_chunk(CONTENT, "chat", options)["usage"] is None
     final = client_chunk(FINAL, "chat", options)
     assert final["usage"] == USAGE and "metrics" not in final
 
 
 def test_continuous_usage_passes_through():
-    options = ClientStreamOptions(include_usage=True, continuous_usage_stats=True)
+    options = StreamOptions(include_usage=True, continuous_usage_stats=True)
     assert client_chunk(CONTENT, "chat", options)["usage"] == USAGE
 
 
@@ -48,7 +49,13 @@ def test_prefix_key_depends_only_on_the_head():
     head = "x" * 512
     assert prefix_key(head + "tail one") == prefix_key(head + "tail two")
     assert prefix_key("a" + head) != prefix_key("b" + head)
-    text = prompt_text({"messages": [{"role": "user", "content": [{"type": "text",
-                                                                   "text": "hi"}]}]},
-                       "chat/completions")
-    assert text == "user: hi"
+    chat = parse_request("chat/completions", {"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
+    assert prompt_text(chat) == "user: hi"
+
+
+def test_prompt_estimates_count_token_ids_exactly_and_text_by_characters():
+    ids = parse_request("completions", {"prompt": [5, 6, 7]})
+    assert estimate_prompt_tokens(ids, prompt_text(ids)) == 3
+    text = parse_request("completions", {"prompt": "x" * 40})
+    assert estimate_prompt_tokens(text, prompt_text(text)) == 11

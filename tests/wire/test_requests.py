@@ -1,15 +1,12 @@
-"""Request parsing, validation and wire-format builders, with no server."""
+"""Request parsing and validation (wire.requests), with no server."""
 from __future__ import annotations
-
-import json
 
 import pytest
 from hypothesis import given, strategies as st
 
-from runtime.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, ProtocolError, ResponseHeader,
-                              StreamOptions, chat_logprobs, chunk, completion_logprobs,
-                              error_from, full_response, parse_chat_request,
-                              parse_completion_request, sse, usage_dict)
+from wire.errors import ProtocolError
+from wire.requests import (CHAT_FIELDS, COMPLETION_FIELDS, StreamOptions, parse_chat_request,
+                           parse_completion_request, parse_request)
 
 
 def refusal(parse, body) -> ProtocolError:
@@ -105,56 +102,6 @@ def test_non_object_body_is_refused():
     assert refusal(parse_completion_request, [1, 2]).param is None
 
 
-def test_usage_and_full_completion_body():
-    header = ResponseHeader(id="cmpl-1", model="m", kind="completion", created=5)
-    usage = usage_dict(3, 4, 2)
-    assert usage == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
-                     "prompt_tokens_details": {"cached_tokens": 2}}
-    body = full_response(header, "hey", "length", usage, {"e2e_s": 1.0})
-    assert body == {"id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m",
-                    "choices": [{"index": 0, "text": "hey", "logprobs": None,
-                                 "finish_reason": "length"}],
-                    "usage": usage, "metrics": {"e2e_s": 1.0}}
-
-
-def test_chat_bodies_and_chunks():
-    header = ResponseHeader(id="chatcmpl-1", model="m", kind="chat", created=5)
-    body = full_response(header, "yo", "stop", usage_dict(1, 1, 0), None)
-    assert body["object"] == "chat.completion" and "metrics" not in body
-    assert body["choices"][0]["message"] == {"role": "assistant", "content": "yo"}
-    final = chunk(header, None, usage_dict(1, 1, 0), {"ttft_s": 0.1})
-    assert final["object"] == "chat.completion.chunk" and final["choices"] == []
-    assert final["metrics"] == {"ttft_s": 0.1}
-
-
-def test_sse_framing():
-    assert sse({"a": 1}) == b'data: {"a":1}\n\n'
-    assert sse("[DONE]") == b"data: [DONE]\n\n"
-
-
-def test_logprob_formats():
-    text = {7: "ab", 8: "c", 9: "é"}.__getitem__
-    entries = [(-0.5, [(7, -0.5), (9, -1.0)]), (-0.25, [(8, -0.25)])]
-    legacy = completion_logprobs(entries, [7, 8], text, text_offset=10)
-    assert legacy == {"tokens": ["ab", "c"], "token_logprobs": [-0.5, -0.25],
-                      "top_logprobs": [{"ab": -0.5, "é": -1.0}, {"c": -0.25}],
-                      "text_offset": [10, 12]}
-    chat = chat_logprobs(entries, [7, 9], text)
-    assert chat["content"][1] == {"token": "é", "logprob": -0.25, "bytes": [195, 169],
-                                  "top_logprobs": [{"token": "c", "logprob": -0.25,
-                                                    "bytes": [99]}]}
-
-
-def test_error_body_shape():
-    err = ProtocolError.from_value_error(ValueError("prompt: 900 tokens do not fit"))
-    assert err.param == "prompt"
-    assert error_from(err) == {"error": {"type": "invalid_request_error",
-                                         "message": "prompt: 900 tokens do not fit",
-                                         "code": 400, "param": "prompt"}}
-    assert ProtocolError.from_value_error(ValueError("no field here")).param is None
-    json.dumps(error_from(err))
-
-
 @given(st.sets(st.text(alphabet="abcdefghij_", min_size=1, max_size=8), min_size=1, max_size=4))
 def test_any_unknown_field_is_named(names):
     unknown = sorted(names - COMPLETION_FIELDS)
@@ -174,3 +121,21 @@ def test_top_p_accepted_exactly_on_the_open_closed_interval(top_p):
         assert parse_completion_request(body).params.top_p == top_p
     else:
         assert refusal(parse_completion_request, body).param == "top_p"
+
+
+def test_parse_request_picks_the_parser_by_endpoint():
+    assert parse_request("completions", {"prompt": "x"}).kind == "completion"
+    chat = parse_request("chat/completions", {"messages": [{"role": "user", "content": "x"}]})
+    assert chat.kind == "chat"
+    with pytest.raises(ValueError, match="unknown endpoint"):
+        parse_request("embeddings", {"input": "x"})
+
+
+def test_one_max_tokens_rule():
+    given_ = parse_chat_request({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9})
+    assert given_.max_tokens_within(context_len=100, prompt_len=30) == 9
+    open_ = parse_chat_request({"messages": [{"role": "user", "content": "x"}]})
+    assert open_.max_tokens_within(context_len=100, prompt_len=30) == 70
+    assert open_.max_tokens_within(context_len=100, prompt_len=100) == 1
+    completion = parse_completion_request({"prompt": "x"})
+    assert completion.max_tokens_within(context_len=100, prompt_len=30) == 16

@@ -1,0 +1,34 @@
+"""What the app holds in `app.state`, set once in the lifespan (controlplane.app).
+
+Routes and the auth middleware read it through `state_of`, typed; tests read
+the same attributes (`app.state.sessions`, `app.state.writer`, `app.state.pool`).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+    from controlplane.deployer import Deployer
+    from controlplane.gateway import Gateway
+    from controlplane.metering import UsageWriter
+    from controlplane.metrics import Metrics
+    from controlplane.settings import Settings
+    from pool.api import Pool
+
+
+class AppState(Protocol):
+    settings: Settings
+    metrics: Metrics
+    db_engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    writer: UsageWriter
+    pool: Pool
+    deployer: Deployer
+    gateway: Gateway
+
+
+def state_of(app: Any) -> AppState:
+    """`app.state` of a Starlette app built by `create_app`."""
+    return cast(AppState, app.state)

@@ -1,0 +1,176 @@
+"""What the pool knows: every revision it serves, with its replicas and their holdings.
+
+A `RevisionState` is one revision of the desired state, its activator queue,
+its replicas and what the autoscaler and the crash backoff remember of it. A
+`ManagedReplica` is one replica's lifecycle record (pool.replica.Replica)
+plus what the manager holds for it: the backend's handle, the weights it
+pins, the slots it reserves, its cold-start task. Revisions that left the
+desired state stay, retired, until their replicas have stopped.
+
+The functions at the bottom are pure views of these records: the autoscaler's
+snapshot, the scale-down order and the status page.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from pool.activator import RevisionQueue
+from pool.api import ColdStartFailed, ReplicaStatus, RevisionSpec, RevisionStatus
+from pool.autoscaler import PolicyState, ScalingConfig, Snapshot
+from pool.backends.base import ReplicaHandle
+from pool.backoff import Backoff
+from pool.placement import Placed
+from pool.replica import LIVE, STARTING, Replica, ReplicaState
+from pool.settings import PoolSettings
+from pool.weights import ModelFiles
+
+KEEP_FINISHED = 8                       # stopped/failed replicas kept for status pages
+
+
+@dataclass
+class ManagedReplica:
+    """A replica plus what the manager holds for it."""
+    replica: Replica
+    spec: RevisionSpec
+    in_flight: int = 0
+    handle: Optional[ReplicaHandle] = None
+    files: Optional[ModelFiles] = None
+    placed: Optional[Placed] = None
+    waiting_reason: Optional[str] = None
+    task: Optional[asyncio.Task[None]] = None
+    drain_started: Optional[float] = None
+    stopping: bool = False              # being stopped on purpose: a dead handle is no crash
+
+    @property
+    def state(self) -> ReplicaState:
+        return self.replica.state
+
+    @property
+    def replica_id(self) -> str:
+        return self.replica.replica_id
+
+
+@dataclass
+class RevisionState:
+    spec: RevisionSpec
+    queue: RevisionQueue
+    replicas: dict[str, ManagedReplica] = field(default_factory=dict)
+    policy_state: PolicyState = PolicyState()
+    backoff: Backoff = Backoff()
+    last_activity: Optional[float] = None
+    last_error: Optional[str] = None
+    desired: int = 0
+    retired: bool = False
+
+    def in_state(self, *states: ReplicaState) -> list[ManagedReplica]:
+        return [r for r in self.replicas.values() if r.state in states]
+
+    def retire(self) -> None:
+        """No longer deployed: waiting requests fail now, replicas drain on the next reconcile."""
+        self.retired = True
+        self.queue.fail_all(ColdStartFailed(f"revision {self.spec.revision_id} is no longer deployed"))
+
+    def add(self, managed: ManagedReplica) -> None:
+        """Track a new replica; forget the oldest finished ones beyond KEEP_FINISHED."""
+        self.replicas[managed.replica_id] = managed
+        finished = [r for r in self.replicas.values() if r.state not in LIVE]
+        for old in finished[:-KEEP_FINISHED]:
+            self.replicas.pop(old.replica_id, None)
+
+
+class Registry:
+    """Revisions by id, kept in step with the desired state."""
+
+    def __init__(self, queue_limit: int):
+        self.queue_limit = queue_limit
+        self._revisions: dict[str, RevisionState] = {}
+
+    def get(self, revision_id: str) -> Optional[RevisionState]:
+        """The revision, retired or not."""
+        return self._revisions.get(revision_id)
+
+    def deployed(self, revision_id: str) -> Optional[RevisionState]:
+        rev = self._revisions.get(revision_id)
+        return rev if rev is not None and not rev.retired else None
+
+    def all(self) -> list[RevisionState]:
+        return list(self._revisions.values())
+
+    def sync(self, specs: Iterable[RevisionSpec]) -> None:
+        """New revisions are added, known ones take their new spec, missing ones retire.
+        A revision deployed again after it retired starts with a fresh record."""
+        wanted = {s.revision_id: s for s in specs}
+        for revision_id, spec in wanted.items():
+            rev = self.deployed(revision_id)
+            if rev is None:
+                self._revisions[revision_id] = RevisionState(spec, RevisionQueue(revision_id, self.queue_limit))
+            else:
+                rev.spec = spec
+        for revision_id, rev in list(self._revisions.items()):
+            if revision_id not in wanted and not rev.retired:
+                rev.retire()
+
+    def drop_finished(self) -> None:
+        """Forget retired revisions once none of their replicas is live."""
+        for rev in self.all():
+            if rev.retired and not rev.in_state(*LIVE):
+                self._revisions.pop(rev.spec.revision_id, None)
+
+    def replica(self, replica_id: str) -> Optional[ManagedReplica]:
+        return next((rev.replicas[replica_id] for rev in self._revisions.values()
+                     if replica_id in rev.replicas), None)
+
+
+# ----------------------------------------------------------------- pure views
+
+def scaling_snapshot(rev: RevisionState, now: float, settings: PoolSettings) -> Snapshot:
+    """What the autoscaler sees of a revision at `now`."""
+    spec = rev.spec
+    config = ScalingConfig(
+        min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
+        target_concurrency=spec.target_concurrency, idle_timeout_s=spec.idle_timeout_s,
+        scale_down_delay_s=settings.scale_down_delay_s,
+        target_queued_prompt_tokens=settings.target_queued_prompt_tokens)
+    ready = rev.in_state(ReplicaState.READY)
+    return Snapshot(now=now, config=config, in_flight=tuple(r.in_flight for r in ready),
+                    queued_requests=len(rev.queue), queued_prompt_tokens=rev.queue.prompt_tokens,
+                    last_activity_at=rev.last_activity, ready=len(ready),
+                    starting=len(rev.in_state(*STARTING)))
+
+
+def scale_down_order(live: list[ManagedReplica]) -> list[ManagedReplica]:
+    """Victims first: not yet placed, then other starting (newest first), then ready by load."""
+    def key(r: ManagedReplica) -> tuple[float, ...]:
+        if r.state is ReplicaState.PENDING and r.placed is None:
+            return (0, -r.replica.created_mono)
+        if r.state in STARTING:
+            return (1, -r.replica.created_mono)
+        return (2, r.in_flight, -r.replica.created_mono)
+    return sorted(live, key=key)
+
+
+def revision_status(rev: RevisionState) -> RevisionStatus:
+    replicas = tuple(ReplicaStatus(
+        r.replica_id, r.state.value, r.replica.slot_ids,
+        r.handle.base_url if r.handle else None, r.in_flight, r.replica.since,
+        r.waiting_reason if r.state is ReplicaState.PENDING and r.waiting_reason else r.replica.reason)
+        for r in rev.replicas.values())
+    return RevisionStatus(rev.spec.revision_id, summarize_state(rev), replicas, len(rev.queue),
+                          rev.desired, rev.last_error)
+
+
+def summarize_state(rev: RevisionState) -> str:
+    states = {r.state for r in rev.replicas.values()}
+    if ReplicaState.READY in states:
+        return "ready"
+    if any(r.state is ReplicaState.PENDING and r.waiting_reason for r in rev.replicas.values()):
+        return "waiting_for_capacity"
+    if states & STARTING:
+        return "starting"
+    if ReplicaState.DRAINING in states:
+        return "draining"
+    if rev.last_error:
+        return "failed"
+    return "scaled_to_zero"
