@@ -1,9 +1,9 @@
 """LLMEngine: one replica's engine loop, shared by LLM.generate and the server.
 
 step() is three calls: scheduler.schedule() -> model_runner.run(batch) ->
-scheduler.postprocess(batch, result). Options other helpers add later
-(speculative decoding, quantization, tensor parallelism) enter through
-`check_features`, never as flags inside the scheduler.
+scheduler.postprocess(batch, result). Options (speculative decoding, quantization,
+tensor parallelism) enter through `check_features`, the model runner and the
+speculator, never as flags inside the scheduler, so schedule() stays one policy.
 """
 from __future__ import annotations
 
