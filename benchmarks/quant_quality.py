@@ -1,6 +1,8 @@
 """Int8 weight-only quality and CPU speed vs full precision, both through our engine.
 
-On the trained demo model (models/demo, a bf16 checkpoint) and its held-out text:
+On a real trained model, SmolLM2-135M-Instruct (scripts/real_model.py: imported from its
+Q4_1 GGUF into float32), and held-out text it cannot have seen: this repository's own
+docs (README.md and docs/*.md, written after the model was trained):
 
 - perplexity over sliding windows (int8 vs full precision, target: within 2%);
 - greedy-token agreement over 1,000 generated tokens from several held-out
@@ -22,7 +24,7 @@ for its slowest thread), so the thread count matters to the ratio.
 The report, with the machine's details, is also written to
 benchmarks/results/quant_quality.txt.
 
-    .venv/bin/python benchmarks/quant_quality.py [--model models/demo] [--threads 2]
+    .venv/bin/python benchmarks/quant_quality.py [--model DIR] [--heldout FILE] [--threads 2]
 """
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(ROOT / "models" / "demo"))
-    p.add_argument("--heldout", default=None, help="text file (default: MODEL/heldout.txt)")
+    p.add_argument("--model", default=None, help="a model folder (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--heldout", default=None, help="text file (default: this repository's docs)")
     p.add_argument("--dtype", default="float32", help="full-precision engine dtype")
     p.add_argument("--ppl-tokens", type=int, default=4096)
     p.add_argument("--window", type=int, default=256, help="<= max_position_embeddings")
@@ -53,6 +55,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--speed-threads", default="1,2", help="torch thread counts to time decode at")
     return p.parse_args(argv)
+
+
+def held_out_docs() -> str:
+    """README.md and docs/*.md: English technical prose from after the model's training."""
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return "\n\n".join(f.read_text() for f in files)
 
 
 def perplexity(engine, ids: list[int], window: int, stride: int) -> float:
@@ -139,16 +147,17 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     import torch
     from runtime import LLM
+    from scripts.real_model import smollm2_dir
 
     torch.set_num_threads(args.threads)
-    model = Path(args.model)
+    model = Path(args.model) if args.model else smollm2_dir()
     if not (model / "model.safetensors").is_file() and not any(model.glob("*.safetensors")):
-        sys.exit(f"{model}: no safetensors weights (train them: scripts/train_demo_model.py)")
+        sys.exit(f"{model}: no safetensors weights")
     kv = max(args.window, args.prompt_len + args.gen_tokens) + 64
     llms = {name: LLM(str(model), dtype=args.dtype, quantization=q, kv_cache_tokens=kv,
                       enable_prefix_caching=False)
             for name, q in (("full", None), ("int8", "int8"))}
-    text = Path(args.heldout or model / "heldout.txt").read_text()
+    text = Path(args.heldout).read_text() if args.heldout else held_out_docs()
     ids = llms["full"].tokenizer.encode(text)
     print(f"model {model} (checkpoint {llms['full'].engine.model_config.dtype}), full precision = "
           f"{args.dtype}, torch threads {args.threads}, {len(ids)} held-out tokens")

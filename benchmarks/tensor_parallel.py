@@ -10,10 +10,14 @@
   halved matmuls save; the point here is memory and exactness. Speed is for NCCL
   on GPUs, which this machine does not have.
 
+The default model is a random Llama of the trained demo model's former shape (hidden
+256, 4 layers, 8 heads / 2 KV heads: both split in two), made in a temp dir; the real
+SmolLM2-135M has 9 heads and 3 KV heads, which two ranks cannot split. Prompts are
+this repository's docs, tokenized.
 The report, with the machine's details, is also written to
 benchmarks/results/tensor_parallel.txt.
 
-    .venv/bin/python benchmarks/tensor_parallel.py [--model models/demo]
+    .venv/bin/python benchmarks/tensor_parallel.py [--model DIR]
 """
 from __future__ import annotations
 
@@ -25,11 +29,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH_SPEC = dict(arch="llama", hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                  num_attention_heads=8, num_key_value_heads=2, vocab_size=4096,
+                  max_position_embeddings=1024)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(ROOT / "models" / "demo"))
+    p.add_argument("--model", default=None, help="a model folder (default: a random one, see above)")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--tokens", type=int, default=64, help="generated per prompt")
     p.add_argument("--batch", type=int, default=8)
@@ -40,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def prompts(model: str, n: int) -> list[list[int]]:
     from runtime.tokenizer import Tokenizer
 
-    text = (Path(model) / "heldout.txt").read_text()
+    text = "\n\n".join(f.read_text() for f in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     ids = Tokenizer(model, ()).encode(text)
     return [ids[i * 97:i * 97 + 24] for i in range(n)]
 
@@ -67,6 +74,12 @@ def run(model: str, tp: int, threads: int, batch: list[list[int]], tokens: int):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.model is None:
+        import tempfile
+
+        from tests.support.model_factory import make_model
+
+        args.model = str(make_model(Path(tempfile.mkdtemp(prefix="thawpool-tp-")) / "llama", **BENCH_SPEC))
     batch = prompts(args.model, args.prompts)[:args.batch]
     one, (whole,), one_tps = run(args.model, 1, args.threads, batch, args.tokens)
     two, ranks, two_tps = run(args.model, 2, args.threads, batch, args.tokens)

@@ -12,19 +12,27 @@ from starlette.middleware import Middleware
 from controlplane.auth import AuthMiddleware
 from controlplane.db import create_db_engine, sessionmaker
 from controlplane.deployer import Deployer
-from controlplane.errors import REFUSALS, refusal_handler, unhandled_error_handler
+from controlplane.errors import (DATABASE_ERRORS, REFUSALS, database_error_handler,
+                                 refusal_handler, unhandled_error_handler)
 from controlplane.gateway import Gateway
+from controlplane.listener import libpq_dsn
+from controlplane.lookups import Lookups
 from controlplane.metering import UsageWriter
 from controlplane.metrics import Metrics, MetricsMiddleware
-from controlplane.outbox import Outbox
-from controlplane.routes import billing, deployments, gateway, health, tenants
+from controlplane.outbox import DeadLetters, Outbox
+from controlplane.routes import (billing, deployments, gateway, health, model_sources, openapi,
+                                 prices, quotas, tenants, uploads)
 from controlplane.settings import Settings
-from controlplane.state import state_of
+from controlplane.state import AppState, state_of
 from controlplane.store.desired_state import PostgresDesiredState, PostgresReplicaEvents
+from controlplane.store.prices import seed_default
+from controlplane.uploads import S3Client, UploadConfig, Uploads, open_s3_client
 from pool.api import Pool
 from wire.request_id import RequestIdMiddleware
 
 PoolFactory = Callable[[PostgresDesiredState, PostgresReplicaEvents], Pool]
+ROUTES = [*health.routes, *openapi.routes, *tenants.routes, *quotas.routes, *model_sources.routes,
+          *uploads.routes, *prices.routes, *deployments.routes, *gateway.routes, *billing.routes]
 
 
 def create_app(settings: Settings, pool: Optional[Pool] = None, *,
@@ -38,44 +46,76 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            db_engine = create_db_engine(settings.database_url)
+            db_engine = create_db_engine(
+                settings.database_url, connect_timeout_s=settings.db_connect_timeout_s,
+                statement_timeout_s=settings.db_statement_timeout_s,
+                pool_timeout_s=settings.db_pool_timeout_s)
             stack.push_async_callback(db_engine.dispose)
             sessions = sessionmaker(db_engine)
+            async with sessions.begin() as session:
+                await seed_default(session, settings.default_pricing)
+            lookups = Lookups(sessions, settings.default_quota, refresh_s=settings.cache_refresh_s,
+                              listen_dsn=libpq_dsn(settings.database_url),
+                              timeout_s=settings.db_connect_timeout_s)
+            await lookups.start()
+            stack.push_async_callback(lookups.stop)
             writer = UsageWriter(db_engine, Outbox(settings.outbox_path), metrics,
                                  batch_size=settings.usage_batch_size,
                                  flush_interval_s=settings.usage_flush_interval_s,
-                                 retry_s=settings.outbox_retry_s)
+                                 retry_s=settings.outbox_retry_s,
+                                 buffer_max=settings.usage_buffer_max,
+                                 dead_letters=DeadLetters(settings.dead_letter_path))
             await writer.start()
             stack.push_async_callback(writer.stop)
             http = await stack.enter_async_context(httpx.AsyncClient(
                 timeout=httpx.Timeout(settings.upstream_timeout_s, connect=5.0),
                 limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)))
-            the_pool = make_pool(PostgresDesiredState(sessions), PostgresReplicaEvents(sessions))
+            s3 = await open_s3_client(stack, settings.s3_endpoint, settings.aws_region,
+                                      settings.aws_access_key_id, settings.aws_secret_access_key)
+            the_pool = make_pool(PostgresDesiredState(sessions, settings.default_quota),
+                                 PostgresReplicaEvents(sessions))
             if owns_pool:
                 await the_pool.start()
                 stack.push_async_callback(the_pool.stop)
             state = state_of(app)
-            state.settings = settings
-            state.db_engine = db_engine
-            state.sessions = sessions
-            state.writer = writer
-            state.pool = the_pool
-            state.deployer = Deployer(sessions, the_pool)
-            state.gateway = Gateway(sessions=sessions, pool=the_pool, http=http, writer=writer,
-                                    metrics=metrics, settings=settings)
+            state.settings, state.db_engine, state.sessions = settings, db_engine, sessions
+            state.lookups = lookups
+            state.writer, state.pool = writer, the_pool
+            _workers(state, s3, http)
             yield
 
     app = Starlette(
-        routes=[*health.routes, *tenants.routes, *deployments.routes, *gateway.routes,
-                *billing.routes],
+        routes=ROUTES,
         # in the order they run: the request id first (every answer carries it, auth's
         # refusals too), then metrics (they count refusals), then auth
         middleware=[Middleware(RequestIdMiddleware, access_log=logging.getLogger("thawpool.access")),
                     Middleware(MetricsMiddleware, metrics=metrics),
-                    Middleware(AuthMiddleware)],
+                    Middleware(AuthMiddleware, public_paths=frozenset(
+                        r.path for r in ROUTES if not r.operation.access.needs_key))],
         exception_handlers={**{kind: refusal_handler for kind in REFUSALS},
+                            **{kind: database_error_handler for kind in DATABASE_ERRORS},
                             Exception: unhandled_error_handler},
         lifespan=lifespan)
+    state_of(app).metrics = metrics
+    return app
+
+
+def _workers(state: AppState, s3: S3Client, http: httpx.AsyncClient) -> None:
+    """The deployer, uploads and gateway over what the lifespan opened."""
+    settings, sessions = state.settings, state.sessions
+    state.deployer = Deployer(sessions, state.pool, models_bucket=settings.models_bucket,
+                              default_quota=settings.default_quota, lookups=state.lookups)
+    state.uploads = Uploads(sessions, s3, UploadConfig(
+        settings.models_bucket, settings.upload_part_bytes, settings.upload_url_ttl_s,
+        settings.upload_ttl_s, settings.default_quota))
+    state.gateway = Gateway(lookups=state.lookups, pool=state.pool, http=http,
+                            writer=state.writer, metrics=state.metrics, settings=settings)
+
+
+def create_metrics_app(metrics: Metrics) -> Starlette:
+    """The internal listener's app: every metric, tenants' included, with no auth; serve
+    it on loopback or an internal network only (`settings.metrics_port`)."""
+    app = Starlette(routes=health.internal_routes)
     state_of(app).metrics = metrics
     return app
 

@@ -3,18 +3,19 @@ from __future__ import annotations
 
 from typing import Optional
 
-from controlplane.errors import ApiError
+from controlplane.errors import ApiError, api_error_for
 from controlplane.state import state_of
-from controlplane.store.tenants import principal_for
+from controlplane.store.errors import DatabaseUnavailable
 from wire.request_id import ASGIApp, Receive, Scope, Send
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-
-
 class AuthMiddleware:
-    """Resolves `Authorization: Bearer <key>` to a Principal in scope["state"]."""
+    """Resolves `Authorization: Bearer <key>` to a Principal in scope["state"] (from the
+    in-memory copy of the keys, controlplane.lookups; 503 with Retry-After for a key it
+    does not hold while Postgres is away), except on
+    `public_paths` (create_app passes those of the routes documented as needing no key:
+    health, the OpenAPI document, and /metrics, which checks the metrics token itself)."""
 
-    def __init__(self, app: ASGIApp, public_paths: frozenset[str] = PUBLIC_PATHS):
+    def __init__(self, app: ASGIApp, public_paths: frozenset[str]):
         self.app = app
         self.public_paths = public_paths
 
@@ -26,8 +27,11 @@ class AuthMiddleware:
         if secret is None:
             await ApiError(401, "missing bearer API key", code="missing_key").send_to(send)
             return
-        async with state_of(scope["app"]).sessions() as session:
-            principal = await principal_for(session, secret)
+        try:
+            principal = await state_of(scope["app"]).lookups.principal(secret)   # from memory
+        except DatabaseUnavailable as exc:       # a key memory does not hold, Postgres away
+            await api_error_for(exc).send_to(send)
+            return
         if principal is None:
             await ApiError(401, "invalid, expired or revoked API key",
                            code="invalid_key").send_to(send)

@@ -1,4 +1,5 @@
-"""The `thawpool` command: `up` runs the control plane and the pool, `admin` manages tenants and keys.
+"""The `thawpool` command: `up` runs the control plane and the pool, `admin` manages tenants and keys,
+`models import FILE.gguf OUT_DIR` turns a GGUF file into a model folder.
 
 `up` embeds Postgres and S3 unless pointed at external ones (`--database-url`
 or THAWPOOL_DATABASE_URL; `--s3-endpoint URL|aws`), and runs replicas as local
@@ -60,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     listing = actions.add_parser("list-keys")
     listing.add_argument("--tenant", required=True)
     admin.set_defaults(func=cmd_admin)
+
+    from runtime import gguf_import      # no torch: numpy, gguf, tokenizers
+
+    models = commands.add_parser("models", help="model files")
+    model_actions = models.add_subparsers(dest="action", required=True)
+    gguf = model_actions.add_parser("import", help="a GGUF file into a model folder")
+    gguf_import.add_arguments(gguf)
+    gguf.set_defaults(func=gguf_import.run)
     return parser
 
 
@@ -112,6 +121,8 @@ async def _serve(settings: Settings, args) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, _stopper(server))
     serving = asyncio.create_task(server.serve())
+    metrics = _metrics_server(app, settings)
+    metrics_serving = asyncio.create_task(metrics.serve()) if metrics else None
     while not server.started:
         if serving.done():
             return serving.result()
@@ -122,6 +133,25 @@ async def _serve(settings: Settings, args) -> None:
         demo = asyncio.create_task(_demo(app, settings, base_url))
         demo.add_done_callback(_report_demo)
     await serving
+    if metrics is not None and metrics_serving is not None:
+        metrics.should_exit = True
+        await metrics_serving
+
+
+def _metrics_server(app, settings: Settings):
+    """The internal metrics listener (settings.metrics_port): every series, tenants' names
+    included, no auth; None when no port is set."""
+    if settings.metrics_port is None:
+        return None
+    import uvicorn
+
+    from controlplane.app import create_metrics_app
+
+    server = uvicorn.Server(uvicorn.Config(
+        create_metrics_app(app.state.metrics), host=settings.metrics_host,
+        port=settings.metrics_port, lifespan="off", log_level="warning", access_log=False))
+    server.capture_signals = contextlib.nullcontext      # the main server's handlers stop both
+    return server
 
 
 def _stopper(server):
@@ -139,7 +169,9 @@ def _banner(settings: Settings, base_url: str, new_admin, pool_settings) -> None
              f"thawpool: pool backend   {_backend_line(pool_settings)}",
              f"thawpool: data dir       {settings.data_dir}"]
     if new_admin is not None:
-        lines.append(f"thawpool: admin key      {new_admin.secret}   (shown once; stored hashed)")
+        from controlplane.admin_key import announce
+
+        lines.append(announce(new_admin.secret, settings.data_dir, sys.stdout))
     else:
         lines.append("thawpool: admin key      made on first start (pass it as THAWPOOL_ADMIN_KEY)")
     print("\n".join(lines), flush=True)
@@ -198,7 +230,9 @@ def pool_settings_for(settings: Settings, args):
 
 
 async def _demo(app, settings: Settings, base_url: str) -> None:
-    from controlplane.demo import DEMO_TENANT, run_demo
+    from controlplane.demo import DEMO_PRICES, DEMO_TENANT, run_demo
+    from controlplane.models import utcnow
+    from controlplane.store import prices
     from controlplane.store.errors import NotFound
     from controlplane.store.tenants import create_key, create_tenant, find_tenant
 
@@ -207,6 +241,8 @@ async def _demo(app, settings: Settings, base_url: str) -> None:
             tenant = await find_tenant(session, DEMO_TENANT)
         except NotFound:
             tenant = await create_tenant(session, DEMO_TENANT)
+        if not await prices.book(session, tenant):        # the operator prices the demo
+            await prices.add(session, DEMO_PRICES, utcnow(), tenant)
         _, key = await create_key(session, tenant, ["billing:read", "deploy", "invoke"],
                                   name="demo")
     print(f"thawpool: demo tenant key {key.secret}", flush=True)

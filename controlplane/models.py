@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any, Optional
 
-from sqlalchemy import (ARRAY, BigInteger, DateTime, Float, ForeignKey, Index, Integer,
-                        Numeric, String, Text, Uuid, text)
+from sqlalchemy import (ARRAY, BigInteger, CheckConstraint, DateTime, Float, ForeignKey, Index,
+                        Integer, Numeric, String, Text, Uuid, text)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -78,7 +78,8 @@ class Deployment(Base):
 
 
 class Revision(Base):
-    """Immutable: model, engine config, resources and pricing of one rollout."""
+    """Immutable: model, engine config and resources of one rollout (prices live in the
+    operator's price book, `Price`)."""
     __tablename__ = "revisions"
     __table_args__ = (Index("uq_revisions_deployment_number", "deployment_id", "number",
                             unique=True),)
@@ -94,10 +95,6 @@ class Revision(Base):
     engine: Mapped[dict[str, Any]] = mapped_column(JSONB)
     gpu_memory_gb: Mapped[float] = mapped_column(Float)
     gpu_count: Mapped[int] = mapped_column(Integer)
-    input_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
-    cached_input_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
-    output_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
-    gpu_second: Mapped[Decimal] = mapped_column(PRICE)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     @property
@@ -135,8 +132,12 @@ class UsageEvent(Base):
 
 
 class ReplicaLifetime(Base):
-    """Start, ready and stop times of one replica, for GPU-second billing."""
+    """One replica's life, for GPU-second billing: billed from `placed_at` (the first
+    event that carried slot ids) to `stopped_at`, or to `last_seen_at` (the latest event
+    or heartbeat that saw it) while no stop is recorded (controlplane.lifetimes)."""
     __tablename__ = "replica_lifetimes"
+    __table_args__ = (Index("ix_replica_lifetimes_open", "replica_id",
+                            postgresql_where=text("stopped_at IS NULL")),)
     replica_id: Mapped[str] = mapped_column(primary_key=True)
     revision_id: Mapped[str] = _id_column()
     deployment_id: Mapped[str] = _id_column()
@@ -148,3 +149,79 @@ class ReplicaLifetime(Base):
     ready_at: Mapped[Optional[datetime]]
     stopped_at: Mapped[Optional[datetime]]
     reason: Mapped[Optional[str]]
+    placed_at: Mapped[Optional[datetime]]
+    last_seen_at: Mapped[Optional[datetime]]
+    # The replica's own counters of what it served (heartbeats, its stop): for reconciling
+    # them with the usage rows billed for it.
+    served_prompt_tokens: Mapped[Optional[int]] = mapped_column(BigInteger)
+    served_completion_tokens: Mapped[Optional[int]] = mapped_column(BigInteger)
+
+
+class ModelSource(Base):
+    """An admin's grant: tenants may deploy from URIs under `prefix` (tenant_id NULL:
+    every tenant, a shared catalogue). Each tenant's own prefix needs no row."""
+    __tablename__ = "model_sources"
+    __table_args__ = (Index("uq_model_sources_prefix_tenant", "prefix", "tenant_id", unique=True,
+                            postgresql_nulls_not_distinct=True),)
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    prefix: Mapped[str]                          # s3://bucket/path/
+    tenant_id: Mapped[Optional[str]] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"),
+                                                  nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Price(Base):
+    """One row of the operator's price book, in effect from `effective_from` on:
+    the default (no tenant), a tenant's plan (tenant only) or a deployment's override."""
+    __tablename__ = "prices"
+    __table_args__ = (
+        CheckConstraint("deployment_id IS NULL OR tenant_id IS NOT NULL",
+                        name="ck_prices_deployment_has_tenant"),
+        Index("uq_prices_scope_effective_from", "tenant_id", "deployment_id", "effective_from",
+              unique=True, postgresql_nulls_not_distinct=True),
+    )
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[Optional[str]] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"),
+                                                  nullable=True)
+    deployment_id: Mapped[Optional[str]] = _id_column(
+        ForeignKey("deployments.id", ondelete="CASCADE"), nullable=True)
+    input_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
+    cached_input_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
+    output_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
+    gpu_second: Mapped[Decimal] = mapped_column(PRICE)
+    per_call: Mapped[Decimal] = mapped_column(PRICE)
+    effective_from: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class QuotaOverride(Base):
+    """An admin's overrides of one tenant's quota; NULL keeps the settings default."""
+    __tablename__ = "tenant_quotas"
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"),
+                                        primary_key=True)
+    max_gpus: Mapped[Optional[int]] = mapped_column(Integer)
+    max_replicas_per_deployment: Mapped[Optional[int]] = mapped_column(Integer)
+    max_deployments: Mapped[Optional[int]] = mapped_column(Integer)
+    max_queued_requests: Mapped[Optional[int]] = mapped_column(Integer)
+    max_upload_bytes: Mapped[Optional[int]] = mapped_column(BigInteger)
+    requests_per_min: Mapped[Optional[int]] = mapped_column(Integer)    # all the tenant's keys
+    tokens_per_min: Mapped[Optional[int]] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ModelUpload(Base):
+    """A tenant's upload of one model folder under its own prefix, as S3 multipart
+    uploads (one per file). `files` keeps, per file, what the tenant never sees: the
+    object key and S3's upload id."""
+    __tablename__ = "model_uploads"
+    __table_args__ = (Index("uq_model_uploads_tenant_name", "tenant_id", "name", unique=True,
+                            postgresql_where=text("status <> 'deleted'")),)
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str]
+    status: Mapped[str]                          # pending | complete | deleted
+    total_bytes: Mapped[int] = mapped_column(BigInteger)
+    files: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+    completed_at: Mapped[Optional[datetime]]

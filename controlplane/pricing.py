@@ -1,9 +1,19 @@
-"""Pricing as pure Decimal functions: prices per million tokens, exact to 1e-15."""
+"""Pricing as pure Decimal functions: prices per million tokens, exact to 1e-15.
+
+The operator's price book is a list of `PriceRow`s, each in effect from its
+`effective_from` on: the platform default, a tenant's plan and a deployment's
+override. At any instant the most specific row already in effect applies (a
+deployment override over the plan over the default; within one scope, the
+latest). `price_at` answers for one instant (an invocation is priced when it
+starts), `segments` cuts a span of time where the price changes (GPU-seconds).
+"""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation, localcontext
-from typing import Union
+from typing import Optional, Sequence, Union
 
 MONEY_QUANTUM = Decimal("1e-15")        # NUMERIC(30, 15)
 PRICE_QUANTUM = Decimal("1e-9")         # NUMERIC(18, 9)
@@ -16,6 +26,24 @@ class Pricing:
     cached_input_per_mtok: Decimal = Decimal(0)
     output_per_mtok: Decimal = Decimal(0)
     gpu_second: Decimal = Decimal(0)
+    per_call: Decimal = Decimal(0)
+
+
+PRICE_FIELDS = tuple(Pricing.__dataclass_fields__)
+
+
+class PriceScope(enum.IntEnum):
+    """How specific a price row is; the higher applies."""
+    DEFAULT = 0
+    TENANT = 1
+    DEPLOYMENT = 2
+
+
+@dataclass(frozen=True)
+class PriceRow:
+    scope: PriceScope
+    effective_from: datetime
+    pricing: Pricing
 
 
 def parse_price(field: str, value: object) -> Decimal:
@@ -45,10 +73,54 @@ def token_cost(pricing: Pricing, prompt_tokens: int, cached_tokens: int,
         return (micro / Decimal(1_000_000)).quantize(MONEY_QUANTUM)
 
 
+def invocation_cost(pricing: Pricing, prompt_tokens: int, cached_tokens: int,
+                    completion_tokens: int, *, charge_call: bool) -> Decimal:
+    """The tokens, plus the per-call price for a call that was served (not an error)."""
+    tokens = token_cost(pricing, prompt_tokens, cached_tokens, completion_tokens)
+    return tokens + (pricing.per_call if charge_call else Decimal(0)).quantize(MONEY_QUANTUM)
+
+
 def gpu_cost(pricing: Pricing, gpu_seconds: Union[Decimal, float]) -> Decimal:
-    """GPU-seconds at the per-second price (the billing report prices each revision's
-    replica lifetimes with this)."""
+    """GPU-seconds at the per-second price."""
     seconds = gpu_seconds if isinstance(gpu_seconds, Decimal) else Decimal(repr(gpu_seconds))
     with localcontext() as ctx:
         ctx.prec = 50
         return (seconds * pricing.gpu_second).quantize(MONEY_QUANTUM)
+
+
+def price_at(rows: Sequence[PriceRow], at: datetime) -> Optional[PriceRow]:
+    """The row that applies at `at`: the most specific scope in effect, its latest row."""
+    live = [row for row in rows if row.effective_from <= at]
+    return max(live, key=lambda row: (row.scope, row.effective_from), default=None)
+
+
+def segments(rows: Sequence[PriceRow], start: datetime,
+             end: datetime) -> list[tuple[datetime, datetime, Pricing]]:
+    """[start, end) cut where the applicable price changes, each piece with its price
+    (a piece before any row is in effect is left out: nothing is charged for it)."""
+    if end <= start:
+        return []
+    cuts = sorted({start, end, *(r.effective_from for r in rows if start < r.effective_from < end)})
+    pieces = []
+    for piece_start, piece_end in zip(cuts, cuts[1:]):
+        row = price_at(rows, piece_start)
+        if row is not None:
+            pieces.append((piece_start, piece_end, row.pricing))
+    return pieces
+
+
+def gpu_cost_between(rows: Sequence[PriceRow], start: datetime, end: datetime,
+                     gpu_count: int) -> tuple[Decimal, Decimal]:
+    """(GPU-seconds, cost) of `gpu_count` GPUs held over [start, end), each second at the
+    price in effect then."""
+    seconds, cost = Decimal(0), Decimal(0)
+    for piece_start, piece_end, pricing in segments(rows, start, end):
+        held = exact_seconds(piece_end - piece_start) * gpu_count
+        seconds += held
+        cost += gpu_cost(pricing, held)
+    return seconds, cost
+
+
+def exact_seconds(span: timedelta) -> Decimal:
+    return (Decimal(span.days * 86_400 + span.seconds)
+            + Decimal(span.microseconds) / Decimal(1_000_000))

@@ -4,8 +4,14 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
+
+from controlplane.pricing import Pricing
+from controlplane.quotas import Quota
+
+GIB = 1024 ** 3
 
 
 @dataclass(frozen=True)
@@ -25,12 +31,66 @@ class Settings:
     default_tokens_per_min: int = 1_000_000
     usage_batch_size: int = 1000
     usage_flush_interval_s: float = 0.05
+    usage_buffer_max: int = 10_000       # events in memory; a full buffer spills to the outbox
     outbox_retry_s: float = 1.0
+    # The usage outbox and dead-letter file; None: the data dir. Put it on a volume that
+    # outlives the instance (terraform mounts an EBS volume there).
+    outbox_dir: Optional[Path] = None
+    # Postgres: connecting, one statement, waiting for a pooled connection. A database
+    # that stops answering fails fast (503, usage to the outbox) instead of hanging.
+    db_connect_timeout_s: float = 5.0
+    db_statement_timeout_s: float = 15.0
+    db_pool_timeout_s: float = 5.0
+    # In-memory copies of keys, deployments, prices and quotas: invalidated within a
+    # second by LISTEN/NOTIFY, and fully re-read this often in case a notice was lost.
+    cache_refresh_s: float = 30.0
     log_level: str = "INFO"
+    # Model sources: each tenant deploys from s3://<models_bucket>/<tenant name>/ and
+    # from what an admin grants; uploads land under the same prefix.
+    models_bucket: str = "thawpool-models"
+    upload_part_bytes: int = 64 * 1024 ** 2       # S3 refuses parts under 5 MiB but the last
+    upload_max_file_bytes: int = 100 * GIB
+    upload_url_ttl_s: int = 3600                  # presigned part URLs
+    upload_ttl_s: int = 86_400                    # a pending upload expires after this
+    # /metrics: on the public listener only with this token (platform metrics only);
+    # per-tenant metrics on the internal listener at metrics_host:metrics_port.
+    metrics_token: Optional[str] = None
+    metrics_host: str = "127.0.0.1"
+    metrics_port: Optional[int] = None
+    # The default price (seeded into the price book on first start) and the default
+    # quota of every tenant (admins override both per tenant); None: no limit.
+    price_input_per_mtok: Decimal = Decimal(0)
+    price_cached_input_per_mtok: Decimal = Decimal(0)
+    price_output_per_mtok: Decimal = Decimal(0)
+    price_gpu_second: Decimal = Decimal(0)
+    price_per_call: Decimal = Decimal(0)
+    quota_max_gpus: Optional[int] = 8
+    quota_max_replicas_per_deployment: Optional[int] = 8
+    quota_max_deployments: Optional[int] = 20
+    quota_max_queued_requests: Optional[int] = 256
+    quota_max_upload_bytes: Optional[int] = 200 * GIB
+    quota_requests_per_min: Optional[int] = None      # tenant-wide, over all its keys
+    quota_tokens_per_min: Optional[int] = None
 
     @property
     def outbox_path(self) -> Path:
-        return self.data_dir / "usage-outbox.jsonl"
+        return (self.outbox_dir or self.data_dir) / "usage-outbox.jsonl"
+
+    @property
+    def dead_letter_path(self) -> Path:
+        return (self.outbox_dir or self.data_dir) / "usage-dead-letters.jsonl"
+
+    @property
+    def default_pricing(self) -> Pricing:
+        return Pricing(self.price_input_per_mtok, self.price_cached_input_per_mtok,
+                       self.price_output_per_mtok, self.price_gpu_second, self.price_per_call)
+
+    @property
+    def default_quota(self) -> Quota:
+        return Quota(self.quota_max_gpus, self.quota_max_replicas_per_deployment,
+                     self.quota_max_deployments, self.quota_max_queued_requests,
+                     self.quota_max_upload_bytes, self.quota_requests_per_min,
+                     self.quota_tokens_per_min)
 
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)
@@ -49,6 +109,11 @@ class Settings:
         return cls(**values)
 
 
+def _limit(value: str) -> Optional[int]:
+    """A quota from the environment: an integer, or `none` for no limit."""
+    return None if value.strip().lower() in ("none", "unlimited") else int(value)
+
+
 _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
     ("database_url", "THAWPOOL_DATABASE_URL", str),
     ("data_dir", "THAWPOOL_DATA_DIR", lambda v: Path(v).expanduser()),
@@ -63,6 +128,25 @@ _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
     ("default_requests_per_min", "THAWPOOL_REQUESTS_PER_MIN", int),
     ("default_tokens_per_min", "THAWPOOL_TOKENS_PER_MIN", int),
     ("log_level", "THAWPOOL_LOG_LEVEL", str),
+    ("usage_buffer_max", "THAWPOOL_USAGE_BUFFER_MAX", int),
+    ("outbox_dir", "THAWPOOL_OUTBOX_DIR", lambda v: Path(v).expanduser()),
+    ("db_connect_timeout_s", "THAWPOOL_DB_CONNECT_TIMEOUT_S", float),
+    ("db_statement_timeout_s", "THAWPOOL_DB_STATEMENT_TIMEOUT_S", float),
+    ("db_pool_timeout_s", "THAWPOOL_DB_POOL_TIMEOUT_S", float),
+    ("cache_refresh_s", "THAWPOOL_CACHE_REFRESH_S", float),
+    ("models_bucket", "THAWPOOL_MODELS_BUCKET", str),
+    ("upload_part_bytes", "THAWPOOL_UPLOAD_PART_BYTES", int),
+    ("upload_max_file_bytes", "THAWPOOL_UPLOAD_MAX_FILE_BYTES", int),
+    ("metrics_token", "THAWPOOL_METRICS_TOKEN", str),
+    ("metrics_host", "THAWPOOL_METRICS_HOST", str),
+    ("metrics_port", "THAWPOOL_METRICS_PORT", int),
+    *[(f"price_{name}", f"THAWPOOL_PRICE_{name.upper()}", Decimal)
+      for name in ("input_per_mtok", "cached_input_per_mtok", "output_per_mtok", "gpu_second",
+                   "per_call")],
+    *[(f"quota_{name}", f"THAWPOOL_QUOTA_{name.upper()}", _limit)
+      for name in ("max_gpus", "max_replicas_per_deployment", "max_deployments",
+                   "max_queued_requests", "max_upload_bytes", "requests_per_min",
+                   "tokens_per_min")],
 ]
 
 

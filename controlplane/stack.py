@@ -30,6 +30,7 @@ class EmbeddedStack:
                 settings = settings.replace(s3_endpoint=None)
             elif not settings.s3_endpoint:
                 self.s3 = EmbeddedS3(settings.data_dir / "s3").start()
+                self.s3.ensure_bucket(settings.models_bucket)     # tenants upload into it
                 settings = settings.replace(s3_endpoint=self.s3.endpoint,
                                             aws_access_key_id=self.s3.access_key,
                                             aws_secret_access_key=self.s3.secret_key)

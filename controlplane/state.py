@@ -12,9 +12,11 @@ if TYPE_CHECKING:
 
     from controlplane.deployer import Deployer
     from controlplane.gateway import Gateway
+    from controlplane.lookups import Lookups
     from controlplane.metering import UsageWriter
     from controlplane.metrics import Metrics
     from controlplane.settings import Settings
+    from controlplane.uploads import Uploads
     from pool.api import Pool
 
 
@@ -23,10 +25,12 @@ class AppState(Protocol):
     metrics: Metrics
     db_engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
+    lookups: Lookups
     writer: UsageWriter
     pool: Pool
     deployer: Deployer
     gateway: Gateway
+    uploads: Uploads
 
 
 def state_of(app: Any) -> AppState:

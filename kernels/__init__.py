@@ -4,7 +4,8 @@
 - rmsnorm.py:   rms_norm, fused_add_rms_norm
 - rotary.py:    rotary_cos_sin, apply_rotary
 - int8.py:      weight-only int8 matmul
-- activation.py: silu_and_mul (SwiGLU)
+- activation.py: silu_and_mul (SwiGLU), gelu_and_mul (GeGLU)
+- moe.py:       route, moe_experts (sparse mixture of experts, tokens grouped by expert)
 
 Triton versions live in kernels/triton/ (chosen by kernels/dispatch.py on CUDA), C
 versions for the CPU in kernels/cpu/ (chosen on the CPU where a C compiler is found).

@@ -29,9 +29,11 @@ class KernelSet:
     rms_norm: Callable                  # (x [T,H], weight [H], eps) -> [T,H]
     fused_add_rms_norm: Callable        # (x, residual, weight, eps) -> (normed, residual_out)
     apply_rotary: Callable              # (x [T,n,D], cos [T,D/2], sin [T,D/2]) -> [T,n,D]
-    paged_decode_attention: Callable    # (q [B,nh,D], k_cache, v_cache, block_tables, context_lens, scale)
+    paged_decode_attention: Callable    # (q [B,nh,D], k_cache, v_cache, block_tables, context_lens, scale,
+                                        #  window=None, softcap=None)
     int8_linear: Callable               # (x [T,K], qweight [N,K] int8, scale [N], bias=None) -> [T,N]
     silu_and_mul: Callable              # (x [T,2I]) -> [T,I]
+    gelu_and_mul: Callable              # (x [T,2I]) -> [T,I]  (GeGLU; the reference everywhere)
     pack_linear: Callable               # (weight [N,K]) -> what `linear` takes, once at load
     linear: Callable                    # (x [T,K], packed weight, bias=None) -> [T,N]
 
@@ -54,6 +56,7 @@ def reference_kernels() -> KernelSet:
                      paged_decode_attention=attention.paged_decode_attention,
                      int8_linear=int8.int8_linear,
                      silu_and_mul=activation.silu_and_mul,
+                     gelu_and_mul=activation.gelu_and_mul,
                      pack_linear=linear.pack, linear=linear.linear)
 
 

@@ -14,6 +14,18 @@ from typing import Any, Mapping, Optional, Protocol
 
 
 @dataclass(frozen=True)
+class TenantQuota:
+    """What the operator lets one tenant hold in the pool at once (None: no limit).
+
+    The control plane reads it from its quota tables and sends it with every revision;
+    the pool enforces it: a replica that would take the tenant past `max_gpus` waits
+    (its requests queue, then 429 with Retry-After) and never takes another tenant's
+    GPU; past `max_queued_requests` waiting requests, acquire() raises QueueFull."""
+    max_gpus: Optional[int] = None
+    max_queued_requests: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class RevisionSpec:
     """Desired state of one immutable revision."""
     revision_id: str
@@ -27,6 +39,7 @@ class RevisionSpec:
     target_concurrency: int = 8
     idle_timeout_s: float = 300.0
     engine: Mapping[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs
+    quota: TenantQuota = TenantQuota()       # the tenant's, the same on all its revisions
 
     @property
     def shape(self) -> "ReplicaShape":
@@ -83,6 +96,11 @@ class ReplicaEvent:
     gpu_count: int
     slot_ids: tuple[str, ...] = ()
     reason: Optional[str] = None
+    # The replica's own counters of what it served in its life (runtime /stats), read as it
+    # stops: set on a `stopped` event only, and None there when they could not be read. A
+    # crashed replica's latest known counters are its last heartbeat's `tokens`.
+    prompt_tokens: Optional[int] = None
+    completion_tokens: Optional[int] = None
 
 
 class PoolError(Exception):
@@ -99,6 +117,16 @@ class QueueFull(PoolError):
     status = 429
 
     def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QuotaExceeded(PoolError):
+    """No replica of the revision was ready within the acquire's timeout and the next one
+    waits for its tenant's GPU quota (TenantQuota.max_gpus), not for the pool: 429."""
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: float = 5.0):
         super().__init__(message)
         self.retry_after_s = retry_after_s
 
@@ -159,8 +187,33 @@ class DesiredStateSource(Protocol):
     async def revisions(self) -> list[RevisionSpec]: ...
 
 
+@dataclass(frozen=True)
+class Heartbeat:
+    """Every replica of this pool that holds slots now, sent every `heartbeat_s` and once
+    right after start (after re-adoption).
+
+    The sink stamps `at` as the last-seen time of these replicas' open lifetimes, and
+    closes every other open lifetime at its own last-seen time: a replica that went away
+    while nobody recorded it (a control-plane crash) is billed up to the last heartbeat
+    that saw it, never past it, and never lost.
+
+    `tokens`: replica id -> (prompt, completion) tokens it has served since its process
+    started, as its own counters say (runtime /stats), for the listed replicas that
+    answered in time."""
+    at: datetime                   # UTC
+    replica_ids: tuple[str, ...]
+    tokens: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+
 class ReplicaEventSink(Protocol):
+    """Replica lifetimes for GPU-second billing (the control plane's replica_lifetimes).
+
+    A lifetime is billed from the first event that carries slot_ids (the replica holds its
+    GPUs) to `stopped`/`failed`, or to its last heartbeat when the stop was never recorded.
+    The pool retries an event the sink fails to take, in order, until it is taken."""
     async def replica_changed(self, event: ReplicaEvent) -> None: ...
+
+    async def heartbeat(self, beat: Heartbeat) -> None: ...
 
 
 class Lease(Protocol):
@@ -175,6 +228,8 @@ class Lease(Protocol):
     def queue_s(self) -> float: ...           # time spent waiting in the activator
     @property
     def cold_start(self) -> Optional[ColdStartTimings]: ...   # set when it waited for a thaw
+    @property
+    def headers(self) -> Mapping[str, str]: ...   # sent on every call to the replica (its secret)
 
     def release(self) -> None: ...            # give the replica back (first call counts)
 
@@ -197,8 +252,8 @@ class Pool(Protocol):
 
     async def acquire(self, spec: RevisionSpec, *, request_id: str, prefix_key: Optional[str],
                       prompt_tokens: int, timeout_s: float) -> Lease:
-        """A lease on a ready replica; QueueFull (429), ColdStartTimeout or
-        ColdStartFailed (503, with retry_after_s)."""
+        """A lease on a ready replica; QueueFull or QuotaExceeded (429), ColdStartTimeout
+        or ColdStartFailed (503), each with retry_after_s."""
         ...
 
     def revision_status(self, revision_id: str) -> RevisionStatus: ...

@@ -1,21 +1,36 @@
-"""Capacity: the slots the pool may place on and what each replica reserves of them.
+"""Capacity: the slots the pool may place on, what each replica reserves of them, and
+the replicas waiting for slots.
 
-The decision of where a replica goes is pure (pool.placement over
-`states()`); this module keeps the books it decides over, and a wake-up for
-cold starts that wait for room: a replica that lets go of its slots, or a
-node that joins, notifies them. Slots may leave (a node of a cluster goes
-away): their reservations go with them, and a replica placed there finds
-out when it asks for its slots.
+Which waiting replica gets slots is a pure decision (pool.admission.admit over
+`states()`: fair across tenants, within their GPU quotas; placement.place for
+where); this module keeps the books it decides over and runs it whenever they
+change: a replica asks (`place`), one lets go of its slots, a node joins or
+leaves, the quotas change. A replica adopted after a restart is booked as it
+is (`hold`), before any replica is placed. A waiting replica learns why it waits through its
+`on_wait` callback. Slots may leave (a node of a cluster goes away): their
+reservations go with them, and a replica placed there finds out when it asks
+for its slots.
 """
 from __future__ import annotations
 
 import asyncio
-from typing import Collection, Mapping, Optional, Sequence
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Collection, Mapping, Optional, Sequence
 
-from pool.api import ColdStartFailed, ModelInfo, ReplicaShape
+from pool.admission import Pending, Waiting, admit
+from pool.api import ColdStartFailed, ModelInfo, ReplicaShape, TenantQuota
 from pool.inventory import Slot
-from pool.placement import Decision, Placed, PlacementRequest, SlotState, never_fits, place, request_for
+from pool.placement import Placed, PlacementRequest, SlotState, never_fits, request_for
 from pool.settings import PoolSettings
+
+
+@dataclass
+class Asking:
+    """A replica waiting in `Capacity.place`."""
+    pending: Pending
+    granted: asyncio.Future[Placed]
+    on_wait: Callable[[Waiting], None]
 
 
 class Capacity:
@@ -23,48 +38,84 @@ class Capacity:
         self.settings = settings
         self._slots: list[Slot] = []
         self._reserved: dict[str, dict[str, int]] = {}      # slot_id -> {replica_id: bytes}
-        self._changed = asyncio.Condition()
+        self._tenant_of: dict[str, str] = {}                # replica_id -> tenant, while it holds slots
+        self._quotas: dict[str, TenantQuota] = {}
+        self._asking: dict[str, Asking] = {}                # replica_id -> its wait for slots
+        self._arrivals = itertools.count()
 
     @property
     def slots(self) -> list[Slot]:
         return list(self._slots)
 
     async def update(self, fresh: Sequence[Slot]) -> tuple[list[Slot], list[Slot]]:
-        """Take a new list of slots; returns (added, removed) and wakes waiters if any joined."""
+        """Take a new list of slots; returns (added, removed); waiting replicas may now fit."""
         added, removed = slot_changes(self._slots, fresh)
         self._slots = list(fresh)
         for gone in removed:
             self._reserved.pop(gone.slot_id, None)
         for new in added:
             self._reserved.setdefault(new.slot_id, {})
-        if added:
-            await self._wake()
+        self._admit()
         return added, removed
 
-    def states(self) -> list[SlotState]:
-        return [SlotState(s.slot_id, s.node, s.memory_bytes, reserved_bytes(s, self._reserved[s.slot_id]))
-                for s in self._slots]
+    def set_quotas(self, quotas: Mapping[str, TenantQuota]) -> None:
+        """Each tenant's quota as the desired state says now (a raised quota may place some)."""
+        self._quotas = dict(quotas)
+        self._admit()
 
-    def request(self, info: ModelInfo, shape: ReplicaShape) -> PlacementRequest:
+    def states(self) -> list[SlotState]:
+        return [SlotState(s.slot_id, s.node, s.memory_bytes, reserved_bytes(s, self._reserved[s.slot_id]),
+                          s.exclusive) for s in self._slots]
+
+    def gpus_held(self) -> dict[str, int]:
+        """Slots reserved per tenant (a replica on two slots holds two)."""
+        held: dict[str, int] = {}
+        for holders in self._reserved.values():
+            for replica_id in holders:
+                tenant = self._tenant_of.get(replica_id, "")
+                held[tenant] = held.get(tenant, 0) + 1
+        return held
+
+    def request(self, info: ModelInfo, shape: ReplicaShape, draft: Optional[ModelInfo] = None) -> PlacementRequest:
         return request_for(info, shape.gpu_memory_gb, shape.gpu_count, shape.engine,
-                           self.settings.kv_cache_tokens_default, self.settings.memory_overhead_fraction)
+                           self.settings.kv_cache_tokens_default, self.settings.memory_overhead_fraction, draft)
 
     def never_fits(self, request: PlacementRequest) -> Optional[str]:
         """Why no state of these slots could ever hold the request, or None."""
         return never_fits(request, self.states())
 
-    def try_place(self, replica_id: str, request: PlacementRequest, preferred: Collection[str]) -> Decision:
-        """Place now if there is room, and reserve what was placed."""
-        decision = place(request, self.states(), preferred)
-        if isinstance(decision, Placed):
-            for sid in decision.slot_ids:
-                self._reserved[sid][replica_id] = decision.bytes_per_slot
-        return decision
+    async def place(self, replica_id: str, tenant_id: str, request: PlacementRequest,
+                    preferred: Collection[str], on_wait: Callable[[Waiting], None]) -> Placed:
+        """Reserve slots for the replica, waiting (in the fair order) until it gets them."""
+        granted: asyncio.Future[Placed] = asyncio.get_running_loop().create_future()
+        pending = Pending(replica_id, tenant_id, request, next(self._arrivals), frozenset(preferred))
+        self._asking[replica_id] = Asking(pending, granted, on_wait)
+        self._admit()
+        try:
+            return await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():    # granted just as the wait ended
+                await self.release(replica_id, granted.result().slot_ids)
+            raise
+        finally:
+            self._asking.pop(replica_id, None)
+
+    def hold(self, replica_id: str, tenant_id: str, node: str, slot_ids: Sequence[str],
+             bytes_per_slot: Optional[int]) -> Placed:
+        """Book slots for a replica that already runs on them (adopted after a restart), no
+        decision asked; bytes_per_slot None: it is booked as holding the whole slots."""
+        known = {s.slot_id: s for s in self.slots_for(slot_ids)}
+        for sid in slot_ids:
+            self._reserved[sid][replica_id] = known[sid].memory_bytes if bytes_per_slot is None else bytes_per_slot
+        self._tenant_of[replica_id] = tenant_id
+        booked = max(self._reserved[sid][replica_id] for sid in slot_ids)
+        return Placed(node, tuple(slot_ids), booked)
 
     async def release(self, replica_id: str, slot_ids: Sequence[str]) -> None:
         for sid in slot_ids:
             self._reserved.get(sid, {}).pop(replica_id, None)      # its node may have left
-        await self._wake()
+        self._tenant_of.pop(replica_id, None)
+        self._admit()
 
     def slots_for(self, slot_ids: Sequence[str]) -> list[Slot]:
         """The slots a replica was placed on; ColdStartFailed if one has left since."""
@@ -74,17 +125,21 @@ class Capacity:
             raise ColdStartFailed(f"slot(s) {', '.join(missing)} left the pool before the replica started")
         return [known[sid] for sid in slot_ids]
 
-    async def wait_for_room(self, timeout_s: float) -> None:
-        """Until slots are released or added, or timeout_s (then the caller looks again)."""
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout_s)
-            except asyncio.TimeoutError:
-                pass
-
-    async def _wake(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+    def _admit(self) -> None:
+        """Run the decision over the books now and act on it: reserve and wake who was
+        placed, tell the others why they wait."""
+        waiting = [a for a in self._asking.values() if not a.granted.done()]
+        if not waiting:
+            return
+        decision = admit([a.pending for a in waiting], self.states(), self.gpus_held(), self._quotas)
+        for replica_id, where in decision.placed:
+            asking = self._asking[replica_id]
+            for sid in where.slot_ids:
+                self._reserved[sid][replica_id] = where.bytes_per_slot
+            self._tenant_of[replica_id] = asking.pending.tenant_id
+            asking.granted.set_result(where)
+        for replica_id, why in decision.waiting.items():
+            self._asking[replica_id].on_wait(why)
 
 
 def reserved_bytes(slot: Slot, held: Mapping[str, int]) -> int:

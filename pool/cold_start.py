@@ -1,10 +1,15 @@
 """One replica's cold start: inspect -> place -> pull -> load, each stage bounded.
 
-  inspect   config.json and safetensors headers from S3 (cached per model URI)
+  inspect   config.json and safetensors headers from S3 (cached per model URI),
+            of the speculative draft model too when the engine names one
   place     best fit on the slots, preferring nodes that already hold the
-            weights; waits in pending while the pool is full
-  pull      the weights into the pool's cache and a model folder (pulling);
-            a backend that pulls on its node does this inside start_replica
+            weights; waits in pending while the pool is full or its tenant is
+            at its GPU quota (pool.admission decides who goes first). The
+            replica moves to pulling the moment its slots are reserved: that
+            event is the first to carry slot_ids, where its GPU time begins
+  pull      the weights (and the draft's) into the pool's cache and model
+            folders (pulling), pinned until the replica stops; a backend that
+            pulls on its node does this inside start_replica
   load      the backend starts runtime.server; the replica is loading until
             /health answers ready
 
@@ -16,16 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, FrozenSet, TypeVar
+from dataclasses import replace
+from pathlib import Path
+from typing import Awaitable, FrozenSet, Optional, TypeVar
 
 import httpx
 
+from pool.admission import Waiting, never_within_quota
+from pool.adoption import Registration, spec_fingerprint
 from pool.api import ColdStartFailed, ColdStartTimings, ModelInfo, ModelUnavailable, NeverFits
 from pool.backends.base import Backend, ReplicaHandle
+from pool.backends.runtime_args import draft_model_uri, with_draft_folder
 from pool.capacity import Capacity
 from pool.health import wait_healthy
 from pool.model_info import inspect_model
-from pool.placement import Placed, PlacementRequest
+from pool.placement import PlacementRequest
 from pool.registry import ManagedReplica
 from pool.replica import Replica, ReplicaState
 from pool.replica_events import ReplicaEvents
@@ -59,10 +69,13 @@ class ColdStart:
 
     async def run(self, managed: ManagedReplica) -> None:
         s = self.settings
+        draft_uri = draft_model_uri(managed.spec.engine)          # ModelUnavailable unless a URI
         info = await stage(self._model_info(managed.spec.model_uri), s.pull_timeout_s, "inspecting the model")
-        request = self.capacity.request(info, managed.spec.shape)
+        draft = await stage(self._model_info(draft_uri), s.pull_timeout_s,
+                            "inspecting the draft model") if draft_uri else None
+        request = self.capacity.request(info, managed.spec.shape, draft)
         await self._place(managed, request, await self._nodes_with_weights(managed.spec.model_uri))
-        handle = await self._pull_and_launch(managed)
+        handle = await self._pull_and_launch(managed, draft_uri)
         await stage(wait_healthy(handle, self.http, s.health_poll_s), s.load_timeout_s, "loading")
 
     async def _model_info(self, model_uri: str) -> ModelInfo:
@@ -86,37 +99,50 @@ class ColdStart:
             return frozenset()
 
     async def _place(self, managed: ManagedReplica, request: PlacementRequest, preferred: FrozenSet[str]) -> None:
-        """Reserve slots for the replica, waiting in pending while none have room."""
-        reason = self.capacity.never_fits(request)
+        """Reserve slots for the replica, waiting in pending while none have room for it
+        or its tenant is at its GPU quota; pulling once they are reserved."""
+        spec = managed.spec
+        reason = self.capacity.never_fits(request) or never_within_quota(request.slot_count, spec.quota)
         if reason:
             raise NeverFits(f"can never be placed: {reason}")
-        while True:
-            decision = self.capacity.try_place(managed.replica_id, request, preferred)
-            if isinstance(decision, Placed):
-                managed.placed, managed.waiting_reason = decision, None
-                managed.replica.slot_ids = decision.slot_ids
-                return
-            managed.waiting_reason = decision.reason
-            await self.capacity.wait_for_room(self.settings.tick_s * 4)
 
-    async def _pull_and_launch(self, managed: ManagedReplica) -> ReplicaHandle:
+        def note(why: Waiting) -> None:          # shown on the status page while it waits
+            managed.waiting = why
+        placed = await self.capacity.place(managed.replica_id, spec.tenant_id, request, preferred, note)
+        managed.placed, managed.waiting = placed, None
+        managed.replica.slot_ids = placed.slot_ids
+        self.events.move(managed, ReplicaState.PULLING)       # its GPU time starts now, not before
+
+    async def _pull_and_launch(self, managed: ManagedReplica, draft_uri: Optional[str]) -> ReplicaHandle:
         """pulling, then loading once the runtime process is started.
 
         A backend that pulls on its node gets no local folder; its start_replica
-        pulls there first (under its own pull timeout), so it runs while pulling.
+        pulls there first (the draft model too, under its own pull timeout), so it
+        runs while pulling. Otherwise the pool pulls, and the runtime is given the
+        draft's local folder in place of its URI.
         """
         slots = self.capacity.slots_for(managed.replica.slot_ids)
-        self.events.move(managed, ReplicaState.PULLING)
+        registration = Registration(spec_fingerprint(managed.spec),
+                                    managed.placed.bytes_per_slot if managed.placed else None)
         if self.backend.pulls_on_node:
-            managed.handle = await self.backend.start_replica(managed.spec, slots, None, managed.replica_id)
+            managed.handle = await self.backend.start_replica(managed.spec, slots, None, managed.replica_id,
+                                                              registration=registration)
             self.events.move(managed, ReplicaState.LOADING)
             return managed.handle
-        fetch = self.weights.fetch_model(managed.spec.model_uri)
-        managed.files = await stage(fetch, self.settings.pull_timeout_s, "pulling")
+        model_dir = await self._pull(managed, managed.spec.model_uri)
+        spec = managed.spec
+        if draft_uri is not None:
+            spec = replace(spec, engine=with_draft_folder(spec.engine, str(await self._pull(managed, draft_uri))))
         self.events.move(managed, ReplicaState.LOADING)
-        managed.handle = await self.backend.start_replica(managed.spec, slots, managed.files.model_dir,
-                                                          managed.replica_id)
+        managed.handle = await self.backend.start_replica(spec, slots, model_dir, managed.replica_id,
+                                                          registration=registration)
         return managed.handle
+
+    async def _pull(self, managed: ManagedReplica, model_uri: str) -> Path:
+        """A model folder in the pool's cache, pinned for the replica until it stops."""
+        files = await stage(self.weights.fetch_model(model_uri), self.settings.pull_timeout_s, "pulling")
+        managed.files += (files,)
+        return files.model_dir
 
 
 async def stage(work: Awaitable[T], timeout_s: float, name: str) -> T:

@@ -1,14 +1,14 @@
 """Simple implementations of the two seams, for tests and for embedding.
 
 InMemoryDesiredState is a DesiredStateSource over a list you update;
-EventLog is a ReplicaEventSink that keeps every event in order.
+EventLog is a ReplicaEventSink that keeps every event and every heartbeat in order.
 """
 from __future__ import annotations
 
 import asyncio
 from typing import Callable, Iterable
 
-from pool.api import ReplicaEvent, RevisionSpec
+from pool.api import Heartbeat, ReplicaEvent, RevisionSpec
 
 
 class InMemoryDesiredState:
@@ -28,10 +28,18 @@ class InMemoryDesiredState:
 class EventLog:
     def __init__(self) -> None:
         self.events: list[ReplicaEvent] = []
+        self.beats: list[Heartbeat] = []
         self._changed = asyncio.Condition()
 
     async def replica_changed(self, event: ReplicaEvent) -> None:
         self.events.append(event)
+        await self._notify()
+
+    async def heartbeat(self, beat: Heartbeat) -> None:
+        self.beats.append(beat)
+        await self._notify()
+
+    async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
 
@@ -46,7 +54,8 @@ class EventLog:
         return list(seen)
 
     async def wait_for(self, predicate: Callable[[list[ReplicaEvent]], bool], timeout_s: float) -> bool:
-        """Wait (event-driven, bounded) until predicate(events) holds."""
+        """Wait (event-driven, bounded) until predicate(events) holds (checked after every
+        event or heartbeat taken)."""
         async def until() -> None:
             async with self._changed:
                 await self._changed.wait_for(lambda: predicate(self.events))

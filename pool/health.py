@@ -1,12 +1,17 @@
-"""Asking a replica's runtime.server how it is: /health, and whether its process lives.
+"""Asking a replica's runtime.server how it is: /health, and whether its process lives;
+what it serves (/v1/models) and what it has served (/stats).
 
 /health answers 200 once the weights are loaded, 500 with `error` when the
-load failed, 503 while loading (or in standby).
+load failed, 503 while loading (or in standby). It is the one path a replica
+answers without its secret; the pool sends the handle's headers anyway, as on
+every call it makes. /v1/models answered with the secret and naming the
+revision is how a replica left by an earlier pool proves it is the one its
+record describes.
 """
 from __future__ import annotations
 
 import asyncio
-from typing import Optional
+from typing import Any, Optional
 
 import httpx
 
@@ -21,7 +26,7 @@ async def wait_healthy(handle: ReplicaHandle, http: httpx.AsyncClient, poll_s: f
         if not handle.is_alive():
             raise ColdStartFailed(handle.exit_reason() or "runtime process exited while loading")
         try:
-            resp = await http.get(url, timeout=2.0)
+            resp = await http.get(url, timeout=2.0, headers=handle.headers)
             if resp.status_code == 200:
                 return
             if resp.status_code == 500:
@@ -37,13 +42,41 @@ async def why_unhealthy(handle: ReplicaHandle, http: httpx.AsyncClient) -> Optio
     if reason is not None:
         return reason
     try:
-        resp = await http.get(f"{handle.base_url}/health", timeout=2.0)
+        resp = await http.get(f"{handle.base_url}/health", timeout=2.0, headers=handle.headers)
     except httpx.HTTPError as exc:
         await wait_exit(handle, 1.0)          # a killed process may not be reaped yet
         return handle.exit_reason() or f"unreachable after a failed request: {type(exc).__name__}"
     if resp.status_code != 200:
         return f"unhealthy after a failed request: {resp.status_code} {resp.text[:200]}"
     return None
+
+
+async def serves(handle: ReplicaHandle, http: httpx.AsyncClient, revision_id: str) -> bool:
+    """True when the replica answers GET /v1/models with its secret and serves revision_id
+    (ready: a replica still loading lists no model)."""
+    body = await _get_json(handle, http, "/v1/models")
+    data = body.get("data") if body else None
+    return isinstance(data, list) and any(isinstance(m, dict) and m.get("id") == revision_id for m in data)
+
+
+async def served_tokens(handle: ReplicaHandle, http: httpx.AsyncClient) -> Optional[tuple[int, int]]:
+    """(prompt, completion) tokens the replica served since its process started, from its
+    own counters (GET /stats); None when it does not answer in time."""
+    body = await _get_json(handle, http, "/stats")
+    try:
+        return (int(body["prompt_tokens"]), int(body["completion_tokens"])) if body else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+async def _get_json(handle: ReplicaHandle, http: httpx.AsyncClient, path: str) -> Optional[dict[str, Any]]:
+    """The JSON object a 200 answer to GET path carries, or None."""
+    try:
+        resp = await http.get(f"{handle.base_url}{path}", timeout=2.0, headers=handle.headers)
+        body = resp.json() if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
 
 
 async def wait_exit(handle: ReplicaHandle, timeout_s: float) -> None:

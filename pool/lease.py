@@ -6,16 +6,17 @@ no reference to the pool's state.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from pool.api import ColdStartTimings
 
 
 class ReplicaLease:
     def __init__(self, *, base_url: str, replica_id: str, revision_id: str, queue_s: float,
-                 cold_start: Optional[ColdStartTimings], on_release: Callable[[ReplicaLease], None],
-                 on_failed: Callable[[ReplicaLease], None]):
+                 cold_start: Optional[ColdStartTimings], headers: Mapping[str, str],
+                 on_release: Callable[[ReplicaLease], None], on_failed: Callable[[ReplicaLease], None]):
         self.base_url = base_url
+        self.headers = headers                  # the replica's secret: sent on every call to it
         self.replica_id = replica_id
         self.revision_id = revision_id          # also the model name the replica serves
         self.queue_s = queue_s

@@ -5,11 +5,21 @@ backoff.after_failure); the books they read are kept apart (registry.py:
 revisions and their replicas; capacity.py: slots and reservations); a cold
 start is cold_start.py and every replica transition goes through
 replica_events.py. This module wires them: acquire() routes a request to a
-ready replica or queues it and starts one; _reconcile() scales a revision to
-what the autoscaler decides; a tick every `tick_s` re-reads the desired state
-and the backend's inventory (every `desired_refresh_s`: nodes of a cluster
-come and go), notices crashed processes and finishes drains. Everything runs
-on one event loop; state changes happen between awaits.
+ready replica or queues it and starts one (a tenant's quota bounds its
+waiting requests, and a replica held back by its GPU quota turns the wait's
+timeout into 429); _reconcile() scales a revision to what the autoscaler
+decides; a tick every `tick_s` re-reads the desired state and the backend's
+inventory (every `desired_refresh_s`: nodes of a cluster come and go),
+notices crashed processes, finishes drains and sends a heartbeat (every
+`heartbeat_s`: each replica holding slots, with the tokens it says it
+served). Everything runs on one event loop; state changes happen between
+awaits.
+
+At start, before taking requests, the replicas an earlier pool left running
+(a control-plane crash) are re-adopted, stopped or forgotten
+(pool.adoption.decide), and the first heartbeat lists what the pool holds
+then. A replica's own token counters are read as it stops and go on its
+`stopped` event.
 
 The backend comes from the settings (`pool.backends.build_backend`) unless one
 is injected.
@@ -26,20 +36,23 @@ from typing import Any, Coroutine, Optional
 import httpx
 
 from pool.activator import Waiter, wait_for_replica
-from pool.api import (ColdStartFailed, DesiredStateSource, ModelInfo, NeverFits, ReplicaEventSink,
-                      ReplicaShape, RevisionSpec, RevisionStatus)
+from pool.admission import queue_refusal
+from pool.adoption import ReplicaRecord, Verdict, adopted_replica, decide
+from pool.api import (ColdStartFailed, ColdStartTimeout, DesiredStateSource, Heartbeat, ModelInfo, NeverFits,
+                      QueueFull, QuotaExceeded, ReplicaEventSink, ReplicaShape, RevisionSpec, RevisionStatus)
 from pool.autoscaler import policy
 from pool.backends import build_backend
-from pool.backends.base import Backend, ReplicaHandle
+from pool.backends.base import Backend, ReplicaHandle, Survivor
+from pool.backends.runtime_args import draft_model_uri
 from pool.backoff import BackoffConfig, Failure, after_failure, may_start, refusing_for_s
 from pool.capacity import Capacity
 from pool.clock import Clock
 from pool.cold_start import ColdStart, cold_start_timings, failure_reason
-from pool.health import why_unhealthy
+from pool.health import served_tokens, serves, why_unhealthy
 from pool.inventory import Slot
 from pool.lease import ReplicaLease
-from pool.registry import (ManagedReplica, Registry, RevisionState, revision_status, scale_down_order,
-                           scaling_snapshot)
+from pool.registry import (ManagedReplica, Registry, RevisionState, holding_slots, revision_status,
+                           scale_down_order, scaling_snapshot, waits)
 from pool.replica import LIVE, STARTING, Replica, ReplicaState
 from pool.replica_events import ReplicaEvents
 from pool.router import Candidate, choose
@@ -67,7 +80,8 @@ class PoolManager:
         self.clock = clock or Clock()
         self.backend: Backend = backend if backend is not None else build_backend(settings)
         self.capacity = Capacity(settings)
-        self._events = ReplicaEvents(events, self.clock)
+        self._events = ReplicaEvents(events, self.clock, limit=settings.event_queue_limit,
+                                     retry_cap_s=settings.event_retry_cap_s)
         self._registry = Registry(settings.queue_limit)
         self._backoff = BackoffConfig(settings.crash_backoff_base_s, settings.crash_backoff_cap_s)
         self._s3 = s3_client
@@ -77,6 +91,8 @@ class PoolManager:
         self._stack = AsyncExitStack()
         self._last_refresh = float("-inf")
         self._last_inventory = float("-inf")
+        self._last_beat = float("-inf")
+        self._beating: Optional[asyncio.Task[None]] = None
         self.started = False
 
     # ------------------------------------------------------------- lifecycle
@@ -90,12 +106,15 @@ class PoolManager:
         cold_start = ColdStart(self.settings, self.backend, self.capacity, self._events, weights, http)
         self._opened = Running(weights, http, cold_start)
         await self.backend.start()
+        self.started = True                      # from here on, stop() undoes what start() did
         await self.capacity.update(await self.backend.inventory())
         self._last_inventory = self.clock.mono()
         self._events.start()
+        await self._read_desired()
+        await self._adopt_survivors()
+        await self._heartbeat()
         self._ticker = asyncio.ensure_future(self._run())
-        self.started = True
-        await self.refresh()
+        self._reconcile_all()
 
     async def stop(self) -> None:
         if not self.started:
@@ -106,6 +125,7 @@ class PoolManager:
             await asyncio.gather(self._ticker, return_exceptions=True)
         await self._stop_replicas()
         await self.backend.close()
+        self._events.beat(self._heartbeat_now({}))         # nothing holds slots any more
         await self._events.close(self.settings.stop_timeout_s)
         await self._running.http.aclose()
         await self._stack.aclose()
@@ -147,6 +167,9 @@ class PoolManager:
         return await self._running.cold_start.inspect(model_uri)
 
     def check_fits(self, info: ModelInfo, shape: ReplicaShape) -> None:
+        """NeverFits for a shape no inventory could hold; ModelUnavailable for a draft model
+        that is not a URI (sized at its cold start, once it is inspected)."""
+        draft_model_uri(shape.engine)
         reason = self.capacity.never_fits(self.capacity.request(info, shape))
         if reason:
             raise NeverFits(f"{info.model_uri} can never be placed: {reason}")
@@ -160,12 +183,16 @@ class PoolManager:
         if picked is not None:
             return self._lease(rev, picked, start, cold=False)
         self._refuse_during_backoff(rev)
+        self._refuse_over_queue_quota(rev)
         waiter = Waiter(request_id, prompt_tokens, prefix_key, start)
         rev.queue.push(waiter)
         self._reconcile(rev)                     # the first request starts the cold start now
-        replica_id = await wait_for_replica(rev.queue, waiter, timeout_s,
-                                            on_lost=lambda rid: self._release_replica(rev, rid),
-                                            retry_after_s=2.0 if rev.in_state(ReplicaState.LOADING) else 5.0)
+        try:
+            replica_id = await wait_for_replica(rev.queue, waiter, timeout_s,
+                                                on_lost=lambda rid: self._release_replica(rev, rid),
+                                                retry_after_s=2.0 if rev.in_state(ReplicaState.LOADING) else 5.0)
+        except ColdStartTimeout as timeout:
+            raise (self._over_gpu_quota(rev) or timeout) from None
         return self._lease(rev, replica_id, start, cold=True)
 
     def revision_status(self, revision_id: str) -> RevisionStatus:
@@ -173,11 +200,14 @@ class PoolManager:
         return RevisionStatus(revision_id, "unknown") if rev is None else revision_status(rev)
 
     async def refresh(self) -> None:
+        await self._read_desired()
+        self._reconcile_all()
+
+    async def _read_desired(self) -> None:
         specs = await self.desired.revisions()
         self._last_refresh = self.clock.mono()
         self._registry.sync(specs)
-        for rev in self._registry.all():
-            self._reconcile(rev)
+        self.capacity.set_quotas(self._registry.quotas())
 
     # ------------------------------------------------------------- requests
 
@@ -199,6 +229,19 @@ class PoolManager:
         if rev.last_error and refusing is not None and not rev.in_state(*LIVE):
             raise ColdStartFailed(rev.last_error, retry_after_s=max(0.5, refusing))
 
+    def _refuse_over_queue_quota(self, rev: RevisionState) -> None:
+        """429 at once when the tenant already has quota.max_queued_requests waiting."""
+        tenant = rev.spec.tenant_id
+        reason = queue_refusal(tenant, self._registry.queued_requests(tenant), rev.spec.quota)
+        if reason:
+            raise QueueFull(reason, retry_after_s=1.0)
+
+    def _over_gpu_quota(self, rev: RevisionState) -> Optional[QuotaExceeded]:
+        """After a wait that timed out: 429 if the tenant's GPU quota, not the pool, held the
+        revision's next replica back (the replica keeps waiting for the tenant's own to stop)."""
+        held_back = [w for w in waits(rev) if w.over_quota]
+        return QuotaExceeded(f"revision {rev.spec.revision_id}: {held_back[0].reason}") if held_back else None
+
     def _route(self, rev: RevisionState, prefix_key: Optional[str]) -> Optional[str]:
         """The ready replica that takes a request, counted in flight from now on."""
         chosen = choose([Candidate(r.replica_id, r.in_flight) for r in rev.in_state(READY)], prefix_key)
@@ -215,6 +258,7 @@ class PoolManager:
         return ReplicaLease(base_url=managed.handle.base_url, replica_id=replica_id,
                             revision_id=rev.spec.revision_id, queue_s=queue_s,
                             cold_start=cold_start_timings(managed.replica, queue_s) if cold else None,
+                            headers=managed.handle.headers,
                             on_release=lambda lease: self._release_replica(rev, lease.replica_id),
                             on_failed=lambda lease: self._check_soon(rev, lease.replica_id))
 
@@ -241,6 +285,10 @@ class PoolManager:
             self._fail(rev, managed, reason)
 
     # ------------------------------------------------------------- scaling
+
+    def _reconcile_all(self) -> None:
+        for rev in self._registry.all():
+            self._reconcile(rev)
 
     def _reconcile(self, rev: RevisionState) -> None:
         if rev.retired:                          # no longer deployed: drain everything now
@@ -314,6 +362,8 @@ class PoolManager:
             await asyncio.gather(task, return_exceptions=True)
         if managed.state is READY:
             self._events.move(managed, DRAINING, reason)
+        if managed.handle is not None and managed.handle.is_alive():
+            managed.final_tokens = await served_tokens(managed.handle, self._running.http)
         await self._cleanup(managed)
         if managed.state in LIVE:
             self._events.move(managed, ReplicaState.STOPPED, reason)
@@ -327,9 +377,9 @@ class PoolManager:
                 await handle.stop(self.settings.stop_timeout_s)
             finally:
                 self.backend.forget(handle)
-        if managed.files is not None:
-            self._running.weights.release(managed.files)
-            managed.files = None
+        for files in managed.files:
+            self._running.weights.release(files)
+        managed.files = ()
         placed, managed.placed = managed.placed, None
         if placed is not None:
             await self.capacity.release(managed.replica_id, placed.slot_ids)
@@ -354,6 +404,9 @@ class PoolManager:
             self._expire_drains(rev)
             self._reconcile(rev)
         self._registry.drop_finished()
+        if self.clock.mono() - self._last_beat >= self.settings.heartbeat_s and \
+                (self._beating is None or self._beating.done()):
+            self._beating = self._spawn(self._heartbeat())
 
     def _notice_crashes(self, rev: RevisionState) -> None:
         for managed in rev.in_state(READY, DRAINING):
@@ -379,6 +432,70 @@ class PoolManager:
         added, removed = await self.capacity.update(fresh)
         if added or removed:
             log.info("inventory: %d slot(s) joined, %d left; %d now", len(added), len(removed), len(fresh))
+
+    # ------------------------------------------------------------- billing: heartbeats
+
+    async def _heartbeat(self) -> None:
+        """Queue a heartbeat: every replica that holds slots now, with the tokens each says it
+        served (those that answer /stats in time)."""
+        self._last_beat = self.clock.mono()
+        holding = holding_slots(self._registry.all())
+        counts = await asyncio.gather(*(self._served(m) for m in holding))
+        self._events.beat(self._heartbeat_now({m.replica_id: c for m, c in zip(holding, counts) if c}))
+
+    def _heartbeat_now(self, tokens: dict[str, tuple[int, int]]) -> Heartbeat:
+        """The replicas holding slots at this moment (after the awaits that read tokens)."""
+        listed = tuple(m.replica_id for m in holding_slots(self._registry.all()))
+        return Heartbeat(self.clock.utc(), listed, {rid: tokens[rid] for rid in listed if rid in tokens})
+
+    async def _served(self, managed: ManagedReplica) -> Optional[tuple[int, int]]:
+        handle = managed.handle
+        if handle is None or not handle.is_alive():
+            return None
+        return await served_tokens(handle, self._running.http)
+
+    # ------------------------------------------------------------- re-adoption
+
+    async def _adopt_survivors(self) -> None:
+        """The replicas an earlier pool left running: adopted as ready on their slots, stopped,
+        or forgotten (pool.adoption.decide), before any new replica is placed."""
+        survivors = await self.backend.survivors()
+        answered = await asyncio.gather(*(self._answers(s) for s in survivors))
+        slot_ids = {s.slot_id for s in self.capacity.slots}
+        stopping = []
+        for survivor, answers in zip(survivors, answered):
+            record, handle = survivor.record, survivor.handle
+            rev = self._registry.deployed(record.revision_id)
+            verdict, why = decide(record, alive=handle is not None, answers=answers,
+                                  wanted=rev.spec if rev else None, slot_ids=slot_ids)
+            log.info("replica %s of revision %s, left by an earlier pool: %s (%s)",
+                     record.replica_id, record.revision_id, verdict.value, why)
+            if verdict is Verdict.ADOPT and rev is not None and handle is not None:
+                self._adopt(rev, record, handle)
+            elif handle is not None:
+                stopping.append(self._stop_survivor(handle))
+        await asyncio.gather(*stopping, return_exceptions=True)
+
+    async def _answers(self, survivor: Survivor) -> bool:
+        handle = survivor.handle
+        return handle is not None and await serves(handle, self._running.http, survivor.record.revision_id)
+
+    def _adopt(self, rev: RevisionState, record: ReplicaRecord, handle: ReplicaHandle) -> None:
+        """Ready again, on the slots it holds (booked before anything else is placed)."""
+        now = self.clock.mono()
+        placed = self.capacity.hold(record.replica_id, rev.spec.tenant_id, record.node, record.slot_ids,
+                                    record.bytes_per_slot)
+        managed = ManagedReplica(adopted_replica(record, now, self.clock.utc()), rev.spec,
+                                 handle=handle, placed=placed)
+        rev.add(managed)
+        rev.last_activity = now                  # idle from now on, not since the crash
+        self._events.publish(managed)
+
+    async def _stop_survivor(self, handle: ReplicaHandle) -> None:
+        try:
+            await handle.stop(self.settings.stop_timeout_s)
+        finally:
+            self.backend.forget(handle)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)

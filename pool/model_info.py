@@ -1,7 +1,8 @@
 """inspect_model: architecture and weight sizes from S3 without downloading weights.
 
 Reads config.json and, per safetensors file, the 8-byte header length and the
-JSON header with ranged GETs; sums bytes and parameters per dtype.
+JSON header with ranged GETs; sums bytes and parameters per dtype. A `.gguf`
+object's header is read by pool/gguf.py.
 """
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from pool.api import ModelInfo, ModelUnavailable
 from pool.s3 import MISSING_CODES, S3Client, S3Object, error_code, list_objects, parse_uri
 
 HEAD_GUESS = 64 * 1024
+# A model's small files are read whole at deploy time; past these sizes they are not
+# a model folder's files but an attempt to make the control plane read gigabytes.
+JSON_MAX_BYTES = 1024 * 1024                # config.json, model.safetensors.index.json
+HEADER_MAX_BYTES = 100 * 1024 * 1024        # one safetensors header
 SAFETENSORS_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
     "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
@@ -33,11 +38,15 @@ async def _plain(call: Callable[[], Awaitable[T]]) -> T:
 
 
 async def inspect_model(client: S3Client, model_uri: str, retry: Retry = _plain) -> ModelInfo:
+    if model_uri.endswith(".gguf"):                 # one GGUF object, not a folder
+        from pool.gguf import inspect_gguf
+
+        return await inspect_gguf(client, model_uri, retry)
     bucket, prefix = parse_uri(model_uri)
     objects = {o.key[len(prefix):]: o for o in await retry(lambda: list_objects(client, bucket, prefix))}
     if "config.json" not in objects:
         raise ModelUnavailable(f"missing object s3://{bucket}/{prefix}config.json")
-    config = json.loads(await read_range(client, objects["config.json"], retry))
+    config = await read_json(client, objects["config.json"], retry)
     shards = await weight_files(client, objects, retry, f"s3://{bucket}/{prefix}")
     headers = [await read_header(client, objects[name], retry) for name in shards]
     return summarize(model_uri, config, shards, headers)
@@ -46,7 +55,7 @@ async def inspect_model(client: S3Client, model_uri: str, retry: Retry = _plain)
 async def weight_files(client: S3Client, objects: dict[str, S3Object], retry: Retry, where: str) -> list[str]:
     """The safetensors files the model loads, each checked to exist."""
     if "model.safetensors.index.json" in objects:
-        index = json.loads(await read_range(client, objects["model.safetensors.index.json"], retry))
+        index = await read_json(client, objects["model.safetensors.index.json"], retry)
         names = sorted(set(index.get("weight_map", {}).values()))
     else:
         names = sorted(n for n in objects if n.endswith(".safetensors"))
@@ -75,13 +84,27 @@ async def read_range(client: S3Client, obj: S3Object, retry: Retry, start: int =
     return await retry(call)
 
 
+async def read_json(client: S3Client, obj: S3Object, retry: Retry) -> dict[str, Any]:
+    """A small JSON object file, capped; ModelUnavailable (422) when too big or not an object."""
+    if obj.size > JSON_MAX_BYTES:
+        raise ModelUnavailable(f"{obj.uri} is {obj.size} bytes, over the {JSON_MAX_BYTES}-byte cap")
+    try:
+        value = json.loads(await read_range(client, obj, retry))
+    except ValueError as exc:
+        raise ModelUnavailable(f"{obj.uri} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ModelUnavailable(f"{obj.uri} is not a JSON object")
+    return value
+
+
 async def read_header(client: S3Client, obj: S3Object, retry: Retry) -> dict[str, Any]:
     if obj.size < 8:
         raise ModelUnavailable(f"bad safetensors file {obj.uri}: {obj.size} bytes")
     head = await read_range(client, obj, retry, 0, min(obj.size, HEAD_GUESS) - 1)
     (length,) = struct.unpack("<Q", head[:8])
-    if length + 8 > obj.size:
-        raise ModelUnavailable(f"bad safetensors header in {obj.uri}: length {length}")
+    if length + 8 > obj.size or length > HEADER_MAX_BYTES:
+        raise ModelUnavailable(f"bad safetensors header in {obj.uri}: length {length} "
+                               f"(at most {HEADER_MAX_BYTES} bytes and within the file)")
     raw = head[8:8 + length]
     if len(raw) < length:
         raw += await read_range(client, obj, retry, 8 + len(raw), 8 + length - 1)

@@ -26,6 +26,7 @@ class SlotState:
     node: str
     memory_bytes: int
     reserved_bytes: int = 0
+    exclusive: bool = False          # one replica at a time (a whole Ray GPU)
 
     @property
     def free_bytes(self) -> int:
@@ -122,13 +123,19 @@ def kv_bytes(info: ModelInfo, dtype: Optional[str], tokens: int) -> int:
 
 
 def request_for(info: ModelInfo, gpu_memory_gb: float, gpu_count: int,
-                engine: Mapping[str, Any], kv_tokens_default: int, overhead_fraction: float) -> PlacementRequest:
-    """Per-slot need: max(declared gpu_memory_gb, (weights + KV) * (1 + overhead) / slots)."""
+                engine: Mapping[str, Any], kv_tokens_default: int, overhead_fraction: float,
+                draft: Optional[ModelInfo] = None) -> PlacementRequest:
+    """Per-slot need: max(declared gpu_memory_gb, (weights + KV) * (1 + overhead) / slots).
+
+    A speculative draft model adds its own weights and KV cache: the runtime runs it at
+    the target's dtype, unquantized, with as many KV tokens as the target."""
     # The runtime computes in float32 unless told otherwise (runtime.config.EngineConfig),
     # whatever width the checkpoint was saved in.
     dtype = engine.get("dtype") or RUNTIME_DEFAULT_DTYPE
     tokens = engine.get("kv_cache_tokens") or kv_tokens_default
     need = weight_bytes(info, dtype, engine.get("quantization")) + kv_bytes(info, dtype, tokens)
+    if draft is not None:
+        need += weight_bytes(draft, dtype, None) + kv_bytes(draft, dtype, tokens)
     count = max(1, int(gpu_count))
     per_slot = math.ceil(need * (1.0 + overhead_fraction) / count)
     return PlacementRequest(max(per_slot, int(gpu_memory_gb * GB)), count)

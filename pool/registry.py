@@ -4,11 +4,14 @@ A `RevisionState` is one revision of the desired state, its activator queue,
 its replicas and what the autoscaler and the crash backoff remember of it. A
 `ManagedReplica` is one replica's lifecycle record (pool.replica.Replica)
 plus what the manager holds for it: the backend's handle, the weights it
-pins, the slots it reserves, its cold-start task. Revisions that left the
-desired state stay, retired, until their replicas have stopped.
+pins (the model's, and a draft model's), the slots it reserves or why it
+waits for them, its cold-start task. Revisions that left the desired state
+stay, retired, until their replicas have stopped. Tenants are seen through
+their revisions: their quotas and their waiting requests.
 
 The functions at the bottom are pure views of these records: the autoscaler's
-snapshot, the scale-down order and the status page.
+snapshot, the scale-down order, the status page and who holds slots (the
+heartbeat).
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from pool.activator import RevisionQueue
-from pool.api import ColdStartFailed, ReplicaStatus, RevisionSpec, RevisionStatus
+from pool.admission import Waiting
+from pool.api import ColdStartFailed, ReplicaStatus, RevisionSpec, RevisionStatus, TenantQuota
 from pool.autoscaler import PolicyState, ScalingConfig, Snapshot
 from pool.backends.base import ReplicaHandle
 from pool.backoff import Backoff
@@ -36,12 +40,13 @@ class ManagedReplica:
     spec: RevisionSpec
     in_flight: int = 0
     handle: Optional[ReplicaHandle] = None
-    files: Optional[ModelFiles] = None
+    files: tuple[ModelFiles, ...] = ()  # pinned in the weight cache while it lives
     placed: Optional[Placed] = None
-    waiting_reason: Optional[str] = None
+    waiting: Optional[Waiting] = None    # why it is not placed yet
     task: Optional[asyncio.Task[None]] = None
     drain_started: Optional[float] = None
     stopping: bool = False              # being stopped on purpose: a dead handle is no crash
+    final_tokens: Optional[tuple[int, int]] = None   # (prompt, completion) it served, read as it stops
 
     @property
     def state(self) -> ReplicaState:
@@ -122,6 +127,14 @@ class Registry:
         return next((rev.replicas[replica_id] for rev in self._revisions.values()
                      if replica_id in rev.replicas), None)
 
+    def quotas(self) -> dict[str, TenantQuota]:
+        """Each tenant's quota, as its deployed revisions carry it."""
+        return {rev.spec.tenant_id: rev.spec.quota for rev in self.all() if not rev.retired}
+
+    def queued_requests(self, tenant_id: str) -> int:
+        """Requests of one tenant waiting for a replica, across its revisions."""
+        return sum(len(rev.queue) for rev in self.all() if rev.spec.tenant_id == tenant_id)
+
 
 # ----------------------------------------------------------------- pure views
 
@@ -155,7 +168,7 @@ def revision_status(rev: RevisionState) -> RevisionStatus:
     replicas = tuple(ReplicaStatus(
         r.replica_id, r.state.value, r.replica.slot_ids,
         r.handle.base_url if r.handle else None, r.in_flight, r.replica.since,
-        r.waiting_reason if r.state is ReplicaState.PENDING and r.waiting_reason else r.replica.reason)
+        r.waiting.reason if r.state is ReplicaState.PENDING and r.waiting else r.replica.reason)
         for r in rev.replicas.values())
     return RevisionStatus(rev.spec.revision_id, summarize_state(rev), replicas, len(rev.queue),
                           rev.desired, rev.last_error)
@@ -165,7 +178,7 @@ def summarize_state(rev: RevisionState) -> str:
     states = {r.state for r in rev.replicas.values()}
     if ReplicaState.READY in states:
         return "ready"
-    if any(r.state is ReplicaState.PENDING and r.waiting_reason for r in rev.replicas.values()):
+    if waits(rev):
         return "waiting_for_capacity"
     if states & STARTING:
         return "starting"
@@ -174,3 +187,15 @@ def summarize_state(rev: RevisionState) -> str:
     if rev.last_error:
         return "failed"
     return "scaled_to_zero"
+
+
+def holding_slots(revisions: Iterable[RevisionState]) -> list[ManagedReplica]:
+    """Live replicas that hold slots: placed (the event that carried their slot_ids was
+    published when they were) and not yet stopped or failed. What a heartbeat lists."""
+    return [r for rev in revisions for r in rev.replicas.values()
+            if r.state in LIVE and r.replica.slot_ids]
+
+
+def waits(rev: RevisionState) -> list[Waiting]:
+    """Why each replica of the revision that has no slots yet waits for them."""
+    return [r.waiting for r in rev.replicas.values() if r.state is ReplicaState.PENDING and r.waiting]

@@ -61,11 +61,18 @@ class PoolSettings:
     target_queued_prompt_tokens: int = 8192    # per replica; second scaling signal
     crash_backoff_base_s: float = 1.0
     crash_backoff_cap_s: float = 60.0
+    # billing: replica events and heartbeats to the control plane's sink
+    heartbeat_s: float = 15.0                  # every replica holding slots, listed this often
+    event_queue_limit: int = 10000             # events the sink has not taken yet, at most
+    event_retry_cap_s: float = 10.0            # a failing sink is retried with backoff up to this
+    # re-adoption: what the pool's replicas need to be found again after a crash
+    state_dir: Optional[Path] = None           # None: cache_dir / "state"
     # backend: local processes on this machine, or Ray actors across a cluster
     backend: str = "local"                     # local | ray
     ray_address: Optional[str] = None          # None: ray.init's default ("auto", RAY_ADDRESS)
     ray_replica_host: str = "127.0.0.1"        # runtime bind address on a node; 0.0.0.0: node IP
     ray_gpu_memory_gb: Optional[float] = None  # memory per Ray GPU; None: slot_memory_gb
+    ray_namespace: str = "thawpool"            # the pool's named replica actors; one pool per namespace
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -82,6 +89,11 @@ class PoolSettings:
     @property
     def logs(self) -> Path:
         return self.log_dir or Path(self.cache_dir) / "logs"
+
+    @property
+    def replica_state_dir(self) -> Path:
+        """Where the local backend registers the processes it started (files 0600)."""
+        return self.state_dir or Path(self.cache_dir) / "state"
 
     def with_(self, **changes: Any) -> "PoolSettings":
         return replace(self, **changes)

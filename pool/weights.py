@@ -10,7 +10,9 @@ or partial download is deleted and never enters the cache. Entries are
 evicted least recently used when the disk budget is exceeded; entries in use
 by a live replica are pinned.
 
-A model folder for the runtime is a directory of symlinks into the cache.
+A model folder for the runtime is a directory of symlinks into the cache; a
+`.gguf` object's is the folder imported from it, a cache entry of its own
+keyed by the object's ETag (pool/gguf.py).
 """
 from __future__ import annotations
 
@@ -27,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable, Iterable, Optional, TypeVar
 
+from pool import gguf
 from pool.api import ColdStartFailed
+from pool.gguf import is_gguf_uri
 from pool.s3 import (MISMATCH_CODES, MISSING_CODES, S3Client, S3Object, ShortRead, error_code,
                      list_objects, parse_uri, with_retries)
 from pool.settings import PoolSettings
@@ -76,7 +80,7 @@ class WeightCache:
         found = []
         for entry in self.objects.iterdir():
             meta = entry / "meta.json"
-            if (entry / "data").is_file() and meta.is_file():
+            if (entry / "data").exists() and meta.is_file():         # a file, or an imported folder
                 found.append((meta.stat().st_mtime, entry.name, json.loads(meta.read_text())["size"]))
             else:
                 shutil.rmtree(entry, ignore_errors=True)
@@ -95,6 +99,31 @@ class WeightCache:
         self._lru.move_to_end(key)
         os.utime(self.objects / key / "meta.json")
         return data
+
+    def lookup_folder(self, key: str) -> Optional[Path]:
+        """An imported model folder held under `key` (pool/gguf.py), or None."""
+        data = self.objects / key / "data"
+        if key not in self._lru or not data.is_dir():
+            return None
+        self._lru.move_to_end(key)
+        os.utime(self.objects / key / "meta.json")
+        return data
+
+    def admit_folder(self, key: str, folder: Path, meta: dict[str, str]) -> Path:
+        """Move a finished folder (under tmp/) into the cache as entry `key`."""
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        self.make_room(size)
+        staging = self.tmp / f"{key}.{uuid.uuid4().hex}"
+        staging.mkdir()
+        os.rename(folder, staging / "data")
+        (staging / "meta.json").write_text(json.dumps({**meta, "size": size}))
+        try:
+            os.rename(staging, self.objects / key)
+        except OSError:                      # another import got there first
+            shutil.rmtree(staging, ignore_errors=True)
+        self._lru[key] = size
+        self._lru.move_to_end(key)
+        return self.objects / key / "data"
 
     def temp_path(self) -> Path:
         return self.tmp / f"{uuid.uuid4().hex}.part"
@@ -163,6 +192,8 @@ class WeightStore:
                                   cap_s=s.s3_backoff_cap_s)
 
     async def list_model(self, model_uri: str) -> list[S3Object]:
+        if is_gguf_uri(model_uri):
+            return [await self.retry(lambda: gguf.head(self.client, model_uri))]
         bucket, prefix = parse_uri(model_uri)
         objects = await self.retry(lambda: list_objects(self.client, bucket, prefix))
         names = {o.key[len(prefix):] for o in objects}
@@ -173,7 +204,10 @@ class WeightStore:
         return [o for o in objects if not o.key.endswith(SKIP_SUFFIXES)]
 
     async def fetch_model(self, model_uri: str, objects: Optional[list[S3Object]] = None) -> ModelFiles:
-        """Every file of the model in the cache, linked into one folder; pins the entries."""
+        """Every file of the model in the cache, linked into one folder; pins the entries.
+        A `.gguf` object: the folder imported from it (one entry)."""
+        if is_gguf_uri(model_uri):
+            return await self._fetch_gguf(model_uri)
         started = time.monotonic()
         objects = objects if objects is not None else await self.list_model(model_uri)
         keys = tuple(entry_key(o) for o in objects)
@@ -203,15 +237,48 @@ class WeightStore:
         os.rename(staging, folder)
         return folder
 
+    async def _fetch_gguf(self, model_uri: str) -> ModelFiles:
+        started = time.monotonic()
+        (obj,) = await self.list_model(model_uri)
+        key = gguf.imported_key(obj)
+        self.cache.pin([key])
+        try:
+            folder = self.cache.lookup_folder(key)
+            fresh = folder is None and obj not in self.cache
+            if folder is None:
+                folder = await self._once(key, lambda: self._import(obj, key))
+        except BaseException:
+            self.cache.unpin([key])
+            raise
+        downloaded = obj.size if fresh else 0
+        return ModelFiles(folder, (key,), downloaded, obj.size - downloaded, time.monotonic() - started)
+
+    async def _import(self, obj: S3Object, key: str) -> Path:
+        """The object into the cache, then imported from there into an entry of its own."""
+        raw = [entry_key(obj)]
+        self.cache.pin(raw)                 # not evicted while it is read
+        staging = self.cache.tmp / f"import-{uuid.uuid4().hex}"
+        try:
+            await gguf.run_import(await self.fetch_object(obj), staging, obj.uri)
+            return self.cache.admit_folder(key, staging, {"bucket": obj.bucket, "key": obj.key,
+                                                          "etag": obj.etag, "imported": "gguf"})
+        finally:
+            self.cache.unpin(raw)
+            shutil.rmtree(staging, ignore_errors=True)
+
     async def fetch_object(self, obj: S3Object) -> Path:
         """The cached path of obj; concurrent callers share one download, which is
         cancelled when the last of them stops waiting."""
         hit = self.cache.lookup(obj)
         if hit is not None:
             return hit
-        key = entry_key(obj)
+        return await self._once(entry_key(obj), lambda: self._download_into_cache(obj))
+
+    async def _once(self, key: str, work: Callable[[], Awaitable[Path]]) -> Path:
+        """work() run once for all concurrent callers of one key; cancelled when the
+        last of them stops waiting."""
         if key not in self._inflight:
-            task = asyncio.ensure_future(self._download_into_cache(obj))
+            task = asyncio.ensure_future(work())
             self._inflight[key] = Shared(task)
             task.add_done_callback(lambda _done: self._inflight.pop(key, None))
         shared = self._inflight[key]

@@ -7,6 +7,12 @@ later request with the same leading tokens reuses it instead of recomputing.
 Blocks are reference-counted. A freed block that is registered stays cached and is
 evicted, least recently freed first, only when a fresh block is needed and no
 never-cached free block is left. Partial last blocks are never shared.
+
+With a sliding window (every layer attends only to the last `sliding_window` positions),
+a block whose positions every later query of its request is past is freed as soon as the
+request's computed tokens move beyond it, and its table entry points to the null block:
+block 0, reserved for that and never handed out. Tables keep their shape (position p
+stays in entry p // block_size) and the attention kernels never read a null entry.
 """
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ import hashlib
 from array import array
 from collections import OrderedDict, deque
 from typing import Optional, Sequence
+
+NULL_BLOCK = 0          # with a sliding window: what the entries of freed blocks point to
 
 
 def hash_block(parent: Optional[bytes], token_ids: Sequence[int], salt: Optional[str] = None) -> bytes:
@@ -38,12 +46,19 @@ def block_hashes(token_ids: Sequence[int], block_size: int, salt: Optional[str] 
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
-        self.num_blocks = num_blocks
+    """num_blocks: the cache's blocks, ids 0..num_blocks-1 (with a sliding window block 0 is
+    the null block, so requests can hold one fewer: the num_blocks attribute)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 sliding_window: Optional[int] = None):
+        self.null_block = NULL_BLOCK if sliding_window is not None else None
+        first = 0 if self.null_block is None else NULL_BLOCK + 1
+        self.num_blocks = num_blocks - first                     # what requests can hold
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window
         self._ref = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))       # never cached, or evicted
+        self._free: deque[int] = deque(range(first, num_blocks))  # never cached, or evicted
         self._evictable: OrderedDict[int, None] = OrderedDict()  # ref 0 but cached, LRU first
         self._cached: dict[bytes, int] = {}                      # hash -> block id
         self._block_hash: list[Optional[bytes]] = [None] * num_blocks
@@ -81,17 +96,20 @@ class BlockManager:
 
     # ---- new requests
     def can_allocate(self, cached: list[int], num_tokens: int) -> bool:
-        revived = sum(1 for b in cached if self._ref[b] == 0)   # leave the free pool when reused
+        live = cached[self._num_dead(len(cached) * self.block_size):]
+        revived = sum(1 for b in live if self._ref[b] == 0)     # leave the free pool when reused
         fresh = self.blocks_needed(num_tokens) - len(cached)
         return fresh <= self.num_free_blocks - revived
 
     def allocate(self, request_id: str, cached: list[int], num_tokens: int,
                  salt: Optional[str] = None) -> None:
+        """cached: from cached_prefix; those already outside the window are not taken."""
         assert request_id not in self._tables, f"{request_id} already holds blocks"
         self._salts[request_id] = salt
-        for block in cached:
+        dead = self._num_dead(len(cached) * self.block_size)
+        for block in cached[dead:]:
             self._take(block)
-        self._tables[request_id] = list(cached)
+        self._tables[request_id] = [NULL_BLOCK] * dead + cached[dead:]
         self._hashes[request_id] = [self._hash_of(b) for b in cached]
         self.append_slot(request_id, num_tokens)
 
@@ -107,9 +125,13 @@ class BlockManager:
             table.append(self._fresh_block())
 
     def commit(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
-        """Register the request's full blocks whose k/v are now computed."""
-        if not self.enable_prefix_caching:
-            return
+        """The request's first num_computed tokens have their k/v in the cache: its full
+        blocks join the prefix cache; with a sliding window, blocks no later query reads go."""
+        if self.enable_prefix_caching:
+            self._register(request_id, token_ids, num_computed)
+        self._free_outside_window(request_id, num_computed)
+
+    def _register(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
         table, hashes, bs = self._tables[request_id], self._hashes[request_id], self.block_size
         salt = self._salts[request_id]
         for i in range(len(hashes), num_computed // bs):
@@ -126,15 +148,34 @@ class BlockManager:
         self._hashes.pop(request_id)
         self._salts.pop(request_id)
         for block in reversed(table):
-            self._ref[block] -= 1
-            assert self._ref[block] >= 0, f"block {block} freed twice"
-            if self._ref[block] == 0:
-                if self._block_hash[block] is not None:
-                    self._evictable[block] = None
-                else:
-                    self._free.append(block)
+            if block != self.null_block:
+                self._release(block)
 
     # ---- internals
+    def _num_dead(self, num_computed: int) -> int:
+        """Leading blocks that no query from position num_computed on reads (window only)."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, num_computed - self.sliding_window + 1) // self.block_size
+
+    def _free_outside_window(self, request_id: str, num_computed: int) -> None:
+        """Newly dead blocks are released tail first, as deallocate does."""
+        table = self._tables[request_id]
+        i = self._num_dead(num_computed) - 1
+        while i >= 0 and table[i] != self.null_block:
+            self._release(table[i])
+            table[i] = NULL_BLOCK
+            i -= 1
+
+    def _release(self, block: int) -> None:
+        self._ref[block] -= 1
+        assert self._ref[block] >= 0, f"block {block} freed twice"
+        if self._ref[block] == 0:
+            if self._block_hash[block] is not None:
+                self._evictable[block] = None
+            else:
+                self._free.append(block)
+
     def _take(self, block: int) -> None:
         if self._ref[block] == 0:
             self._evictable.pop(block)
@@ -157,16 +198,19 @@ class BlockManager:
         return block
 
     def check_invariants(self) -> None:
-        """For tests: every block is either referenced or free, never both, never lost."""
+        """For tests: every block is either referenced or free, never both, never lost; the
+        null block is neither."""
         free = set(self._free) | set(self._evictable)
         assert len(free) == len(self._free) + len(self._evictable), "block listed free twice"
-        for block in range(self.num_blocks):
+        blocks = [b for b in range(len(self._ref)) if b != self.null_block]
+        assert self.null_block not in free and len(blocks) == self.num_blocks
+        for block in blocks:
             assert (self._ref[block] == 0) == (block in free), f"block {block}: ref {self._ref[block]}"
         held: dict[int, int] = {}
         for table in self._tables.values():
             for block in table:
                 held[block] = held.get(block, 0) + 1
-        for block in range(self.num_blocks):
+        for block in blocks:
             assert held.get(block, 0) == self._ref[block], f"block {block}: ref count drift"
         for digest, block in self._cached.items():
             assert self._block_hash[block] == digest

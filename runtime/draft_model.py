@@ -1,6 +1,6 @@
 """DraftModelProposer: a smaller model with the same tokenizer proposes k tokens.
 
-It runs through the same ModelRunner / LlamaModel code as the target, with its own
+It runs through the same ModelRunner / model code (runtime/models/) as the target, with its own
 paged KV cache and block tables (its own BlockManager). Per sequence it remembers how
 many real tokens its cache holds; each step it first catches up on the tokens committed
 since (one varlen pass over all sequences), then decodes k - 1 more proposals one pass

@@ -11,6 +11,7 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from runtime.architectures import check_engine_options
 from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig, ModelConfig
 from runtime.load_timings import LoadTimings
@@ -48,6 +49,8 @@ class LLMEngine:
         timings = LoadTimings()
         since = time.perf_counter()
         self.model_config = ModelConfig.from_dir(model)
+        check_engine_options(self.model_config.architecture, self.config.tensor_parallel_size,
+                             self.config.quantization)
         check_divisible(self.model_config, self.config.tensor_parallel_size)
         self.tokenizer = Tokenizer(model, self.model_config.eos_token_ids)
         since = timings.record("config_tokenizer", since)
@@ -62,7 +65,8 @@ class LLMEngine:
         self.max_model_len = min(self.config.max_model_len or self.model_config.max_position_embeddings,
                                  self.runner.num_blocks * self.config.block_size)
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
-                                          self.config.enable_prefix_caching)
+                                          self.config.enable_prefix_caching,
+                                          sliding_window=self.model_config.kv_window)
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=self.config.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens,

@@ -5,9 +5,14 @@ counts, finish reasons) are observed by the server as requests finish.
 Engine-level figures (running/waiting, KV usage, prefix-cache counters) are
 read from the engine's latest `EngineStats` at scrape time by a collector, so
 the engine thread never touches prometheus objects.
+
+`ServerMetrics.served` keeps the same token counts as plain integers: what the
+pool reads from /stats (cheaply, as JSON) to reconcile the bill with what the
+replica says it served.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -57,6 +62,14 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
 
 
+@dataclass
+class Served:
+    """What the replica served in its life: requests finished (or aborted) and their tokens."""
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
 class ServerMetrics:
     """Every metric family of one replica, on its own registry."""
 
@@ -76,6 +89,7 @@ class ServerMetrics:
         self._requests = Counter(f"{PREFIX}_request_success", "Finished requests by reason.",
                                  ["finished_reason"], registry=self.registry)
         self.registry.register(EngineStatsCollector(read_stats))
+        self.served = Served()
 
     def _histogram(self, name: str, doc: str) -> Histogram:
         return Histogram(f"{PREFIX}_{name}", doc, buckets=_LATENCY_BUCKETS, registry=self.registry)
@@ -89,6 +103,9 @@ class ServerMetrics:
         self._requests.labels(finished_reason=finish_reason).inc()
         self._prompt_tokens.inc(prompt_tokens)
         self._generation_tokens.inc(completion_tokens)
+        self.served.requests += 1
+        self.served.prompt_tokens += prompt_tokens
+        self.served.completion_tokens += completion_tokens
         if metrics is None:   # aborted before the engine reported timings
             return
         self._ttft.observe(metrics.ttft_s)

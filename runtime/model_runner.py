@@ -16,7 +16,8 @@ import torch
 from runtime.config import EngineConfig, ModelConfig
 from runtime.load_timings import LoadTimings
 from runtime.loader import DTYPES
-from runtime.models.llama import DecodeMeta, ForwardBatch, LlamaModel, PrefillMeta
+from runtime.models import model_class
+from runtime.models.batch import DecodeMeta, ForwardBatch, PrefillMeta
 from runtime.rejection_sampler import speculative_verify
 from runtime.sampler import Sampler
 from runtime.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
@@ -41,8 +42,10 @@ class ModelRunner:
             since = time.perf_counter()
             tp.connect(self.device)           # waits for every rank to be up
             timings.record("tp_connect", since)
-        self.model = LlamaModel(model_config, DTYPES[config.dtype], self.device,
-                                quantization=config.quantization, tp=tp)
+        self.max_len = config.max_model_len or model_config.max_position_embeddings
+        self.model = model_class(model_config.architecture)(
+            model_config, DTYPES[config.dtype], self.device, quantization=config.quantization, tp=tp,
+            context_len=self.max_len)
         self.model.load(config.model, timings)
         since = time.perf_counter()
         self.num_blocks = self._num_blocks(model_config)
@@ -58,8 +61,7 @@ class ModelRunner:
         budget = int(_free_memory(self.device) * self.config.kv_cache_memory_fraction)
         if not self.device.startswith("cuda"):
             budget = min(budget, self.config.kv_cache_max_bytes_cpu)
-        max_len = self.config.max_model_len or model_config.max_position_embeddings
-        useful = self.config.max_num_seqs * -(-max_len // self.block_size)   # more is never used
+        useful = self.config.max_num_seqs * -(-self.max_len // self.block_size)   # more is never used
         return self.tp.min_int(max(1, min(budget // per_block, useful)), self.device)
 
     @torch.inference_mode()

@@ -13,7 +13,8 @@ wire's parser has already validated (fields, without the model) and answers it:
    stop strings, usage, metrics); `close()` aborts the request if unfinished;
 5. `_full_response`: one JSON body, raced against the client leaving (499), or
    `_events`: SSE chunks, then usage, then [DONE], streamed by wire's
-   `EventStreamResponse`, which closes the generation when the client leaves.
+   `EventStreamResponse`, which closes the generation when the client leaves; an
+   engine that dies mid-stream ends it with an error event and no [DONE].
 
 A refusal before the engine holds the request is a `ProtocolError` for the
 route to answer; from then on every outcome is a response made here.
@@ -130,7 +131,8 @@ class OpenAIServing:
 
     async def _events(self, header: ResponseHeader, request: GenerationRequest,
                       generation: "Generation") -> AsyncGenerator[bytes, None]:
-        """One chunk per delta, then usage, then [DONE]."""
+        """One chunk per delta, then usage, then [DONE]; an error event and no [DONE] if
+        the engine died (so the gateway bills the stream as cut, not complete)."""
         options = request.stream_options
         if header.kind == "chat":
             # The role comes first, alone, as OpenAI sends it.
@@ -150,9 +152,8 @@ class OpenAIServing:
                     continue   # held back by the detokenizer (partial character, possible stop)
                 usage = delta.usage if options.continuous_usage_stats else None
                 yield sse(chunk(header, _delta_choice(header.kind, delta, logprobs), usage))
-        except EngineDead as exc:   # headers are gone already: say it in the stream
-            yield sse(error_body(str(exc), 500))
-            yield SSE_DONE
+        except EngineDead as exc:   # headers are gone already: say it in the stream, and
+            yield sse(error_body(str(exc), 500))   # no [DONE]: the answer did not complete
             return
         if options.include_usage and last is not None:
             yield sse(chunk(header, None, last.usage,

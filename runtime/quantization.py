@@ -53,7 +53,7 @@ def quantize_weight(weight: torch.Tensor, device: str) -> Int8Weight:
 def quantize_layer(layer, device: str):
     """A copy of a LayerWeights whose matmul weights are int8 on `device`."""
     return dataclasses.replace(layer, **{f: quantize_weight(getattr(layer, f), device)
-                                         for f in LINEAR_FIELDS})
+                                         for f in _linear_fields(layer)})
 
 
 def linear(x: torch.Tensor, weight: Weight, bias: Optional[torch.Tensor], ops) -> torch.Tensor:
@@ -66,7 +66,12 @@ def linear(x: torch.Tensor, weight: Weight, bias: Optional[torch.Tensor], ops) -
 
 def pack_layer(layer, pack_linear):
     """A copy of a float LayerWeights whose matmul weights went through pack_linear."""
-    return dataclasses.replace(layer, **{f: pack_linear(getattr(layer, f)) for f in LINEAR_FIELDS})
+    return dataclasses.replace(layer, **{f: pack_linear(getattr(layer, f)) for f in _linear_fields(layer)})
+
+
+def _linear_fields(layer) -> list[str]:
+    """The layer's matmuls (a layer with experts has no dense gate_up and down)."""
+    return [f for f in LINEAR_FIELDS if getattr(layer, f) is not None]
 
 
 def weight_memory(layers: Iterable, others: Iterable[Optional[torch.Tensor]]) -> WeightMemory:

@@ -1,21 +1,32 @@
 """OpenAI-compatible HTTP server for one model replica: `python -m runtime.server`.
 
 Routes: /v1/completions, /v1/chat/completions (SSE when stream=true),
-/v1/models, /health, /metrics, and /admin/load for a `--standby` replica.
+/v1/models, /health, /metrics, /stats (what the replica served, as JSON, for
+the pool), and /admin/load for a `--standby` replica.
 This module is the settings (parsed once, in `main`) and thin routes: a
 completion is parsed by wire's rules and handed to the loaded model's
 `OpenAIServing` (runtime/openai_serving.py), where the rest of its path is.
 Everything stateful (the `ModelHost`: the model, its serving object, the
 metrics registry) is created in the lifespan and lives on `app.state`.
+
+Under the pool a replica has a secret, given in its environment
+(THAWPOOL_REPLICA_SECRET) or in a file only its owner may read
+(THAWPOOL_REPLICA_SECRET_FILE), never on the command line; every request but
+/health must then carry `Authorization: Bearer <secret>` (`RequireSecret`).
+Without one the server is open, like `vllm serve`, and says so at start.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import json
+import logging
+import os
 import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping, Optional, Sequence, Union
 
 from starlette.applications import Starlette
@@ -23,6 +34,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.metrics import CONTENT_TYPE
 from runtime.model_host import LoadRequest, ModelHost, engine_kwarg_names, warm_imports
@@ -30,6 +42,11 @@ from wire.errors import ProtocolError, error_body
 from wire.request_id import RequestIdMiddleware
 from wire.requests import parse_request
 from wire.sse import EventStreamResponse
+
+log = logging.getLogger("thawpool.runtime")
+SECRET_ENV = "THAWPOOL_REPLICA_SECRET"             # the secret itself
+SECRET_FILE_ENV = "THAWPOOL_REPLICA_SECRET_FILE"   # or a file (mode 0600) that holds it
+OPEN_PATHS = frozenset({"/health"})                # answered without the secret
 
 # ---------------------------------------------------------------- settings
 
@@ -42,6 +59,7 @@ class ServerSettings:
     standby: bool = False
     log_level: str = "warning"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs given
+    secret: Optional[str] = field(default=None, repr=False)       # None: open to every caller
 
     def load_request(self) -> LoadRequest:
         assert self.model is not None, "a --standby replica loads what /admin/load names"
@@ -86,16 +104,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_settings(argv: Optional[Sequence[str]] = None) -> ServerSettings:
+def parse_settings(argv: Optional[Sequence[str]] = None,
+                   env: Mapping[str, str] = os.environ) -> ServerSettings:
     parser = build_parser()
     args = parser.parse_args(argv)
     if bool(args.model) == args.standby:
         parser.error("give exactly one of --model DIR or --standby")
     names = [dest for dest, _ in _ENGINE_FLAGS.values()] + ["enable_prefix_caching"]
     engine_kwargs = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    try:
+        secret = read_secret(env)
+    except ValueError as exc:
+        parser.error(str(exc))
     return ServerSettings(host=args.host, port=args.port, model=args.model,
                           served_model_name=args.served_model_name, standby=args.standby,
-                          log_level=args.log_level, engine_kwargs=engine_kwargs)
+                          log_level=args.log_level, engine_kwargs=engine_kwargs, secret=secret)
+
+
+def read_secret(env: Mapping[str, str]) -> Optional[str]:
+    """The replica's secret from SECRET_ENV, else from the file SECRET_FILE_ENV names
+    (refused unless only its owner may read it); None when neither is set."""
+    if env.get(SECRET_ENV):
+        return env[SECRET_ENV]
+    path = env.get(SECRET_FILE_ENV)
+    if not path:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+        secret = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"{SECRET_FILE_ENV}: cannot read {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise ValueError(f"{SECRET_FILE_ENV}: {path} may be read by others; chmod 600 it")
+    if not secret:
+        raise ValueError(f"{SECRET_FILE_ENV}: {path} is empty")
+    return secret
 
 
 # ---------------------------------------------------------------- routes
@@ -123,6 +166,16 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     return Response(_host(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def stats(request: Request) -> Response:
+    """Requests and tokens served since the process started: the pool reads them at every
+    heartbeat and as it stops the replica, to reconcile the bill."""
+    host = _host(request)
+    served = host.metrics.served
+    return JSONResponse({"model": host.model.served_model_name if host.model else None,
+                         "requests": served.requests, "prompt_tokens": served.prompt_tokens,
+                         "completion_tokens": served.completion_tokens})
 
 
 async def models(request: Request) -> Response:
@@ -200,6 +253,27 @@ def _host(request: Request) -> ModelHost:
     return host
 
 
+class RequireSecret:
+    """Every request but OPEN_PATHS carries `Authorization: Bearer <secret>`, compared in
+    constant time; anything else is answered 401 in the error shape before any route."""
+
+    def __init__(self, app: ASGIApp, secret: str):
+        self.app = app
+        self.expected = f"Bearer {secret}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        refusal = _error(401, "this replica needs its secret: Authorization: Bearer <secret>",
+                         headers={"WWW-Authenticate": "Bearer"})
+        await refusal(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        return hmac.compare_digest(given, self.expected)
+
+
 # ---------------------------------------------------------------- app
 
 def build_app(settings: ServerSettings) -> Starlette:
@@ -219,6 +293,7 @@ def build_app(settings: ServerSettings) -> Starlette:
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/stats", stats, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/admin/load", admin_load, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
@@ -226,7 +301,9 @@ def build_app(settings: ServerSettings) -> Starlette:
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error})
-    app.add_middleware(RequestIdMiddleware)
+    if settings.secret is not None:
+        app.add_middleware(RequireSecret, secret=settings.secret)
+    app.add_middleware(RequestIdMiddleware)          # outermost: a 401 carries the id too
     return app
 
 
@@ -234,6 +311,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     import uvicorn
 
     settings = parse_settings(argv)
+    os.environ.pop(SECRET_ENV, None)        # read once; tensor-parallel workers need no copy
+    if settings.secret is None:
+        log.warning("no replica secret (%s or %s): this server answers every caller",
+                    SECRET_ENV, SECRET_FILE_ENV)
     # The engine thread holds the GIL between torch ops; at the default 5 ms switch
     # interval the event loop waits that long to send each SSE chunk.
     sys.setswitchinterval(0.001)

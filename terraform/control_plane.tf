@@ -3,6 +3,12 @@
 # the Ray head and the thawpool control plane (`--backend ray`), which keeps all
 # of its state in Postgres and re-adopts live replicas after a restart. Clients
 # reach it only through the ALB (TLS terminated with the ACM certificate).
+#
+# The one thing it keeps on disk is the usage outbox (docs/billing-guarantees.md):
+# usage events Postgres has not taken yet, fsynced, replayed when it answers. It
+# lives on an EBS volume of its own that outlives any instance; each new node
+# attaches and mounts it at boot. EBS lives in one zone, so the node is launched
+# in that zone's private subnet.
 
 locals {
   internal_zone_name = "${local.name}.internal"
@@ -347,6 +353,7 @@ resource "aws_launch_template" "control_plane" {
 
   user_data = base64encode(templatefile("${path.module}/templates/control_plane_user_data.sh.tftpl", {
     region                  = local.region
+    outbox_volume_id        = aws_ebs_volume.outbox.id
     install_spec            = var.thawpool_install_spec
     ray_version             = var.ray_version
     weights_bucket          = aws_s3_bucket.weights.id
@@ -373,11 +380,12 @@ resource "aws_launch_template" "control_plane" {
 }
 
 resource "aws_autoscaling_group" "control_plane" {
-  name_prefix         = "${local.name}-cp-"
-  min_size            = 1
-  max_size            = 1
-  desired_capacity    = 1
-  vpc_zone_identifier = aws_subnet.private[*].id
+  name_prefix      = "${local.name}-cp-"
+  min_size         = 1
+  max_size         = 1
+  desired_capacity = 1
+  # The zone of the outbox volume: a node elsewhere could not attach it.
+  vpc_zone_identifier = [aws_subnet.private[0].id]
   target_group_arns   = [aws_lb_target_group.control_plane.arn]
 
   # Replace the node when the control plane stops answering, after it had time
@@ -411,4 +419,18 @@ resource "aws_autoscaling_group" "control_plane" {
     aws_route_table_association.private,
     aws_route.private_nat,
   ]
+}
+
+# ---------------------------------------------------------------------------
+# The usage outbox: survives instance replacement
+# ---------------------------------------------------------------------------
+
+resource "aws_ebs_volume" "outbox" {
+  availability_zone = local.azs[0]
+  size              = var.outbox_volume_gb
+  type              = "gp3"
+  encrypted         = true
+  kms_key_id        = aws_kms_key.data.arn
+
+  tags = { Name = "${local.name}-usage-outbox", Role = "control-plane" }
 }

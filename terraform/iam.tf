@@ -98,7 +98,7 @@ resource "aws_iam_instance_profile" "gpu_node" {
 
 resource "aws_iam_role" "control_plane" {
   name_prefix        = "${local.name}-cp-"
-  description        = "thawpool control plane: weights bucket read/write, database secret read, logs write"
+  description        = "thawpool control plane: weights bucket read/write, database secret read, logs write, outbox volume attach"
   assume_role_policy = data.aws_iam_policy_document.ec2_assume.json
 }
 
@@ -163,6 +163,53 @@ data "aws_iam_policy_document" "control_plane" {
       aws_cloudwatch_log_group.control_plane.arn,
       "${aws_cloudwatch_log_group.control_plane.arn}:log-stream:*",
     ]
+  }
+
+  # The usage outbox volume, attached by the boot script to the node itself.
+  statement {
+    sid     = "AttachOutboxVolume"
+    actions = ["ec2:AttachVolume"]
+    resources = [
+      aws_ebs_volume.outbox.arn,
+      "arn:${local.partition}:ec2:${local.region}:${local.account_id}:instance/*",
+    ]
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:ResourceTag/Role"
+      values   = ["control-plane"]
+    }
+  }
+
+  # EBS opens the volume's data key on the node's behalf (a grant for the instance).
+  statement {
+    sid       = "UseDataKeyThroughEbs"
+    actions   = ["kms:Decrypt", "kms:DescribeKey", "kms:GenerateDataKeyWithoutPlaintext", "kms:ReEncrypt*"]
+    resources = [aws_kms_key.data.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = ["ec2.${local.region}.amazonaws.com"]
+    }
+  }
+
+  statement {
+    sid       = "GrantDataKeyToEbs"
+    actions   = ["kms:CreateGrant"]
+    resources = [aws_kms_key.data.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = ["ec2.${local.region}.amazonaws.com"]
+    }
+
+    condition {
+      test     = "Bool"
+      variable = "kms:GrantIsForAWSResource"
+      values   = ["true"]
+    }
   }
 
   # The Ray head runs on this node; GPU nodes find it by this one DNS name.

@@ -38,6 +38,11 @@ output "control_plane_asg_name" {
   value       = aws_autoscaling_group.control_plane.name
 }
 
+output "outbox_volume_id" {
+  description = "EBS volume holding the control plane's usage outbox (mounted at /var/lib/thawpool/outbox)."
+  value       = aws_ebs_volume.outbox.id
+}
+
 output "gpu_asg_name" {
   description = "Autoscaling group of the GPU nodes (scale with `aws autoscaling set-desired-capacity`)."
   value       = aws_autoscaling_group.gpu_nodes.name

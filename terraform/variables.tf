@@ -243,6 +243,17 @@ variable "control_plane_port" {
   default     = 8080
 }
 
+variable "outbox_volume_gb" {
+  description = "Size of the EBS volume that holds the control plane's usage outbox (events waiting for Postgres; ~1 KB each). It outlives the control-plane instance."
+  type        = number
+  default     = 20
+
+  validation {
+    condition     = var.outbox_volume_gb >= 1
+    error_message = "outbox_volume_gb must be at least 1."
+  }
+}
+
 variable "control_plane_health_check_path" {
   description = "HTTP path the ALB probes on the control plane."
   type        = string

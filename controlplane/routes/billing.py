@@ -8,9 +8,9 @@ from typing import Any, Mapping, Optional
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
 
 from controlplane.errors import ApiError
+from controlplane.routes.api import ApiRoute, Operation, Param, scope, string_schema
 from controlplane.routes.context import app_state, require
 from controlplane.store import billing, tenants
 
@@ -30,7 +30,7 @@ async def report(request: Request) -> Response:
     if fmt not in ("json", "csv"):
         raise ApiError(400, "format: json or csv", param="format")
     end = _time(query, "to") or datetime.now(timezone.utc)
-    start = _time(query, "from") or end - timedelta(days=30)
+    start = _time(query, "from") or _days_before(end, 30)
     if start >= end:
         raise ApiError(400, "from: must be before to", param="from")
     if "tenant" in query and not principal.is_admin:
@@ -57,15 +57,36 @@ def to_csv(report_body: Mapping[str, Any]) -> str:
     return buffer.getvalue()
 
 
+def _days_before(when: datetime, days: int) -> datetime:
+    try:
+        return when - timedelta(days=days)
+    except OverflowError:
+        raise ApiError(400, "to: too early for a default from; give from", param="to") from None
+
+
 def _time(query: Mapping[str, str], name: str) -> Optional[datetime]:
     value = query.get(name)
     if value is None:
         return None
     try:
         when = datetime.fromisoformat(value.replace("Z", "+00:00").replace(" ", "+"))
-    except ValueError:
+        return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).astimezone(
+            timezone.utc)
+    except (ValueError, OverflowError):
         raise ApiError(400, f"{name}: must be an ISO 8601 date or time", param=name) from None
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
-routes = [Route("/v1/billing/report", report, methods=["GET"])]
+REPORT_QUERY = (
+    Param("from", string_schema(format="date-time"), "window start (inclusive), UTC when naive"),
+    Param("to", string_schema(format="date-time"), "window end (exclusive)"),
+    Param("group_by", {"enum": list(billing.GROUPS)}),
+    Param("format", {"enum": ["json", "csv"]}),
+    Param("tenant", string_schema(), "admin keys only: another tenant's report"),
+)
+REPORT = {"type": "object", "required": ["rows", "totals", "gpu"], "properties": {
+    "rows": {"type": "array", "items": {"type": "object"}}, "totals": {"type": "object"},
+    "gpu": {"type": "object"}}}
+
+routes = [ApiRoute("/v1/billing/report", report, "GET", Operation(
+    "Usage and cost over [from, to), grouped", scope("billing:read"), query=REPORT_QUERY,
+    response=REPORT))]

@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Optional
+
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from starlette.requests import Request
 
 from controlplane.errors import ApiError
 from controlplane.state import AppState, state_of
-from controlplane.store.tenants import Principal
+from controlplane.models import Tenant
+from controlplane.store.tenants import Principal, find_tenant
+
+MAX_JSON_DEPTH = 64
 
 
 def app_state(request: Request) -> AppState:
@@ -28,6 +33,12 @@ def require(request: Request, scope_name: str) -> Principal:
     return principal
 
 
+async def tenant_in_query(session: AsyncSession, request: Request) -> Optional[Tenant]:
+    """The tenant `?tenant=` names (404 if none has that name), or None without one."""
+    name = request.query_params.get("tenant")
+    return None if name is None else await find_tenant(session, name)
+
+
 def require_admin(request: Request) -> Principal:
     principal: Principal = request.state.principal
     if not principal.is_admin:
@@ -37,7 +48,7 @@ def require_admin(request: Request) -> Principal:
 
 async def read_json(request: Request) -> Any:
     """The body as JSON: 413 past settings.max_body_bytes (even when the client does not
-    declare a length), 400 when empty or not JSON."""
+    declare a length), 400 when empty, not JSON or nested deeper than MAX_JSON_DEPTH."""
     max_bytes = app_state(request).settings.max_body_bytes
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_bytes:
@@ -52,11 +63,36 @@ async def read_json(request: Request) -> Any:
     if not raw:
         raise ApiError(400, "body: a JSON object is required", param="body")
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
+    except RecursionError:
+        raise _too_deep() from None
     except ValueError as exc:
         message = f"invalid JSON ({exc.msg} at {exc.pos})" if isinstance(
             exc, json.JSONDecodeError) else "invalid JSON"
         raise ApiError(400, f"body: {message}", param="body") from None
+    if json_depth(body) > MAX_JSON_DEPTH:
+        raise _too_deep()
+    return body
+
+
+def json_depth(value: Any) -> int:
+    """How deeply arrays and objects nest (a scalar: 0), without recursion."""
+    deepest, pending = 0, [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(
+            item, list) else None
+        if children is None:
+            deepest = max(deepest, depth)
+            continue
+        deepest = max(deepest, depth + 1)
+        pending.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _too_deep() -> ApiError:
+    return ApiError(400, f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels",
+                    param="body", code="too_deep")
 
 
 def _too_large(max_bytes: int) -> ApiError:

@@ -3,16 +3,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from decimal import Decimal
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
-from controlplane.deployment_spec import parse_create, parse_patch
+from controlplane.deployment_spec import NAME, parse_create, parse_patch
 from controlplane.models import Deployment, Revision
-from controlplane.pricing import PRICE_QUANTUM
+from controlplane.routes.api import ApiRoute, Operation, data_of, scope, string_schema
 from controlplane.routes.context import app_state, read_json, require
 from controlplane.store import deployments
 from pool.api import Pool
@@ -89,8 +87,6 @@ def revision_view(revision: Revision) -> dict[str, Any]:
         "name": revision.name, "id": revision.id, "model_uri": revision.model_uri,
         "architecture": revision.architecture, "engine": dict(revision.engine),
         "resources": {"gpu_memory_gb": revision.gpu_memory_gb, "gpu_count": revision.gpu_count},
-        "pricing": {k: str(Decimal(v).quantize(PRICE_QUANTUM))
-                    for k, v in asdict(deployments.pricing_of(revision)).items()},
         "created_at": revision.created_at.isoformat(),
     }
 
@@ -102,12 +98,48 @@ def _status_views(pool: Pool, revisions: list[Revision]) -> dict[str, Any]:
     return plain
 
 
+MODEL_URI = string_schema("^s3://", description="s3://bucket/prefix/ under a model source")
+RESOURCES = {"type": "object", "additionalProperties": False, "properties": {
+    "gpu_memory_gb": {"type": "number", "exclusiveMinimum": 0},
+    "gpu_count": {"type": "integer", "minimum": 1}}}
+SCALING = {"type": "object", "additionalProperties": False, "properties": {
+    "min_replicas": {"type": "integer", "minimum": 0},
+    "max_replicas": {"type": "integer", "minimum": 1},
+    "target_concurrency": {"type": "integer", "minimum": 1},
+    "idle_timeout_s": {"type": "number", "minimum": 0}}}
+ENGINE = {"type": "object", "description": "runtime engine options; speculative.model is a "
+                                           "model URI under the same sources"}
+CREATE_BODY = {"type": "object", "required": ["name", "model_uri"], "additionalProperties": False,
+               "properties": {"name": string_schema(NAME.pattern), "model_uri": MODEL_URI,
+                              "resources": RESOURCES, "scaling": SCALING, "engine": ENGINE}}
+PATCH_BODY = {"type": "object", "additionalProperties": False, "minProperties": 1,
+              "properties": {"model_uri": MODEL_URI, "resources": RESOURCES, "scaling": SCALING,
+                             "engine": ENGINE, "promote": {"type": "boolean"}}}
+DEPLOYMENT = {"type": "object", "required": ["id", "name", "scaling", "traffic", "revisions"],
+              "properties": {"id": {"type": "string"}, "name": {"type": "string"},
+                             "scaling": SCALING, "traffic": {"type": "object"},
+                             "revisions": {"type": "array", "items": {"type": "object"}}}}
+SPLIT = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0,
+                                                    "maximum": 100},
+         "description": "percent per revision name, summing to 100: {\"r1\": 90, \"r2\": 10}"}
+DEPLOY = scope("deploy")
+
 routes = [
-    Route("/v1/deployments", create, methods=["POST"]),
-    Route("/v1/deployments", list_all, methods=["GET"]),
-    Route("/v1/deployments/{name}", get, methods=["GET"]),
-    Route("/v1/deployments/{name}", patch, methods=["PATCH"]),
-    Route("/v1/deployments/{name}", delete, methods=["DELETE"]),
-    Route("/v1/deployments/{name}/traffic", set_traffic, methods=["POST"]),
-    Route("/v1/deployments/{name}/rollback", rollback, methods=["POST"]),
+    ApiRoute("/v1/deployments", create, "POST", Operation(
+        "Deploy a model (its first revision)", DEPLOY, ok=201, body=CREATE_BODY,
+        response=DEPLOYMENT)),
+    ApiRoute("/v1/deployments", list_all, "GET", Operation(
+        "List the caller's deployments", DEPLOY, response=data_of(DEPLOYMENT))),
+    ApiRoute("/v1/deployments/{name}", get, "GET", Operation(
+        "A deployment and the pool's status of each revision", DEPLOY, response=DEPLOYMENT)),
+    ApiRoute("/v1/deployments/{name}", patch, "PATCH", Operation(
+        "Change scaling in place, or anything else as a new revision", DEPLOY,
+        body=PATCH_BODY, response=DEPLOYMENT)),
+    ApiRoute("/v1/deployments/{name}", delete, "DELETE", Operation(
+        "Delete a deployment", DEPLOY, ok=204)),
+    ApiRoute("/v1/deployments/{name}/traffic", set_traffic, "POST", Operation(
+        "Split traffic between revisions", DEPLOY, body=SPLIT, response=DEPLOYMENT)),
+    ApiRoute("/v1/deployments/{name}/rollback", rollback, "POST", Operation(
+        "All traffic to the revision before the newest live one", DEPLOY,
+        response=DEPLOYMENT)),
 ]

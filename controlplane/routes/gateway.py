@@ -5,8 +5,8 @@ from typing import Union
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
+from controlplane.routes.api import OBJECT, ApiRoute, Operation, scope
 from controlplane.routes.context import app_state, read_json, request_id, require
 from wire.sse import EventStreamResponse
 
@@ -24,9 +24,9 @@ async def invoke(request: Request, endpoint: str) -> Answer:
     body = await read_json(request)
     target = await gateway.resolve(principal, body, request_id(request))      # resolve
     invocation = gateway.validate(endpoint, body, target)                     # validate
-    gateway.admit(principal, invocation)
+    admission = gateway.admit(principal, target, invocation)                  # rate limits
     call = await gateway.acquire(principal, target, invocation,               # acquire
-                                 request_id(request), endpoint)
+                                 request_id(request), endpoint, admission)
     upstream = await gateway.send(call, body)                                 # relay
     if invocation.request.stream and upstream.status_code == 200:
         # relay and meter: the stream meters itself when it closes (done, client gone, cut)
@@ -44,7 +44,23 @@ async def chat_completions(request: Request) -> Answer:
     return await invoke(request, "chat/completions")
 
 
+MODEL = {"type": "string", "description": "the deployment name"}
+COMPLETION_BODY = {"type": "object", "required": ["model", "prompt"], "properties": {
+    "model": MODEL, "prompt": {"anyOf": [{"type": "string"},
+                                         {"type": "array", "items": {"type": "integer"}}]},
+    "max_tokens": {"type": "integer", "minimum": 1}, "stream": {"type": "boolean"}}}
+CHAT_BODY = {"type": "object", "required": ["model", "messages"], "properties": {
+    "model": MODEL, "messages": {"type": "array", "items": {
+        "type": "object", "required": ["role", "content"],
+        "properties": {"role": {"type": "string"}, "content": {"type": "string"}}}},
+    "max_tokens": {"type": "integer", "minimum": 1}, "stream": {"type": "boolean"}}}
+INVOKE = scope("invoke")
+
 routes = [
-    Route("/v1/completions", completions, methods=["POST"]),
-    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ApiRoute("/v1/completions", completions, "POST", Operation(
+        "OpenAI completions on a deployment (SSE when stream is true)", INVOKE,
+        body=COMPLETION_BODY, response=OBJECT)),
+    ApiRoute("/v1/chat/completions", chat_completions, "POST", Operation(
+        "OpenAI chat completions on a deployment (SSE when stream is true)", INVOKE,
+        body=CHAT_BODY, response=OBJECT)),
 ]

@@ -1,17 +1,17 @@
 """Admin endpoints: tenants and their API keys (each key is shown once)."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from controlplane.deployment_spec import NAME
-from controlplane.errors import ApiError
-from controlplane.keys import parse_scopes
+from controlplane.fields import obj, optional_integer, text, timestamp
+from controlplane.keys import SCOPES, parse_scopes
+from controlplane.lookups import Change
 from controlplane.models import ApiKey, Tenant
+from controlplane.routes.api import ADMIN, ApiRoute, Operation, data_of, string_schema
 from controlplane.routes.context import app_state, read_json, require_admin
 from controlplane.store import tenants
 from controlplane.store.errors import InvalidField
@@ -21,7 +21,7 @@ KEY_FIELDS = {"scopes", "name", "expires_at", "requests_per_min", "tokens_per_mi
 
 async def create_tenant(request: Request) -> Response:
     require_admin(request)
-    body = _object(await read_json(request), {"name"})
+    body = obj("body", await read_json(request), {"name"})
     name = body.get("name")
     if not isinstance(name, str) or not NAME.match(name):
         raise InvalidField("name", "lowercase letters, digits and '-', 1-63 characters")
@@ -38,18 +38,18 @@ async def list_tenants(request: Request) -> Response:
 
 
 async def create_key(request: Request) -> Response:
+    """A key of the tenant; the admin scope only on the operator's tenant (422 elsewhere)."""
     require_admin(request)
-    body = _object(await read_json(request), KEY_FIELDS)
+    body = obj("body", await read_json(request), KEY_FIELDS)
     try:
         scopes = parse_scopes(body.get("scopes", ["invoke"]))
     except ValueError as exc:
         raise InvalidField("scopes", str(exc).partition(": ")[2]) from None
-    requests_per_min = _limit(body, "requests_per_min")
-    tokens_per_min = _limit(body, "tokens_per_min")
-    name = body.get("name")
-    if name is not None and not isinstance(name, str):
-        raise InvalidField("name", "must be a string")
-    expires_at = _expiry(body.get("expires_at"))
+    name = text("name", body["name"]) if body.get("name") is not None else None
+    expires_at = (timestamp("expires_at", body["expires_at"])
+                  if body.get("expires_at") is not None else None)
+    requests_per_min = optional_integer("requests_per_min", body.get("requests_per_min"), 1)
+    tokens_per_min = optional_integer("tokens_per_min", body.get("tokens_per_min"), 1)
     async with app_state(request).sessions.begin() as session:
         tenant = await tenants.find_tenant(session, request.path_params["tenant"])
         key, new = await tenants.create_key(session, tenant, scopes, name=name,
@@ -68,9 +68,12 @@ async def list_keys(request: Request) -> Response:
 
 
 async def revoke_key(request: Request) -> Response:
+    """Refused from the moment this answers (every other control plane within a second)."""
     require_admin(request)
-    async with app_state(request).sessions.begin() as session:
+    state = app_state(request)
+    async with state.sessions.begin() as session:
         key = await tenants.revoke_key(session, request.path_params["prefix"])
+    await state.lookups.changed(Change("api_keys", key.id))
     return JSONResponse(_key_view(key))
 
 
@@ -87,37 +90,32 @@ def _key_view(key: ApiKey) -> dict[str, Any]:
             "created_at": key.created_at.isoformat()}
 
 
-def _object(body: Any, allowed: set[str]) -> dict[str, Any]:
-    """A JSON object of known fields: 400 otherwise, 422 naming the first unknown one."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "body: must be a JSON object", param="body")
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise InvalidField(unknown[0], "unknown field")
-    return body
-
-
-def _limit(body: dict[str, Any], name: str) -> Optional[int]:
-    value = body.get(name)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise InvalidField(name, "must be a positive integer")
-    return value
-
-
-def _expiry(value: Any) -> Optional[datetime]:
-    if value is None:
-        return None
-    try:
-        when = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidField("expires_at", "must be an ISO 8601 time") from None
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
-
+TENANT = {"type": "object", "required": ["id", "name", "created_at"],
+          "properties": {"id": {"type": "string"}, "name": {"type": "string"},
+                         "created_at": {"type": "string"}}}
+KEY = {"type": "object", "required": ["id", "prefix", "tenant_id", "scopes"],
+       "properties": {"id": {"type": "string"}, "prefix": {"type": "string"},
+                      "tenant_id": {"type": "string"},
+                      "scopes": {"type": "array", "items": {"type": "string"}},
+                      "key": {"type": "string", "description": "the secret, shown once"}}}
+KEY_BODY = {"type": "object", "additionalProperties": False, "properties": {
+    "scopes": {"type": "array", "items": {"enum": sorted(SCOPES)}},
+    "name": {"type": "string"}, "expires_at": string_schema(format="date-time"),
+    "requests_per_min": {"type": "integer", "minimum": 1},
+    "tokens_per_min": {"type": "integer", "minimum": 1}}}
 
 routes = [
-    Route("/v1/tenants", create_tenant, methods=["POST"]),
-    Route("/v1/tenants", list_tenants, methods=["GET"]),
-    Route("/v1/tenants/{tenant}/keys", create_key, methods=["POST"]),
-    Route("/v1/tenants/{tenant}/keys", list_keys, methods=["GET"]),
-    Route("/v1/keys/{prefix}", revoke_key, methods=["DELETE"]),
+    ApiRoute("/v1/tenants", create_tenant, "POST", Operation(
+        "Create a tenant", ADMIN, ok=201, response=TENANT,
+        body={"type": "object", "required": ["name"], "additionalProperties": False,
+              "properties": {"name": string_schema(NAME.pattern)}})),
+    ApiRoute("/v1/tenants", list_tenants, "GET", Operation(
+        "List tenants", ADMIN, response=data_of(TENANT))),
+    ApiRoute("/v1/tenants/{tenant}/keys", create_key, "POST", Operation(
+        "Create an API key for a tenant (the secret is shown once)", ADMIN, ok=201,
+        body=KEY_BODY, response=KEY)),
+    ApiRoute("/v1/tenants/{tenant}/keys", list_keys, "GET", Operation(
+        "List a tenant's API keys", ADMIN, response=data_of(KEY))),
+    ApiRoute("/v1/keys/{prefix}", revoke_key, "DELETE", Operation(
+        "Revoke an API key", ADMIN, response=KEY)),
 ]

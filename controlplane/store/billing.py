@@ -1,29 +1,67 @@
-"""Billing report queries, all in one place: usage rows grouped over a [from, to) window,
-and the GPU-seconds of replica lifetimes priced with `pricing.gpu_cost`."""
+"""Billing report queries, all in one place: usage rows grouped over a [from, to) window
+(each row's cost was fixed when it was written), and the GPU time of replica lifetimes
+(controlplane.lifetimes: from placement to the recorded stop or the last heartbeat),
+each second at the price book's price in effect then.
+
+Every row carries its token cost, its GPU-seconds and GPU cost, and `cost`, their sum;
+the totals are the sum of the rows, so rows add up to totals in every format. GPU time
+is grouped like usage: by UTC day, deployment, model or revision; by API key it is one
+row of its own, `(gpu time)`, since replicas serve every key.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, fields, replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, Optional
 
-from sqlalchemy import (ColumnElement, Label, RowMapping, Select, SQLColumnExpression, and_,
-                        func, literal, select)
+from sqlalchemy import (ColumnElement, Label, RowMapping, Select, SQLColumnExpression, func, literal,
+                        select)
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.models import ApiKey, ReplicaLifetime, Revision, UsageEvent
-from controlplane.pricing import MONEY_QUANTUM, gpu_cost
-from controlplane.store.deployments import pricing_of
+from controlplane.lifetimes import GpuUse, Lifetime, Window, gpu_by_key
+from controlplane.models import ApiKey, Deployment, ReplicaLifetime, Revision, UsageEvent
+from controlplane.pricing import MONEY_QUANTUM
+from controlplane.store import prices
+
+__all__ = ["GROUPS", "COLUMNS", "Row", "Window", "report", "usage_rows", "gpu_rows"]
 
 GROUPS = ("day", "deployment", "model", "api_key", "revision")
 SUMS = ("prompt_tokens", "cached_tokens", "completion_tokens")
-COLUMNS = ("key", "requests", *SUMS, "partial", "errors", "cost")
+COUNTS = ("requests", *SUMS, "partial", "errors")
+COLUMNS = ("key", *COUNTS, "token_cost", "gpu_seconds", "gpu_cost", "cost")
+GPU_TIME_KEY = "(gpu time)"                 # GPU time in a report by API key
+SECONDS_QUANTUM = Decimal("0.000001")       # lifetimes are stamped to the microsecond
 
 
 @dataclass(frozen=True)
-class Window:
-    start: datetime     # inclusive, UTC
-    end: datetime       # exclusive, UTC
+class Row:
+    """One report row (or the totals): usage counts, token cost, GPU time and its cost."""
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    partial: int = 0
+    errors: int = 0
+    token_cost: Decimal = Decimal(0)
+    gpu_seconds: Decimal = Decimal(0)
+    gpu_cost: Decimal = Decimal(0)
+
+    @property
+    def cost(self) -> Decimal:
+        return self.token_cost + self.gpu_cost
+
+    def __add__(self, other: "Row") -> "Row":
+        return Row(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Row)))
+
+    def with_gpu(self, use: Optional[GpuUse]) -> "Row":
+        return self if use is None else replace(self, gpu_seconds=use.seconds, gpu_cost=use.cost)
+
+    def view(self) -> dict[str, Any]:
+        out: dict[str, Any] = {name: getattr(self, name) for name in COUNTS}
+        out.update(token_cost=_money(self.token_cost),
+                   gpu_seconds=f"{self.gpu_seconds.quantize(SECONDS_QUANTUM):f}",
+                   gpu_cost=_money(self.gpu_cost), cost=_money(self.cost))
+        return out
 
 
 def _group_key(group_by: str) -> SQLColumnExpression[str]:
@@ -47,7 +85,7 @@ def _aggregates() -> list[ColumnElement[Any]]:
             *[func.coalesce(func.sum(getattr(u, name)), 0).label(name) for name in SUMS],
             func.count().filter(u.status == "partial").label("partial"),
             func.count().filter(u.status == "error").label("errors"),
-            func.coalesce(func.sum(u.cost), 0).label("cost")]
+            func.coalesce(func.sum(u.cost), 0).label("token_cost")]
 
 
 def _scoped(query: Select[Any], tenant_id: str, window: Window) -> Select[Any]:
@@ -58,45 +96,66 @@ def _scoped(query: Select[Any], tenant_id: str, window: Window) -> Select[Any]:
 
 async def report(session: AsyncSession, tenant_id: str, window: Window,
                  group_by: str) -> dict[str, Any]:
-    key: Label[str] = _group_key(group_by).label("key")
-    rows_query = select(key, *_aggregates()).select_from(UsageEvent)
-    if group_by == "api_key":
-        rows_query = rows_query.outerjoin(ApiKey, ApiKey.id == UsageEvent.api_key_id)
-    rows_query = _scoped(rows_query, tenant_id, window).group_by(key).order_by(key)
-    totals_query = _scoped(select(*_aggregates()).select_from(UsageEvent), tenant_id, window)
-    rows = [_plain(r._mapping) for r in await session.execute(rows_query)]
-    totals = _plain((await session.execute(totals_query)).one()._mapping)
+    usage = await usage_rows(session, tenant_id, window, group_by)
+    gpu = await gpu_rows(session, tenant_id, window, group_by)
+    rows = {key: usage.get(key, Row()).with_gpu(gpu.get(key)) for key in {*usage, *gpu}}
+    totals = sum(rows.values(), Row())
     return {"tenant_id": tenant_id, "from": window.start.isoformat(),
-            "to": window.end.isoformat(), "group_by": group_by, "rows": rows,
-            "totals": totals, "gpu": await gpu_usage(session, tenant_id, window)}
+            "to": window.end.isoformat(), "group_by": group_by,
+            "rows": [{"key": key, **rows[key].view()} for key in sorted(rows)],
+            "totals": totals.view(),
+            "gpu": {"seconds": float(totals.gpu_seconds), "cost": _money(totals.gpu_cost)}}
 
 
-async def gpu_usage(session: AsyncSession, tenant_id: str, window: Window) -> dict[str, Any]:
-    """GPU-seconds of replicas alive inside the window, each revision's at its price."""
+async def usage_rows(session: AsyncSession, tenant_id: str, window: Window,
+                     group_by: str) -> dict[str, Row]:
+    key: Label[str] = _group_key(group_by).label("key")
+    query = select(key, *_aggregates()).select_from(UsageEvent)
+    if group_by == "api_key":
+        query = query.outerjoin(ApiKey, ApiKey.id == UsageEvent.api_key_id)
+    query = _scoped(query, tenant_id, window).group_by(key)
+    return {r.key: _usage_row(r._mapping) for r in await session.execute(query)}
+
+
+async def gpu_rows(session: AsyncSession, tenant_id: str, window: Window,
+                   group_by: str) -> dict[str, GpuUse]:
+    """GPU time of the tenant's replicas inside the window, per report key, priced piece
+    by piece where the deployment's price changed."""
     r = ReplicaLifetime
-    start = func.greatest(r.started_at, window.start)
-    end = func.least(func.coalesce(r.stopped_at, func.now()), window.end)
-    seconds = func.greatest(func.extract("epoch", end - start), 0) * r.gpu_count
-    query = (select(Revision, func.sum(seconds).label("seconds"))
-             .select_from(r).join(Revision, Revision.id == r.revision_id)
-             .where(and_(r.tenant_id == tenant_id, r.started_at < window.end,
-                         func.coalesce(r.stopped_at, window.end) > window.start))
-             .group_by(Revision.id))
-    per_revision = [(revision, Decimal(seconds))
-                    for revision, seconds in (await session.execute(query)).tuples()]
-    cost = sum((gpu_cost(pricing_of(revision), seconds) for revision, seconds in per_revision),
-               Decimal(0))
-    return {"seconds": float(sum((seconds for _, seconds in per_revision), Decimal(0))),
-            "cost": str(cost.quantize(MONEY_QUANTUM))}
+    found = (await session.execute(
+        select(r.deployment_id, r.gpu_count, r.placed_at, r.stopped_at, r.last_seen_at,
+               Deployment.name, Revision.model_uri, Revision.number)
+        .outerjoin(Deployment, Deployment.id == r.deployment_id)
+        .outerjoin(Revision, Revision.id == r.revision_id)
+        .where(r.tenant_id == tenant_id, r.placed_at.is_not(None), r.placed_at < window.end,
+               func.coalesce(r.stopped_at, r.last_seen_at, r.placed_at) > window.start)
+    )).tuples()
+    lifetimes = [Lifetime(deployment_id, gpu_count, placed, stopped, seen,
+                          _gpu_label(group_by, name, model, number))
+                 for deployment_id, gpu_count, placed, stopped, seen, name, model, number in found]
+    book = await prices.rows_for_tenant(session, tenant_id)
+    timelines = {d: prices.applicable(book, d) for d in {t.deployment_id for t in lifetimes}}
+    return gpu_by_key(lifetimes, timelines, window, by_day=group_by == "day")
 
 
-def _plain(mapping: RowMapping) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in mapping.items():
-        if name == "cost":
-            out[name] = str(Decimal(value).quantize(MONEY_QUANTUM))
-        elif name == "key":
-            out[name] = value
-        else:
-            out[name] = int(value)      # SUM(bigint) is NUMERIC in Postgres
-    return out
+def _usage_row(m: RowMapping) -> Row:
+    """SUM(bigint) is NUMERIC in Postgres: counts back to int."""
+    return Row(requests=int(m["requests"]), prompt_tokens=int(m["prompt_tokens"]),
+               cached_tokens=int(m["cached_tokens"]),
+               completion_tokens=int(m["completion_tokens"]), partial=int(m["partial"]),
+               errors=int(m["errors"]), token_cost=Decimal(m["token_cost"]))
+
+
+def _gpu_label(group_by: str, name: Optional[str], model: Optional[str],
+               number: Optional[int]) -> str:
+    if group_by == "deployment":
+        return name or "(deleted)"
+    if group_by == "model":
+        return model or "(unknown)"
+    if group_by == "revision":
+        return f"{name or '(deleted)'}/r{number}"
+    return GPU_TIME_KEY
+
+
+def _money(value: Decimal) -> str:
+    return f"{Decimal(value).quantize(MONEY_QUANTUM):f}"      # never 0E-15

@@ -9,22 +9,16 @@ they read them (`controlplane.gateway.FALLBACK_CONTEXT_LEN`).
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, Callable, Optional
+from typing import Optional
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.deployment_spec import (DeploymentSpec, Resources, RevisionConfig, Scaling,
-                                          parse_scaling)
+from controlplane.deployment_spec import NAME, DeploymentSpec, Resources, RevisionConfig, Scaling
 from controlplane.models import Deployment, Revision, utcnow
-from controlplane.pricing import Pricing
 from controlplane.store.errors import AlreadyExists, NotFound
-from pool.api import ModelInfo, RevisionSpec
-
-# (the deployment, its revision names) -> the new split; raises InvalidField
-SplitRule = Callable[[Deployment, list[str]], dict[str, int]]
-
+from pool.api import ModelInfo, RevisionSpec, TenantQuota
 
 async def create(session: AsyncSession, tenant_id: str, spec: DeploymentSpec,
                  model: ModelInfo) -> tuple[Deployment, list[Revision]]:
@@ -44,6 +38,8 @@ async def create(session: AsyncSession, tenant_id: str, spec: DeploymentSpec,
 async def find(session: AsyncSession, tenant_id: str, name: str,
                for_update: bool = False) -> Deployment:
     """The tenant's live deployment; another tenant's name is simply not found."""
+    if not NAME.match(name):
+        raise NotFound("deployment", name)
     query = select(Deployment).where(Deployment.tenant_id == tenant_id, Deployment.name == name,
                                      Deployment.deleted_at.is_(None))
     if for_update:
@@ -74,17 +70,14 @@ async def list_for(session: AsyncSession,
     return [(d, await revisions_of(session, d)) for d in deployments]
 
 
-async def change(session: AsyncSession, tenant_id: str, name: str,
-                 scaling: Optional[dict[str, Any]],
-                 new_revision: Optional[tuple[RevisionConfig, ModelInfo]],
+async def change(session: AsyncSession, deployment: Deployment, revisions: list[Revision],
+                 scaling: Scaling, new_revision: Optional[tuple[RevisionConfig, ModelInfo]],
                  promote: bool) -> tuple[Deployment, list[Revision]]:
-    """A PATCH under the row lock: scaling in place; a changed config makes a revision
-    (taking all traffic when `promote`)."""
-    deployment = await find(session, tenant_id, name, for_update=True)
-    revisions = await revisions_of(session, deployment)
-    if scaling is not None:
-        for field_name, value in asdict(parse_scaling(scaling, scaling_of(deployment))).items():
-            setattr(deployment, field_name, value)
+    """A PATCH of a deployment the caller has locked (`find(..., for_update=True)`) and
+    read `revisions` of: scaling in place; a changed config makes a revision (taking
+    all traffic when `promote`)."""
+    for field_name, value in asdict(scaling).items():
+        setattr(deployment, field_name, value)
     if new_revision is not None:
         config, model = new_revision
         revision = _new_revision(deployment, revisions[-1].number + 1, config, model)
@@ -97,20 +90,19 @@ async def change(session: AsyncSession, tenant_id: str, name: str,
     return deployment, revisions
 
 
-async def set_traffic(session: AsyncSession, tenant_id: str, name: str,
-                      rule: SplitRule) -> tuple[Deployment, list[Revision]]:
-    """The split `rule` computes from the locked deployment and its revision names."""
-    deployment = await find(session, tenant_id, name, for_update=True)
-    revisions = await revisions_of(session, deployment)
-    deployment.traffic = rule(deployment, [r.name for r in revisions])
+async def set_traffic(session: AsyncSession, deployment: Deployment,
+                      traffic: dict[str, int]) -> None:
+    """A new split for a deployment the caller has locked."""
+    deployment.traffic = traffic
     deployment.updated_at = utcnow()
     await session.flush()
-    return deployment, revisions
 
 
-async def delete(session: AsyncSession, tenant_id: str, name: str) -> None:
+async def delete(session: AsyncSession, tenant_id: str, name: str) -> str:
+    """Marks it deleted; returns its id."""
     deployment = await find(session, tenant_id, name, for_update=True)
     deployment.deleted_at = utcnow()
+    return deployment.id
 
 
 def _new_revision(deployment: Deployment, number: int, config: RevisionConfig,
@@ -120,15 +112,14 @@ def _new_revision(deployment: Deployment, number: int, config: RevisionConfig,
                     context_length=model.max_position_embeddings or None,
                     vocab_size=model.vocab_size or None,
                     engine=config.engine, gpu_memory_gb=config.resources.gpu_memory_gb,
-                    gpu_count=config.resources.gpu_count, **asdict(config.pricing))
+                    gpu_count=config.resources.gpu_count)
 
 
 def revision_config(revision: Revision) -> RevisionConfig:
     return RevisionConfig(
         model_uri=revision.model_uri,
         resources=Resources(revision.gpu_memory_gb, revision.gpu_count),
-        engine=dict(revision.engine),
-        pricing=pricing_of(revision))
+        engine=dict(revision.engine))
 
 
 def scaling_of(deployment: Deployment) -> Scaling:
@@ -136,16 +127,19 @@ def scaling_of(deployment: Deployment) -> Scaling:
                    deployment.target_concurrency, deployment.idle_timeout_s)
 
 
-def pricing_of(revision: Revision) -> Pricing:
-    return Pricing(revision.input_per_mtok, revision.cached_input_per_mtok,
-                   revision.output_per_mtok, revision.gpu_second)
-
-
-def revision_spec(deployment: Deployment, revision: Revision) -> RevisionSpec:
+def revision_spec(deployment: Deployment, revision: Revision, quota: TenantQuota) -> RevisionSpec:
+    """What the pool runs: the revision, its deployment's scaling and its tenant's quota."""
     return RevisionSpec(
         revision_id=revision.id, deployment_id=deployment.id, tenant_id=deployment.tenant_id,
         model_uri=revision.model_uri, gpu_memory_gb=revision.gpu_memory_gb,
         gpu_count=revision.gpu_count, min_replicas=deployment.min_replicas,
         max_replicas=deployment.max_replicas,
         target_concurrency=deployment.target_concurrency,
-        idle_timeout_s=deployment.idle_timeout_s, engine=dict(revision.engine))
+        idle_timeout_s=deployment.idle_timeout_s, engine=dict(revision.engine), quota=quota)
+
+
+async def names_of(session: AsyncSession, tenant_id: str) -> dict[str, str]:
+    """Id -> name of the tenant's live deployments."""
+    rows = await session.execute(select(Deployment.id, Deployment.name).where(
+        Deployment.tenant_id == tenant_id, Deployment.deleted_at.is_(None)))
+    return {deployment_id: name for deployment_id, name in rows.tuples()}

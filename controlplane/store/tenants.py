@@ -1,7 +1,6 @@
 """Tenants and their API keys: create, look up, list, revoke; the caller behind a key."""
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Optional
@@ -10,11 +9,14 @@ from sqlalchemy import any_, literal, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.keys import NewKey, generate_key, hash_key
+from controlplane.deployment_spec import NAME
+from controlplane.fields import is_uuid
+from controlplane.keys import KEY_PREFIX_SHAPE, NewKey, generate_key
 from controlplane.models import ApiKey, Tenant, utcnow
-from controlplane.store.errors import AlreadyExists, NotFound
+from controlplane.store.errors import AlreadyExists, InvalidField, NotFound
 
-ADMIN_TENANT = "system"
+ADMIN_TENANT = "system"          # the operator's tenant: the only one whose keys may be admin
+KEY_ATTEMPTS = 5                 # new secrets tried when a visible prefix is taken
 
 
 @dataclass(frozen=True)
@@ -30,22 +32,25 @@ class Principal:
 
     @property
     def is_admin(self) -> bool:
-        return "admin" in self.scopes
+        """The admin scope counts on the operator's tenant only (create_key refuses it
+        elsewhere; this holds even for a row written some other way)."""
+        return "admin" in self.scopes and self.tenant_name == ADMIN_TENANT
 
 
 async def create_tenant(session: AsyncSession, name: str) -> Tenant:
     tenant = Tenant(name=name)
-    session.add(tenant)
     try:
-        await session.flush()
+        async with session.begin_nested():
+            session.add(tenant)
     except IntegrityError:
         raise AlreadyExists("tenant", name) from None
     return tenant
 
 
 async def find_tenant(session: AsyncSession, name_or_id: str) -> Tenant:
-    tenant = await session.scalar(select(Tenant).where(Tenant.name == name_or_id))
-    if tenant is None and _looks_like_uuid(name_or_id):
+    tenant = await session.scalar(select(Tenant).where(Tenant.name == name_or_id)) \
+        if NAME.match(name_or_id) else None
+    if tenant is None and is_uuid(name_or_id):
         tenant = await session.get(Tenant, name_or_id)
     if tenant is None:
         raise NotFound("tenant", name_or_id)
@@ -60,13 +65,22 @@ async def create_key(session: AsyncSession, tenant: Tenant, scopes: list[str], *
                      name: Optional[str] = None, expires_at: Optional[datetime] = None,
                      requests_per_min: Optional[int] = None,
                      tokens_per_min: Optional[int] = None) -> tuple[ApiKey, NewKey]:
-    new = generate_key()
-    key = ApiKey(tenant_id=tenant.id, prefix=new.prefix, key_hash=new.key_hash,
-                 scopes=scopes, name=name, expires_at=expires_at,
-                 requests_per_min=requests_per_min, tokens_per_min=tokens_per_min)
-    session.add(key)
-    await session.flush()
-    return key, new
+    """A new key; its visible prefix is short, so a taken one means another secret."""
+    if "admin" in scopes and tenant.name != ADMIN_TENANT:
+        raise InvalidField("scopes", f"the admin scope exists only on the operator's tenant "
+                                     f"{ADMIN_TENANT!r}")
+    for _ in range(KEY_ATTEMPTS):
+        new = generate_key()
+        key = ApiKey(tenant_id=tenant.id, prefix=new.prefix, key_hash=new.key_hash,
+                     scopes=scopes, name=name, expires_at=expires_at,
+                     requests_per_min=requests_per_min, tokens_per_min=tokens_per_min)
+        try:
+            async with session.begin_nested():
+                session.add(key)
+        except IntegrityError:
+            continue
+        return key, new
+    raise RuntimeError(f"no free key prefix in {KEY_ATTEMPTS} attempts")
 
 
 async def list_keys(session: AsyncSession, tenant: Tenant) -> list[ApiKey]:
@@ -75,27 +89,13 @@ async def list_keys(session: AsyncSession, tenant: Tenant) -> list[ApiKey]:
 
 
 async def revoke_key(session: AsyncSession, prefix: str) -> ApiKey:
-    key = await session.scalar(select(ApiKey).where(ApiKey.prefix == prefix))
+    key = await session.scalar(select(ApiKey).where(ApiKey.prefix == prefix)) \
+        if KEY_PREFIX_SHAPE.match(prefix) else None
     if key is None:
         raise NotFound("key", prefix)
     if key.revoked_at is None:
         key.revoked_at = utcnow()
     return key
-
-
-async def principal_for(session: AsyncSession, secret: str) -> Optional[Principal]:
-    """The live key behind a bearer secret, or None (unknown, revoked or expired)."""
-    row = (await session.execute(
-        select(ApiKey, Tenant.name).join(Tenant, Tenant.id == ApiKey.tenant_id)
-        .where(ApiKey.key_hash == hash_key(secret)))).first()
-    if row is None:
-        return None
-    key, tenant_name = row
-    if key.revoked_at is not None or (key.expires_at and key.expires_at <= utcnow()):
-        return None
-    return Principal(key_id=key.id, key_prefix=key.prefix, tenant_id=key.tenant_id,
-                     tenant_name=tenant_name, scopes=frozenset(key.scopes),
-                     requests_per_min=key.requests_per_min, tokens_per_min=key.tokens_per_min)
 
 
 async def bootstrap_admin(session: AsyncSession) -> Optional[NewKey]:
@@ -112,10 +112,3 @@ async def bootstrap_admin(session: AsyncSession) -> Optional[NewKey]:
                               name="bootstrap admin")
     return new
 
-
-def _looks_like_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-        return True
-    except ValueError:
-        return False

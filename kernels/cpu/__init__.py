@@ -1,6 +1,7 @@
 """C kernels for the CPU, each with the signature of its pure-torch reference in kernels/:
 
-- paged_attention.py: paged_decode_attention   (kernels/attention.py), the paged cache read in place
+- paged_attention.py: paged_decode_attention   (kernels/attention.py), the paged cache read in place,
+                      sliding window and soft cap included
 - rmsnorm.py:         rms_norm, fused_add_rms_norm (kernels/rmsnorm.py)
 - rotary.py:          apply_rotary              (kernels/rotary.py)
 - activation.py:      silu_and_mul              (kernels/activation.py)

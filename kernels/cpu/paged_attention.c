@@ -6,6 +6,9 @@
  *   block_tables [B, max_blocks] int32; entries past a sequence's last block are never read
  *   context_lens [B] int32, including the token being decoded
  *   out          [B, nh, D]
+ *   window       > 0: the query sees only the last `window` positions (sliding window),
+ *                and table entries of blocks wholly before them are never read; 0: all
+ *   softcap      > 0: scores become softcap * tanh(score / softcap) (Gemma 2); 0: no cap
  * Work items are a sequence's kv heads, all of them when the batch has enough sequences
  * to keep every thread busy (then each token's k and v rows are read whole and in order,
  * which streams best), one each otherwise. Items are spread over OpenMP threads (the
@@ -33,11 +36,11 @@ typedef float vf16 __attribute__((vector_size(64), aligned(4)));
 struct item {
     const float *q;          /* [heads * g, D]: the query rows of the item's kv heads */
     const float *k, *v;      /* k_cache / v_cache offset to the item's first kv head */
-    const int64_t *slots;    /* [ctx] offset of token t's row in either cache */
+    const int64_t *slots;    /* [ctx] offset of attended token t's row in either cache */
     float *out;              /* [heads * g, D] */
     float *scores;           /* scratch [heads * g, ctx] */
-    int64_t ctx, heads, g, dim;
-    float scale;
+    int64_t ctx, heads, g, dim;  /* ctx: the number of attended tokens */
+    float scale, softcap;
 };
 
 static inline float hsum(vf16 v) {
@@ -50,15 +53,21 @@ static inline void prefetch(const float *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i);
 }
 
-/* slots[t] = offset (in floats) of token t's row in a cache, from the block table;
-   block by block, so no division per token */
-static void slot_offsets(const int32_t *table, int64_t ctx, int64_t block_size,
+/* slots[t - first] = offset (in floats) of token t's row in a cache, for first <= t < ctx,
+   from the block table; block by block, so no division per token */
+static void slot_offsets(const int32_t *table, int64_t first, int64_t ctx, int64_t block_size,
                          int64_t token_stride, int64_t *slots) {
-    for (int64_t blk = 0, t0 = 0; t0 < ctx; ++blk, t0 += block_size) {
-        int64_t base = (int64_t)table[blk] * block_size;
-        int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
-        for (int64_t i = 0; i < n; ++i) slots[t0 + i] = (base + i) * token_stride;
+    for (int64_t blk = first / block_size, t = first; t < ctx; ++blk) {
+        const int64_t base = ((int64_t)table[blk] - blk) * block_size;   /* token t's slot: base + t */
+        const int64_t end = (blk + 1) * block_size < ctx ? (blk + 1) * block_size : ctx;
+        for (; t < end; ++t) slots[t - first] = (base + t) * token_stride;
     }
+}
+
+/* scores [rows, ctx] -> softcap * tanh(scores / softcap), in place */
+static void softcap_rows(float *scores, int64_t n, float softcap) {
+    const float inv = 1.0f / softcap;
+    for (int64_t i = 0; i < n; ++i) scores[i] = softcap * tanhf(scores[i] * inv);
 }
 
 /* softmax of each of the rows of scores [rows, ctx], in place */
@@ -97,6 +106,7 @@ static void softmax_rows(float *scores, int64_t rows, int64_t ctx) {
                 }                                                                         \
             }                                                                             \
         }                                                                                 \
+        if (it->softcap > 0.0f) softcap_rows(scores, rows * ctx, it->softcap);            \
         softmax_rows(scores, rows, ctx);                                                  \
         memset(it->out, 0, sizeof(float) * rows * NV * 16);                               \
         for (int64_t t = 0; t < ctx; ++t) {                                               \
@@ -133,6 +143,7 @@ static void item_any(const struct item *it) {
             }
         }
     }
+    if (it->softcap > 0.0f) softcap_rows(scores, rows * ctx, it->softcap);
     softmax_rows(scores, rows, ctx);
     memset(it->out, 0, sizeof(float) * rows * dim);
     for (int64_t t = 0; t < ctx; ++t) {
@@ -165,7 +176,8 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
                                const int32_t *block_tables, const int32_t *context_lens,
                                float *out, int64_t batch, int64_t num_heads,
                                int64_t num_kv_heads, int64_t dim, int64_t block_size,
-                               int64_t max_blocks, float scale, int num_threads) {
+                               int64_t max_blocks, float scale, int64_t window, float softcap,
+                               int num_threads) {
     const int64_t g = num_heads / num_kv_heads;
     const int64_t heads = batch >= 2 * num_threads ? num_kv_heads : 1;   /* per item */
     const int64_t items_per_seq = num_kv_heads / heads;
@@ -183,7 +195,9 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < batch * items_per_seq; ++i) {
             const int64_t b = i / items_per_seq, h = (i % items_per_seq) * heads;
-            slot_offsets(block_tables + b * max_blocks, context_lens[b], block_size,
+            const int64_t ctx = context_lens[b];
+            const int64_t first = window > 0 && ctx > window ? ctx - window : 0;
+            slot_offsets(block_tables + b * max_blocks, first, ctx, block_size,
                          num_kv_heads * dim, slots);
             const struct item it = {
                 .q = q + (b * num_heads + h * g) * dim,
@@ -192,7 +206,8 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
                 .slots = slots,
                 .out = out + (b * num_heads + h * g) * dim,
                 .scores = scores,
-                .ctx = context_lens[b], .heads = heads, .g = g, .dim = dim, .scale = scale,
+                .ctx = ctx - first, .heads = heads, .g = g, .dim = dim, .scale = scale,
+                .softcap = softcap,
             };
             run(&it);
         }

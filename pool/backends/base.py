@@ -7,12 +7,18 @@ itself waits for /health, so a backend only lists slots, starts and stops.
 The protocol lists everything the manager calls, so both backends (and any
 test double) implement all of it; where a method means nothing for a backend
 (a node preference on one machine) it answers the neutral value.
+
+Replicas outlive the pool that started them (re-adoption, pool/adoption.py):
+each backend keeps a `ReplicaRecord` of every replica it starts where the next
+pool finds it, and `survivors()` hands the next pool what it found.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional, Protocol, Sequence
+from typing import Iterable, Mapping, Optional, Protocol, Sequence
 
+from pool.adoption import Registration, ReplicaRecord
 from pool.api import RevisionSpec
 from pool.inventory import Slot
 
@@ -22,11 +28,23 @@ class ReplicaHandle(Protocol):
     replica_id: str
     base_url: str                                   # http://HOST:PORT of its runtime.server
 
+    @property
+    def headers(self) -> Mapping[str, str]: ...     # every call carries them: the replica's secret
+
     def is_alive(self) -> bool: ...
 
     def exit_reason(self) -> Optional[str]: ...     # why it died, once it has
 
     async def stop(self, timeout_s: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class Survivor:
+    """A replica an earlier pool started and registered: its record, and a handle on it
+    when its process is still alive (the backend then has it on its books, like one it
+    started), else None (its registration is already dropped)."""
+    record: ReplicaRecord
+    handle: Optional[ReplicaHandle]
 
 
 class Backend(Protocol):
@@ -54,14 +72,26 @@ class Backend(Protocol):
         ...
 
     async def start_replica(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Optional[Path],
-                            replica_id: str) -> ReplicaHandle:
+                            replica_id: str, *, registration: Optional[Registration] = None) -> ReplicaHandle:
         """Begin serving spec on slots; returns before the model is loaded.
 
         model_dir is the pool's local copy of the weights, or None when
-        pulls_on_node (the chosen node fetches spec.model_uri itself).
+        pulls_on_node (the chosen node fetches spec.model_uri itself, and a
+        speculative draft model's URI too). The runtime process has a secret of
+        its own and answers only calls that carry the handle's headers. The
+        replica is registered (its ReplicaRecord, with what `registration` adds;
+        None: the fingerprint of spec) until forget().
         """
         ...
 
+    async def survivors(self) -> list[Survivor]:
+        """The replicas an earlier pool registered here and never stopped (asked once,
+        right after start()): local, the state dir's records; Ray, the named actors of
+        the pool's namespace. Leftovers that serve no replica (warm standbys) are
+        stopped on the way."""
+        ...
+
     def forget(self, handle: ReplicaHandle) -> None:
-        """Drop a stopped replica from the backend's books (close() no longer stops it)."""
+        """Drop a stopped replica from the backend's books and its registration (close()
+        no longer stops it, the next pool does not look for it)."""
         ...

@@ -7,9 +7,20 @@ background. Without a warm process (pool empty, size 0, or a multi-GPU
 replica that needs its own CUDA_VISIBLE_DEVICES) the replica is started
 directly with `--model DIR`.
 
+Each process gets its own secret when it is spawned (a standby too, which
+then authenticates its /admin/load) and serves one replica in its life, so a
+standby's secret becomes its replica's and is never shared with another
+replica, of any tenant.
+
 The slots are this machine's (CUDA devices, else declared CPU slots),
 discovered once; the pool's own weight cache is the only one, so no node is
 preferred for holding a model.
+
+Every process is registered in the state dir (backends/local_state.py) from
+its spawn to its stop, with its replica's record once it serves one. Its own
+session keeps it alive when the control plane dies; the next pool's
+`survivors()` finds it there: a replica is handed to the manager (adopted or
+stopped there), a standby is stopped at once, a dead one is unregistered.
 """
 from __future__ import annotations
 
@@ -17,17 +28,20 @@ import asyncio
 import logging
 import os
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import httpx
 
+from pool.adoption import Registration, record_for
 from pool.api import RevisionSpec
-from pool.backends.base import ReplicaHandle
-from pool.backends.runtime_args import engine_flags, engine_for, runtime_env
+from pool.backends.base import ReplicaHandle, Survivor
+from pool.backends.local_state import ProcessEntry, ProcessRegistry
+from pool.backends.runtime_args import auth_headers, engine_flags, engine_for, new_secret, runtime_env
 from pool.inventory import Slot, discover_slots
-from pool.processes import ManagedProcess, free_port
+from pool.processes import RuntimeProcess, free_port
 from pool.settings import PoolSettings
 
 log = logging.getLogger(__name__)
@@ -37,18 +51,23 @@ log = logging.getLogger(__name__)
 class LocalReplica:
     replica_id: str
     base_url: str
-    process: ManagedProcess
-    warm: bool                       # started from the warm pool
+    process: RuntimeProcess
+    warm: bool                       # started from the warm pool (False: direct, or adopted)
+    secret: str = field(repr=False)
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return auth_headers(self.secret)
 
     def is_alive(self) -> bool:
         return self.process.is_alive()
 
     def exit_reason(self) -> Optional[str]:
-        code = self.process.returncode
-        if code is None:
+        how = self.process.exit_description()
+        if how is None:
             return None
         tail = self.process.log_tail(300).splitlines()[-1:] or [""]
-        return f"runtime process {self.process.pid} exited with code {code}: {tail[0]}".rstrip(": ")
+        return f"runtime process {self.process.pid} {how}: {tail[0]}".rstrip(": ")
 
     async def stop(self, timeout_s: float) -> None:
         await self.process.stop(timeout_s)
@@ -56,9 +75,10 @@ class LocalReplica:
 
 @dataclass
 class WarmProcess:
-    process: ManagedProcess
+    process: RuntimeProcess
     port: int
     ready: asyncio.Future[bool]      # True once /health says standby
+    secret: str = field(repr=False)
 
 
 class LocalBackend:
@@ -69,16 +89,20 @@ class LocalBackend:
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0))
         self._slots: Optional[list[Slot]] = None
         self._warm: list[WarmProcess] = []
-        self._all: dict[int, ManagedProcess] = {}          # every child, by PID
+        self._all: dict[int, RuntimeProcess] = {}          # every process on our books, by PID
         self._replicas: dict[str, LocalReplica] = {}
         self._refilling: Optional[asyncio.Task[None]] = None
         self._closed = False
+        self._state = ProcessRegistry(settings.replica_state_dir / "local")
+        self._left_behind: list[ProcessEntry] = []        # what an earlier pool registered
         # last resort if close() never ran (a crashed test, interpreter exit): SIGKILL by PID
-        weakref.finalize(self, _kill_all, self._all)
+        self._finalizer = weakref.finalize(self, _kill_all, self._all)
 
     # -- lifecycle ---------------------------------------------------------
 
     async def start(self) -> None:
+        self._state.lock()
+        self._left_behind = self._state.entries()
         self.refill()
 
     async def close(self) -> None:
@@ -91,10 +115,22 @@ class LocalBackend:
         for warm in self._warm:
             if not warm.ready.done():
                 warm.ready.cancel()
+        for pid in self._all:
+            self._state.remove(pid)
         self._warm.clear()
         self._all.clear()
         self._replicas.clear()
+        self._state.unlock()
         await self.http.aclose()
+
+    def detach(self) -> None:
+        """Let go of every process without stopping it, as a crash of the control plane
+        would: they stay registered, for the next pool on this state dir to find."""
+        self._closed = True
+        if self._refilling:
+            self._refilling.cancel()
+        self._finalizer.detach()
+        self._state.unlock()
 
     # -- slots -------------------------------------------------------------
 
@@ -110,7 +146,7 @@ class LocalBackend:
     # -- replicas ----------------------------------------------------------
 
     async def start_replica(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Optional[Path],
-                            replica_id: str) -> LocalReplica:
+                            replica_id: str, *, registration: Optional[Registration] = None) -> LocalReplica:
         if model_dir is None:
             raise ValueError("the local backend serves from the pool's own copy: model_dir is required")
         engine = engine_for(spec, slots, self.settings.kv_cache_tokens_default, isolated=False)
@@ -123,38 +159,70 @@ class LocalBackend:
             finally:
                 self.refill()
         self._replicas[replica_id] = replica
+        self._register(replica, spec, slots, registration)
         return replica
+
+    def _register(self, replica: LocalReplica, spec: RevisionSpec, slots: Sequence[Slot],
+                  registration: Optional[Registration]) -> None:
+        """The process's entry, now with the record of the replica it serves."""
+        record = record_for(spec, slots[0].node if slots else self.settings.node, [s.slot_id for s in slots],
+                            replica.replica_id, base_url=replica.base_url, secret=replica.secret,
+                            registration=registration, started_at=datetime.now(timezone.utc))
+        process = replica.process
+        port = int(replica.base_url.rsplit(":", 1)[1])
+        self._state.write(ProcessEntry(process.pid, process.started, port, process.log_path, record))
 
     async def _load_into(self, warm: WarmProcess, model_dir: Path, spec: RevisionSpec,
                          engine: dict[str, Any], replica_id: str) -> LocalReplica:
         base_url = f"http://{self.settings.host}:{warm.port}"
         body = {"model": str(model_dir), "served_model_name": spec.revision_id, "engine": engine}
         try:
-            resp = await self.http.post(f"{base_url}/admin/load", json=body)
+            resp = await self.http.post(f"{base_url}/admin/load", json=body, headers=auth_headers(warm.secret))
         except httpx.HTTPError as exc:
             await self._discard(warm.process)
             raise RuntimeError(f"warm runtime did not take the load command: {exc!r}") from exc
         if resp.status_code != 202:
             await self._discard(warm.process)
             raise RuntimeError(f"warm runtime refused the load command: {resp.status_code} {resp.text[:300]}")
-        return LocalReplica(replica_id, base_url, warm.process, warm=True)
+        return LocalReplica(replica_id, base_url, warm.process, warm=True, secret=warm.secret)
 
     def _start_direct(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Path,
                       engine: dict[str, Any], replica_id: str) -> LocalReplica:
-        port = free_port(self.settings.host)
+        port, secret = free_port(self.settings.host), new_secret()
         args = [*self._server_args(port), "--model", str(model_dir),
                 "--served-model-name", spec.revision_id, *engine_flags(engine)]
-        proc = self._spawn(args, f"replica-{replica_id}", slots)
-        return LocalReplica(replica_id, f"http://{self.settings.host}:{port}", proc, warm=False)
+        proc = self._spawn(args, f"replica-{replica_id}", slots, secret, port)
+        return LocalReplica(replica_id, f"http://{self.settings.host}:{port}", proc, warm=False, secret=secret)
 
-    async def _discard(self, proc: ManagedProcess) -> None:
+    async def _discard(self, proc: RuntimeProcess) -> None:
         await proc.stop(self.settings.stop_timeout_s)
         self._all.pop(proc.pid, None)
+        self._state.remove(proc.pid)
 
     def forget(self, handle: ReplicaHandle) -> None:
         replica = self._replicas.pop(handle.replica_id, None)
         if replica is not None:
             self._all.pop(replica.process.pid, None)
+            self._state.remove(replica.process.pid)
+
+    # -- what an earlier pool left -----------------------------------------
+
+    async def survivors(self) -> list[Survivor]:
+        found, self._left_behind = self._left_behind, []
+        survivors = []
+        for entry in found:
+            process = RuntimeProcess(entry.pid, entry.started, entry.log_path)
+            if entry.replica is None or not process.is_alive():
+                await self._discard(process)          # a standby serves nobody: stopped; a dead one: unregistered
+                if entry.replica is not None:
+                    survivors.append(Survivor(entry.replica, None))
+                continue
+            replica = LocalReplica(entry.replica.replica_id, entry.replica.base_url, process, warm=False,
+                                   secret=entry.replica.secret)
+            self._all[process.pid] = process
+            self._replicas[replica.replica_id] = replica
+            survivors.append(Survivor(entry.replica, replica))
+        return survivors
 
     # -- warm pool ---------------------------------------------------------
 
@@ -184,9 +252,9 @@ class LocalBackend:
     async def _refill(self) -> None:
         self._warm = [w for w in self._warm if w.process.is_alive() and not _failed(w.ready)]
         while not self._closed and len(self._warm) < self.settings.warm_pool_size:
-            port = free_port(self.settings.host)
-            proc = self._spawn([*self._server_args(port), "--standby"], f"standby-{port}", [])
-            warm = WarmProcess(proc, port, asyncio.get_running_loop().create_future())
+            port, secret = free_port(self.settings.host), new_secret()
+            proc = self._spawn([*self._server_args(port), "--standby"], f"standby-{port}", [], secret, port)
+            warm = WarmProcess(proc, port, asyncio.get_running_loop().create_future(), secret)
             self._warm.append(warm)
             if not await self._watch_standby(warm):
                 return                       # broken runtime: retry at the next refill
@@ -197,7 +265,7 @@ class LocalBackend:
         deadline = loop.time() + self.settings.load_timeout_s
         while loop.time() < deadline and warm.process.is_alive():
             try:
-                resp = await self.http.get(url, timeout=2.0)
+                resp = await self.http.get(url, timeout=2.0, headers=auth_headers(warm.secret))
                 if resp.json().get("status") == "standby":
                     if not warm.ready.done():
                         warm.ready.set_result(True)
@@ -216,21 +284,22 @@ class LocalBackend:
         return [self.settings.runtime_python, "-m", "runtime.server",
                 "--host", self.settings.host, "--port", str(port)]
 
-    def _spawn(self, args: list[str], name: str, slots: Sequence[Slot]) -> ManagedProcess:
-        proc = ManagedProcess(args, self._env(slots), self.settings.logs / f"{name}.log")
+    def _spawn(self, args: list[str], name: str, slots: Sequence[Slot], secret: str, port: int) -> RuntimeProcess:
+        proc = RuntimeProcess.spawn(args, self._env(slots, secret), self.settings.logs / f"{name}.log")
         self._all[proc.pid] = proc
+        self._state.write(ProcessEntry(proc.pid, proc.started, port, proc.log_path))
         log.info("started %s pid %d", name, proc.pid)
         return proc
 
-    def _env(self, slots: Sequence[Slot]) -> dict[str, str]:
-        env = {**os.environ, **runtime_env(self.settings.runtime_threads)}
+    def _env(self, slots: Sequence[Slot], secret: str) -> dict[str, str]:
+        env = {**os.environ, **runtime_env(self.settings.runtime_threads, secret)}
         cuda = [s for s in slots if s.kind == "cuda"]
         if len(cuda) > 1:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s.device_index) for s in cuda)
         return env
 
 
-def _kill_all(processes: dict[int, ManagedProcess]) -> None:
+def _kill_all(processes: dict[int, RuntimeProcess]) -> None:
     for proc in list(processes.values()):
         proc.kill_now()
 

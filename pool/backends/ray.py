@@ -11,14 +11,21 @@ its base_url; the pool then talks to it over HTTP exactly as to a local one.
 A replica is dead when its runtime process exits or its actor dies (ray.kill,
 or its node is lost: Ray fails every actor of a dead node). A watch task per
 replica awaits that and keeps the reason for `exit_reason()`.
+
+Replica actors (and a multi-GPU replica's placement group) are detached and
+named (`replica-<id>` in `settings.ray_namespace`): they outlive the pool's
+driver, and keep their replica's record. The next pool lists the namespace's
+named actors (`survivors()`), adopts or stops those that still run, and kills
+those whose runtime process has exited. One pool per namespace.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayError
@@ -26,16 +33,19 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
                                             PlacementGroupSchedulingStrategy)
 
+from pool.adoption import Registration, ReplicaRecord, record_for
 from pool.api import ColdStartFailed, RevisionSpec
-from pool.backends.base import ReplicaHandle
+from pool.backends.base import ReplicaHandle, Survivor
 from pool.backends.ray_actor import ReplicaActor, cache_entries, node_cache_dir
-from pool.backends.runtime_args import engine_flags, engine_for, runtime_env
+from pool.backends.runtime_args import (auth_headers, draft_model_uri, engine_flags, engine_for, new_secret,
+                                        runtime_env, with_draft_folder)
 from pool.inventory import Slot
 from pool.settings import GB, PoolSettings
 
 log = logging.getLogger(__name__)
-NAMESPACE = "thawpool"
-ACTOR_THREADS = 4          # wait_exit blocks one thread; stop/log_tail need others
+ACTOR_PREFIX = "replica-"  # named actors of the pool's namespace that are replicas
+ACTOR_THREADS = 4          # wait_exit blocks one thread (for WAIT_SLICE_S at most); stop/log_tail need others
+WAIT_SLICE_S = 30.0
 PROBE_TIMEOUT_S = 5.0      # a node slower to list its cache is answered from what it last said
 
 
@@ -47,9 +57,14 @@ class RayReplica:
     gpu_ids: tuple[str, ...]
     pid: int                       # of the runtime process, on node_id
     actor: Any
+    secret: str = field(repr=False)
     group: Optional[PlacementGroup] = None
     reason: Optional[str] = None
     watch: Optional[asyncio.Task[None]] = field(default=None, repr=False)
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return auth_headers(self.secret)
 
     def is_alive(self) -> bool:
         return self.reason is None
@@ -88,6 +103,7 @@ class RayBackend:
         memory_gb = gpu_memory_gb or settings.ray_gpu_memory_gb or settings.slot_memory_gb
         self.gpu_memory_bytes = int(memory_gb * GB)
         self.bind_host = bind_host or settings.ray_replica_host
+        self.namespace = settings.ray_namespace
         self.replicas: dict[str, RayReplica] = {}
         self._node_keys: dict[str, set[str]] = {}     # what each node's cache held when last seen
         self._owns_ray = False
@@ -98,7 +114,7 @@ class RayBackend:
 
     async def start(self) -> None:
         if not ray.is_initialized():        # tests and embedders may have connected already
-            ray.init(address=self.address, namespace=NAMESPACE, log_to_driver=False)
+            ray.init(address=self.address, namespace=self.namespace, log_to_driver=False)
             self._owns_ray = True
 
     async def close(self) -> None:
@@ -141,13 +157,14 @@ class RayBackend:
     # -- replicas ----------------------------------------------------------
 
     async def start_replica(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Optional[Path],
-                            replica_id: str) -> RayReplica:
+                            replica_id: str, *, registration: Optional[Registration] = None) -> RayReplica:
         """model_dir: a folder the node may read as is; None: the node pulls spec.model_uri."""
-        group = await self._reserve_group(slots)
-        actor = self._actor_class.options(**self._actor_options(slots, group)).remote(
+        group = await self._reserve_group(slots, replica_id)
+        actor = self._actor_class.options(**self._actor_options(slots, group, replica_id)).remote(
             replica_id, str(self.settings.logs))
         try:
             handle = await self._launch(actor, group, spec, slots, model_dir, replica_id)
+            await self._remember(handle, spec, slots, registration)
         except BaseException:
             release(actor, group)
             raise
@@ -162,13 +179,64 @@ class RayBackend:
         local = str(model_dir) if model_dir is not None else None
         folder = await self._await(actor.model_folder.remote(local, spec.model_uri, s),
                                    s.pull_timeout_s, "placing the replica or pulling its weights")
+        engine = await self._pull_draft(actor, engine_for(spec, slots, s.kv_cache_tokens_default, isolated=True))
         args = ["-m", "runtime.server", "--model", folder, "--served-model-name", spec.revision_id,
-                *engine_flags(engine_for(spec, slots, s.kv_cache_tokens_default, isolated=True))]
-        launch = actor.launch.remote(args, runtime_env(s.runtime_threads), self.bind_host, None)
+                *engine_flags(engine)]
+        secret = new_secret()          # in the child's environment, passed as an argument of the call
+        launch = actor.launch.remote(args, runtime_env(s.runtime_threads, secret), self.bind_host, None)
         where = await self._await(launch, s.load_timeout_s, "starting the runtime")
         await self._note_cache(actor, where["node_id"])
         return RayReplica(replica_id, where["base_url"], where["node_id"], tuple(where["gpu_ids"]),
-                          where["child_pid"], actor, group)
+                          where["child_pid"], actor, secret, group)
+
+    async def _remember(self, handle: RayReplica, spec: RevisionSpec, slots: Sequence[Slot],
+                        registration: Optional[Registration]) -> None:
+        """The replica's record, kept by its actor for the next pool."""
+        record = record_for(spec, handle.node_id, [s.slot_id for s in slots], handle.replica_id,
+                            base_url=handle.base_url, secret=handle.secret, registration=registration,
+                            started_at=datetime.now(timezone.utc))
+        await self._await(handle.actor.remember.remote(record.to_json()), PROBE_TIMEOUT_S * 6,
+                          "registering the replica")
+
+    # -- what an earlier pool left -----------------------------------------
+
+    async def survivors(self) -> list[Survivor]:
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                 if a["namespace"] == self.namespace and a["name"].startswith(ACTOR_PREFIX)]
+        found = await asyncio.gather(*(self._survivor(name) for name in names))
+        return [survivor for survivor in found if survivor is not None]
+
+    async def _survivor(self, name: str) -> Optional[Survivor]:
+        """One named replica actor: on our books if its runtime still runs, else killed."""
+        try:
+            actor = ray.get_actor(name, namespace=self.namespace)
+        except ValueError:
+            return None                              # gone since it was listed
+        try:
+            info = await ref_result(actor.describe.remote(), PROBE_TIMEOUT_S * 6)
+            record = ReplicaRecord.from_json(info["record"]) if info["record"] else None
+        except (RayError, asyncio.TimeoutError, ValueError) as exc:
+            log.warning("killing replica actor %s: it cannot say what it runs (%s)", name, short_error(exc))
+            release(actor, None)
+            return None
+        group = group_by_id(info["placement_group"])
+        if record is None or info["returncode"] is not None:
+            release(actor, group)                    # never registered, or its runtime has exited
+            return Survivor(record, None) if record is not None else None
+        handle = RayReplica(record.replica_id, record.base_url, info["node_id"], tuple(info["gpu_ids"]),
+                            info["child_pid"], actor, record.secret, group)
+        handle.watch = asyncio.ensure_future(watch(handle))
+        self.replicas[record.replica_id] = handle
+        return Survivor(record, handle)
+
+    async def _pull_draft(self, actor: Any, engine: dict[str, Any]) -> dict[str, Any]:
+        """A speculative draft model named by URI is pulled into the node's cache too."""
+        uri = draft_model_uri(engine)
+        if uri is None:
+            return engine
+        folder = await self._await(actor.model_folder.remote(None, uri, self.settings),
+                                   self.settings.pull_timeout_s, "pulling the draft model")
+        return with_draft_folder(engine, folder)
 
     async def _note_cache(self, actor: Any, node_id: str) -> None:
         """Remember what this node's cache holds now (it may just have pulled)."""
@@ -186,7 +254,7 @@ class RayBackend:
         except RayError as exc:
             raise ColdStartFailed(f"ray: {stage} failed: {short_error(exc)}") from exc
 
-    async def _reserve_group(self, slots: Sequence[Slot]) -> Optional[PlacementGroup]:
+    async def _reserve_group(self, slots: Sequence[Slot], replica_id: str) -> Optional[PlacementGroup]:
         """Multi-GPU replicas: one bundle of all their GPUs, STRICT_PACK on the chosen node.
 
         One bundle, not one per GPU: a Ray actor draws its resources from one
@@ -197,6 +265,7 @@ class RayBackend:
             return None
         node = self._target_node(slots)
         group: PlacementGroup = placement_group([{"GPU": float(len(slots))}], strategy="STRICT_PACK",
+                                                name=f"{ACTOR_PREFIX}{replica_id}", lifetime="detached",
                                                 _soft_target_node_id=node)
         try:
             await self._await(group.ready(), self.settings.load_timeout_s,
@@ -206,9 +275,11 @@ class RayBackend:
             raise
         return group
 
-    def _actor_options(self, slots: Sequence[Slot], group: Optional[PlacementGroup]) -> dict[str, Any]:
+    def _actor_options(self, slots: Sequence[Slot], group: Optional[PlacementGroup],
+                       replica_id: str) -> dict[str, Any]:
         options: dict[str, Any] = {"num_cpus": 0, "num_gpus": float(max(1, len(slots))), "max_restarts": 0,
-                                   "max_concurrency": ACTOR_THREADS, "namespace": NAMESPACE}
+                                   "max_concurrency": ACTOR_THREADS, "namespace": self.namespace,
+                                   "name": f"{ACTOR_PREFIX}{replica_id}", "lifetime": "detached"}
         node = self._target_node(slots)
         if group is not None:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
@@ -268,12 +339,14 @@ async def wait_for_end(actor: Any, node_id: str, retry_s: float = 0.5) -> str:
     for a lost node once the head has missed its health checks."""
     while True:
         try:
-            code = await ref_result(actor.wait_exit.remote(), None)
+            code = await ref_result(actor.wait_exit.remote(WAIT_SLICE_S), None)
         except ActorUnavailableError:
             await asyncio.sleep(retry_s)
             continue
         except RayError as exc:
             return f"ray actor of the replica died: {short_error(exc)}"
+        if code is None:
+            continue                   # still running after one slice: ask again
         try:
             tail = await ref_result(actor.log_tail.remote(300), 10)
         except (RayError, asyncio.TimeoutError):
@@ -285,6 +358,11 @@ async def wait_for_end(actor: Any, node_id: str, retry_s: float = 0.5) -> str:
 async def ref_result(ref: Any, timeout_s: Optional[float]) -> Any:
     """Await a Ray ObjectRef on this event loop, with an optional timeout."""
     return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
+
+
+def group_by_id(hex_id: Optional[str]) -> Optional[PlacementGroup]:
+    """The placement group an actor reports it runs in (a multi-GPU replica), by its id."""
+    return PlacementGroup(ray.PlacementGroupID(bytes.fromhex(hex_id))) if hex_id else None
 
 
 def release(actor: Any, group: Optional[PlacementGroup]) -> None:

@@ -4,7 +4,9 @@
 that holds the replica's GPUs (Ray sets CUDA_VISIBLE_DEVICES for it) and
 starts `python -m runtime.server` as its child on the same node. The child
 gets PR_SET_PDEATHSIG, so when the actor dies (ray.kill, node lost) the
-runtime process dies with it and never holds a GPU Ray thinks is free.
+runtime process dies with it and never holds a GPU Ray thinks is free. The
+actor keeps its replica's record (`remember`), which the next pool reads
+(`describe`) when it finds the actor after a control-plane crash.
 
 Nothing here imports ray: the module is importable and testable anywhere.
 """
@@ -64,6 +66,8 @@ class ReplicaActor:
         self.replica_id = replica_id
         self.log_path = Path(log_dir) / f"replica-{replica_id}.log"
         self.process: Optional[subprocess.Popen[bytes]] = None
+        self.where: dict[str, Any] = {}          # what launch() answered
+        self.record: Optional[dict[str, Any]] = None   # pool.adoption.ReplicaRecord.to_json()
 
     # -- where am I --------------------------------------------------------
 
@@ -105,11 +109,30 @@ class ReplicaActor:
                 start_new_session=True, preexec_fn=die_with_parent)
         where = self.node()
         host = advertise_host or (where["ip"] if bind_host == "0.0.0.0" else bind_host)
-        return {**where, "base_url": f"http://{host}:{port}", "child_pid": self.process.pid}
+        self.where = {**where, "base_url": f"http://{host}:{port}", "child_pid": self.process.pid}
+        return self.where
 
-    def wait_exit(self) -> Optional[int]:
-        """Blocks (in one of the actor's threads) until the runtime process exits."""
-        return None if self.process is None else self.process.wait()
+    def remember(self, record: dict[str, Any]) -> None:
+        self.record = record
+
+    def describe(self) -> dict[str, Any]:
+        """What the next pool needs to adopt this replica: its record, where it runs, whether
+        its runtime process still does, and the placement group it holds (hex id or None)."""
+        import ray   # only ever called inside a Ray worker
+
+        group = ray.get_runtime_context().get_placement_group_id()
+        return {**self.where, "record": self.record, "returncode": self.returncode(), "placement_group": group}
+
+    def wait_exit(self, timeout_s: Optional[float] = None) -> Optional[int]:
+        """Blocks (in one of the actor's threads) until the runtime process exits; None if
+        it still runs after timeout_s (callers ask again: a thread is never held for good
+        by a caller that has gone away)."""
+        if self.process is None:
+            raise RuntimeError("the actor has no runtime process")
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
 
     def returncode(self) -> Optional[int]:
         return None if self.process is None else self.process.poll()

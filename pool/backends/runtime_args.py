@@ -2,18 +2,40 @@
 
 Both backends start the same server; they differ in what the process sees
 of the GPUs (`isolated`) and in where it runs.
+
+Every runtime process gets its own random secret in its environment
+(SECRET_ENV, runtime.server's contract), never on its command line, and
+refuses every call but /health that does not carry `auth_headers(secret)`.
+A process serves one replica in its life (a warm standby too: it is taken
+once, and stopped if its load fails), so no two replicas share a secret.
+
+A speculative draft model is named by URI (`engine.speculative.model`) like
+the model itself; `draft_model_uri` refuses anything else, and the runtime is
+given the folder the weights were pulled into (`with_draft_folder`).
 """
 from __future__ import annotations
 
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from pool.api import RevisionSpec
+from pool.api import ModelUnavailable, RevisionSpec
 from pool.inventory import Slot
+from pool.s3 import parse_uri
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SECRET_ENV = "THAWPOOL_REPLICA_SECRET"      # runtime/server.py reads it once at start
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def auth_headers(secret: str) -> dict[str, str]:
+    """What every call to the replica carries."""
+    return {"Authorization": f"Bearer {secret}"}
 
 
 def engine_for(spec: RevisionSpec, slots: Sequence[Slot], kv_tokens_default: int, *,
@@ -51,11 +73,38 @@ def engine_flags(engine: Mapping[str, Any]) -> list[str]:
     return flags
 
 
-def runtime_env(runtime_threads: Optional[int]) -> dict[str, str]:
-    """What a runtime.server child needs on top of the environment it inherits: this
-    checkout importable, and its thread count when the settings fix one (CPU replicas)."""
+def runtime_env(runtime_threads: Optional[int], secret: str) -> dict[str, str]:
+    """What a runtime.server child needs on top of the environment it inherits: its
+    secret, this checkout importable, and its thread count when the settings fix one
+    (CPU replicas)."""
     path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {"PYTHONPATH": path}
+    env = {"PYTHONPATH": path, SECRET_ENV: secret}
     if runtime_threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(runtime_threads)
     return env
+
+
+def draft_model_uri(engine: Mapping[str, Any]) -> Optional[str]:
+    """The URI of the speculative draft model, None without one; ModelUnavailable when
+    `model` is not an s3:// URI (a path on the node is never taken from a tenant)."""
+    speculative = engine.get("speculative")
+    if not isinstance(speculative, Mapping) or speculative.get("method") != "draft":
+        return None
+    model = speculative.get("model")
+    if not isinstance(model, str) or not _is_model_uri(model):
+        raise ModelUnavailable(f"engine.speculative.model: the draft model must be a model URI "
+                               f"(s3://bucket/prefix/), not {model!r}")
+    return model
+
+
+def _is_model_uri(value: str) -> bool:
+    try:
+        parse_uri(value)
+    except ValueError:
+        return False
+    return True
+
+
+def with_draft_folder(engine: Mapping[str, Any], folder: str) -> dict[str, Any]:
+    """The engine kwargs with the draft model's local folder in place of its URI."""
+    return {**engine, "speculative": {**engine["speculative"], "model": folder}}

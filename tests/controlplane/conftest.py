@@ -47,10 +47,24 @@ async def db_url(pg_server):
     await drop_database(pg_server, url)
 
 
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def own_pg(tmp_path_factory):
+    """A migrated Postgres of the module's own, to stop and start (or freeze: see
+    support/postgres.py); the session one stays up. Started again after each test."""
+    from controlplane.embedded import EmbeddedPostgres
+
+    pg = EmbeddedPostgres(tmp_path_factory.mktemp("own-pg") / "data").start()
+    try:
+        await migrate_async(pg.url)
+        yield pg
+    finally:
+        pg.stop()
+
+
 @pytest.fixture(scope="session")
 def models_bucket(s3_server) -> str:
-    s3_server.ensure_bucket("cp-models")
-    return "cp-models"
+    s3_server.ensure_bucket(MODELS_BUCKET)
+    return MODELS_BUCKET
 
 
 @pytest.fixture(scope="session")
@@ -73,11 +87,20 @@ def runtime_replica(tiny_model, tmp_path_factory):
         replica.stop()
 
 
+MODELS_BUCKET = "cp-models"
+# The shared catalogue every tenant of a test control plane may deploy from (as an operator
+# would grant one); each tenant's own prefix is s3://cp-models/<tenant>/.
+CATALOGUE = f"s3://{MODELS_BUCKET}/tiny/"
+METRICS_TOKEN = "metrics-token-for-tests"
+
+
 def make_settings(db_url: str, s3_server, data_dir, **overrides) -> Settings:
-    return Settings(database_url=db_url, data_dir=data_dir, s3_endpoint=s3_server.endpoint,
-                    aws_access_key_id=s3_server.access_key,
-                    aws_secret_access_key=s3_server.secret_key, usage_flush_interval_s=0.01,
-                    **overrides)
+    base = dict(database_url=db_url, data_dir=data_dir, s3_endpoint=s3_server.endpoint,
+                aws_access_key_id=s3_server.access_key,
+                aws_secret_access_key=s3_server.secret_key, usage_flush_interval_s=0.01,
+                models_bucket=MODELS_BUCKET, upload_part_bytes=5 * 1024 ** 2,
+                metrics_token=METRICS_TOKEN)
+    return Settings(**{**base, **overrides})
 
 
 @dataclass
@@ -111,6 +134,18 @@ class ControlPlane:
     async def flush_usage(self) -> None:
         await self.app.state.writer.flush()
 
+    async def set_price(self, **row) -> dict:
+        """A price-book row through the admin API (see controlplane.routes.prices)."""
+        response = await self.admin.post("/v1/price-book", json=row)
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    async def grant(self, prefix: str, tenant: str | None = None) -> dict:
+        response = await self.admin.post("/v1/model-sources",
+                                         json={"prefix": prefix, "tenant": tenant})
+        assert response.status_code == 201, response.text
+        return response.json()
+
 
 def cpu_pool_settings(s3_server, cache_dir, **overrides):
     """One CPU slot, one-thread replicas, weights from the session S3."""
@@ -138,12 +173,14 @@ def static_pool(settings: Settings, base_urls: list[str] | None = None) -> Stati
 
 
 @contextlib.asynccontextmanager
-async def running_control_plane(settings: Settings, pool=None, pool_factory=None):
-    """The app under uvicorn with an admin key; with neither a pool nor a pool_factory,
-    over a StaticPool of no servers (deploys are checked in the real S3)."""
+async def running_control_plane(settings: Settings, pool=None, pool_factory=None,
+                                catalogue: str | None = CATALOGUE, base_urls=()):
+    """The app under uvicorn with an admin key, `catalogue` granted to every tenant; with
+    neither a pool nor a pool_factory, over a StaticPool of the runtime servers at
+    `base_urls` (deploys are checked in the real S3)."""
     async with contextlib.AsyncExitStack() as stack:
         if pool is None and pool_factory is None:
-            pool = static_pool(settings)
+            pool = static_pool(settings, list(base_urls))
             await pool.start()
             stack.push_async_callback(pool.stop)
         app = create_app(settings, pool=pool, pool_factory=pool_factory)
@@ -157,6 +194,10 @@ async def running_control_plane(settings: Settings, pool=None, pool_factory=None
                 _, new = await create_key(session, await find_tenant(session, "system"),
                                           ["admin"])
         plane = ControlPlane(base_url, app, new.secret)
+        if catalogue is not None:
+            listed = await plane.admin.get("/v1/model-sources")
+            if catalogue not in [g["prefix"] for g in listed.json()["data"]]:
+                await plane.grant(catalogue)
         try:
             yield plane
         finally:

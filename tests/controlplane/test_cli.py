@@ -109,7 +109,11 @@ def test_up_stops_its_children_and_keeps_its_data(tmp_path, s3_server):
     first = start_up(data_dir, port, tmp_path / "first.log", s3_server)
     try:
         banner = wait_banner(first, tmp_path / "first.log")
-        admin_key = re.search(r"admin key\s+(tp_\S+)", banner).group(1)
+        assert "tp_" not in banner, "off a terminal the admin key never reaches the log"
+        key_file = data_dir / "admin-key"
+        assert f"written to {key_file}" in banner
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        admin_key = key_file.read_text().strip()
         headers = {"authorization": f"Bearer {admin_key}"}
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/readyz").status_code == 200
@@ -165,3 +169,22 @@ def test_banner_hides_the_database_password():
 
     shown = _without_password("postgresql+asyncpg://tp:s3cr%2Ft@db.internal:5432/thawpool?ssl=require")
     assert "s3cr" not in shown and shown.startswith("postgresql+asyncpg://tp:***@db.internal:5432/thawpool")
+
+
+def test_the_admin_key_goes_to_the_terminal_or_a_0600_file(tmp_path):
+    import io
+
+    from controlplane.admin_key import announce
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert "tp_secret" in announce("tp_secret", tmp_path / "a", Terminal())
+    assert not (tmp_path / "a").exists(), "nothing written when a person reads the terminal"
+    line = announce("tp_secret", tmp_path / "b", io.StringIO())
+    assert "tp_secret" not in line
+    assert (tmp_path / "b" / "admin-key").read_text() == "tp_secret\n"
+    assert (tmp_path / "b" / "admin-key").stat().st_mode & 0o777 == 0o600
+    announce("tp_newer", tmp_path / "b", io.StringIO())      # all admin keys revoked: a new one
+    assert (tmp_path / "b" / "admin-key").read_text() == "tp_newer\n"

@@ -8,10 +8,12 @@ from sqlalchemy import select
 
 from controlplane.store.desired_state import PostgresDesiredState, PostgresReplicaEvents
 from controlplane.models import ReplicaLifetime
-from pool.api import ReplicaEvent
+from controlplane.quotas import Quota
+from pool.api import ReplicaEvent, TenantQuota
 from tests.controlplane.conftest import make_settings, running_control_plane
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
+QUOTA = Quota(max_gpus=8, max_queued_requests=256)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -28,11 +30,11 @@ def gpt2_uri(s3_server, models_bucket):
     import numpy as np
 
     s3 = s3_server.client()
-    s3.put_object(Bucket=models_bucket, Key="gpt2/config.json",
+    s3.put_object(Bucket=models_bucket, Key="archs/gpt2/config.json",
                   Body=json.dumps({"architectures": ["GPT2LMHeadModel"]}))
-    s3.put_object(Bucket=models_bucket, Key="gpt2/model.safetensors",
+    s3.put_object(Bucket=models_bucket, Key="archs/gpt2/model.safetensors",
                   Body=save({"wte.weight": np.zeros((8, 4), dtype=np.float32)}))
-    return f"s3://{models_bucket}/gpt2/"
+    return f"s3://{models_bucket}/archs/gpt2/"        # under the tenant "archs"'s own prefix
 
 
 def body(name, model_uri, **extra):
@@ -40,9 +42,7 @@ def body(name, model_uri, **extra):
             "resources": {"gpu_memory_gb": 2, "gpu_count": 1},
             "scaling": {"min_replicas": 0, "max_replicas": 2, "target_concurrency": 4,
                         "idle_timeout_s": 30},
-            "engine": {"dtype": "float32"},
-            "pricing": {"input_per_mtok": "0.5", "output_per_mtok": 1.5,
-                        "cached_input_per_mtok": 0.05, "gpu_second": 0.0001}, **extra}
+            "engine": {"dtype": "float32"}, **extra}
 
 
 async def test_create_get_list_delete(plane, model_uri):
@@ -52,7 +52,7 @@ async def test_create_get_list_delete(plane, model_uri):
     view = created.json()
     assert view["traffic"] == {"r1": 100}
     assert view["revisions"][0]["architecture"] == "LlamaForCausalLM"
-    assert view["revisions"][0]["pricing"]["input_per_mtok"] == "0.500000000"
+    assert "pricing" not in view["revisions"][0], "prices live in the operator's book"
     assert (await client.get("/v1/deployments/chat")).json()["id"] == view["id"]
     assert [d["name"] for d in (await client.get("/v1/deployments")).json()["data"]] == ["chat"]
     assert (await client.post("/v1/deployments", json=body("chat", model_uri))).status_code == 409
@@ -69,7 +69,6 @@ async def test_create_get_list_delete(plane, model_uri):
     ({"scaling": {"min_replicas": 3, "max_replicas": 2}}, "scaling.min_replicas"),
     ({"scaling": {"max_replicas": 0}}, "scaling.max_replicas"),
     ({"scaling": {"warp": 1}}, "scaling.warp"),
-    ({"pricing": {"output_per_mtok": -1}}, "pricing.output_per_mtok"),
     ({"resources": {"gpu_count": 0}}, "resources.gpu_count"),
     ({"resources": {"gpu_memory_gb": "lots"}}, "resources.gpu_memory_gb"),
     ({"engine": {"turbo": True}}, "engine.turbo"),
@@ -112,7 +111,7 @@ async def test_model_is_checked_in_s3_at_deploy_time(plane, gpt2_uri, models_buc
     assert response.status_code == 422
     assert "GPT2LMHeadModel" in response.json()["error"]["message"]
     missing = await client.post("/v1/deployments",
-                                json=body("gone", f"s3://{models_bucket}/nothing-here/"))
+                                json=body("gone", f"s3://{models_bucket}/archs/nothing-here/"))
     assert missing.status_code == 422 and missing.json()["error"]["param"] == "model_uri"
 
 
@@ -177,18 +176,26 @@ async def test_desired_state_lists_revisions_taking_traffic(plane, model_uri):
     created = (await client.post("/v1/deployments", json=body("ds", model_uri))).json()
     await client.patch("/v1/deployments/ds", json={"engine": {"seed": 1}, "promote": False})
     await client.post("/v1/deployments/ds/traffic", json={"r1": 50, "r2": 50})
-    specs = [s for s in await PostgresDesiredState(plane.app.state.sessions).revisions()
+    specs = [s for s in await PostgresDesiredState(plane.app.state.sessions, QUOTA).revisions()
              if s.deployment_id == created["id"]]
     assert {s.revision_id for s in specs} == {r["id"] for r in
                                               (await client.get("/v1/deployments/ds")).json()["revisions"]}
     assert all(s.max_replicas == 2 and s.model_uri == model_uri for s in specs)
+    assert all(s.quota == TenantQuota(max_gpus=8, max_queued_requests=256) for s in specs), \
+        "the default quota, for a tenant without overrides"
+    overridden = await plane.admin.patch("/v1/tenants/desired/quota", json={"max_gpus": 3})
+    assert overridden.status_code == 200, overridden.text
+    specs = [s for s in await PostgresDesiredState(plane.app.state.sessions, QUOTA).revisions()
+             if s.deployment_id == created["id"]]
+    assert {s.quota for s in specs} == {TenantQuota(max_gpus=3, max_queued_requests=256)}, \
+        "every spec carries its tenant's quota, the admin's overrides over the default"
     assert sorted(dict(s.engine).get("seed") for s in specs if "seed" in s.engine) == [1]
     await client.post("/v1/deployments/ds/traffic", json={"r2": 100})
-    specs = [s for s in await PostgresDesiredState(plane.app.state.sessions).revisions()
+    specs = [s for s in await PostgresDesiredState(plane.app.state.sessions, QUOTA).revisions()
              if s.deployment_id == created["id"]]
     assert len(specs) == 1 and specs[0].engine == {"dtype": "float32", "seed": 1}
     await client.delete("/v1/deployments/ds")
-    assert not [s for s in await PostgresDesiredState(plane.app.state.sessions).revisions()
+    assert not [s for s in await PostgresDesiredState(plane.app.state.sessions, QUOTA).revisions()
                 if s.deployment_id == created["id"]]
 
 
@@ -209,3 +216,57 @@ async def test_replica_lifetimes_are_recorded(plane):
     assert row.started_at == t0 and row.ready_at == t0 + timedelta(seconds=9)
     assert row.stopped_at == t0 + timedelta(seconds=61), "a stopped replica stays stopped"
     assert row.state == "stopped" and row.slot_ids == ["gpu0", "gpu1"]
+
+
+async def test_concurrent_patches_cannot_undo_each_other(plane, model_uri):
+    """Both PATCHes read the newest revision and write the next under the same lock: with
+    a slow S3 (both are inside the model read at once), the last revision holds both."""
+    import asyncio
+
+    client = plane.client(await plane.tenant_key("racers"))
+    assert (await client.post("/v1/deployments", json=body("race", model_uri))).status_code == 201
+    pool = plane.app.state.pool
+    pool.inspect_delay_s = 0.5
+    try:
+        first, second = await asyncio.gather(
+            client.patch("/v1/deployments/race", json={"engine": {"seed": 7}}),
+            client.patch("/v1/deployments/race", json={"engine": {"max_num_seqs": 3}}))
+    finally:
+        pool.inspect_delay_s = 0.0
+    assert first.status_code == second.status_code == 200, (first.text, second.text)
+    revisions = (await client.get("/v1/deployments/race")).json()["revisions"]
+    assert [r["name"] for r in revisions] == ["r1", "r2", "r3"]
+    assert revisions[-1]["engine"] == {"dtype": "float32", "seed": 7, "max_num_seqs": 3}
+
+
+@pytest.fixture(scope="module")
+def oversized_config_uri(tiny_model, s3_server, models_bucket):
+    """The tiny model with a config.json padded to 2 MiB (still valid JSON), under the tenant
+    "caps"'s own prefix."""
+    from tests.support.model_factory import upload_model
+
+    uri = upload_model(tiny_model, s3_server.client(), models_bucket, "caps/padded")
+    config = json.loads((tiny_model / "config.json").read_text())
+    config["padding"] = "x" * (2 * 1024 * 1024)
+    s3_server.client().put_object(Bucket=models_bucket, Key="caps/padded/config.json",
+                                  Body=json.dumps(config))
+    return uri
+
+
+@pytest.fixture(scope="module")
+def garbled_config_uri(tiny_model, s3_server, models_bucket):
+    from tests.support.model_factory import upload_model
+
+    uri = upload_model(tiny_model, s3_server.client(), models_bucket, "caps/garbled")
+    s3_server.client().put_object(Bucket=models_bucket, Key="caps/garbled/config.json",
+                                  Body=b"{not json")
+    return uri
+
+
+@pytest.mark.parametrize("which", ["oversized_config_uri", "garbled_config_uri"])
+async def test_config_and_headers_are_read_with_caps(plane, which, request):
+    client = plane.client(await plane.tenant_key("caps"))
+    response = await client.post("/v1/deployments", json=body(
+        f"capped-{which[:4]}", request.getfixturevalue(which)))
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["param"] == "model_uri"

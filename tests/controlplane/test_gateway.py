@@ -1,4 +1,5 @@
 """The OpenAI-compatible gateway end to end: a real runtime replica, real Postgres and S3."""
+import asyncio
 import json
 import os
 import signal
@@ -6,6 +7,7 @@ from decimal import Decimal
 
 import httpx
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 import pytest
 import pytest_asyncio
 from sqlalchemy import select
@@ -14,7 +16,10 @@ from controlplane.models import UsageEvent
 from controlplane.pricing import Pricing, token_cost
 from controlplane.traffic import choose
 from pool.api import ColdStartTimeout, QueueFull
-from tests.controlplane.conftest import make_settings, running_control_plane, static_pool
+from controlplane.app import create_metrics_app
+from tests.controlplane.conftest import (METRICS_TOKEN, make_settings, running_control_plane,
+                                         static_pool)
+from tests.controlplane.support.servers import serve
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -45,9 +50,10 @@ async def plane(settings, pool):
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def tenant(plane, model_uri):
     key = await plane.tenant_key("gw")
+    await plane.set_price(tenant="gw", **PRICING)          # the operator's plan for "gw"
     client = plane.client(key)
     response = await client.post("/v1/deployments", json={
-        "name": "chat", "model_uri": model_uri, "pricing": PRICING})
+        "name": "chat", "model_uri": model_uri})
     assert response.status_code == 201, response.text
     return key
 
@@ -363,24 +369,26 @@ async def test_gateway_metrics_count_tokens_per_deployment(plane, model_uri):
                              json={**body, "max_tokens": 3, "stream": True}) as response:
         assert response.status_code == 200
         assert [line async for line in response.aiter_lines() if line][-1] == "data: [DONE]"
-    samples = dict(line.rsplit(" ", 1) for line in
-                   (await plane.client().get("/metrics")).text.splitlines()
-                   if line and not line.startswith("#"))
+    async with serve(create_metrics_app(plane.app.state.metrics)) as internal:
+        async with httpx.AsyncClient(base_url=internal) as scraper:
+            text = (await scraper.get("/metrics")).text
+    samples = {(s.name, frozenset(s.labels.items())): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
 
-    def counted(name: str) -> float:
-        return float(samples[name])
+    def counted(name: str, **labels: str) -> float:
+        return samples[(name, frozenset({"tenant": "gw-metrics", "deployment": "counted",
+                                         **labels}.items()))]
 
-    assert counted('thawpool_tokens_total{deployment="counted",direction="out"}') == 5
-    assert counted('thawpool_tokens_total{deployment="counted",direction="in"}') == \
+    assert counted("thawpool_tokens_total", direction="out") == 5
+    assert counted("thawpool_tokens_total", direction="in") == \
         2 * unary.json()["usage"]["prompt_tokens"]
-    assert counted('thawpool_invocations_total{deployment="counted",status="ok"}') == 2
-    assert counted('thawpool_ttft_seconds_count{deployment="counted"}') == 1, "streams only"
+    assert counted("thawpool_invocations_total", status="ok") == 2
+    assert counted("thawpool_ttft_seconds_count") == 1, "streams only"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 14: the public /metrics listener labels samples with every tenant's deployment "
-    "names; it should need a metrics token or listen on an internal port"))
 async def test_public_metrics_do_not_name_other_tenants_deployments(plane, model_uri):
+    """The public listener's /metrics needs the metrics token and, even with it, shows only
+    the platform's series; the internal listener (the control) does name the deployment."""
     client = plane.client(await plane.tenant_key("gw-private"))
     created = await client.post("/v1/deployments", json={"name": "private-name",
                                                          "model_uri": model_uri})
@@ -389,8 +397,17 @@ async def test_public_metrics_do_not_name_other_tenants_deployments(plane, model
                                                         "max_tokens": 1})
     assert served.status_code == 200, served.text
     anonymous = await plane.client().get("/metrics")
-    assert anonymous.status_code in (200, 401)
-    assert "private-name" not in anonymous.text
+    assert anonymous.status_code == 401
+    assert anonymous.json()["error"]["code"] == "invalid_metrics_token"
+    as_tenant = await client.get("/metrics")          # an API key is not the metrics token
+    assert as_tenant.status_code == 401
+    scraped = await plane.client(METRICS_TOKEN).get("/metrics")
+    assert scraped.status_code == 200 and "thawpool_http_requests_total" in scraped.text
+    for text in (anonymous.text, as_tenant.text, scraped.text):
+        assert "private-name" not in text and "gw-private" not in text
+    async with serve(create_metrics_app(plane.app.state.metrics)) as internal:
+        async with httpx.AsyncClient(base_url=internal) as scraper:
+            assert 'deployment="private-name"' in (await scraper.get("/metrics")).text
 
 
 # Refused at the edge with the replica's own rules (wire.requests), the vocabulary
@@ -434,25 +451,80 @@ async def test_bad_input_leaves_a_deployment_at_zero(plane, tenant, pool, model_
 
 
 async def test_a_chat_without_max_tokens_reserves_what_the_context_leaves(plane, pool, model_uri):
-    """The token bucket takes the prompt estimate plus wire's max_tokens rule: a chat
-    without max_tokens may fill the model's context (512 tokens, read at deploy), so two
-    such chats do not fit in 600 tokens a minute (with the old flat 256 they did)."""
+    """While a request waits for a replica, the token bucket holds the prompt estimate plus
+    wire's max_tokens rule: a chat without max_tokens may fill the model's context (512
+    tokens, read at deploy), so a second such chat does not fit in 600 tokens a minute
+    (with the old flat 256 it did). Refused by the pool, the first gives its tokens back."""
     key = await plane.tenant_key("ctx", tokens_per_min=600)
     client = plane.client(key)
     created = await client.post("/v1/deployments", json={"name": "ctx", "model_uri": model_uri})
     assert created.status_code == 201, created.text
     chat = {"model": "ctx", "messages": MESSAGES}
+    pool.hold = asyncio.Event()                        # a cold start that takes a while
     try:
-        pool.refuse_with = QueueFull("activator queue is full")   # admitted, then refused
-        first = await client.post("/v1/chat/completions", json=chat)
-        assert first.status_code == 429 and first.json()["error"]["code"] == "queue_full"
+        first = asyncio.create_task(client.post("/v1/chat/completions", json=chat))
+        await eventually(lambda: pool.waiting == 1, timeout_s=10, what="the first chat waiting")
         second = await client.post("/v1/chat/completions", json=chat)
         assert second.status_code == 429, second.text
         assert second.json()["error"]["code"] == "tokens_per_min"
-        # the control: the same chats with max_tokens given fit three times in a fresh key
-        other = plane.client(await plane.tenant_key("ctx", tokens_per_min=600))
-        for _ in range(3):
-            bounded = await other.post("/v1/chat/completions", json={**chat, "max_tokens": 100})
-            assert bounded.json()["error"]["code"] == "queue_full"
+        pool.refuse_with = QueueFull("activator queue is full")    # the cold start fails
+        pool.hold.set()
+        assert (await first).json()["error"]["code"] == "queue_full"
+        again = await client.post("/v1/chat/completions", json=chat)
+        assert again.json()["error"]["code"] == "queue_full", "the refused chat's tokens came back"
     finally:
-        pool.refuse_with = None
+        pool.hold, pool.refuse_with = None, None
+
+
+async def test_tokens_are_charged_by_the_real_usage(plane, model_uri):
+    """A text prompt is estimated at four characters a token; this one is about one a token
+    on the tiny model, so the real usage is charged when it ends, and the next request waits."""
+    client = plane.client(await plane.tenant_key("real-usage", tokens_per_min=150))
+    created = await client.post("/v1/deployments", json={"name": "dense", "model_uri": model_uri})
+    assert created.status_code == 201, created.text
+    body = {"model": "dense", "prompt": "#%&" * 40, "max_tokens": 1}    # estimate: 31 + 1
+    first = await client.post("/v1/completions", json=body)
+    assert first.status_code == 200, first.text
+    assert first.json()["usage"]["prompt_tokens"] > 100
+    second = await client.post("/v1/completions", json=body)
+    assert second.status_code == 429, "without the correction four of these fit a minute"
+    assert second.json()["error"]["code"] == "tokens_per_min"
+
+
+async def test_tenant_limits_count_every_key_of_the_tenant(plane, model_uri):
+    owner = plane.client(await plane.tenant_key("whole"))
+    created = await owner.post("/v1/deployments", json={"name": "t", "model_uri": model_uri})
+    assert created.status_code == 201, created.text
+    limited = await plane.admin.patch("/v1/tenants/whole/quota", json={"requests_per_min": 2})
+    assert limited.status_code == 200 and limited.json()["limits"]["requests_per_min"] == 2
+    other = plane.client(await plane.tenant_key("whole"))
+    body = {"model": "t", "prompt": "Hi", "max_tokens": 1}
+    assert (await owner.post("/v1/completions", json=body)).status_code == 200
+    assert (await other.post("/v1/completions", json=body)).status_code == 200
+    refused = await owner.post("/v1/completions", json=body)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "tenant_requests_per_min"
+    assert 1 <= int(refused.headers["retry-after"]) <= 30
+
+
+async def test_the_hot_path_reads_memory_not_postgres(plane, tenant):
+    """Auth, the deployment, its revision and traffic, the price and the quota all come
+    from memory: an invocation runs no SQL statement (the usage row is written later, off
+    the request's path)."""
+    from sqlalchemy import event
+
+    statements = []
+
+    def count(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    engine = plane.app.state.db_engine.sync_engine
+    client = plane.client(tenant)
+    body = {"model": "chat", "prompt": "Hi", "max_tokens": 1}
+    assert (await client.post("/v1/completions", json=body)).status_code == 200    # warm
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        for _ in range(3):
+            assert (await client.post("/v1/completions", json=body)).status_code == 200
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert statements == []

@@ -1,16 +1,26 @@
-"""The usage write path: idempotent batches, and a durable outbox while Postgres is away."""
+"""The usage write path: idempotent batches, a durable framed outbox while Postgres is away,
+a bounded buffer, timeouts, and a dead-letter file for what Postgres refuses for good."""
 import asyncio
-import json
+import dataclasses
+import logging
+import signal
+import sys
+import time
+import zlib
+from decimal import Decimal
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from sqlalchemy import func, select, text
 
-from controlplane.db import create_db_engine, migrate_async
-from controlplane.embedded import EmbeddedPostgres
+from controlplane.db import create_db_engine
 from controlplane.metering import UsageWriter
 from controlplane.models import UsageEvent
-from controlplane.outbox import Outbox
+from controlplane.outbox import Outbox, frame, unframe
+from controlplane.settings import Settings
+from controlplane.usage import UsageRecord
+from tests.controlplane.support.postgres import frozen
 from tests.controlplane.support.usage import make_record
 from tests.support.waiting import eventually
 
@@ -24,17 +34,6 @@ async def engine(db_url):
         await conn.execute(text("TRUNCATE usage_events"))
     yield engine
     await engine.dispose()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def own_pg(tmp_path_factory):
-    """A Postgres of our own to stop and start: the session one stays up."""
-    pg = EmbeddedPostgres(tmp_path_factory.mktemp("own-pg") / "data").start()
-    try:
-        await migrate_async(pg.url)
-        yield pg
-    finally:
-        pg.stop()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -124,8 +123,7 @@ async def test_outbox_survives_a_postgres_outage_and_a_restart(own_pg, own_engin
         writer.submit(record)
     await writer.flush()
     assert writer.pending == 0, "events left memory only into the durable outbox"
-    lines = outbox_path.read_text().splitlines()
-    assert sorted(json.loads(line)["invocation_id"] for line in lines) == \
+    assert sorted(r.invocation_id for r in Outbox(outbox_path).read()) == \
         sorted(r.invocation_id for r in during)
     assert not writer.healthy
     await writer.stop()            # the control plane stops while Postgres is down
@@ -158,9 +156,179 @@ async def test_outbox_is_replayed_when_postgres_returns(own_pg, own_engine, tmp_
     await writer.stop()
 
 
-async def test_a_torn_last_line_is_skipped(tmp_path):
+async def test_a_torn_tail_is_cut_before_the_next_append(tmp_path):
+    """A crash mid-append leaves half a record: opening the outbox cuts it, so the next
+    record is not glued to it; so does an append after a write that failed half way."""
     outbox = Outbox(tmp_path / "o.jsonl")
-    outbox.append([make_record(), make_record()])
-    with open(outbox.path, "a") as f:
-        f.write('{"invocation_id": "half')
-    assert len(Outbox(outbox.path).read()) == 2
+    first = [make_record(), make_record()]
+    outbox.append(first)
+    whole = outbox.path.read_bytes()
+    torn = frame(make_record().to_json().encode())
+    outbox.path.write_bytes(whole + torn[:len(torn) // 2])      # the crash
+    reopened = Outbox(outbox.path)
+    assert reopened.depth == 2 and outbox.path.read_bytes() == whole
+    after = make_record()
+    outbox.path.write_bytes(whole + torn[:7])                   # a write that died half way
+    reopened.append([after])
+    assert [r.invocation_id for r in Outbox(outbox.path).read()] == \
+        [r.invocation_id for r in [*first, after]]
+
+
+async def test_records_are_framed_with_length_and_checksum(tmp_path):
+    outbox = Outbox(tmp_path / "o.jsonl")
+    record = make_record()
+    outbox.append([record])
+    line = outbox.path.read_bytes()
+    length, crc, payload = line.rstrip(b"\n").split(b" ", 2)
+    assert int(length) == len(payload) and int(crc, 16) == zlib.crc32(payload)
+    assert unframe(line.rstrip(b"\n")) == payload == record.to_json().encode()
+    flipped = line.replace(b'"ok"', b'"ko"')
+    assert unframe(flipped.rstrip(b"\n")) is None, "a changed byte fails the checksum"
+    legacy = record.to_json().encode()                          # a line from before framing
+    assert unframe(legacy) == legacy
+
+
+async def test_a_corrupt_line_is_dead_lettered_and_replay_goes_on(engine, tmp_path):
+    outbox = Outbox(tmp_path / "o.jsonl")
+    good = [make_record() for _ in range(5)]
+    outbox.append(good[:2])
+    with open(outbox.path, "ab") as f:
+        f.write(b"12 0000abcd a page of junk\n")                # a lost page, not a torn tail
+    outbox.append(good[2:])
+    writer = UsageWriter(engine, Outbox(outbox.path), batch_size=2, flush_interval_s=0.01)
+    await writer.start()
+    await writer.stop()
+    assert await count_rows(engine) == 5 and writer.outbox.depth == 0
+    (letter,) = writer.dead_letters.read()
+    assert letter["line"] == "12 0000abcd a page of junk" and "checksum" in letter["error"]
+    assert writer.metrics.usage_dead_letters._value.get() == 1
+
+
+def poisoned(**changes) -> UsageRecord:
+    """A record Postgres refuses for good (a data error, not an outage)."""
+    return dataclasses.replace(make_record(), **changes)
+
+
+@pytest.mark.parametrize("poison", [{"tenant_id": "not-a-uuid"},
+                                    {"cost": Decimal("1e20")},           # NUMERIC(30, 15)
+                                    {"request_id": "nul\x00byte"}])
+async def test_a_record_postgres_refuses_goes_to_the_dead_letter_file(engine, tmp_path, caplog,
+                                                                      poison):
+    writer = UsageWriter(engine, Outbox(tmp_path / "o.jsonl"), batch_size=50,
+                         flush_interval_s=0.01)
+    await writer.start()
+    good = [make_record() for _ in range(40)]
+    bad = poisoned(**poison)
+    for record in good[:17] + [bad] + good[17:]:
+        writer.submit(record)
+    with caplog.at_level(logging.ERROR, logger="thawpool.metering"):
+        await writer.stop()
+    assert await count_rows(engine) == 40, "the rest of the batch is written"
+    assert writer.outbox.depth == 0 and writer.healthy
+    (letter,) = writer.dead_letters.read()
+    assert letter["record"]["invocation_id"] == bad.invocation_id and letter["error"]
+    assert writer.metrics.usage_dead_letters._value.get() == 1
+    assert any(getattr(r, "alert", None) == "usage_dead_letter" for r in caplog.records)
+
+
+async def test_replay_dead_letters_a_refused_record_and_goes_on(engine, tmp_path):
+    """A refused record used to block the outbox forever."""
+    outbox = Outbox(tmp_path / "o.jsonl")
+    records = [make_record() for _ in range(9)]
+    outbox.append(records[:4] + [poisoned(tenant_id="not-a-uuid")] + records[4:])
+    writer = UsageWriter(engine, outbox, batch_size=4, flush_interval_s=0.01)
+    assert await writer.replay_outbox()
+    assert await count_rows(engine) == 9 and outbox.depth == 0
+    assert len(writer.dead_letters.read()) == 1
+
+
+async def test_memory_holds_at_most_buffer_max_events(engine, tmp_path):
+    """Postgres too slow to keep up (here: the writer not running at all): a full buffer
+    spills to the outbox instead of growing, and everything lands once it runs."""
+    writer = UsageWriter(engine, Outbox(tmp_path / "o.jsonl"), batch_size=4,
+                         flush_interval_s=0.01, buffer_max=10)
+    records = [make_record() for _ in range(25)]
+    for record in records:
+        writer.submit(record)
+        assert writer.pending < 10
+    assert writer.outbox.depth == 20 and writer.metrics.usage_spilled._value.get() == 20
+    await writer.start()
+    await writer.stop()
+    assert await count_rows(engine) == 25 and writer.outbox.depth == 0
+
+
+async def test_a_blackholed_postgres_times_out_and_events_go_to_the_outbox(own_pg, own_engine,
+                                                                          tmp_path):
+    """SIGSTOPped, Postgres accepts connections and never answers: the connect and
+    statement timeouts bound every wait, and the events are safe in the outbox."""
+    engine = create_db_engine(own_pg.url, connect_timeout_s=1, statement_timeout_s=1,
+                              pool_timeout_s=1)
+    writer = UsageWriter(engine, Outbox(tmp_path / "o.jsonl"), batch_size=20,
+                         flush_interval_s=0.01, retry_s=3600)
+    try:
+        await writer.start()
+        writer.submit(make_record())
+        await writer.flush()                     # a pooled connection exists
+        records = [make_record() for _ in range(5)]
+        with frozen(own_pg):
+            for record in records:
+                writer.submit(record)
+            started = time.monotonic()
+            await asyncio.wait_for(writer.flush(), 20)
+            assert time.monotonic() - started < 10
+            assert writer.outbox.depth == 5 and not writer.healthy
+        assert await writer.replay_outbox()
+        assert await count_rows(engine) == 6
+    finally:
+        await writer.stop()
+        await engine.dispose()
+
+
+async def test_the_outbox_directory_buffer_and_timeouts_are_settings(tmp_path):
+    settings = Settings.from_env({
+        "THAWPOOL_DATA_DIR": str(tmp_path / "data"), "THAWPOOL_OUTBOX_DIR": str(tmp_path / "ebs"),
+        "THAWPOOL_USAGE_BUFFER_MAX": "500", "THAWPOOL_DB_CONNECT_TIMEOUT_S": "2",
+        "THAWPOOL_DB_STATEMENT_TIMEOUT_S": "7", "THAWPOOL_DB_POOL_TIMEOUT_S": "3"})
+    assert settings.outbox_path == tmp_path / "ebs" / "usage-outbox.jsonl"
+    assert settings.dead_letter_path == tmp_path / "ebs" / "usage-dead-letters.jsonl"
+    assert (settings.usage_buffer_max, settings.db_connect_timeout_s,
+            settings.db_statement_timeout_s, settings.db_pool_timeout_s) == (500, 2, 7, 3)
+    assert Settings.from_env({"THAWPOOL_DATA_DIR": str(tmp_path)}).outbox_path == \
+        tmp_path / "usage-outbox.jsonl", "the data dir by default, where earlier versions kept it"
+
+
+KILLED = """
+import os, signal, sys
+from controlplane.db import create_db_engine
+from controlplane.metering import UsageWriter
+from controlplane.outbox import Outbox
+from tests.controlplane.support.usage import make_record
+records = [make_record() for _ in range(int(sys.argv[2]))]
+writer = UsageWriter(create_db_engine(sys.argv[3]), Outbox(sys.argv[1]))
+for record in records:          # finished calls, still in memory: the writer never ran
+    writer.submit(record)
+print(" ".join(r.invocation_id for r in records), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+async def test_usage_still_in_memory_survives_a_killed_process(engine, db_url, tmp_path):
+    """SIGKILL (the OOM killer) with events not yet written anywhere but memory: the
+    journal the kernel kept brings them back at the next start, each once."""
+    outbox_path = tmp_path / "outbox.jsonl"
+    killed = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", KILLED, str(outbox_path), "30", db_url,
+        cwd=Path(__file__).resolve().parents[2], stdout=asyncio.subprocess.PIPE)
+    out, _ = await killed.communicate()
+    assert killed.returncode == -signal.SIGKILL
+    ids = out.decode().split()
+    assert len(ids) == 30 and list(tmp_path.glob("usage-journal-*.log"))
+    restarted = UsageWriter(engine, Outbox(outbox_path), batch_size=8, flush_interval_s=0.01)
+    await restarted.start()
+    restarted.submit(make_record())
+    await restarted.stop()
+    async with engine.connect() as conn:
+        found = await conn.scalar(select(func.count()).select_from(UsageEvent).where(
+            UsageEvent.invocation_id.in_(ids)))
+    assert found == 30 and await count_rows(engine) == 31
+    assert not list(tmp_path.glob("usage-journal-*.log")), "a journal is forgotten once written"

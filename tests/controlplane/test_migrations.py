@@ -1,12 +1,25 @@
-"""Migrations build the schema from nothing and are idempotent."""
+"""Migrations build the schema from nothing, are idempotent, keep the past bill, and
+notify every change of what the control plane caches."""
+import asyncio
+from datetime import datetime, timedelta, timezone
+
 import asyncpg
+from alembic import command
 from sqlalchemy.engine import make_url
 
-from controlplane.db import migrate, migrate_async
+from controlplane.db import alembic_config, migrate, migrate_async
 from tests.controlplane.conftest import create_database, drop_database
 
 TABLES = {"tenants", "api_keys", "deployments", "revisions", "usage_events",
-          "replica_lifetimes", "alembic_version"}
+          "replica_lifetimes", "model_sources", "prices", "tenant_quotas", "model_uploads",
+          "alembic_version"}
+T0 = datetime(2026, 5, 1, tzinfo=timezone.utc)
+IDS = ("'00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-000000000002', "
+       "'00000000-0000-0000-0000-000000000003'")
+
+
+def libpq(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 async def test_upgrade_head_twice_on_a_fresh_database(pg_server):
@@ -14,8 +27,7 @@ async def test_upgrade_head_twice_on_a_fresh_database(pg_server):
     try:
         await migrate_async(url)
         migrate(url)     # from inside a running loop: runs in a worker thread
-        libpq = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-        conn = await asyncpg.connect(libpq)
+        conn = await asyncpg.connect(libpq(url))
         try:
             names = {r["tablename"] for r in await conn.fetch(
                 "select tablename from pg_tables where schemaname = 'public'")}
@@ -26,7 +38,69 @@ async def test_upgrade_head_twice_on_a_fresh_database(pg_server):
         finally:
             await conn.close()
         assert names == TABLES
-        assert version == "0002"
+        assert version == "0004"
         assert cost_type == "numeric"
+    finally:
+        await drop_database(pg_server, url)
+
+
+async def test_0004_keeps_the_bill_of_older_lifetimes_and_goes_down_again(pg_server):
+    """A closed row that held slots keeps [started, stopped); an open one is last seen at
+    its ready time (a heartbeat continues or closes it); one that never held slots bills
+    nothing."""
+    url = await create_database(pg_server)
+    try:
+        await asyncio.to_thread(migrate, url, "0003")
+        conn = await asyncpg.connect(libpq(url))
+        try:
+            for replica, slots, ready, stopped in [("closed", ["gpu0"], 10, 70),
+                                                   ("open", ["gpu0"], 10, None),
+                                                   ("waiting", [], None, None)]:
+                await conn.execute(
+                    "INSERT INTO replica_lifetimes (replica_id, revision_id, deployment_id, "
+                    f"tenant_id, gpu_count, slot_ids, state, started_at, ready_at, stopped_at) "
+                    f"VALUES ($1, {IDS}, 1, $2, 'x', $3, $4, $5)", replica, slots, T0,
+                    None if ready is None else T0 + timedelta(seconds=ready),
+                    None if stopped is None else T0 + timedelta(seconds=stopped))
+            await asyncio.to_thread(migrate, url)
+            rows = {r["replica_id"]: (r["placed_at"], r["last_seen_at"]) for r in await conn.fetch(
+                "SELECT replica_id, placed_at, last_seen_at FROM replica_lifetimes")}
+            assert rows == {"closed": (T0, T0 + timedelta(seconds=70)),
+                            "open": (T0, T0 + timedelta(seconds=10)),
+                            "waiting": (None, T0)}
+            await asyncio.to_thread(command.downgrade, alembic_config(url), "0003")
+            assert await conn.fetchval("SELECT version_num FROM alembic_version") == "0003"
+            await asyncio.to_thread(migrate, url)
+        finally:
+            await conn.close()
+    finally:
+        await drop_database(pg_server, url)
+
+
+async def test_changes_of_cached_tables_are_notified_at_commit(pg_server):
+    url = await create_database(pg_server)
+    try:
+        await migrate_async(url)
+        listener, writer = await asyncpg.connect(libpq(url)), await asyncpg.connect(libpq(url))
+        heard: asyncio.Queue[str] = asyncio.Queue()
+        try:
+            await listener.add_listener("thawpool_cache", lambda *args: heard.put_nowait(args[3]))
+            tenant = await writer.fetchval("INSERT INTO tenants (id, name, created_at) VALUES "
+                                           "(gen_random_uuid(), 'n', now()) RETURNING id")
+            key = await writer.fetchval(
+                "INSERT INTO api_keys (id, tenant_id, prefix, key_hash, scopes, created_at) "
+                "VALUES (gen_random_uuid(), $1, 'tp_00000000', 'h', '{invoke}', now()) "
+                "RETURNING id", tenant)
+            assert await asyncio.wait_for(heard.get(), 5) == f"api_keys:{key}"
+            async with writer.transaction():
+                await writer.execute("UPDATE api_keys SET revoked_at = now() WHERE id = $1", key)
+                await writer.execute("INSERT INTO tenant_quotas (tenant_id, tokens_per_min, "
+                                     "updated_at) VALUES ($1, 5, now())", tenant)
+                assert heard.empty(), "nothing is heard before the commit"
+            got = {await asyncio.wait_for(heard.get(), 5) for _ in range(2)}
+            assert got == {f"api_keys:{key}", f"tenant_quotas:{tenant}"}
+        finally:
+            await listener.close()
+            await writer.close()
     finally:
         await drop_database(pg_server, url)

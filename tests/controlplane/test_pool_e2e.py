@@ -38,7 +38,7 @@ async def test_deploy_invoke_and_bill_through_the_pool(plane, model_uri):
     assert never.status_code == 422 and never.json()["error"]["param"] == "resources"
     created = await client.post("/v1/deployments", json={
         "name": "pooled", "model_uri": model_uri, "resources": {"gpu_memory_gb": 0.5},
-        "engine": {"kv_cache_tokens": 512}, "pricing": {"output_per_mtok": 1}})
+        "engine": {"kv_cache_tokens": 512}})
     assert created.status_code == 201, created.text
     revision_id = created.json()["revisions"][0]["id"]
 

@@ -51,7 +51,8 @@ async def plane(pg_server, s3_server, tmp_path_factory):
     settings = make_settings(db_url, s3_server, tmp / "cp", acquire_timeout_s=280)
     try:
         async with running_control_plane(
-                settings, pool_factory=real_pool(pool_settings, clock=SteppedClock())) as plane:
+                settings, pool_factory=real_pool(pool_settings, clock=SteppedClock()),
+                catalogue="s3://e2e-models/tiny/") as plane:
             yield plane
     finally:
         await drop_database(pg_server, db_url)
@@ -98,7 +99,7 @@ async def test_cold_warm_scale_to_zero_and_back(plane, model_uri):
         "name": "thaw", "model_uri": model_uri, "resources": {"gpu_memory_gb": 0.5},
         "scaling": {"min_replicas": 0, "max_replicas": 1, "target_concurrency": 4,
                     "idle_timeout_s": IDLE_TIMEOUT_S},
-        "engine": {"kv_cache_tokens": 512}, "pricing": {"output_per_mtok": 2}})
+        "engine": {"kv_cache_tokens": 512}})
     assert created.status_code == 201, created.text
     revision_id = created.json()["revisions"][0]["id"]
     assert await replica_count(plane, revision_id) == 0, "nothing runs before the first request"
@@ -145,7 +146,7 @@ async def test_replica_killed_mid_stream(plane, model_uri):
     created = await client.post("/v1/deployments", json={
         "name": "crashy", "model_uri": model_uri, "resources": {"gpu_memory_gb": 0.5},
         "scaling": {"min_replicas": 0, "max_replicas": 1, "idle_timeout_s": 60},
-        "engine": {"kv_cache_tokens": 512}, "pricing": {"output_per_mtok": 2}})
+        "engine": {"kv_cache_tokens": 512}})
     assert created.status_code == 201, created.text
     revision_id = created.json()["revisions"][0]["id"]
     body = {**CHAT, "model": "crashy", "max_tokens": 400, "stream": True,

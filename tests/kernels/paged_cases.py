@@ -38,3 +38,13 @@ def paged_case(context_lens, num_heads, num_kv_heads, head_dim, block_size, dtyp
     to = dict(device=device)
     return (q.to(dtype=dtype, **to), k_cache.to(dtype=dtype, **to), v_cache.to(dtype=dtype, **to),
             tables.to(**to), lens.to(**to), head_dim ** -0.5)
+
+
+def drop_outside_window(tables, context_lens, window, block_size):
+    """As the block manager does with a sliding window: the entries of blocks wholly before
+    each sequence's window point elsewhere, here at the poisoned spare block."""
+    tables = tables.clone()
+    spare = tables[0, -1].item()
+    for b, n in enumerate(context_lens.tolist()):
+        tables[b, :max(0, n - window) // block_size] = spare
+    return tables

@@ -3,16 +3,16 @@ import pytest
 import torch
 
 from tests.kernels.cpu_support import ATOL, RTOL, threads
-from tests.kernels.paged_cases import paged_case
+from tests.kernels.paged_cases import drop_outside_window, paged_case
 
 from kernels import attention as ref
 from kernels.cpu import paged_attention as cpu
 
 
-def _check(q, k_cache, v_cache, tables, lens, scale):
-    out = cpu.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
+def _check(q, k_cache, v_cache, tables, lens, scale, **opts):
+    out = cpu.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, **opts)
     assert out.abs().max() < 100, "read a poisoned slot beyond a context"
-    torch.testing.assert_close(out, ref.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale),
+    torch.testing.assert_close(out, ref.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, **opts),
                                rtol=RTOL, atol=ATOL)
 
 
@@ -79,3 +79,21 @@ def test_a_context_outside_its_block_table_is_refused(bad_len):
     lens[1] = bad_len                       # the table is 3 blocks wide
     with pytest.raises(ValueError, match="context_lens"):
         cpu.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
+
+
+# Blocks wholly before a window are poisoned: reading one shows at once.
+@pytest.mark.parametrize("num_threads", [1, 2])
+@pytest.mark.parametrize("window,softcap", [(5, None), (16, None), (1, None), (None, 2.0), (7, 2.0)])
+@pytest.mark.parametrize("head_dim", [64, 48])
+def test_sliding_window_and_softcap(window, softcap, head_dim, num_threads):
+    q, k_cache, v_cache, tables, lens, scale = paged_case([1, 4, 17, 33, 40], 4, 2, head_dim, 4)
+    if window is not None:
+        tables = drop_outside_window(tables, lens, window, 4)
+    with threads(num_threads):
+        _check(q * 3, k_cache, v_cache, tables, lens, scale, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("opts", [dict(window=0), dict(softcap=0.0)])
+def test_a_window_or_softcap_below_one_is_refused(opts):
+    with pytest.raises(ValueError, match="window"):
+        cpu.paged_decode_attention(*paged_case([5], 2, 1, 16, 4), **opts)

@@ -17,6 +17,7 @@ def test_the_reference_set():
                                          paged_decode_attention=attention.paged_decode_attention,
                                          int8_linear=int8.int8_linear,
                                          silu_and_mul=activation.silu_and_mul,
+                                         gelu_and_mul=activation.gelu_and_mul,
                                          pack_linear=linear.pack, linear=linear.linear)
 
 

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from kernels.activation import gelu_and_mul
 from kernels.attention import (paged_decode_attention, paged_prefill_attention,
                                prefill_attention, write_kv)
 from kernels.rmsnorm import fused_add_rms_norm, rms_norm
@@ -14,13 +15,17 @@ from kernels.rotary import apply_rotary, rotary_cos_sin
 torch.manual_seed(0)
 
 
-def naive_attention(q, k, v, q_pos, scale):
-    """q [n,nh,D] at positions q_pos, k/v [L,nkv,D] for positions 0..L-1, causal."""
+def naive_attention(q, k, v, q_pos, scale, window=None, softcap=None):
+    """q [n,nh,D] at positions q_pos, k/v [L,nkv,D] for positions 0..L-1, causal; window:
+    position p sees p - window < j <= p; softcap: c * tanh(score / c)."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-    mask = torch.arange(k.shape[0])[None, :] > torch.tensor(q_pos)[:, None]
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    j, p = torch.arange(k.shape[0])[None, :], torch.tensor(q_pos)[:, None]
+    mask = (j > p) | ((j <= p - window) if window is not None else False)
     scores = scores.masked_fill(mask[None], float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
@@ -100,3 +105,48 @@ def test_rotary_matches_rotate_half_convention():
     ref = x * emb.cos()[:, None] + rotated * emb.sin()[:, None]
     torch.testing.assert_close(apply_rotary(x, cos, sin), ref)
     torch.testing.assert_close(apply_rotary(x[:1], cos[:1], sin[:1]), x[:1])   # position 0
+
+
+# (window, softcap): sliding windows narrower and wider than a block, alone and soft-capped
+WINDOWED = [(5, None), (16, None), (None, 2.0), (7, 2.0), (1, None)]
+
+
+@pytest.mark.parametrize("window,softcap", WINDOWED)
+@pytest.mark.parametrize("nh,nkv,d,bs", [(4, 2, 16, 4), (6, 1, 8, 8)])
+def test_paged_decode_window_and_softcap_match_naive(window, softcap, nh, nkv, d, bs):
+    lens = [1, 7, 33, 16, 40]
+    ks = [torch.randn(n, nkv, d) for n in lens]
+    vs = [torch.randn(n, nkv, d) for n in lens]
+    k_cache, v_cache, tables = paged(ks, vs, 50, bs)
+    q = torch.randn(len(lens), nh, d) * 3
+    out = paged_decode_attention(q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32),
+                                 d ** -0.5, window=window, softcap=softcap, group_size=2)
+    for b, n in enumerate(lens):
+        ref = naive_attention(q[b:b + 1], ks[b], vs[b], [n - 1], d ** -0.5, window, softcap)
+        torch.testing.assert_close(out[b:b + 1], ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window,softcap", WINDOWED)
+def test_prefill_window_and_softcap_match_naive(window, softcap):
+    nh, nkv, d, bs = 4, 2, 16, 4
+    ctx, q_lens = [12, 30, 5], [4, 30, 2]
+    ks = [torch.randn(n, nkv, d) for n in ctx]
+    vs = [torch.randn(n, nkv, d) for n in ctx]
+    k_cache, v_cache, tables = paged(ks, vs, 30, bs)
+    q = torch.randn(sum(q_lens), nh, d) * 3
+    paged_out = paged_prefill_attention(q, k_cache, v_cache, tables, q_lens, ctx, d ** -0.5, window, softcap)
+    start = 0
+    for s, (n, c) in enumerate(zip(q_lens, ctx)):
+        ref = naive_attention(q[start:start + n], ks[s], vs[s], list(range(c - n, c)), d ** -0.5, window, softcap)
+        torch.testing.assert_close(paged_out[start:start + n], ref, atol=1e-5, rtol=1e-5)
+        if n == c:                               # nothing cached: the gather-free path too
+            fresh = prefill_attention(q[start:start + n], ks[s], vs[s], [n], d ** -0.5, window, softcap)
+            torch.testing.assert_close(fresh, ref, atol=1e-5, rtol=1e-5)
+        start += n
+
+
+def test_gelu_and_mul_is_geglu():
+    x = torch.randn(5, 24)
+    gate, up = x[:, :12], x[:, 12:]
+    tanh_gelu = 0.5 * gate * (1 + torch.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3)))
+    torch.testing.assert_close(gelu_and_mul(x), tanh_gelu * up)

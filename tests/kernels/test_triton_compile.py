@@ -14,6 +14,11 @@ import pytest
 
 pytest.importorskip("triton", reason="triton not installed")
 
+PAGED_SIGNATURE = {"out_ptr": "*bf16", "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16",
+                   "tables_ptr": "*i32", "lens_ptr": "*i32", "qk_scale": "fp32", "window": "i32",
+                   "softcap": "fp32", **{s: "i64" for s in ("q_s0", "q_s1", "o_s0", "o_s1", "k_s0", "k_s1",
+                                                            "k_s2", "v_s0", "v_s1", "v_s2", "tables_s0")}}
+
 # name -> (module, kernel, signature without constexprs, constexprs): realistic shapes.
 KERNELS = {
     "rms_norm": ("rmsnorm", "_rms_norm_kernel",
@@ -29,13 +34,14 @@ KERNELS = {
     "silu_and_mul": ("activation", "_silu_and_mul_kernel",
                      {"x_ptr": "*bf16", "out_ptr": "*bf16", "x_s0": "i64", "out_s0": "i64", "WIDTH": "i32"},
                      {"BLOCK": 1024}),
-    "paged_decode_attention": (
-        "paged_attention", "_paged_decode_kernel",
-        {"out_ptr": "*bf16", "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16",
-         "tables_ptr": "*i32", "lens_ptr": "*i32", "qk_scale": "fp32",
-         **{s: "i64" for s in ("q_s0", "q_s1", "o_s0", "o_s1", "k_s0", "k_s1", "k_s2",
-                               "v_s0", "v_s1", "v_s2", "tables_s0")}},
-        {"GROUP": 4, "BLOCK_SIZE": 16, "HEAD_DIM": 80, "BLOCK_T": 16, "BLOCK_D": 128}),
+    "paged_decode_attention": ("paged_attention", "_paged_decode_kernel", PAGED_SIGNATURE,
+                               {"GROUP": 4, "BLOCK_SIZE": 16, "HEAD_DIM": 80, "BLOCK_T": 16, "BLOCK_D": 128,
+                                "WINDOWED": False, "SOFTCAP": False}),
+    # Gemma 2's sliding layers: a window and soft-capped scores
+    "paged_decode_attention_windowed_softcap": (
+        "paged_attention", "_paged_decode_kernel", PAGED_SIGNATURE,
+        {"GROUP": 2, "BLOCK_SIZE": 16, "HEAD_DIM": 256, "BLOCK_T": 16, "BLOCK_D": 256,
+         "WINDOWED": True, "SOFTCAP": True}),
     **{f"int8_matmul_{dt}": (
         "int8_matmul", "_int8_matmul_kernel",
         {"x_ptr": f"*{dt}", "w_ptr": "*i8", "scale_ptr": "*fp32", "bias_ptr": "*fp32",

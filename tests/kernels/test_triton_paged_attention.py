@@ -4,7 +4,7 @@ import functools
 import pytest
 import torch
 
-from tests.kernels.paged_cases import paged_case
+from tests.kernels.paged_cases import drop_outside_window, paged_case
 from tests.kernels.triton_support import DEVICE, assert_close
 
 from kernels import attention as ref
@@ -13,9 +13,9 @@ from kernels.triton import paged_attention as tri
 _case = functools.partial(paged_case, device=DEVICE)
 
 
-def _check(*args, rounded_to=None):
-    out = tri.paged_decode_attention(*args)
-    expected = ref.paged_decode_attention(*args)
+def _check(*args, rounded_to=None, **opts):
+    out = tri.paged_decode_attention(*args, **opts)
+    expected = ref.paged_decode_attention(*args, **opts)
     assert out.abs().max() < 100, "read a poisoned slot beyond a context"
     assert_close(out, expected, rounded_to)
 
@@ -71,3 +71,18 @@ def test_heads_not_a_multiple_of_kv_heads_is_refused():
     q, k_cache, v_cache, tables, lens, scale = _case([3], 3, 2, 16, 16)
     with pytest.raises(ValueError, match="multiple"):
         tri.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
+
+
+# Blocks wholly before a window are poisoned: reading one shows at once.
+@pytest.mark.parametrize("window,softcap", [(5, None), (16, None), (1, None), (None, 2.0), (7, 2.0)])
+def test_sliding_window_and_softcap(window, softcap):
+    q, k_cache, v_cache, tables, lens, scale = _case([1, 4, 17, 33, 40], 4, 2, 16, 4)
+    if window is not None:
+        tables = drop_outside_window(tables, lens, window, 4)
+    _check(q * 3, k_cache, v_cache, tables, lens, scale, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sliding_window_and_softcap_in_half_precision(dtype):
+    q, k_cache, v_cache, tables, lens, scale = _case([3, 17, 23], 8, 2, 64, 16, dtype=dtype)
+    _check(q, k_cache, v_cache, drop_outside_window(tables, lens, 6, 16), lens, scale, window=6, softcap=3.0)

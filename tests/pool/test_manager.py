@@ -12,11 +12,13 @@ import os
 import signal
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
 
-from pool.api import ColdStartFailed, ColdStartTimeout, NeverFits, ReplicaShape, RevisionSpec
+from pool.api import (ColdStartFailed, ColdStartTimeout, ModelUnavailable, NeverFits, QueueFull, QuotaExceeded,
+                      ReplicaShape, RevisionSpec, TenantQuota)
 from pool.desired import EventLog, InMemoryDesiredState
 from pool.manager import PoolManager
 from tests.pool.conftest import FlakyS3, make_settings
@@ -63,7 +65,7 @@ async def pool(s3_server, pool_bucket, tiny_model, tmp_path_factory):
 
 async def complete(lease, **extra) -> dict:
     body = {"model": lease.revision_id, "prompt": PROMPT, "max_tokens": 8, "temperature": 0.0, **extra}
-    async with httpx.AsyncClient(timeout=60) as client:
+    async with httpx.AsyncClient(timeout=60, headers=lease.headers) as client:
         resp = await client.post(f"{lease.base_url}/v1/completions", json=body)
     assert resp.status_code == 200, resp.text
     return resp.json()
@@ -134,7 +136,7 @@ async def test_killed_replica_gives_clean_error_then_a_fresh_replica(pool):
             "ignore_eos": True, "stream": True}
     got_first = False
     with pytest.raises(httpx.HTTPError):
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with httpx.AsyncClient(timeout=30, headers=lease.headers) as client:
             async with client.stream("POST", f"{lease.base_url}/v1/completions", json=body) as resp:
                 async for line in resp.aiter_lines():
                     if line.startswith("data:") and not got_first:
@@ -208,6 +210,9 @@ async def test_waiting_for_capacity_then_placed_when_a_drained_replica_stops(poo
     status = manager.revision_status(c.revision_id)
     assert status.state == "waiting_for_capacity"
     assert "waiting for capacity" in status.replicas[0].reason
+    (c_replica,) = events.replica_ids(c.revision_id)
+    assert [(e.state, e.slot_ids) for e in events.events if e.replica_id == c_replica] == [("pending", ())], \
+        "no slots, so no GPU time, while it waits"
 
     desired.remove(a.revision_id)                              # a is retired: drains, then stops
     await manager.refresh()
@@ -217,6 +222,8 @@ async def test_waiting_for_capacity_then_placed_when_a_drained_replica_stops(poo
     lease_a.release()
     async with await manager.acquire(c, request_id="c2", prefix_key=None, prompt_tokens=4, timeout_s=120) as lc:
         assert (await complete(lc))["usage"]["completion_tokens"] == 8
+    placed = [e for e in events.events if e.replica_id == c_replica and e.slot_ids]
+    assert placed[0].state == "pulling", "its GPU time starts when placement reserves its slot"
     assert await events.wait_for(lambda _: "stopped" in events.states(lease_a.replica_id), 10)
     assert events.states(lease_a.replica_id)[-2:] == ["draining", "stopped"]
     for spec in (b, c):
@@ -257,3 +264,130 @@ async def test_tensor_parallel_replica_spans_two_slots_and_is_replaced_whole(poo
     desired.remove(spec.revision_id)
     await manager.refresh()
     assert await wait_no_live_replicas(manager, spec.revision_id)
+
+
+async def test_a_replica_answers_only_calls_that_carry_its_secret(pool):
+    manager, desired, _, uri, _ = pool
+    spec = spec_for(uri, idle_timeout_s=30)
+    desired.put(spec)
+    async with await manager.acquire(spec, request_id="s1", prefix_key=None, prompt_tokens=4,
+                                     timeout_s=120) as lease:
+        body = {"model": lease.revision_id, "prompt": PROMPT, "max_tokens": 2}
+        async with httpx.AsyncClient(base_url=lease.base_url, timeout=60) as client:
+            for headers in ({}, {"Authorization": "Bearer not-the-secret"}):
+                refused = await client.post("/v1/completions", json=body, headers=headers)
+                assert refused.status_code == 401, refused.text
+                assert refused.json()["error"]["type"] == "authentication_error"
+                assert (await client.post("/admin/load", json={"model": "/etc"}, headers=headers)).status_code == 401
+            assert (await client.get("/health")).status_code == 200          # the one open path
+            assert (await client.post("/v1/completions", json=body, headers=lease.headers)).status_code == 200
+        secret = lease.headers["Authorization"].removeprefix("Bearer ").encode()
+        process = manager.handle(lease.replica_id).process
+        assert secret not in Path(f"/proc/{process.pid}/cmdline").read_bytes()   # never on the command line
+        assert secret not in process.log_path.read_bytes()                       # nor in its log
+    desired.remove(spec.revision_id)
+    await manager.refresh()
+    assert await wait_no_live_replicas(manager, spec.revision_id)
+
+
+async def test_a_tenant_at_its_gpu_quota_gets_429_while_another_tenant_thaws(pool):
+    """Two slots. Tenant A (quota: one GPU, two queued requests) holds one; its second
+    revision's replica waits for A's quota and leaves the free slot to tenant B; A's
+    requests then get 429, until A's first replica stops and the waiting one is placed."""
+    manager, desired, events, uri, _ = pool
+    quota = TenantQuota(max_gpus=1, max_queued_requests=2)
+    a1, a2, a3 = (spec_for(uri, tenant_id="ten-a", quota=quota, idle_timeout_s=60) for _ in range(3))
+    b1 = spec_for(uri, tenant_id="ten-b", idle_timeout_s=60)
+    for spec in (a1, a2, a3, b1):
+        desired.put(spec)
+    lease_a1 = await manager.acquire(a1, request_id="a1", prefix_key=None, prompt_tokens=4, timeout_s=120)
+    over_quota = asyncio.ensure_future(manager.acquire(a2, request_id="a2-1", prefix_key=None,
+                                                       prompt_tokens=4, timeout_s=2.0))
+    assert await until(lambda: manager.revision_status(a2.revision_id).state == "waiting_for_capacity")
+    thaw_b = asyncio.ensure_future(manager.acquire(b1, request_id="b1", prefix_key=None, prompt_tokens=4,
+                                                   timeout_s=120))   # later in line, but A may not grow
+    with pytest.raises(QuotaExceeded) as over:
+        await over_quota
+    assert over.value.status == 429 and over.value.retry_after_s > 0
+    waiting = manager.revision_status(a2.revision_id)
+    assert waiting.state == "waiting_for_capacity"
+    assert "waiting for GPU quota: tenant ten-a holds 1 of its 1 GPU(s)" in waiting.replicas[0].reason
+
+    async with await thaw_b as lease_b:             # B thawed on the slot A's replica may not take
+        assert lease_b.cold_start is not None and lease_b.headers != lease_a1.headers
+        assert (await complete(lease_b))["usage"]["completion_tokens"] == 8
+    queued = [asyncio.ensure_future(manager.acquire(a2, request_id=f"a2-q{i}", prefix_key=None,
+                                                    prompt_tokens=4, timeout_s=120)) for i in range(2)]
+    assert await until(lambda: manager.revision_status(a2.revision_id).queued_requests == 2)
+    with pytest.raises(QueueFull, match="tenant ten-a: 2 requests already wait"):   # across A's revisions
+        await manager.acquire(a3, request_id="a3-1", prefix_key=None, prompt_tokens=4, timeout_s=120)
+    (a2_replica,) = events.replica_ids(a2.revision_id)
+    assert events.states(a2_replica) == ["pending"]
+
+    desired.remove(a1.revision_id)                 # A lets go of its GPU: its waiting replica takes it
+    await manager.refresh()
+    lease_a1.release()
+    for lease in await asyncio.gather(*queued):
+        async with lease:
+            assert lease.replica_id == a2_replica
+            assert (await complete(lease))["usage"]["completion_tokens"] == 8
+    for spec in (a1, a2, a3, b1):
+        desired.remove(spec.revision_id)
+    await manager.refresh()
+    for spec in (a1, a2, b1):
+        assert await wait_no_live_replicas(manager, spec.revision_id)
+
+
+async def test_a_draft_model_is_pulled_by_uri_cached_and_released_with_its_replica(
+        pool, s3_server, pool_bucket, model_factory):
+    manager, desired, events, uri, _ = pool
+    draft_dir = model_factory(arch="llama", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              num_key_value_heads=1, seed=1)
+    draft_uri = upload_model(draft_dir, s3_server.client(), pool_bucket, f"{uuid.uuid4().hex[:8]}/draft")
+    engine = {"kv_cache_tokens": 512, "speculative": {"method": "draft", "model": draft_uri, "k": 4}}
+    spec = spec_for(uri, engine=engine, idle_timeout_s=30)
+    desired.put(spec)
+    info = await manager.inspect_model(uri)
+    manager.check_fits(info, spec.shape)
+    by_path = {**engine, "speculative": {**engine["speculative"], "model": str(draft_dir)}}
+    with pytest.raises(ModelUnavailable, match="must be a model URI"):
+        manager.check_fits(info, ReplicaShape(0.25, 1, by_path))
+
+    async with await manager.acquire(spec, request_id="d1", prefix_key=None, prompt_tokens=4,
+                                     timeout_s=120) as lease:
+        assert (await complete(lease, max_tokens=16, ignore_eos=True))["usage"]["completion_tokens"] == 16
+        async with httpx.AsyncClient(timeout=10, headers=lease.headers) as client:
+            metrics = (await client.get(f"{lease.base_url}/metrics")).text
+        model_files, draft_files = manager._registry.replica(lease.replica_id).files
+        draft_keys = set(draft_files.keys)
+    assert sample(metrics, "thawpool_spec_decode_num_draft_tokens_total") > 0     # the draft ran
+    assert (draft_files.model_dir / "config.json").read_text() == (draft_dir / "config.json").read_text()
+    cache = manager._running.weights.cache
+    assert draft_keys <= set(cache._pins)                  # pinned while the replica lives
+    desired.remove(spec.revision_id)
+    await manager.refresh()
+    assert await wait_no_live_replicas(manager, spec.revision_id)
+    assert not draft_keys & set(cache._pins)               # released with it, still cached
+    assert all((cache.objects / key / "data").is_file() for key in draft_keys)
+
+    by_path_spec = spec_for(uri, engine=by_path)
+    desired.put(by_path_spec)
+    with pytest.raises(ColdStartFailed, match="engine.speculative.model: the draft model must be a model URI"):
+        await manager.acquire(by_path_spec, request_id="d2", prefix_key=None, prompt_tokens=4, timeout_s=60)
+    desired.remove(by_path_spec.revision_id)
+    await manager.refresh()
+
+
+def sample(metrics_text: str, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return next(s.value for f in text_string_to_metric_families(metrics_text) for s in f.samples if s.name == name)
+
+
+async def until(predicate, timeout_s: float = 30.0) -> bool:
+    """Bounded polling for a state change (not a timed assertion)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate() and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    return predicate()

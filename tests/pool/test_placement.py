@@ -79,6 +79,16 @@ def test_bf16_checkpoint_without_an_engine_dtype_is_sized_at_the_runtime_float32
     assert req.bytes_per_slot == (4_000 - 800 * 3) + fp32_kv
 
 
+def test_a_draft_model_adds_its_weights_and_kv_at_the_targets_dtype_unquantized():
+    draft = ModelInfo("s3://b/draft/", "LlamaForCausalLM", weight_bytes=400, dtype="float32",
+                      num_parameters=100, files=("model.safetensors",), linear_parameters=80,
+                      num_hidden_layers=1, num_key_value_heads=1, head_dim=16, max_position_embeddings=512)
+    engine = {"kv_cache_tokens": 10, "dtype": "bfloat16", "quantization": "int8"}
+    alone = request_for(INFO, 0, 1, engine, kv_tokens_default=1, overhead_fraction=0.0)
+    with_draft = request_for(INFO, 0, 1, engine, kv_tokens_default=1, overhead_fraction=0.0, draft=draft)
+    assert with_draft.bytes_per_slot - alone.bytes_per_slot == 100 * 2 + 2 * 1 * 1 * 16 * 2 * 10
+
+
 # -- preferred nodes (they already hold the revision's weights) -------------
 
 def test_preferred_node_wins_over_a_tighter_fit_elsewhere():

@@ -4,7 +4,8 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from pool.api import ColdStartFailed, RevisionSpec
-from pool.backends.base import ReplicaHandle
+from pool.adoption import Registration
+from pool.backends.base import ReplicaHandle, Survivor
 from pool.backends.runtime_args import engine_flags, engine_for
 from pool.cold_start import cold_start_timings, failure_reason
 from pool.inventory import Slot, cpu_slots
@@ -53,6 +54,36 @@ def test_one_engine_for_both_backends():
                                                          "device": "cuda", "tensor_parallel_size": 2}
     pinned = RevisionSpec("rev", "dep", "ten", "s3://b/m/", engine={"device": "cpu", "kv_cache_tokens": 8})
     assert engine_for(pinned, one, 64, isolated=False) == {"device": "cpu", "kv_cache_tokens": 8}
+
+
+def test_each_replica_gets_its_secret_in_its_environment_and_sends_it_as_a_bearer_header():
+    from pool.backends.runtime_args import SECRET_ENV, auth_headers, new_secret, runtime_env
+    from runtime.server import SECRET_ENV as SERVER_READS
+
+    one, two = new_secret(), new_secret()
+    assert one != two and len(one) >= 40
+    assert SECRET_ENV == SERVER_READS
+    env = runtime_env(2, one)
+    assert env[SECRET_ENV] == one and env["OMP_NUM_THREADS"] == "2"
+    assert auth_headers(one) == {"Authorization": f"Bearer {one}"}
+
+
+def test_a_draft_model_is_a_uri_and_the_runtime_gets_its_local_folder():
+    import pytest
+
+    from pool.api import ModelUnavailable
+    from pool.backends.runtime_args import draft_model_uri, with_draft_folder
+
+    draft = {"speculative": {"method": "draft", "model": "s3://models/ten/draft/", "k": 4}, "dtype": "float32"}
+    assert draft_model_uri(draft) == "s3://models/ten/draft/"
+    assert draft_model_uri({"speculative": {"method": "ngram", "k": 4}}) is None
+    assert draft_model_uri({}) is None
+    assert with_draft_folder(draft, "/cache/models/abc") == {
+        "speculative": {"method": "draft", "model": "/cache/models/abc", "k": 4}, "dtype": "float32"}
+    assert draft["speculative"]["model"] == "s3://models/ten/draft/"          # not changed in place
+    for bad in ("/home/other-tenant/model", "s3:///no-bucket", None, 7):
+        with pytest.raises(ModelUnavailable, match="engine.speculative.model: the draft model must be a model URI"):
+            draft_model_uri({"speculative": {"method": "draft", "model": bad}})
 
 
 def managed(rid, t, *path, in_flight=0, placed=True):
@@ -160,14 +191,17 @@ class FakeBackend:
         return set()
 
     async def start_replica(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Optional[Path],
-                            replica_id: str) -> ReplicaHandle:
+                            replica_id: str, *, registration: Optional[Registration] = None) -> ReplicaHandle:
         raise RuntimeError("FakeBackend starts no replicas")
+
+    async def survivors(self) -> list[Survivor]:
+        return []
 
     def forget(self, handle: ReplicaHandle) -> None:
         self.forgotten.append(handle.replica_id)
 
 
-async def test_inventory_refresh_adds_and_drops_slots_and_wakes_waiters():
+async def test_inventory_refresh_adds_and_drops_slots_and_places_who_waits():
     import asyncio
 
     import pytest
@@ -182,23 +216,57 @@ async def test_inventory_refresh_adds_and_drops_slots_and_wakes_waiters():
     manager = PoolManager(PoolSettings(), InMemoryDesiredState(), EventLog(), backend=backend)
     await manager.refresh_inventory()
     assert [s.slot_id for s in manager.slots] == ["a/gpu0", "a/gpu1"]
+    capacity, why = manager.capacity, []
     held = managed("r", 0, PULLING)
-    held.placed = manager.capacity.try_place("r", PlacementRequest(GB), preferred=())
+    held.placed = await capacity.place("r", "ten", PlacementRequest(GB), (), why.append)
     assert held.placed == Placed("a", ("a/gpu0",), GB)
-    assert [(s.slot_id, s.reserved_bytes) for s in manager.capacity.states()] == [("a/gpu0", GB), ("a/gpu1", 0)]
+    assert [(s.slot_id, s.reserved_bytes) for s in capacity.states()] == [("a/gpu0", GB), ("a/gpu1", 0)]
+    assert capacity.gpus_held() == {"ten": 1}
 
-    waiter = asyncio.ensure_future(manager.capacity.wait_for_room(timeout_s=60))
+    big = asyncio.ensure_future(capacity.place("big", "ten", PlacementRequest(GB, slot_count=2), (), why.append))
     await asyncio.sleep(0)
-    assert not waiter.done()
+    assert not big.done() and "waiting for capacity" in why[-1].reason
     backend.slots = node_b                      # a left, b joined
     await manager.refresh_inventory()
-    await asyncio.wait_for(waiter, 5)           # woken by the join, long before its own timeout
+    assert await asyncio.wait_for(big, 5) == Placed("b", ("b/gpu0", "b/gpu1"), GB)   # placed by the join
     assert [s.slot_id for s in manager.slots] == ["b/gpu0", "b/gpu1"]
-    assert [(s.slot_id, s.reserved_bytes) for s in manager.capacity.states()] == [("b/gpu0", 0), ("b/gpu1", 0)]
+    assert [(s.slot_id, s.reserved_bytes) for s in capacity.states()] == [("b/gpu0", GB), ("b/gpu1", GB)]
     await manager._cleanup(held)                # the replica of the gone node lets go: no error
-    assert held.placed is None
+    assert held.placed is None and capacity.gpus_held() == {"ten": 2}
     with pytest.raises(ColdStartFailed, match="a/gpu0 left the pool"):
-        manager.capacity.slots_for(("a/gpu0",))  # a replica placed on a before it left
+        capacity.slots_for(("a/gpu0",))          # a replica placed on a before it left
+
+
+async def test_capacity_places_waiting_replicas_fairly_when_slots_free_and_quotas_change():
+    """The books under pool.admission: a release or a raised quota places who waits, in the
+    fair order; a wait that is cancelled gives back what it was granted."""
+    import asyncio
+
+    from pool.api import TenantQuota
+    from pool.capacity import Capacity
+    from pool.placement import PlacementRequest
+
+    capacity = Capacity(PoolSettings())
+    await capacity.update([Slot(f"n/gpu{i}", "n", "cuda", GB, i, exclusive=True) for i in range(2)])
+    capacity.set_quotas({"A": TenantQuota(max_gpus=1)})
+    one, why = PlacementRequest(GB), {}
+
+    def ask(rid: str, tenant: str) -> asyncio.Future:
+        return asyncio.ensure_future(capacity.place(rid, tenant, one, (), lambda w: why.__setitem__(rid, w)))
+    a1, a2, b1, b2 = ask("a1", "A"), ask("a2", "A"), ask("b1", "B"), ask("b2", "B")
+    await asyncio.sleep(0)
+    assert [f.done() for f in (a1, a2, b1, b2)] == [True, False, True, False]
+    assert why["a2"].over_quota and not why["b2"].over_quota
+    capacity.set_quotas({"A": TenantQuota(max_gpus=2)})   # A may grow, but no slot is free
+    assert not a2.done() and not why["a2"].over_quota
+    await capacity.release("b1", b1.result().slot_ids)    # B now holds none, A one: b2 before a2
+    await asyncio.sleep(0)
+    assert (b2.done(), a2.done()) == (True, False)
+    await capacity.release("a1", a1.result().slot_ids)    # a2 is granted the slot...
+    a2.cancel()                                           # ...as its wait is cancelled
+    await asyncio.gather(a2, return_exceptions=True)
+    assert a2.cancelled() and capacity.gpus_held() == {"B": 1}
+    assert [s.reserved_bytes for s in capacity.states()] == [0, GB]
 
 
 def test_a_replica_being_stopped_is_not_failed_by_its_dead_handle():

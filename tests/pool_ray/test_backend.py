@@ -55,11 +55,20 @@ async def wait_ready(handle, timeout_s: float = 180.0) -> bool:
 
 
 async def complete(handle, model: str) -> dict:
+    """A completion from a replica (a handle or a lease), sent with its secret."""
     body = {"model": model, "prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0.0}
-    async with httpx.AsyncClient(timeout=60) as client:
+    async with httpx.AsyncClient(timeout=60, headers=handle.headers) as client:
         resp = await client.post(f"{handle.base_url}/v1/completions", json=body)
     assert resp.status_code == 200, resp.text
     return resp.json()
+
+
+async def refused_without_secret(handle, model: str) -> list[int]:
+    """Statuses of a completion sent with no secret and with a wrong one."""
+    body = {"model": model, "prompt": "The quick brown fox", "max_tokens": 4}
+    async with httpx.AsyncClient(base_url=handle.base_url, timeout=60) as client:
+        return [(await client.post("/v1/completions", json=body, headers=h)).status_code
+                for h in ({}, {"Authorization": "Bearer not-the-secret"})]
 
 
 async def test_inventory_has_one_cuda_slot_per_gpu_on_each_node(backend, cluster):
@@ -81,9 +90,11 @@ async def test_three_replicas_spread_serve_and_release_every_gpu(backend, cluste
     assert gpus_free() == 1
     if HAS_SERVER:
         for handle in handles:
-            assert await wait_ready(handle), handle.exit_reason()
+            assert await wait_ready(handle), handle.exit_reason()      # /health: open
+            assert await refused_without_secret(handle, spec.revision_id) == [401, 401]
             out = await complete(handle, spec.revision_id)
             assert out["usage"]["completion_tokens"] == 4
+        assert len({h.headers["Authorization"] for h in handles}) == 3   # a secret each
     for handle in handles:
         await handle.stop(5)
         backend.forget(handle)

@@ -1,7 +1,7 @@
 """Block manager alone: exact block ids, prefix hits, eviction order, salts, no leaks."""
 from __future__ import annotations
 
-from runtime.block_manager import BlockManager, block_hashes
+from runtime.block_manager import NULL_BLOCK, BlockManager, block_hashes
 
 A = list(range(10))                 # two full blocks of 4 and a partial one
 
@@ -100,3 +100,64 @@ def test_hashes_are_chained_and_stable():
     assert all(x != y for x, y in zip(h, other))        # a change in block 0 changes all
     assert block_hashes(list(range(12)), 4, max_blocks=2) == h[:2]
     assert block_hashes([1, 2], 4) == []
+
+
+# ---- sliding window: block 0 is the null block; a block every later query is past goes
+
+def test_sliding_window_frees_blocks_behind_the_window():
+    bm = BlockManager(num_blocks=6, block_size=4, sliding_window=6)
+    assert bm.num_blocks == 5 and bm.num_free_blocks == 5          # block 0 is never handed out
+    bm.allocate("a", [], 10)
+    assert bm.block_table("a") == [1, 2, 3]
+    bm.commit("a", A, 9)                   # the next query (9) reads 4..9: block 1 (0..3) goes
+    assert bm.block_table("a") == [NULL_BLOCK, 2, 3]
+    assert bm.num_free_blocks == 3
+    bm.append_slot("a", 13)
+    assert bm.block_table("a") == [NULL_BLOCK, 2, 3, 4]
+    bm.commit("a", A + [10, 11, 12], 12)   # reads 7..12: block 2 (4..7) is still read
+    assert bm.block_table("a") == [NULL_BLOCK, 2, 3, 4]
+    bm.commit("a", A + [10, 11, 12], 13)   # reads 8..13
+    assert bm.block_table("a") == [NULL_BLOCK, NULL_BLOCK, 3, 4]
+    assert bm.num_used_blocks == 2
+    bm.check_invariants()
+    bm.deallocate("a")
+    assert bm.num_free_blocks == 5 and bm.num_used_blocks == 0
+    bm.check_invariants()
+
+
+def test_sliding_window_blocks_stay_cached_and_a_hit_takes_only_the_live_ones():
+    bm = BlockManager(num_blocks=6, block_size=4, sliding_window=6)
+    tokens = list(range(13))
+    bm.allocate("a", [], 13)
+    bm.commit("a", tokens, 13)              # blocks 1 and 2 freed but cached, 3 cached, 4 partial
+    assert bm.block_table("a") == [NULL_BLOCK, NULL_BLOCK, 3, 4]
+    hit = bm.cached_prefix(tokens)
+    assert hit == [1, 2, 3]                 # the whole chain is still there
+    assert bm.can_allocate(hit, 13)
+    bm.allocate("b", hit, 13)               # the next query (12) reads 7..12: block 1 is dead
+    assert bm.block_table("b") == [NULL_BLOCK, 2, 3, 5]
+    assert bm.num_free_blocks == 1          # block 1, still cached
+    bm.check_invariants()
+    bm.deallocate("a")
+    bm.deallocate("b")
+    assert bm.cached_prefix(tokens) == [1, 2, 3]
+    bm.check_invariants()
+
+
+def test_sliding_window_revives_only_live_cached_blocks():
+    bm = BlockManager(num_blocks=7, block_size=4, sliding_window=4)
+    tokens = list(range(17))
+    bm.allocate("a", [], 17)
+    bm.commit("a", tokens, 16)              # reads 13..16 from now on: blocks 1, 2, 3 go
+    assert bm.block_table("a") == [NULL_BLOCK, NULL_BLOCK, NULL_BLOCK, 4, 5]
+    bm.allocate("x", [], 4)
+    assert bm.block_table("x") == [6] and bm.num_free_blocks == 3      # 1, 2, 3: cached
+    hit = bm.cached_prefix(tokens[:16] + [99])
+    assert hit == [1, 2, 3, 4]
+    # its first query (16) reads 13..16: of the hit only block 4 is live (and a holds it),
+    # so one fresh block is all it takes; reviving all four would not fit
+    assert bm.can_allocate(hit, 17)
+    bm.allocate("b", hit, 17)
+    assert bm.block_table("b") == [NULL_BLOCK, NULL_BLOCK, NULL_BLOCK, 4, 3]   # 3: least recently freed
+    assert bm.cached_prefix(tokens) == [1, 2]
+    bm.check_invariants()

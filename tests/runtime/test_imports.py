@@ -9,6 +9,7 @@ import pytest
 
 TORCH_FREE = ["wire.requests", "wire.sse", "runtime", "runtime.engine", "runtime.scheduler",
               "runtime.block_manager", "runtime.server", "runtime.openai_serving",
+              "runtime.architectures", "runtime.models",
               "pool.manager", "controlplane.app"]
 
 

@@ -47,8 +47,8 @@ def test_linears_are_int8_and_embeddings_norms_untouched(pair):
             w = getattr(layer, name)
             assert isinstance(w, Int8Weight) and w.qweight.dtype == torch.int8
             assert w.qweight.shape == getattr(ref, name).shape and w.scale.shape == w.qweight.shape[:1]
-        assert torch.equal(layer.input_norm, ref.input_norm)
-        assert torch.equal(layer.post_norm, ref.post_norm)
+        assert torch.equal(layer.attn_norm, ref.attn_norm)
+        assert torch.equal(layer.mlp_norm, ref.mlp_norm)
     qm, fm = int8.runner.model, full.runner.model
     assert torch.equal(qm.embed, fm.embed) and torch.equal(qm.norm, fm.norm)
     assert torch.equal(_dense(qm.lm_head), _dense(fm.lm_head))   # lm head kept in the engine dtype

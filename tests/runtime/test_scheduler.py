@@ -185,3 +185,18 @@ def test_random_arrivals_and_cancellations_never_leak(data):
         bm.check_invariants()
     assert not s.has_unfinished()
     assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_a_sliding_window_bounds_the_blocks_a_long_request_holds():
+    bm = BlockManager(16, 4, sliding_window=8)
+    s = Scheduler(SchedulerConfig(8, 16, 64), bm)
+    s.add(req("a", 30, max_tokens=20))
+    used = []
+    while s.has_unfinished():
+        step(s)
+        used.append(bm.num_used_blocks)
+    # 50 tokens would take 13 blocks; after each step only the blocks of the next query's
+    # window (its 7 predecessors and its own slot) are held: 2 or 3 of 4 tokens
+    assert used[:3] == [2, 3, 2] and max(used) == 3
+    assert bm.num_used_blocks == 0
+    bm.check_invariants()

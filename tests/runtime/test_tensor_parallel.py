@@ -79,7 +79,7 @@ def _run(path, tp: int, **engine):
         return outs, again, llm.engine.rank_weight_memory
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "qwen2_tied_bias", "uneven"])
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2_tied_bias", "uneven", "gemma3"])
 def test_two_ranks_match_one_token_for_token(name, arch_model, model_factory):
     path = model_factory(**UNEVEN) if name == "uneven" else arch_model(name)
     one, one_again, (whole,) = _run(path, 1)

@@ -52,10 +52,10 @@ class ServerProcess:
                 self.process.wait(timeout=15)
 
 
-def start_server(args: list[str], log_path: Path) -> ServerProcess:
+def start_server(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> ServerProcess:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", **(env or {})}
     log = open(log_path, "wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "runtime.server", "--host", "127.0.0.1", "--port", str(port), *args],
@@ -105,6 +105,29 @@ def openai_client(server):
 
     with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0,
                        timeout=60) as c:
+        yield c
+
+
+STANDBY_SECRET = "test-standby-secret-0123456789"
+
+
+@pytest.fixture(scope="session")
+def standby(tmp_path_factory):
+    """A --standby replica with a secret in its environment, as the pool starts one."""
+    proc = start_server(["--standby"], tmp_path_factory.mktemp("standby") / "server.log",
+                        env={"THAWPOOL_REPLICA_SECRET": STANDBY_SECRET})
+    try:
+        proc.wait_health({"standby", "loading", "ready", "failed"})
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def standby_client(standby):
+    """Calls the standby replica with its secret."""
+    with httpx.Client(base_url=standby.base_url, timeout=60,
+                      headers={"Authorization": f"Bearer {STANDBY_SECRET}"}) as c:
         yield c
 
 

@@ -38,3 +38,25 @@ def test_every_engine_argument_has_a_flag():
     """The pool starts replicas with `--<kwarg-with-dashes>` for each engine kwarg."""
     dests = {a.dest for a in build_parser()._actions}
     assert engine_kwarg_names() <= dests
+
+
+def test_the_secret_comes_from_the_environment_or_an_owner_only_file(tmp_path, capsys):
+    from runtime.server import SECRET_ENV, SECRET_FILE_ENV
+
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("from-the-file\n")
+    secret_file.chmod(0o600)
+    assert parse_settings(["--standby"], env={}).secret is None
+    assert parse_settings(["--standby"], env={SECRET_FILE_ENV: str(secret_file)}).secret == "from-the-file"
+    both = {SECRET_ENV: "from-the-env", SECRET_FILE_ENV: str(secret_file)}
+    settings = parse_settings(["--standby"], env=both)
+    assert settings.secret == "from-the-env" and "from-the-env" not in repr(settings)
+
+    secret_file.chmod(0o644)
+    (tmp_path / "empty").write_text("")
+    (tmp_path / "empty").chmod(0o600)
+    for path, why in [(secret_file, "may be read by others"), (tmp_path / "empty", "is empty"),
+                      (tmp_path / "missing", "cannot read")]:
+        with pytest.raises(SystemExit):
+            parse_settings(["--standby"], env={SECRET_FILE_ENV: str(path)})
+        assert why in capsys.readouterr().err

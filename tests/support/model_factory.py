@@ -1,4 +1,4 @@
-"""Tiny Llama-family model folders with random weights, for any test.
+"""Tiny model folders with random weights, for any test (every architecture the runtime serves).
 
 `make_model(dir, arch="llama")` writes what DESIGN.md calls a model folder:
 config.json, model.safetensors (or shards + index), tokenizer.json made with
@@ -36,6 +36,25 @@ ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+}
+# transformers config class and the fields a tiny model of the family needs beyond the
+# common ones (head_dim: the families whose default is not hidden / heads)
+FAMILY_CONFIGS = {
+    "qwen3": ("Qwen3Config", dict(head_dim=16)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=16, num_experts=8, num_experts_per_tok=2,
+                                         moe_intermediate_size=48, norm_topk_prob=True)),
+    "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=32, sliding_window=16,
+                                    attn_logit_softcapping=5.0, final_logit_softcapping=10.0, pad_token_id=0)),
+    "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=32, sliding_window=16,
+                                        layer_types=["sliding_attention", "full_attention"], pad_token_id=0)),
+    "phi3": ("Phi3Config", dict(pad_token_id=0)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=8, num_experts_per_tok=2)),
 }
 
 
@@ -54,6 +73,7 @@ class ModelSpec:
     dtype: str = "float32"
     max_shard_size: Optional[str] = None         # e.g. "100KB" to force sharding
     seed: int = 0
+    config: Optional[dict] = None                # more config fields, e.g. {"sliding_window": 16}
 
 
 def build_tokenizer(vocab_size: int):
@@ -90,13 +110,17 @@ def _hf_config(spec: ModelSpec, tokenizer):
     )
     if spec.tie_word_embeddings is not None:
         common["tie_word_embeddings"] = spec.tie_word_embeddings
+    common.update(spec.config or {})
     if spec.arch == "llama":
         return transformers.LlamaConfig(rope_scaling=spec.rope_scaling, **common)
     if spec.arch == "mistral":
-        return transformers.MistralConfig(sliding_window=None, **common)
+        return transformers.MistralConfig(**{"sliding_window": None, **common})
     if spec.arch == "qwen2":
         common.setdefault("tie_word_embeddings", True)
         return transformers.Qwen2Config(**common)
+    if spec.arch in FAMILY_CONFIGS:
+        name, family = FAMILY_CONFIGS[spec.arch]
+        return getattr(transformers, name)(**{**family, **common})
     raise ValueError(f"arch: unknown architecture {spec.arch!r}")
 
 

@@ -65,6 +65,8 @@ REQUIRED_PASSES = {
     ("CKV2_AWS_12", "aws_vpc.main"),  # default SG closed
     ("CKV_AWS_7", "aws_kms_key.data"),  # key rotation
     ("CKV_AWS_7", "aws_kms_key.logs"),
+    ("CKV_AWS_3", "aws_ebs_volume.outbox"),  # the usage outbox encrypted
+    ("CKV_AWS_189", "aws_ebs_volume.outbox"),  # with the data key
 }
 
 # The only actions a GPU node's role may have.
@@ -292,6 +294,7 @@ COMMON_VARS = {
                 "zone_id": "Z0123456789",
                 "gpu_memory_gb": 24,
                 "control_plane_args": "'up' '--s3-endpoint' 'aws' '--backend' 'ray' '--ray-address' 'auto'",
+                "outbox_volume_id": "vol-0123456789abcdef0",
             },
         ),
         ("gpu_node_user_data.sh.tftpl", {"install_spec": "s3://b/artifacts/thawpool-0.1.0-py3-none-any.whl"}),
@@ -351,10 +354,11 @@ def test_checkov_skips_are_explained_inline_and_in_docs(checkov_report):
 
 @pytest.fixture(scope="module")
 def hcl() -> dict[str, dict]:
-    """iam.tf, database.tf and variables.tf parsed with python-hcl2 from the checkov venv."""
+    """iam.tf, database.tf, variables.tf and control_plane.tf parsed with python-hcl2 from
+    the checkov venv."""
     if not os.access(SCAN_PYTHON, os.X_OK):
         pytest.skip(f"checkov venv not found ({SCAN_PYTHON}; it provides the HCL parser)")
-    names = ["iam.tf", "database.tf", "variables.tf"]
+    names = ["iam.tf", "database.tf", "variables.tf", "control_plane.tf"]
     code = "import hcl2, json, sys; print(json.dumps({p: hcl2.load(open(p)) for p in sys.argv[1:]}))"
     proc = subprocess.run([str(SCAN_PYTHON), "-c", code, *names], cwd=TF_DIR, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -407,6 +411,40 @@ def test_control_plane_role_is_scoped(hcl):
         assert not any(a.endswith(":*") or a == "*" for a in _strings(s, "actions")), f"wildcard action in {sid}"
     secret_reads = [s for s in statements if "secretsmanager:GetSecretValue" in _strings(s, "actions")]
     assert len(secret_reads) == 1 and _strings(secret_reads[0], "resources") == ["${local.db_secret_arn}"]
+
+
+def _resource(parsed: dict, kind: str, name: str) -> dict:
+    for block in parsed["resource"]:
+        if name in block.get(kind, {}):
+            return block[kind][name]
+    raise AssertionError(f"{kind}.{name} not found")
+
+
+def test_the_usage_outbox_outlives_the_control_plane_instance(hcl, tmp_path):
+    """The outbox is on an EBS volume of its own (the root volume goes with the instance),
+    encrypted with the data key, in the one zone the control plane is launched in; the boot
+    script attaches and mounts it and points THAWPOOL_OUTBOX_DIR at it; the node may attach
+    that volume and no other."""
+    parsed = hcl["control_plane.tf"]
+    volume = _resource(parsed, "aws_ebs_volume", "outbox")
+    assert _scalar(volume, "encrypted") is True and _scalar(volume, "kms_key_id") == "${aws_kms_key.data.arn}"
+    assert _scalar(volume, "availability_zone") == "${local.azs[0]}"
+    group = _resource(parsed, "aws_autoscaling_group", "control_plane")
+    assert _strings(group, "vpc_zone_identifier") == ["${aws_subnet.private[0].id}"], "the volume's zone only"
+    template = _resource(parsed, "aws_launch_template", "control_plane")
+    assert "aws_ebs_volume.outbox.id" in json.dumps(template["user_data"])
+    statements = _policy_document(hcl["iam.tf"], "control_plane")["statement"]
+    (attach,) = [st for st in statements if "ec2:AttachVolume" in _strings(st, "actions")]
+    volumes = [r for r in _strings(attach, "resources") if ":volume/" in r or "ebs_volume" in r]
+    assert volumes == ["${aws_ebs_volume.outbox.arn}"]
+    terraform = _terraform()
+    script = _render(terraform, tmp_path, "control_plane_user_data.sh.tftpl", {
+        **COMMON_VARS, "db_host": "h", "db_port": 5432, "db_name": "d", "db_secret_arn": "arn:s",
+        "zone_id": "Z", "gpu_memory_gb": 24, "control_plane_args": "'up'",
+        "outbox_volume_id": "vol-0123456789abcdef0"})
+    assert "--volume-id \"$outbox_volume\"" in script and "outbox_volume='vol-0123456789abcdef0'" in script
+    assert "THAWPOOL_OUTBOX_DIR=/var/lib/thawpool/outbox" in script
+    assert script.index("mount /var/lib/thawpool/outbox") < script.index("systemctl enable")
 
 
 def test_database_is_private_encrypted_and_tls_only(hcl):

@@ -9,10 +9,11 @@ each lease was released exactly once.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from pool.api import (ColdStartTimings, Lease, ModelInfo, NeverFits, Pool, PoolError,
                       ReplicaShape, RevisionSpec, RevisionStatus)
@@ -27,6 +28,7 @@ class StaticLease:
     revision_id: str
     queue_s: float = 0.0
     cold_start: Optional[ColdStartTimings] = None
+    headers: Mapping[str, str] = field(default_factory=dict)   # the servers are open: no secret
     released: int = 0
     failed: bool = False
 
@@ -59,7 +61,13 @@ class StaticPool:
     cold_start: Optional[ColdStartTimings] = None
     calls: list[Acquired] = field(default_factory=list)
     inspected: list[str] = field(default_factory=list)   # model_uri per inspect_model call
+    # every S3 request its client made, as (operation, s3://bucket/key-or-prefix): what
+    # the pool read, to show what it did not
+    s3_requests: list[tuple[str, str]] = field(default_factory=list)
+    inspect_delay_s: float = 0.0          # a slow S3, to make concurrent deploys overlap
     refreshes: int = 0
+    hold: Optional[asyncio.Event] = None  # acquire() waits for it when set (a cold start)
+    waiting: int = 0                      # acquire() calls waiting on `hold` now
 
     def __post_init__(self) -> None:
         self._next = itertools.cycle(range(len(self.base_urls)))
@@ -75,12 +83,18 @@ class StaticPool:
             aws_access_key_id=self.aws_access_key_id,
             aws_secret_access_key=self.aws_secret_access_key,
             config=AioConfig(s3={"addressing_style": "path"})))
+        self._s3.meta.events.register("before-parameter-build.s3", self._record_s3)
+
+    def _record_s3(self, params: dict[str, Any], model: Any, **_: Any) -> None:
+        where = params.get("Key", params.get("Prefix", ""))
+        self.s3_requests.append((model.name, f"s3://{params.get('Bucket', '')}/{where}"))
 
     async def stop(self) -> None:
         await self._stack.aclose()
 
     async def inspect_model(self, model_uri: str) -> ModelInfo:
         self.inspected.append(model_uri)
+        await asyncio.sleep(self.inspect_delay_s)
         return await inspect_model(self._s3, model_uri)
 
     def check_fits(self, info: ModelInfo, shape: ReplicaShape) -> None:
@@ -91,6 +105,12 @@ class StaticPool:
 
     async def acquire(self, spec: RevisionSpec, *, request_id: str, prefix_key: Optional[str],
                       prompt_tokens: int, timeout_s: float) -> StaticLease:
+        if self.hold is not None:
+            self.waiting += 1
+            try:
+                await self.hold.wait()
+            finally:
+                self.waiting -= 1
         if self.refuse_with is not None:
             raise self.refuse_with
         index = next(self._next)

@@ -1,0 +1,101 @@
+"""The in-memory copy of what every request reads: API keys, deployments with their
+revisions and traffic, quota overrides and the price book. Plain data and lookups, no
+database and no clock (controlplane.lookups keeps it current and asks Postgres on a miss).
+
+`generation` counts the changes applied: a miss read from Postgres is put in only if no
+change was applied while it was read, so a slow read never brings back what a newer
+change (a revoked key) took out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Optional
+
+from controlplane.models import Price
+from controlplane.pricing import Pricing, price_at
+from controlplane.quotas import Quota
+from controlplane.store.prices import applicable
+from controlplane.store.snapshot import Deployed, KeyEntry, Overrides, Snapshot
+
+
+@dataclass
+class Cache:
+    keys: dict[str, KeyEntry] = field(default_factory=dict)                 # by key hash
+    deployments: dict[tuple[str, str], Deployed] = field(default_factory=dict)  # (tenant, name)
+    quotas: dict[str, Overrides] = field(default_factory=dict)
+    prices: dict[Optional[str], list[Price]] = field(default_factory=dict)  # tenant (None: default)
+    generation: int = 0
+    _key_hashes: dict[str, str] = field(default_factory=dict)              # key id -> hash
+    _deployment_names: dict[str, tuple[str, str]] = field(default_factory=dict)   # id -> key
+
+    # ---------------------------------------------------------- reads
+
+    def key(self, key_hash: str) -> Optional[KeyEntry]:
+        return self.keys.get(key_hash)
+
+    def deployment(self, tenant_id: str, name: str) -> Optional[Deployed]:
+        return self.deployments.get((tenant_id, name))
+
+    def quota(self, tenant_id: str, default: Quota) -> Quota:
+        return default.with_overrides(self.quotas.get(tenant_id, {}))
+
+    def pricing(self, tenant_id: str, deployment_id: str, at: datetime) -> Pricing:
+        """The price of a deployment at `at`: its override, else its tenant's plan, else the
+        default, each the latest row in effect then; zero while the book has no row."""
+        rows = [*self.prices.get(None, []), *self.prices.get(tenant_id, [])]
+        row = price_at(applicable(rows, deployment_id), at)
+        return row.pricing if row is not None else Pricing()
+
+    # ---------------------------------------------------------- changes
+
+    def replace(self, snapshot: Snapshot) -> None:
+        """Everything at once (synchronous: no request sees half of it)."""
+        self.keys, self._key_hashes = {}, {}
+        self.deployments, self._deployment_names = {}, {}
+        for entry in snapshot.keys:
+            self.put_key(entry)
+        for deployed in snapshot.deployments:
+            self.put_deployment(deployed)
+        self.quotas = dict(snapshot.quotas)
+        self.set_prices(snapshot.prices)
+
+    def put_key(self, entry: KeyEntry) -> None:
+        self.keys[entry.key_hash] = entry
+        self._key_hashes[entry.key_id] = entry.key_hash
+        self.generation += 1
+
+    def drop_key(self, key_id: str) -> None:
+        key_hash = self._key_hashes.pop(key_id, None)
+        if key_hash is not None:
+            self.keys.pop(key_hash, None)
+        self.generation += 1
+
+    def put_deployment(self, deployed: Deployed) -> None:
+        deployment = deployed[0]
+        self.drop_deployment(deployment.id)
+        where = (deployment.tenant_id, deployment.name)
+        self.deployments[where] = deployed
+        self._deployment_names[deployment.id] = where
+
+    def drop_deployment(self, deployment_id: str) -> None:
+        """Gone (deleted): its name may already belong to a newer deployment, kept."""
+        where = self._deployment_names.pop(deployment_id, None)
+        held = self.deployments.get(where) if where is not None else None
+        if where is not None and held is not None and held[0].id == deployment_id:
+            del self.deployments[where]
+        self.generation += 1
+
+    def set_quota(self, tenant_id: str, overrides: Optional[Overrides]) -> None:
+        if overrides is None:
+            self.quotas.pop(tenant_id, None)
+        else:
+            self.quotas[tenant_id] = overrides
+        self.generation += 1
+
+    def set_prices(self, rows: list[Price]) -> None:
+        by_tenant: dict[Optional[str], list[Price]] = {}
+        for row in rows:
+            by_tenant.setdefault(row.tenant_id, []).append(row)
+        self.prices = by_tenant
+        self.generation += 1

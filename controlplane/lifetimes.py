@@ -1,0 +1,91 @@
+"""GPU time of replica lifetimes, as pure functions over plain data (no clock, no database).
+
+The billing rule (pool.api.ReplicaEventSink): a lifetime is billed from the first
+event that carried slot ids (`placed_at`: the replica holds its GPUs) to its recorded
+stop, or, while no stop was recorded, up to the last event or heartbeat that saw it
+(`last_seen_at`), never to "now". A replica that waited for capacity bills nothing
+for the wait; one lost in a crash bills up to the last heartbeat that saw it.
+
+Report rows group GPU time like usage rows: by UTC day (a lifetime is cut at
+midnight), or by a label the lifetime carries (deployment, model, revision). Each
+piece is priced second by second at the price in effect then (`pricing.gpu_cost_between`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, time, timedelta, timezone
+from decimal import Decimal
+from typing import Iterable, Mapping, Optional, Sequence
+
+from controlplane.pricing import PriceRow, gpu_cost_between
+
+Span = tuple[datetime, datetime]
+
+
+@dataclass(frozen=True)
+class Window:
+    start: datetime     # inclusive, UTC
+    end: datetime       # exclusive, UTC
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    deployment_id: str
+    gpu_count: int
+    placed_at: Optional[datetime]
+    stopped_at: Optional[datetime]
+    last_seen_at: Optional[datetime]
+    label: str = ""                 # the report row it belongs to (not by day)
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    seconds: Decimal = Decimal(0)
+    cost: Decimal = Decimal(0)
+
+    def __add__(self, other: "GpuUse") -> "GpuUse":
+        return GpuUse(self.seconds + other.seconds, self.cost + other.cost)
+
+
+def held(lifetime: Lifetime) -> Optional[Span]:
+    """[placed, end) as far as it is recorded; None for a replica that never held GPUs."""
+    placed = lifetime.placed_at
+    if placed is None:
+        return None
+    end = lifetime.stopped_at or lifetime.last_seen_at or placed
+    return placed, max(end, placed)
+
+
+def clipped(span: Span, window: Window) -> Optional[Span]:
+    start, end = max(span[0], window.start), min(span[1], window.end)
+    return (start, end) if start < end else None
+
+
+def utc_days(span: Span) -> list[tuple[str, Span]]:
+    """The span cut at UTC midnights, each piece with its date (YYYY-MM-DD)."""
+    pieces, start = [], span[0].astimezone(timezone.utc)
+    end = span[1].astimezone(timezone.utc)
+    while start < end:
+        midnight = datetime.combine(start.date() + timedelta(days=1), time(), timezone.utc)
+        piece_end = min(end, midnight)
+        pieces.append((start.date().isoformat(), (start, piece_end)))
+        start = piece_end
+    return pieces
+
+
+def gpu_by_key(lifetimes: Iterable[Lifetime], timelines: Mapping[str, Sequence[PriceRow]],
+               window: Window, by_day: bool) -> dict[str, GpuUse]:
+    """GPU-seconds and their cost inside the window, per report key: the UTC date of each
+    piece (`by_day`) or the lifetime's label. `timelines` holds each deployment's price rows."""
+    rows: dict[str, GpuUse] = {}
+    for lifetime in lifetimes:
+        span = held(lifetime)
+        inside = clipped(span, window) if span is not None else None
+        if inside is None:
+            continue
+        pieces = utc_days(inside) if by_day else [(lifetime.label, inside)]
+        timeline = timelines.get(lifetime.deployment_id, ())
+        for key, (start, end) in pieces:
+            seconds, cost = gpu_cost_between(timeline, start, end, lifetime.gpu_count)
+            rows[key] = rows.get(key, GpuUse()) + GpuUse(seconds, cost)
+    return rows

@@ -1,0 +1,150 @@
+"""The operator's price book (admin) and the prices that apply to a tenant (its own view).
+
+One design for every price: rows in the book, by scope. An admin adds the
+default, a tenant's plan (`tenant`) or a deployment's override (`tenant` and
+`deployment`), each in effect from `effective_from` (now when absent; never in
+the past), and may delete a row only before it takes effect. Deploy bodies
+carry no prices (403 `pricing`).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from controlplane.fields import obj, text, timestamp
+from controlplane.lookups import Change
+from controlplane.pricing import PRICE_FIELDS, PRICE_QUANTUM, PriceRow, Pricing, parse_price, price_at
+from controlplane.routes.api import ADMIN, ApiRoute, Operation, Param, data_of, scope, string_schema
+from controlplane.routes.context import (app_state, read_json, require, require_admin,
+                                         tenant_in_query)
+from controlplane.store import deployments, prices, tenants
+from controlplane.store.errors import InvalidField
+from controlplane.store.prices import BookRow
+
+REQUIRED_PRICES = ("input_per_mtok", "output_per_mtok")
+SCOPE_NAMES = ("default", "plan", "deployment")
+
+
+async def add(request: Request) -> Response:
+    require_admin(request)
+    body = obj("body", await read_json(request), {*PRICE_FIELDS, "tenant", "deployment",
+                                                  "effective_from"})
+    pricing, now = parse_pricing(body), datetime.now(timezone.utc)
+    effective_from = now
+    if body.get("effective_from") is not None:
+        effective_from = timestamp("effective_from", body["effective_from"])
+        if effective_from < now:
+            raise InvalidField("effective_from", "must not be in the past: usage already "
+                                                 "priced is never repriced")
+    async with app_state(request).sessions.begin() as session:
+        tenant = deployment = None
+        if body.get("tenant") is not None:
+            tenant = await tenants.find_tenant(session, text("tenant", body["tenant"]))
+        if body.get("deployment") is not None:
+            if tenant is None:
+                raise InvalidField("deployment", "needs the tenant it belongs to")
+            deployment = await deployments.find(session, tenant.id,
+                                                text("deployment", body["deployment"]))
+        row = await prices.add(session, pricing, effective_from, tenant, deployment)
+    await app_state(request).lookups.changed(Change("prices", row.row.id))
+    return JSONResponse(book_view(row), status_code=201)
+
+
+async def list_book(request: Request) -> Response:
+    require_admin(request)
+    async with app_state(request).sessions() as session:
+        rows = await prices.book(session, await tenant_in_query(session, request))
+    return JSONResponse({"data": [book_view(r) for r in rows]})
+
+
+async def delete(request: Request) -> Response:
+    """Only a row not yet in effect (409 `price_in_effect` otherwise)."""
+    require_admin(request)
+    async with app_state(request).sessions.begin() as session:
+        await prices.delete_scheduled(session, request.path_params["id"],
+                                      datetime.now(timezone.utc))
+    await app_state(request).lookups.changed(Change("prices", request.path_params["id"]))
+    return Response(status_code=204)
+
+
+async def mine(request: Request) -> Response:
+    """The caller's prices now (its plan or the default, and each deployment's), and the
+    changes scheduled that will apply to it."""
+    principal = require(request, "billing:read")
+    now = datetime.now(timezone.utc)
+    async with app_state(request).sessions() as session:
+        rows = await prices.rows_for_tenant(session, principal.tenant_id)
+        names = await deployments.names_of(session, principal.tenant_id)
+    mine_rows = [r for r in rows if r.deployment_id is None or r.deployment_id in names]
+    plan = [prices.price_row(r) for r in mine_rows if r.deployment_id is None]
+    return JSONResponse({
+        "plan": _in_effect(price_at(plan, now)),
+        "deployments": [{"name": name, **_in_effect(price_at(prices.applicable(rows, d), now))}
+                        for d, name in sorted(names.items(), key=lambda item: item[1])],
+        "scheduled": [{**_in_effect(prices.price_row(r)), "deployment": names.get(
+            r.deployment_id or "")} for r in mine_rows if r.effective_from > now]})
+
+
+def parse_pricing(body: dict[str, Any]) -> Pricing:
+    """Input and output prices are required; cached input defaults to input, the rest to 0."""
+    for name in REQUIRED_PRICES:
+        if name not in body:
+            raise InvalidField(name, "is required")
+    values = {}
+    for name in PRICE_FIELDS:
+        if name in body:
+            try:
+                values[name] = parse_price(name, body[name])
+            except ValueError as exc:
+                raise InvalidField(name, str(exc).partition(": ")[2]) from None
+    values.setdefault("cached_input_per_mtok", values["input_per_mtok"])
+    return Pricing(**values)
+
+
+def book_view(book_row: BookRow) -> dict[str, Any]:
+    row = book_row.row
+    return {"id": row.id, **_in_effect(book_row.price), "tenant": book_row.tenant_name,
+            "deployment": book_row.deployment_name, "created_at": row.created_at.isoformat()}
+
+
+def _in_effect(row: Optional[PriceRow]) -> dict[str, Any]:
+    if row is None:
+        return {"scope": None, "effective_from": None, "prices": _prices_view(Pricing())}
+    return {"scope": SCOPE_NAMES[row.scope], "effective_from": row.effective_from.isoformat(),
+            "prices": _prices_view(row.pricing)}
+
+
+def _prices_view(pricing: Pricing) -> dict[str, str]:
+    return {name: str(value.quantize(PRICE_QUANTUM)) for name, value in asdict(pricing).items()}
+
+
+PRICE = {"anyOf": [{"type": "string", "pattern": r"^\d{1,9}(\.\d{1,9})?$"},
+                   {"type": "number", "minimum": 0}]}
+ROW_BODY = {"type": "object", "required": list(REQUIRED_PRICES), "additionalProperties": False,
+            "properties": {**{name: PRICE for name in PRICE_FIELDS},
+                           "tenant": {"type": "string"}, "deployment": {"type": "string"},
+                           "effective_from": string_schema(format="date-time")}}
+IN_EFFECT = {"type": "object", "required": ["scope", "effective_from", "prices"],
+             "properties": {"scope": {"enum": [*SCOPE_NAMES, None]},
+                            "prices": {"type": "object"}}}
+ROW = {"type": "object", "required": ["id", "scope", "prices", "effective_from"],
+       "properties": {"id": {"type": "string"}, "scope": {"enum": list(SCOPE_NAMES)}}}
+
+routes = [
+    ApiRoute("/v1/price-book", add, "POST", Operation(
+        "Add a price: the default, a tenant's plan or a deployment's override", ADMIN, ok=201,
+        body=ROW_BODY, response=ROW)),
+    ApiRoute("/v1/price-book", list_book, "GET", Operation(
+        "The price book", ADMIN, query=(Param("tenant", string_schema()),),
+        response=data_of(ROW))),
+    ApiRoute("/v1/price-book/{id}", delete, "DELETE", Operation(
+        "Delete a price row that is not yet in effect", ADMIN, ok=204)),
+    ApiRoute("/v1/billing/prices", mine, "GET", Operation(
+        "The prices that apply to the caller, now and scheduled", scope("billing:read"),
+        response={"type": "object", "required": ["plan", "deployments", "scheduled"],
+                  "properties": {"plan": IN_EFFECT}})),
+]

@@ -1,0 +1,106 @@
+"""The operator's price book: rows by scope (default, tenant plan, deployment override),
+each in effect from its `effective_from` on.
+
+The past is fixed: a row takes effect now or later, never earlier, and only a
+row not yet in effect can be deleted, so no change of the book reprices usage
+that has happened. The default row is seeded from the settings at the first
+start (`seed_default`); after that the book, not the settings, holds it.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Optional
+
+from sqlalchemy import or_, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from controlplane.fields import is_uuid
+from controlplane.models import Deployment, Price, Tenant, new_id
+from controlplane.pricing import PriceRow, PriceScope, Pricing
+from controlplane.store.errors import AlreadyExists, Conflict, NotFound
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class BookRow:
+    """A price row with the names it applies to."""
+    row: Price
+    tenant_name: Optional[str] = None
+    deployment_name: Optional[str] = None
+
+    @property
+    def price(self) -> PriceRow:
+        return price_row(self.row)
+
+
+def pricing_of(row: Price) -> Pricing:
+    return Pricing(row.input_per_mtok, row.cached_input_per_mtok, row.output_per_mtok,
+                   row.gpu_second, row.per_call)
+
+
+def price_row(row: Price) -> PriceRow:
+    scope = (PriceScope.DEPLOYMENT if row.deployment_id else
+             PriceScope.TENANT if row.tenant_id else PriceScope.DEFAULT)
+    return PriceRow(scope, row.effective_from, pricing_of(row))
+
+
+async def seed_default(session: AsyncSession, pricing: Pricing) -> None:
+    """The settings' price as the default from the epoch on, when the book has none (two
+    control planes starting at once both insert the same row; one wins)."""
+    has_default = await session.scalar(select(Price.id).where(
+        Price.tenant_id.is_(None), Price.deployment_id.is_(None)).limit(1))
+    if has_default is None:
+        await session.execute(insert(Price).values(
+            id=new_id(), effective_from=EPOCH, created_at=datetime.now(timezone.utc),
+            **asdict(pricing)).on_conflict_do_nothing())
+
+
+async def add(session: AsyncSession, pricing: Pricing, effective_from: datetime,
+              tenant: Optional[Tenant] = None,
+              deployment: Optional[Deployment] = None) -> BookRow:
+    row = Price(tenant_id=tenant.id if tenant else None,
+                deployment_id=deployment.id if deployment else None,
+                effective_from=effective_from, **asdict(pricing))
+    try:
+        async with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        raise AlreadyExists("price", f"effective from {effective_from.isoformat()}") from None
+    return BookRow(row, tenant.name if tenant else None, deployment.name if deployment else None)
+
+
+async def book(session: AsyncSession, tenant: Optional[Tenant] = None) -> list[BookRow]:
+    """Every row (or a tenant's plan and overrides), by scope and time."""
+    query = (select(Price, Tenant.name, Deployment.name)
+             .outerjoin(Tenant, Tenant.id == Price.tenant_id)
+             .outerjoin(Deployment, Deployment.id == Price.deployment_id)
+             .order_by(Tenant.name.nulls_first(), Deployment.name.nulls_first(),
+                       Price.effective_from))
+    if tenant is not None:
+        query = query.where(Price.tenant_id == tenant.id)
+    return [BookRow(*row) for row in (await session.execute(query)).tuples()]
+
+
+async def delete_scheduled(session: AsyncSession, price_id: str, now: datetime) -> None:
+    row = await session.get(Price, price_id) if is_uuid(price_id) else None
+    if row is None:
+        raise NotFound("price", price_id)
+    if row.effective_from <= now:
+        raise Conflict("price_in_effect", "a price in effect is history: add a new row instead")
+    await session.delete(row)
+
+
+async def rows_for_tenant(session: AsyncSession, tenant_id: str) -> list[Price]:
+    """The default rows, the tenant's plan and its deployments' overrides."""
+    return list(await session.scalars(select(Price).where(
+        or_(Price.tenant_id.is_(None), Price.tenant_id == tenant_id))
+        .order_by(Price.effective_from)))
+
+
+def applicable(rows: list[Price], deployment_id: str) -> list[PriceRow]:
+    """Of a tenant's rows, those that can price `deployment_id`."""
+    return [price_row(r) for r in rows if r.deployment_id in (None, deployment_id)]

@@ -1,0 +1,103 @@
+"""A deployment whose model_uri names one `.gguf` object (s3://bucket/path/model.gguf).
+
+At deploy, `inspect_gguf` reads the object's header with ranged GETs (wire/gguf.py) and
+describes it as the model folder it imports to (wire/gguf_model.py: architecture by its
+Hugging Face class, every tensor named and shaped, the tokenizer kind); a file the
+importer would refuse is a ModelUnavailable (422) here already.
+
+On a cold start, WeightStore (pool/weights.py) fetches the object into the cache like any
+weight file and imports it with `run_import`: `python -m runtime.gguf_import` in a process
+of its own (the pool runs no model code, and imports neither numpy nor torch), into a
+cache entry of its own keyed by the object's ETag (`imported_key`), so the next cold
+start of the same object, on any revision, finds the folder there.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sys
+from pathlib import Path
+from pool.api import ColdStartFailed, ModelInfo, ModelUnavailable
+from pool.model_info import Retry, read_range
+from pool.s3 import MISSING_CODES, S3Client, S3Object, error_code
+from wire.gguf import GGUFError, GGUFHeader, Truncated, parse_header
+from wire.gguf_model import describe
+
+FIRST_READ = 4 << 20                 # most headers (vocabulary included) fit in the first 4 MiB
+IMPORT_FORMAT = 1                    # bump when the importer's output changes: new cache entries
+
+
+def is_gguf_uri(model_uri: str) -> bool:
+    return model_uri.endswith(".gguf")
+
+
+def object_of(model_uri: str) -> tuple[str, str]:
+    """s3://bucket/path/model.gguf -> (bucket, "path/model.gguf")."""
+    bucket, _, key = model_uri.removeprefix("s3://").partition("/")
+    if not model_uri.startswith("s3://") or not bucket or not key:
+        raise ModelUnavailable(f"model_uri: expected s3://bucket/path/model.gguf, got {model_uri!r}")
+    return bucket, key
+
+
+async def head(client: S3Client, model_uri: str) -> S3Object:
+    bucket, key = object_of(model_uri)
+    try:
+        resp = await client.head_object(Bucket=bucket, Key=key)
+    except Exception as exc:  # noqa: BLE001 - a missing object is the caller's error
+        if error_code(exc) in MISSING_CODES:
+            raise ModelUnavailable(f"missing object {model_uri}") from exc
+        raise
+    return S3Object(bucket, key, int(resp["ContentLength"]), str(resp["ETag"]).strip('"'))
+
+
+async def inspect_gguf(client: S3Client, model_uri: str, retry: Retry) -> ModelInfo:
+    """ModelInfo of the folder the object imports to; ModelUnavailable naming what is wrong."""
+    obj = await retry(lambda: head(client, model_uri))
+    try:
+        config, tensors = describe(await read_gguf_header(client, obj, retry))
+    except GGUFError as exc:
+        raise ModelUnavailable(f"bad GGUF {model_uri}: {exc}") from exc
+    params = sum(info.num_elements for _, info in tensors)
+    return ModelInfo(
+        model_uri=model_uri, architecture=config["architectures"][0], weight_bytes=params * 4,
+        dtype="float32", num_parameters=params, files=(obj.key.rsplit("/", 1)[-1],),
+        linear_parameters=sum(info.num_elements for name, info in tensors if name.endswith("_proj.weight")),
+        bytes_by_dtype={"float32": params * 4}, num_hidden_layers=config["num_hidden_layers"],
+        num_key_value_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
+        max_position_embeddings=config["max_position_embeddings"],
+        num_attention_heads=config["num_attention_heads"], vocab_size=config["vocab_size"])
+
+
+async def read_gguf_header(client: S3Client, obj: S3Object, retry: Retry) -> GGUFHeader:
+    """The header, read in growing ranges from the start of the object while it goes on."""
+    buf = b""
+    want = min(FIRST_READ, obj.size)
+    while True:
+        if want > len(buf):
+            buf += await read_range(client, obj, retry, len(buf), want - 1)
+        try:
+            return parse_header(buf, obj.size)
+        except Truncated as short:      # never once buf is the whole object: then a GGUFError
+            want = min(obj.size, max(short.needed, 2 * len(buf)))
+
+
+def imported_key(obj: S3Object) -> str:
+    """The cache entry of the folder imported from obj (its bytes named by the ETag)."""
+    name = f"{obj.bucket}/{obj.key}/{obj.etag}#gguf-import-{IMPORT_FORMAT}"
+    return hashlib.sha256(name.encode()).hexdigest()[:40]
+
+
+async def run_import(gguf_path: Path, out_dir: Path, uri: str) -> None:
+    """`python -m runtime.gguf_import` into out_dir; ColdStartFailed with its reason."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "runtime.gguf_import", str(gguf_path), str(out_dir),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        _, err = await proc.communicate()
+    except asyncio.CancelledError:
+        proc.kill()
+        await proc.wait()
+        raise
+    if proc.returncode != 0:
+        lines = err.decode(errors="replace").strip().splitlines() or [f"exit status {proc.returncode}"]
+        raise ColdStartFailed(f"importing {uri} failed: {lines[-1]}")

@@ -1,0 +1,237 @@
+"""The decoder every served architecture shares, run over the paged KV cache.
+
+One layer, on the residual stream h (the parts in brackets are optional):
+    a = attention(rms_norm(h, attn_norm))     [a = rms_norm(a, attn_out_norm): Gemma]
+    h = h + a
+    m = mlp(rms_norm(h, mlp_norm))            [m = rms_norm(m, mlp_out_norm): Gemma]
+    h = h + m
+where the MLP is gated (SwiGLU or GeGLU) or a sparse mixture of experts (Mixtral,
+Qwen3-MoE), and attention has optional q/k norms, a bias, a sliding window per layer and
+a score cap (runtime/models/attention.py). The sum h is carried as (delta, residual) so
+that every add fuses into the norm after it (fused_add_rms_norm).
+
+The architectures differ in how a checkpoint names its weights, read into LayerWeights by
+`_layer` of each model class (llama.py, gemma.py, phi3.py, mixtral.py), and in three
+constants: the embedding scale, the RMSNorm weight offset (Gemma stores w - 1) and the
+final logit cap. The model reads everything about the batch from an explicit ForwardBatch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from kernels.dispatch import get_kernels
+from runtime.config import ModelConfig
+from runtime.load_timings import LoadTimings
+from runtime.loader import iter_weights
+from runtime.models.attention import Attention
+from runtime.models.batch import ForwardBatch
+from runtime.models.mlp import GatedMLP, SparseMoE
+from runtime.models.rope import make_rotary
+from runtime.quantization import Weight, WeightMemory, pack_layer, quantize_layer, weight_memory
+from runtime.tensor_parallel import TensorParallel
+
+KVCache = tuple[torch.Tensor, torch.Tensor]        # one layer's k_cache, v_cache
+
+
+@dataclass
+class LayerWeights:
+    """One layer. Its matmuls (runtime/quantization.py's LINEAR_FIELDS) are float tensors
+    packed for the kernels' linear, or Int8Weight with quantization="int8"."""
+    attn_norm: torch.Tensor                          # [H]
+    qkv: Weight                                      # [(nh + 2*nkv) * D, H]
+    o: Weight                                        # [H, nh * D]
+    mlp_norm: torch.Tensor                           # [H]
+    gate_up: Optional[Weight] = None                 # [2 * I, H]; None: the layer has experts
+    down: Optional[Weight] = None                    # [H, I]
+    qkv_bias: Optional[torch.Tensor] = None          # [(nh + 2*nkv) * D]
+    q_norm: Optional[torch.Tensor] = None            # [D]
+    k_norm: Optional[torch.Tensor] = None            # [D]
+    attn_out_norm: Optional[torch.Tensor] = None     # [H]
+    mlp_out_norm: Optional[torch.Tensor] = None      # [H]
+    router: Optional[torch.Tensor] = None            # [E, H]
+    experts_gate_up: Optional[torch.Tensor] = None   # [E, 2 * I, H]
+    experts_down: Optional[torch.Tensor] = None      # [E, H, I]
+
+
+class DecoderModel:
+    """With tensor parallelism (tp.size > 1) this is one rank's shard: its heads, MLP
+    columns and vocabulary rows (runtime/tensor_parallel.py); every rank runs forward()
+    on the same batch and all of them return the same full logits. context_len: the
+    replica's max_model_len (it picks LongRoPE's factors, runtime/models/rope.py)."""
+
+    scaled_embedding: bool = False         # Gemma: embeddings are scaled by sqrt(hidden_size)
+    norm_offset: float = 0.0               # Gemma: RMSNorm weights are stored as w - 1
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: str,
+                 quantization: Optional[str] = None, tp: Optional[TensorParallel] = None,
+                 context_len: Optional[int] = None):
+        self.tp = tp = tp or TensorParallel()          # a single rank unless given
+        self.config, self.dtype, self.device = config, dtype, device
+        self.quantization = quantization       # None or "int8" (EngineConfig validated it)
+        self.num_kv_heads = config.num_key_value_heads // tp.size   # this rank's share
+        self.vocab_start, _, self.vocab_rows = tp.vocab_rows(config.vocab_size)
+        self.ops = get_kernels(device)     # Triton on CUDA when available, C on the CPU, else references
+        scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
+        self.attention = Attention(config.num_attention_heads // tp.size, self.num_kv_heads, config.head_dim,
+                                   scale, config.attn_logit_softcap, config.rms_norm_eps, self.ops, tp)
+        act = {"silu": self.ops.silu_and_mul, "gelu_tanh": self.ops.gelu_and_mul}[config.hidden_act]
+        self.mlp = GatedMLP(act, self.ops, tp)
+        self.moe = SparseMoE(config.moe) if config.moe is not None else None
+        self.windows = config.layer_windows or (None,) * config.num_hidden_layers
+        rotary = make_rotary(config, device, context_len)
+        local = make_rotary(config, device, local=True) if config.local_rope_theta is not None else rotary
+        self.rotaries = [rotary if w is None else local for w in self.windows]
+        self.layers: list[LayerWeights] = []
+        self.embed: Optional[torch.Tensor] = None
+        self.norm: Optional[torch.Tensor] = None
+        self.lm_head: Optional[torch.Tensor] = None
+
+    # ---- loading
+
+    def load(self, model_dir: str, timings: LoadTimings) -> None:
+        since = time.perf_counter()
+        # int8: read the floats into host memory so that the device only ever holds
+        # one float matrix at a time, not the whole full-precision model
+        where = "cpu" if self.quantization else self.device
+        raw = dict(iter_weights(model_dir, self.dtype, where,
+                                lambda name: self.tp.shard_of(name, self.config)))
+        since = timings.record("read_weights", since)
+        self._assemble(raw)
+        timings.record("assemble", since)
+
+    def _layer(self, raw: dict[str, torch.Tensor], i: int) -> LayerWeights:
+        """Layer i's weights, popped from the checkpoint's tensors (per architecture)."""
+        raise NotImplementedError
+
+    def _assemble(self, raw: dict[str, torch.Tensor]) -> None:
+        dev = self.device
+        self.embed = self._vocab_padded(raw.pop("model.embed_tokens.weight")).to(dev)
+        self.norm = self._norm(raw, "model.norm.weight").to(dev)
+        head = raw.pop("lm_head.weight", None)
+        tied = self.config.tie_word_embeddings or head is None
+        # a tied head stays the embedding itself: packing it would keep a second copy
+        self.lm_head = self.embed if tied else self.ops.pack_linear(self._vocab_padded(head).to(dev))
+        # quantized (or packed) layer by layer, so the float copies are freed as we go
+        self.layers = [self._placed(self._layer(raw, i)) for i in range(self.config.num_hidden_layers)]
+
+    def _norm(self, raw: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+        weight = raw.pop(name)
+        return weight + self.norm_offset if self.norm_offset else weight
+
+    def _placed(self, layer: LayerWeights) -> LayerWeights:
+        """Float matmuls are packed for the kernels' linear; int8: the layer was read on the
+        CPU, its matmuls are quantized and all of it moved to the device."""
+        if self.quantization is None:
+            return pack_layer(layer, self.ops.pack_linear)
+        layer = quantize_layer(layer, self.device)
+        return dataclasses.replace(layer, **{
+            f.name: getattr(layer, f.name).to(self.device) for f in dataclasses.fields(layer)
+            if isinstance(getattr(layer, f.name), torch.Tensor)})
+
+    def _vocab_padded(self, rows: torch.Tensor) -> torch.Tensor:
+        """The last rank's vocabulary slice grows zero rows up to the common slice size."""
+        missing = self.vocab_rows - rows.shape[0]
+        return F.pad(rows, (0, 0, 0, missing)) if missing else rows
+
+    def weight_memory(self) -> WeightMemory:
+        return weight_memory(self.layers, (self.embed, self.norm, self.lm_head))
+
+    # ---- the KV cache
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[KVCache]:
+        shape = (self.config.num_hidden_layers, 2, num_blocks, block_size, self.num_kv_heads,
+                 self.config.head_dim)
+        cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        return [(cache[i, 0], cache[i, 1]) for i in range(shape[0])]
+
+    def kv_bytes_per_token(self) -> int:
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * self.config.num_hidden_layers * self.num_kv_heads * self.config.head_dim * elem
+
+    # ---- forward
+
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, kv_caches: list[KVCache]) -> torch.Tensor:
+        """input_ids [T] -> final hidden states of the rows in batch.logits_indices [N, H]."""
+        cos_sin = {r: r.cos_sin(batch.positions) for r in set(self.rotaries)}   # one per rope
+        hidden, residual = self._embed(input_ids), None
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+            rotary = self.rotaries[i]
+            x, residual = self._add_norm(hidden, residual, layer.attn_norm)
+            hidden = self.attention(x, layer, rotary, cos_sin[rotary], self.windows[i], batch, kv_cache)
+            hidden = self._out_norm(hidden, layer.attn_out_norm)
+            x, residual = self._add_norm(hidden, residual, layer.mlp_norm)
+            hidden = self._out_norm(self._feed_forward(x, layer), layer.mlp_out_norm)
+        hidden = (hidden + residual).index_select(0, batch.logits_indices)
+        return self.ops.rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        local = self.ops.linear(hidden, self.lm_head).float()    # [N, V / tp]
+        logits = self.tp.gather_columns(local, self.config.vocab_size)   # [N, V]
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def _add_norm(self, x: torch.Tensor, residual: Optional[torch.Tensor],
+                  weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(x + residual), x + residual); the first layer has no residual yet."""
+        if residual is None:
+            return self.ops.rms_norm(x, weight, self.config.rms_norm_eps), x
+        return self.ops.fused_add_rms_norm(x, residual, weight, self.config.rms_norm_eps)
+
+    def _out_norm(self, x: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
+        return x if weight is None else self.ops.rms_norm(x, weight, self.config.rms_norm_eps)
+
+    def _feed_forward(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+        if layer.router is None:
+            return self.mlp(x, layer)
+        assert self.moe is not None
+        return self.moe(x, layer)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self._embed_rows(input_ids)
+        if not self.scaled_embedding:
+            return hidden
+        return hidden * torch.tensor(self.config.hidden_size ** 0.5, dtype=hidden.dtype)
+
+    def _embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.embed)
+        local = input_ids - self.vocab_start
+        mine = (local >= 0) & (local < self.vocab_rows)
+        hidden = F.embedding(local.clamp(0, self.vocab_rows - 1), self.embed)
+        return self.tp.all_reduce(hidden * mine.unsqueeze(-1).to(hidden.dtype))
+
+
+# ---- reading a checkpoint's layer (shared by the model classes)
+
+Norm = Callable[[dict[str, torch.Tensor], str], torch.Tensor]
+
+
+def pre_norms(raw: dict[str, torch.Tensor], p: str) -> dict[str, torch.Tensor]:
+    """Llama's two norms of layer prefix p: before attention and before the MLP."""
+    return dict(attn_norm=raw.pop(p + "input_layernorm.weight"),
+                mlp_norm=raw.pop(p + "post_attention_layernorm.weight"))
+
+
+def split_attention(raw: dict[str, torch.Tensor], p: str, norm: Norm) -> dict[str, Optional[torch.Tensor]]:
+    """LayerWeights' attention fields from separate q/k/v projections under prefix p
+    (optional biases: Qwen2; optional q_norm/k_norm: Qwen3, Gemma 3)."""
+    bias = None
+    if f"{p}q_proj.bias" in raw:
+        bias = torch.cat([raw.pop(f"{p}{n}_proj.bias") for n in "qkv"])
+    has_norm = f"{p}q_norm.weight" in raw
+    return dict(qkv=torch.cat([raw.pop(f"{p}{n}_proj.weight") for n in "qkv"]), qkv_bias=bias,
+                o=raw.pop(p + "o_proj.weight"),
+                q_norm=norm(raw, p + "q_norm.weight") if has_norm else None,
+                k_norm=norm(raw, p + "k_norm.weight") if has_norm else None)
+
+
+def split_mlp(raw: dict[str, torch.Tensor], p: str) -> dict[str, torch.Tensor]:
+    """LayerWeights' gated-MLP fields from gate_proj, up_proj, down_proj under prefix p."""
+    return dict(gate_up=torch.cat([raw.pop(p + "gate_proj.weight"), raw.pop(p + "up_proj.weight")]),
+                down=raw.pop(p + "down_proj.weight"))

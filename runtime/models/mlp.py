@@ -1,0 +1,41 @@
+"""The feed-forward blocks: a gated MLP (SwiGLU or GeGLU) and a sparse mixture of experts.
+
+Both take the layer's normed hidden states x [T, H] and return [T, H]. The gated MLP's
+down projection is row-parallel: its partial sums meet in one all-reduce. The experts
+run on one rank (runtime/architectures.py refuses tensor parallelism for them).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from kernels.moe import moe_experts, route
+from runtime.config import MoEConfig
+from runtime.quantization import linear
+from runtime.tensor_parallel import TensorParallel
+
+
+class GatedMLP:
+    """down(act_and_mul(gate_up(x))); act_and_mul: the KernelSet's silu_and_mul or gelu_and_mul."""
+
+    def __init__(self, act_and_mul: Callable[[torch.Tensor], torch.Tensor], ops: Any, tp: TensorParallel):
+        self.act_and_mul, self.ops, self.tp = act_and_mul, ops, tp
+
+    def __call__(self, x: torch.Tensor, layer: Any) -> torch.Tensor:
+        gated = self.act_and_mul(linear(x, layer.gate_up, None, self.ops))     # [T, I]
+        return self.tp.all_reduce(linear(gated, layer.down, None, self.ops))
+
+
+class SparseMoE:
+    """The router picks top_k experts per token (kernels/moe.py:route); each chosen expert,
+    a SwiGLU MLP, runs over all of its tokens at once (kernels/moe.py:moe_experts)."""
+
+    def __init__(self, config: MoEConfig):
+        self.config = config
+
+    def __call__(self, x: torch.Tensor, layer: Any) -> torch.Tensor:
+        router_logits = F.linear(x, layer.router)                              # [T, E]
+        weights, expert_ids = route(router_logits, self.config.top_k, self.config.normalize_top_k)
+        return moe_experts(x, layer.experts_gate_up, layer.experts_down, weights, expert_ids)

@@ -1,0 +1,100 @@
+"""The in-memory copy the hot path reads, as plain data: no database, no clock."""
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+
+from controlplane.cache import Cache
+from controlplane.models import Deployment, Price, Revision
+from controlplane.pricing import Pricing
+from controlplane.quotas import Quota
+from controlplane.store.snapshot import KeyEntry, Snapshot
+from controlplane.store.tenants import Principal
+
+UTC = timezone.utc
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def key(key_id="k1", revoked=False, expires_at=None, tenant="t1") -> KeyEntry:
+    principal = Principal(key_id, "tp_00000000", tenant, "acme", frozenset({"invoke"}), None, None)
+    return KeyEntry(key_id, f"hash-{key_id}", principal, revoked, expires_at)
+
+
+def deployed(deployment_id="d1", name="chat", tenant="t1", traffic=None):
+    deployment = Deployment(id=deployment_id, tenant_id=tenant, name=name,
+                            traffic=traffic or {"r1": 100})
+    return deployment, [Revision(id=f"{deployment_id}-r1", deployment_id=deployment_id, number=1)]
+
+
+def price(per_mtok: str, since=EPOCH, tenant=None, deployment=None) -> Price:
+    return Price(tenant_id=tenant, deployment_id=deployment, effective_from=since,
+                 input_per_mtok=Decimal(per_mtok), cached_input_per_mtok=Decimal(0),
+                 output_per_mtok=Decimal(0), gpu_second=Decimal(0), per_call=Decimal(0))
+
+
+def test_keys_are_found_by_hash_and_refused_once_revoked_or_expired():
+    cache = Cache()
+    cache.replace(Snapshot([key(), key("k2", expires_at=NOW)], [], {}, []))
+    assert cache.key("hash-k1").principal_at(NOW).tenant_id == "t1"
+    assert cache.key("hash-k2").principal_at(NOW - timedelta(seconds=1)) is not None
+    assert cache.key("hash-k2").principal_at(NOW) is None, "expired: known, and refused"
+    cache.put_key(key(revoked=True))
+    assert cache.key("hash-k1").principal_at(NOW) is None, "revoked: refused from memory"
+    cache.drop_key("k1")
+    assert cache.key("hash-k1") is None and cache.key("hash-missing") is None
+
+
+def test_every_change_moves_the_generation():
+    cache = Cache()
+    seen = [cache.generation]
+    for change in (lambda: cache.replace(Snapshot([], [], {}, [])), lambda: cache.put_key(key()),
+                   lambda: cache.drop_key("k1"), lambda: cache.put_deployment(deployed()),
+                   lambda: cache.drop_deployment("d1"), lambda: cache.set_quota("t1", None),
+                   lambda: cache.set_prices([])):
+        change()
+        assert cache.generation > seen[-1]
+        seen.append(cache.generation)
+
+
+def test_a_deleted_deployment_goes_and_its_name_may_be_taken_again():
+    cache = Cache()
+    cache.replace(Snapshot([], [deployed()], {}, []))
+    assert cache.deployment("t1", "chat")[0].id == "d1"
+    assert cache.deployment("t2", "chat") is None, "names are per tenant"
+    cache.put_deployment(deployed("d2"))                  # deleted, then made again
+    cache.drop_deployment("d1")                           # the old one's notice comes late
+    assert cache.deployment("t1", "chat")[0].id == "d2"
+    cache.put_deployment(deployed("d2", traffic={"r1": 50, "r2": 50}))
+    assert cache.deployment("t1", "chat")[0].traffic == {"r1": 50, "r2": 50}
+    cache.drop_deployment("d2")
+    assert cache.deployment("t1", "chat") is None
+
+
+def test_the_price_in_effect_is_the_most_specific_row_of_the_caller():
+    cache = Cache()
+    cache.set_prices([price("1"), price("2", tenant="t1"), price("9", tenant="t2"),
+                      price("3", tenant="t1", deployment="d1", since=NOW),
+                      price("4", since=NOW + timedelta(days=1))])
+    assert cache.pricing("t1", "d1", NOW - timedelta(seconds=1)).input_per_mtok == 2, "the plan"
+    assert cache.pricing("t1", "d1", NOW).input_per_mtok == 3, "the override, from its time on"
+    assert cache.pricing("t1", "d2", NOW).input_per_mtok == 2
+    assert cache.pricing("t3", "d3", NOW).input_per_mtok == 1, "the default, never t2's plan"
+    assert cache.pricing("t3", "d3", NOW + timedelta(days=2)).input_per_mtok == 4
+    assert Cache().pricing("t1", "d1", NOW) == Pricing(), "an empty book prices nothing"
+
+
+def test_quota_overrides_apply_over_the_default():
+    cache, default = Cache(), Quota(max_gpus=8, tokens_per_min=1000)
+    cache.set_quota("t1", {"max_gpus": None, "tokens_per_min": 50})
+    assert cache.quota("t1", default) == Quota(max_gpus=8, tokens_per_min=50)
+    assert cache.quota("t2", default) == default
+    cache.set_quota("t1", None)
+    assert cache.quota("t1", default) == default
+
+
+def test_the_listeners_dsn_is_the_database_url_as_asyncpg_reads_it():
+    from controlplane.listener import libpq_dsn
+
+    assert libpq_dsn("postgresql+asyncpg://u:p%40ss@db:5432/thawpool?ssl=require") == \
+        "postgresql://u:p%40ss@db:5432/thawpool?sslmode=require"
+    assert libpq_dsn("postgresql+asyncpg://postgres:@/postgres?host=/tmp/x") == \
+        "postgresql://postgres:@/postgres?host=%2Ftmp%2Fx"

@@ -1,0 +1,72 @@
+"""GPU time of replica lifetimes as pure arithmetic: what is held, cut by window and day,
+priced piece by piece."""
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+
+from controlplane.lifetimes import GpuUse, Lifetime, Window, clipped, gpu_by_key, held, utc_days
+from controlplane.pricing import PriceRow, PriceScope, Pricing
+
+UTC = timezone.utc
+T0 = datetime(2026, 3, 1, 23, 0, tzinfo=UTC)
+WIDE = Window(datetime(2026, 1, 1, tzinfo=UTC), datetime(2027, 1, 1, tzinfo=UTC))
+
+
+def at(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def life(placed=None, stopped=None, seen=None, gpus=1, label="d") -> Lifetime:
+    return Lifetime("dep", gpus, placed, stopped, seen, label)
+
+
+def test_a_lifetime_is_held_from_placement_to_its_stop_or_its_last_sighting():
+    assert held(life()) is None, "never placed: never billed, however long it waited"
+    assert held(life(placed=at(20), stopped=at(30), seen=at(29))) == (at(20), at(30))
+    assert held(life(placed=at(20), seen=at(25))) == (at(20), at(25)), "open: to last seen"
+    assert held(life(placed=at(20))) == (at(20), at(20)), "open, never seen since: nothing"
+    assert held(life(placed=at(20), stopped=at(10))) == (at(20), at(20))
+
+
+def test_spans_are_clipped_to_the_window():
+    window = Window(at(0), at(60))
+    assert clipped((at(-10), at(10)), window) == (at(0), at(10))
+    assert clipped((at(50), at(70)), window) == (at(50), at(60))
+    assert clipped((at(60), at(70)), window) is None
+    assert clipped((at(5), at(5)), window) is None
+
+
+def test_spans_are_cut_at_utc_midnight():
+    other_zone = timezone(timedelta(hours=2))
+    assert utc_days((at(0).astimezone(other_zone), at(90))) == [
+        ("2026-03-01", (at(0), at(60))), ("2026-03-02", (at(60), at(90)))]
+    assert utc_days((at(0), at(0))) == []
+    three = utc_days((at(30), at(30 + 48 * 60)))
+    assert [day for day, _ in three] == ["2026-03-01", "2026-03-02", "2026-03-03"]
+    assert sum((end - start for _, (start, end) in three), timedelta()) == timedelta(hours=48)
+
+
+PRICES = [PriceRow(PriceScope.DEFAULT, datetime(2020, 1, 1, tzinfo=UTC), Pricing(gpu_second=Decimal("0.01"))),
+          PriceRow(PriceScope.DEPLOYMENT, at(70), Pricing(gpu_second=Decimal("0.03")))]
+
+
+def test_gpu_time_is_summed_per_label_and_priced_where_the_price_changed():
+    lifetimes = [life(placed=at(0), stopped=at(10), gpus=2, label="a"),       # 1200 s
+                 life(placed=at(50), seen=at(80), label="a"),                 # 1200 s + 600 s dearer
+                 life(placed=at(5), stopped=at(6), label="b"),                # 60 s
+                 life(label="b")]                                             # never placed
+    rows = gpu_by_key(lifetimes, {"dep": PRICES}, WIDE, by_day=False)
+    assert rows == {"a": GpuUse(Decimal(3000), Decimal(12) + Decimal(12) + Decimal(18)),
+                    "b": GpuUse(Decimal(60), Decimal("0.6"))}
+
+
+def test_by_day_a_lifetime_lands_on_each_day_it_held_gpus():
+    rows = gpu_by_key([life(placed=at(30), stopped=at(90))], {"dep": PRICES}, WIDE, by_day=True)
+    assert rows == {"2026-03-01": GpuUse(Decimal(1800), Decimal(18)),
+                    "2026-03-02": GpuUse(Decimal(1800), Decimal(6) + Decimal(36))}
+    assert sum(rows.values(), GpuUse()).seconds == 3600
+
+
+def test_only_the_window_is_billed():
+    rows = gpu_by_key([life(placed=at(0), stopped=at(120))], {"dep": PRICES},
+                      Window(at(30), at(60)), by_day=False)
+    assert rows == {"d": GpuUse(Decimal(1800), Decimal(18))}

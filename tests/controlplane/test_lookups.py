@@ -1,0 +1,106 @@
+"""The hot path's in-memory copies, kept current through Postgres LISTEN/NOTIFY: a change
+made anywhere (another control plane, SQL by hand) is seen within a second, revocation
+included; a change made here is seen before the call that made it returns."""
+import time
+from datetime import datetime, timezone
+from decimal import Decimal
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from controlplane.keys import hash_key
+from controlplane.listener import libpq_dsn
+from tests.controlplane.conftest import make_settings, running_control_plane
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def plane(db_url, s3_server, tmp_path_factory):
+    settings = make_settings(db_url, s3_server, tmp_path_factory.mktemp("cp-lookups"))
+    async with running_control_plane(settings) as plane:
+        yield plane
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def elsewhere(db_url):
+    """A connection of its own: what another control plane, or an operator, writes with."""
+    conn = await asyncpg.connect(libpq_dsn(db_url))
+    yield conn
+    await conn.close()
+
+
+async def refused_within(client, seconds: float) -> float:
+    started = time.monotonic()
+    await eventually(lambda: _refused(client), timeout_s=5, every_s=0.01,
+                     what="the revoked key refused")
+    elapsed = time.monotonic() - started
+    assert elapsed < seconds, f"refused after {elapsed:.2f} s"
+    return elapsed
+
+
+async def _refused(client) -> bool:
+    return (await client.get("/v1/deployments")).status_code == 401
+
+
+async def test_a_key_revoked_through_the_api_is_refused_at_once(plane):
+    client = plane.client(await plane.tenant_key("revoked-here"))
+    assert (await client.get("/v1/deployments")).status_code == 200
+    prefix = (await plane.admin.get("/v1/tenants/revoked-here/keys")).json()["data"][0]["prefix"]
+    assert (await plane.admin.delete(f"/v1/keys/{prefix}")).status_code == 200
+    response = await client.get("/v1/deployments")
+    assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_key"
+
+
+async def test_a_key_revoked_elsewhere_is_refused_within_a_second(plane, elsewhere):
+    secret = await plane.tenant_key("revoked-elsewhere")
+    client = plane.client(secret)
+    assert (await client.get("/v1/deployments")).status_code == 200
+    assert plane.app.state.lookups.cache.key(hash_key(secret)) is not None, "served from memory"
+    await elsewhere.execute("UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1",
+                            hash_key(secret))
+    await refused_within(client, 1.0)
+
+
+async def test_prices_and_traffic_changed_elsewhere_reach_memory_within_a_second(
+        plane, elsewhere, model_uri):
+    client = plane.client(await plane.tenant_key("moved"))
+    created = await client.post("/v1/deployments", json={"name": "moved", "model_uri": model_uri})
+    assert created.status_code == 201, created.text
+    deployment_id = created.json()["id"]
+    lookups = plane.app.state.lookups
+    tenant_id = next(d for d, _ in lookups.cache.deployments.values() if d.id == deployment_id
+                     ).tenant_id
+    await elsewhere.execute(
+        "INSERT INTO prices (id, tenant_id, input_per_mtok, cached_input_per_mtok, "
+        "output_per_mtok, gpu_second, per_call, effective_from, created_at) VALUES "
+        "(gen_random_uuid(), $1, 42, 0, 0, 0, 0, now(), now())", tenant_id)
+    await elsewhere.execute("UPDATE deployments SET traffic = '{\"r1\": 100, \"r9\": 0}' "
+                            "WHERE id = $1", deployment_id)
+    started = time.monotonic()
+
+    def seen() -> bool:
+        price = lookups.pricing(tenant_id, deployment_id, datetime.now(timezone.utc))
+        deployment, _ = lookups.cache.deployment(tenant_id, "moved")
+        return price.input_per_mtok == Decimal(42) and "r9" in deployment.traffic
+
+    await eventually(seen, timeout_s=5, every_s=0.01, what="both changes in memory")
+    assert time.monotonic() - started < 1.0
+
+
+async def test_the_listener_reconnects_and_reloads_what_it_missed(plane, elsewhere):
+    """Its connection killed (a failover, an idle-connection reaper), the listener comes
+    back on its own and reads everything again: a revocation made meanwhile is seen."""
+    secret = await plane.tenant_key("missed")
+    client = plane.client(secret)
+    assert (await client.get("/v1/deployments")).status_code == 200
+    listener = plane.app.state.lookups.listener
+    before = listener.backend_pid
+    assert await elsewhere.fetchval("SELECT pg_terminate_backend($1)", before)
+    await elsewhere.execute("UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1",
+                            hash_key(secret))
+    await refused_within(client, 3.0)
+    await eventually(lambda: listener.connected.is_set() and listener.backend_pid != before,
+                     timeout_s=5, what="a new listening connection")

@@ -1,0 +1,145 @@
+"""Model sources: a tenant deploys only from its own prefix and what an admin granted it,
+refused (403, one message) before any S3 request; on real Postgres and S3."""
+import pytest
+import pytest_asyncio
+
+from controlplane.model_sources import check_source, own_prefix, parse_s3_uri
+from controlplane.store.errors import Forbidden, InvalidField
+from tests.controlplane.conftest import CATALOGUE, make_settings, running_control_plane
+from tests.support.model_factory import upload_model
+
+in_session_loop = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest.mark.parametrize("uri", ["s3://b/a/../b/", "s3://b/a//b/", "s3://b/./a/", "s3://b/",
+                                 "s3://B/a/", "s3://b/a b/", "s3://b/a\x00/", "/models/a",
+                                 "s3://b/a\\b/"])
+def test_uris_that_could_name_another_prefix_are_refused(uri):
+    with pytest.raises(InvalidField):
+        parse_s3_uri("model_uri", uri)
+
+
+def test_prefixes_match_whole_segments():
+    mine = [own_prefix("models", "acme")]
+    check_source("model_uri", parse_s3_uri("model_uri", "s3://models/acme/chat"), mine)
+    for other in ("s3://models/acme-2/chat/", "s3://models/acm/", "s3://other/acme/chat/"):
+        with pytest.raises(Forbidden):
+            check_source("model_uri", parse_s3_uri("model_uri", other), mine)
+    assert parse_s3_uri("prefix", "s3://models/", bucket_root=True) == "s3://models/"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def plane(db_url, s3_server, tmp_path_factory):
+    settings = make_settings(db_url, s3_server, tmp_path_factory.mktemp("cp-sources"))
+    async with running_control_plane(settings) as plane:
+        yield plane
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model, s3_server, models_bucket):
+    """B's private model, A's own model and A's own draft model, in the real S3."""
+    s3 = s3_server.client()
+    return {name: upload_model(tiny_model, s3, models_bucket, prefix) for name, prefix in
+            [("b", "src-b/private"), ("a", "src-a/mine"), ("a_draft", "src-a/draft")]}
+
+
+def deploy(name, model_uri, **extra):
+    return {"name": name, "model_uri": model_uri, **extra}
+
+
+def denied(response, field="model_uri"):
+    assert response.status_code == 403, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("model_source_denied", field), error
+    return error["message"]
+
+
+def read_under(pool, prefix: str, since: tuple[int, int] = (0, 0)) -> list:
+    """The pool's S3 requests and model inspections under `prefix`, after `since`
+    (a `mark(pool)`)."""
+    return [r for r in pool.s3_requests[since[0]:] if r[1].startswith(prefix)] + \
+        [uri for uri in pool.inspected[since[1]:] if uri.startswith(prefix)]
+
+
+def mark(pool) -> tuple[int, int]:
+    return len(pool.s3_requests), len(pool.inspected)
+
+
+@in_session_loop
+async def test_another_tenants_prefix_is_403_alike_existing_or_not_and_never_read(
+        plane, models, models_bucket):
+    a = plane.client(await plane.tenant_key("src-a"))
+    await plane.tenant_key("src-b")
+    pool = plane.app.state.pool
+    since = mark(pool)
+    existing = denied(await a.post("/v1/deployments", json=deploy("stolen", models["b"])))
+    missing = denied(await a.post("/v1/deployments", json=deploy(
+        "stolen", f"s3://{models_bucket}/src-b/no-such-model/")))
+    assert existing == missing, "the answer says nothing of what exists"
+    assert "src-b" not in existing
+    assert denied(await a.post("/v1/deployments", json=deploy(
+        "stolen", f"s3://{models_bucket}/src-ab/x/")))
+    own = await a.post("/v1/deployments", json=deploy("mine", models["a"]))
+    assert own.status_code == 201, own.text
+    denied(await a.patch("/v1/deployments/mine", json={"model_uri": models["b"]}))
+    traversal = await a.post("/v1/deployments", json=deploy(
+        "stolen", f"s3://{models_bucket}/src-a/../src-b/private/"))
+    assert traversal.status_code == 422 and traversal.json()["error"]["param"] == "model_uri"
+    assert read_under(pool, f"s3://{models_bucket}/src-b/", since) == [], \
+        "no S3 request for B's objects"
+    assert read_under(pool, models["a"], since), "the control: A's own model was read"
+
+
+@in_session_loop
+async def test_a_grant_lets_a_tenant_deploy_and_a_revoke_stops_new_revisions(plane, models):
+    a = plane.client(await plane.tenant_key("src-a"))
+    c = plane.client(await plane.tenant_key("src-c"))
+    grant = await plane.grant(models["b"], tenant="src-a")
+    assert grant["tenant"] == "src-a" and grant["prefix"] == models["b"]
+    sources = (await a.get("/v1/models/sources")).json()["data"]
+    assert {(s["prefix"], s["kind"]) for s in sources} == {
+        (own_prefix("cp-models", "src-a"), "own"), (CATALOGUE, "shared"), (models["b"], "granted")}
+    c_sources = (await c.get("/v1/models/sources")).json()["data"]
+    assert models["b"] not in [s["prefix"] for s in c_sources], "a grant to A is A's alone"
+    denied(await c.post("/v1/deployments", json=deploy("borrowed", models["b"])))
+    borrowed = await a.post("/v1/deployments", json=deploy("borrowed", models["b"]))
+    assert borrowed.status_code == 201, borrowed.text
+    listed = (await plane.admin.get("/v1/model-sources", params={"tenant": "src-a"})).json()
+    assert grant["id"] in [g["id"] for g in listed["data"]]
+    assert (await plane.admin.post("/v1/model-sources", json={
+        "prefix": models["b"], "tenant": "src-a"})).status_code == 409
+
+    assert (await plane.admin.delete(f"/v1/model-sources/{grant['id']}")).status_code == 204
+    denied(await a.patch("/v1/deployments/borrowed", json={"engine": {"seed": 1}}))
+    denied(await a.post("/v1/deployments", json=deploy("again", models["b"])))
+    scaled = await a.patch("/v1/deployments/borrowed", json={"scaling": {"max_replicas": 2}})
+    assert scaled.status_code == 200, "no new revision, no new read: scaling still works"
+    assert (await plane.admin.delete(f"/v1/model-sources/{grant['id']}")).status_code == 404
+    assert (await a.post("/v1/model-sources", json={"prefix": models["b"]})).status_code == 403
+
+
+@in_session_loop
+async def test_a_draft_model_is_a_model_uri_under_the_same_rules(plane, models, models_bucket):
+    a = plane.client(await plane.tenant_key("src-a"))
+    pool = plane.app.state.pool
+    since = mark(pool)
+
+    def draft(model):
+        return {"engine": {"speculative": {"method": "draft", "model": model, "k": 2}}}
+
+    for path in ("/models/draft", "draft", "file:///models/draft"):
+        refused = await a.post("/v1/deployments", json=deploy("spec", models["a"], **draft(path)))
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["param"] == "engine.speculative.model"
+    denied(await a.post("/v1/deployments", json=deploy("spec", models["a"], **draft(models["b"]))),
+           field="engine.speculative.model")
+    assert read_under(pool, f"s3://{models_bucket}/src-b/", since) == []
+    created = await a.post("/v1/deployments", json=deploy("spec", models["a"],
+                                                          **draft(models["a_draft"])))
+    assert created.status_code == 201, created.text
+    engine = created.json()["revisions"][0]["engine"]
+    assert engine["speculative"] == {"method": "draft", "model": models["a_draft"], "k": 2}
+    assert models["a_draft"] in pool.inspected, "the draft model is checked in S3 too"
+    patched = await a.patch("/v1/deployments/spec", json={"engine": {
+        "speculative": {"method": "draft", "model": models["b"]}}})
+    denied(patched, field="engine.speculative.model")

