@@ -17,10 +17,10 @@ MODEL_STAMP := .cache/models/.smollm2-stamp
 
 .PHONY: test demo setup model clean-venv bench
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) $(TORCH_PIN)
-	$(PIP) -e '.[test,triton,ray]' $(TORCH_PIN)
+	$(PIP) -e '.[test,triton,ray]' $(TORCH_PIN) -c constraints.txt
 	touch $(STAMP)
 
 # checkov pins many packages of its own, so it lives in a venv of its own.
