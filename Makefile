@@ -15,7 +15,7 @@ TORCH_PIN := torch==2.13.0
 # folder our importer makes of it, under .cache/models/ (scripts/real_model.py).
 MODEL_STAMP := .cache/models/.smollm2-stamp
 
-.PHONY: test demo setup model clean-venv bench
+.PHONY: test demo setup model clean-venv bench browser
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,7 +35,23 @@ $(MODEL_STAMP): $(STAMP)
 
 model: $(MODEL_STAMP)
 
-setup: $(STAMP) $(SCAN_STAMP) $(MODEL_STAMP)
+# The console's browser tests (tests/console) drive Debian's chromium through
+# chromium-driver with Selenium. Installed with apt when missing and apt can run (as root,
+# or with sudo that needs no password); otherwise those tests skip, naming what is missing.
+BROWSER_PACKAGES := chromium chromium-driver fonts-dejavu-core
+APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(BROWSER_PACKAGES)
+
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif ! command -v apt-get >/dev/null; then \
+	  echo "make browser: no apt-get; install chromium and chromium-driver, or the console tests skip"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -q && $(APT_INSTALL)) || echo "make browser: apt-get failed; the console tests skip"; \
+	elif sudo -n true 2>/dev/null; then \
+	  (sudo apt-get update -q && sudo $(APT_INSTALL)) || echo "make browser: apt-get failed; the console tests skip"; \
+	else echo "make browser: not root and no sudo; install $(BROWSER_PACKAGES), or the console tests skip"; fi
+
+setup: $(STAMP) $(SCAN_STAMP) $(MODEL_STAMP) browser
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -10,18 +10,23 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from controlplane.auth import AuthMiddleware
+from controlplane.console import ConsoleFiles
+from controlplane.routes import console
 from controlplane.db import create_db_engine, sessionmaker
 from controlplane.deployer import Deployer
 from controlplane.errors import (DATABASE_ERRORS, REFUSALS, database_error_handler,
                                  refusal_handler, unhandled_error_handler)
+from controlplane.function_calls import FunctionCalls
 from controlplane.gateway import Gateway
+from controlplane.gateway_functions import FunctionGateway
 from controlplane.listener import libpq_dsn
 from controlplane.lookups import Lookups
 from controlplane.metering import UsageWriter
 from controlplane.metrics import Metrics, MetricsMiddleware
 from controlplane.outbox import DeadLetters, Outbox
-from controlplane.routes import (billing, deployments, gateway, health, model_sources, openapi,
-                                 prices, quotas, tenants, uploads)
+from controlplane.routes import (billing, deployments, functions, gateway, health, model_sources,
+                                 models_list, openapi, prices, quotas, tenants, uploads)
+from controlplane.sealing import load_sealer
 from controlplane.settings import Settings
 from controlplane.state import AppState, state_of
 from controlplane.store.desired_state import PostgresDesiredState, PostgresReplicaEvents
@@ -32,7 +37,9 @@ from wire.request_id import RequestIdMiddleware
 
 PoolFactory = Callable[[PostgresDesiredState, PostgresReplicaEvents], Pool]
 ROUTES = [*health.routes, *openapi.routes, *tenants.routes, *quotas.routes, *model_sources.routes,
-          *uploads.routes, *prices.routes, *deployments.routes, *gateway.routes, *billing.routes]
+          *uploads.routes, *prices.routes, *deployments.routes, *gateway.routes, *models_list.routes,
+          *functions.routes,
+          *billing.routes, *console.routes]
 
 
 def create_app(settings: Settings, pool: Optional[Pool] = None, *,
@@ -72,7 +79,8 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
                 limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)))
             s3 = await open_s3_client(stack, settings.s3_endpoint, settings.aws_region,
                                       settings.aws_access_key_id, settings.aws_secret_access_key)
-            the_pool = make_pool(PostgresDesiredState(sessions, settings.default_quota),
+            sealer = load_sealer(settings.secrets_key, settings.data_dir)
+            the_pool = make_pool(PostgresDesiredState(sessions, settings.default_quota, sealer),
                                  PostgresReplicaEvents(sessions))
             if owns_pool:
                 await the_pool.start()
@@ -80,7 +88,7 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
             state = state_of(app)
             state.settings, state.db_engine, state.sessions = settings, db_engine, sessions
             state.lookups = lookups
-            state.writer, state.pool = writer, the_pool
+            state.writer, state.pool, state.sealer = writer, the_pool, sealer
             _workers(state, s3, http)
             yield
 
@@ -89,6 +97,7 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
         # in the order they run: the request id first (every answer carries it, auth's
         # refusals too), then metrics (they count refusals), then auth
         middleware=[Middleware(RequestIdMiddleware, access_log=logging.getLogger("thawpool.access")),
+                    Middleware(ConsoleFiles),       # /ui: public files, before metrics and auth
                     Middleware(MetricsMiddleware, metrics=metrics),
                     Middleware(AuthMiddleware, public_paths=frozenset(
                         r.path for r in ROUTES if not r.operation.access.needs_key))],
@@ -110,6 +119,8 @@ def _workers(state: AppState, s3: S3Client, http: httpx.AsyncClient) -> None:
         settings.upload_ttl_s, settings.default_quota))
     state.gateway = Gateway(lookups=state.lookups, pool=state.pool, http=http,
                             writer=state.writer, metrics=state.metrics, settings=settings)
+    state.functions = FunctionGateway(state.gateway)
+    state.function_calls = FunctionCalls(settings.function_call_retention_s)
 
 
 def create_metrics_app(metrics: Metrics) -> Starlette:

@@ -1,5 +1,7 @@
 """The `thawpool` command: `up` runs the control plane and the pool, `admin` manages tenants and keys,
-`models import FILE.gguf OUT_DIR` turns a GGUF file into a model folder.
+`models import FILE.gguf OUT_DIR` turns a GGUF file into a model folder. The client commands
+(login, models push, deploy, status, chat, usage, keys, tenants, ...) are registered from
+controlplane.cli_commands; docs/cli.md describes them.
 
 `up` embeds Postgres and S3 unless pointed at external ones (`--database-url`
 or THAWPOOL_DATABASE_URL; `--s3-endpoint URL|aws`), and runs replicas as local
@@ -14,9 +16,10 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from controlplane.settings import Settings, admin_key_from_env, server_url_from_env
+if TYPE_CHECKING:       # imported where used: every client command starts without them
+    from controlplane.settings import Settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,14 +64,23 @@ def build_parser() -> argparse.ArgumentParser:
     listing = actions.add_parser("list-keys")
     listing.add_argument("--tenant", required=True)
     admin.set_defaults(func=cmd_admin)
+    from controlplane import reconcile      # reads Postgres itself: works with the server down
 
-    from runtime import gguf_import      # no torch: numpy, gguf, tokenizers
+    drift = actions.add_parser("reconcile", help="replicas' own token counters against the bill")
+    reconcile.add_arguments(drift)
+    drift.set_defaults(func=reconcile.run)
 
-    models = commands.add_parser("models", help="model files")
+    models = commands.add_parser("models", help="models: push, ls, rm, import")
     model_actions = models.add_subparsers(dest="action", required=True)
     gguf = model_actions.add_parser("import", help="a GGUF file into a model folder")
-    gguf_import.add_arguments(gguf)
-    gguf.set_defaults(func=gguf_import.run)
+    gguf.add_argument("gguf", type=Path, help="the .gguf file")
+    gguf.add_argument("out_dir", type=Path, help="the model folder to write (created)")
+    gguf.add_argument("--dtype", default="float32", help="of the weights written (default float32)")
+    gguf.set_defaults(func=run_gguf_import)
+
+    from controlplane.cli_commands import register_all      # login, models push, deploy, ...
+
+    register_all(commands, model_actions)
     return parser
 
 
@@ -82,6 +94,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def cmd_up(args) -> int:
     from controlplane.db import migrate
     from controlplane.logs import configure_logging
+    from controlplane.settings import Settings
     from controlplane.stack import EmbeddedStack
 
     settings = Settings.from_env(data_dir=args.data_dir, host=args.host, port=args.port,
@@ -261,6 +274,8 @@ def _report_demo(task: asyncio.Task) -> None:
 def cmd_admin(args) -> int:
     import httpx
 
+    from controlplane.settings import admin_key_from_env, server_url_from_env
+
     key = args.admin_key or admin_key_from_env()
     if not key:
         print("thawpool admin: pass --admin-key or set THAWPOOL_ADMIN_KEY", file=sys.stderr)
@@ -271,8 +286,12 @@ def cmd_admin(args) -> int:
         response = _admin_request(client, args)
     body = response.json() if response.content else {}
     if response.status_code >= 400:
-        print(f"thawpool admin: {response.status_code} {json.dumps(body)}", file=sys.stderr)
-        return 1
+        from controlplane.cli_client import Refused      # the client commands' one error line
+        from controlplane.cli_output import Output, fail
+
+        refused = Refused.of(response)
+        return fail(Output(json_mode=False), 1, refused.message, status=refused.status,
+                    code=refused.code, request_id=refused.request_id)
     if args.action == "create-key":
         print(f"key: {body['key']}   (shown once; prefix {body['prefix']})")
         body = {k: v for k, v in body.items() if k != "key"}
@@ -292,6 +311,14 @@ def _admin_request(client, args):
     if args.action == "revoke-key":
         return client.delete(f"/v1/keys/{args.prefix}")
     return client.get(f"/v1/tenants/{args.tenant}/keys")
+
+
+def run_gguf_import(args: argparse.Namespace) -> int:
+    """Imported here, not at parsing: numpy and gguf load only for this command (the
+    importer's own command line checks --dtype)."""
+    from runtime import gguf_import
+
+    return gguf_import.run(args)
 
 
 if __name__ == "__main__":

@@ -20,14 +20,16 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane.deployment_spec import (DRAFT_MODEL, DeploymentPatch, DeploymentSpec,
                                           Resources, RevisionConfig, check_model,
                                           parse_scaling, patched_config)
+from controlplane.function_spec import check_function
 from controlplane.lookups import Change, Lookups
 from controlplane.model_sources import check_source
 from controlplane.models import Deployment, Revision, Tenant
 from controlplane.quotas import DeploymentShape, Quota, check_deployment
 from controlplane.store import deployments, model_sources, quotas
-from controlplane.store.errors import InvalidField
+from controlplane.store.errors import InvalidField, Unavailable
 from controlplane.traffic import parse_split, rollback_target
 from pool.api import ModelInfo, ModelUnavailable, NeverFits, Pool, ReplicaShape
+from pool.s3 import is_transient
 
 Deployed = tuple[Deployment, list[Revision]]
 # (the deployment, its revision names) -> the new split; raises InvalidField
@@ -136,10 +138,13 @@ class Deployer:
         draft = config.draft_model_uri
         if draft is not None:
             check_source(DRAFT_MODEL, draft, sources)
-        model = await self._inspect("model_uri", config.model_uri)
-        check_model(model, config.resources)
+        model = await self._inspect("model_uri", config.model_uri, tenant.id)
+        if config.kind == "function":
+            check_function(model, config.resources)
+        else:
+            check_model(model, config.resources, engine=config.engine)
         if draft is not None:
-            check_model(await self._inspect(DRAFT_MODEL, draft), Resources(), DRAFT_MODEL)
+            check_model(await self._inspect(DRAFT_MODEL, draft, tenant.id), Resources(), DRAFT_MODEL)
         shape = ReplicaShape(config.resources.gpu_memory_gb, config.resources.gpu_count,
                              config.engine)
         try:
@@ -148,11 +153,16 @@ class Deployer:
             raise InvalidField("resources", str(exc)) from None
         return model
 
-    async def _inspect(self, field_name: str, model_uri: str) -> ModelInfo:
+    async def _inspect(self, field_name: str, model_uri: str, tenant_id: str) -> ModelInfo:
         try:
-            return await self.pool.inspect_model(model_uri)
+            return await self.pool.inspect_model(model_uri, tenant_id)
         except ModelUnavailable as exc:
             raise InvalidField(field_name, str(exc)) from None
+        except Exception as exc:
+            # S3 down or failing after the pool's retries: a 503 to retry, not a 500
+            if is_transient(exc):
+                raise Unavailable(f"object storage did not answer ({type(exc).__name__})") from exc
+            raise
 
 
 def _traffic_gpus(traffic: dict[str, int], revisions: list[Revision]) -> tuple[int, ...]:

@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from controlplane.fields import integer, number, obj, storable_json
 from controlplane.model_sources import parse_s3_uri
 from controlplane.store.errors import Forbidden, InvalidField
-from pool.api import ModelInfo
-from runtime.architectures import SUPPORTED_ARCHITECTURES   # torch-free: the runtime's own list
+from pool.api import FUNCTION_ARCHITECTURE, ModelInfo
+from runtime.architectures import (SUPPORTED_ARCHITECTURES,   # torch-free: the runtime's own list
+                                   engine_option_refusal)
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENGINE_FIELDS = frozenset({"dtype", "kv_cache_tokens", "enable_prefix_caching", "speculative",
                            "quantization", "tensor_parallel_size", "max_num_seqs",
-                           "max_num_batched_tokens", "max_model_len", "block_size", "seed"})
+                           "max_num_batched_tokens", "max_model_len", "block_size", "seed",
+                           "task", "pooling"})   # task "embed": /v1/embeddings, "last"|"mean" pooling
 SPECULATIVE_FIELDS = frozenset({"method", "k", "n", "model", "max_batch", "min_acceptance"})
-CREATE_FIELDS = frozenset({"name", "model_uri", "resources", "scaling", "engine", "pricing"})
+CREATE_FIELDS = frozenset({"name", "kind", "model_uri", "resources", "scaling", "engine", "pricing"})
+KINDS = ("model", "function")
 PATCH_FIELDS = frozenset({"model_uri", "resources", "scaling", "engine", "pricing", "promote"})
 PRICING_IS_THE_OPERATORS = ("prices are set by the operator in the price book, not by a "
                             "deployment (GET /v1/billing/prices shows yours)")
@@ -50,6 +53,7 @@ class RevisionConfig:
     model_uri: str
     resources: Resources = Resources()
     engine: dict[str, Any] = field(default_factory=dict)
+    kind: str = "model"             # fixed at create: every revision of a deployment is one kind
 
     @property
     def draft_model_uri(self) -> Optional[str]:
@@ -84,10 +88,13 @@ def parse_create(body: Any) -> DeploymentSpec:
     name = body["name"]
     if not isinstance(name, str) or not NAME.match(name):
         raise InvalidField("name", "lowercase letters, digits and '-', 1-63 characters")
+    kind = body.get("kind", "model")
+    if kind not in KINDS:
+        raise InvalidField("kind", "'model' (the default) or 'function'")
     revision = check_parallelism(RevisionConfig(
         model_uri=parse_model_uri(body["model_uri"]),
         resources=parse_resources(body.get("resources", {}), Resources()),
-        engine=parse_engine(body.get("engine", {}))))
+        engine=parse_engine(body.get("engine", {}), kind), kind=kind))
     return DeploymentSpec(name=name, revision=revision,
                           scaling=parse_scaling(body.get("scaling", {}), Scaling()))
 
@@ -150,10 +157,15 @@ def parse_scaling(value: Any, base: Scaling) -> Scaling:
     return scaling
 
 
-def parse_engine(raw: Any) -> dict[str, Any]:
+def parse_engine(raw: Any, kind: str = "model") -> dict[str, Any]:
     value = dict(storable_json("engine", obj("engine", raw, ENGINE_FIELDS)))
+    if kind == "function" and value:
+        raise InvalidField("engine", "a function has no engine settings (batching is in its thawpool.toml)")
     if "dtype" in value and value["dtype"] not in ("float32", "float16", "bfloat16"):
         raise InvalidField("engine.dtype", "one of float32, float16, bfloat16")
+    for name, allowed in (("task", ("generate", "embed")), ("pooling", ("last", "mean"))):
+        if name in value and value[name] not in allowed:
+            raise InvalidField(f"engine.{name}", " or ".join(repr(a) for a in allowed))
     if value.get("quantization") not in (None, "int8"):
         raise InvalidField("engine.quantization", "null or 'int8'")
     if "enable_prefix_caching" in value and not isinstance(value["enable_prefix_caching"], bool):
@@ -195,8 +207,8 @@ def patched_config(base: RevisionConfig, patch: DeploymentPatch) -> RevisionConf
         model_uri=parse_model_uri(patch.model_uri) if patch.model_uri else base.model_uri,
         resources=(parse_resources(patch.resources, base.resources)
                    if patch.resources is not None else base.resources),
-        engine=(parse_engine(_merge(base.engine, patch.engine))
-                if patch.engine is not None else base.engine)))
+        engine=(parse_engine(_merge(base.engine, patch.engine), base.kind)
+                if patch.engine is not None else base.engine), kind=base.kind))
 
 
 def _merge(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
@@ -215,13 +227,23 @@ def check_parallelism(revision: RevisionConfig) -> RevisionConfig:
     return revision
 
 
-def check_model(info: ModelInfo, resources: Resources, field_name: str = "model_uri") -> None:
-    """The model in S3 is one thawpool's engine runs, and a replica on `gpu_count` GPUs
-    can split its attention heads (what `pool.inspect_model` read from config.json)."""
+def check_model(info: ModelInfo, resources: Resources, field_name: str = "model_uri",
+                engine: Optional[Mapping[str, Any]] = None) -> None:
+    """The model in S3 is one thawpool's engine runs, with the engine options asked of it
+    (tensor parallelism, int8), and a replica on `gpu_count` GPUs can split its attention
+    heads (what `pool.inspect_model` read from config.json)."""
+    if info.architecture == FUNCTION_ARCHITECTURE:
+        raise InvalidField(field_name, "is a function package (thawpool.toml): deploy it with "
+                                       "\"kind\": \"function\"")
     if info.architecture not in SUPPORTED_ARCHITECTURES:
         raise InvalidField(field_name,
                            f"unsupported architecture {info.architecture!r} in config.json; "
                            f"supported: {sorted(SUPPORTED_ARCHITECTURES)}")
+    engine = engine or {}
+    refusal = engine_option_refusal(info.architecture, resources.gpu_count, engine.get("quantization"))
+    if refusal is not None:
+        option, why = refusal
+        raise InvalidField("resources.gpu_count" if option == "tensor_parallel_size" else f"engine.{option}", why)
     _check_heads(info, resources.gpu_count)
 
 

@@ -69,7 +69,7 @@ class Invocation:
     request: GenerationRequest
     prompt_text: str
     prompt_tokens: int              # estimate
-    max_tokens: int                 # wire.requests' rule over the model's context
+    max_tokens: int                 # wire.requests' rule over the context, times the choices
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,15 @@ class Gateway:
         name = body.get("model")
         if not isinstance(name, str) or not name:
             raise ApiError(400, "model: the deployment name is required", param="model")
+        target = await self.target(principal, name, request_id)
+        if deployments.kind_of(target.revision) == "function":
+            raise ApiError(400, f"model: {name} is a function: POST /v1/functions/{name}/invoke",
+                           param="model", code="wrong_kind")
+        return target
+
+    async def target(self, principal: Principal, name: str, request_id: str) -> Target:
+        """The caller's deployment by name (404 for any other tenant's) and the revision the
+        split chooses for this request id."""
         at = datetime.now(timezone.utc)
         deployment, revisions = await self.lookups.deployment(principal.tenant_id, name)
         by_name = {r.name: r for r in revisions}
@@ -136,19 +145,22 @@ class Gateway:
         text = prompt_text(request)
         prompt_tokens = estimate_prompt_tokens(request, text)
         max_tokens = request.max_tokens_within(context_length(target.revision), prompt_tokens)
-        return Invocation(request, text, prompt_tokens, max_tokens)
+        choices = max(1, len(request.prompts)) * request.params.n   # each may write max_tokens
+        return Invocation(request, text, prompt_tokens, max_tokens * choices)
 
     def admit(self, principal: Principal, target: Target, invocation: Invocation) -> Admission:
         """The key's and its tenant's request and token buckets (429 with Retry-After); the
         tokens reserved are the estimate, corrected by the real usage in `meter`."""
+        return self.admit_tokens(principal, target, invocation.prompt_tokens + invocation.max_tokens)
+
+    def admit_tokens(self, principal: Principal, target: Target, tokens: int) -> Admission:
         settings, quota = self.settings, target.quota
         key = Limits(principal.requests_per_min or settings.default_requests_per_min,
                      principal.tokens_per_min or settings.default_tokens_per_min)
         scopes = {f"key:{principal.key_id}": ("key", key),
                   f"tenant:{principal.tenant_id}": ("tenant", Limits(quota.requests_per_min,
                                                                      quota.tokens_per_min))}
-        admitted = self.limiter.admit(scopes, tokens=invocation.prompt_tokens + invocation.max_tokens,
-                                      now=self.clock())
+        admitted = self.limiter.admit(scopes, tokens=tokens, now=self.clock())
         if isinstance(admitted, Limited):
             code = admitted.limit if admitted.scope == "key" else f"tenant_{admitted.limit}"
             raise ApiError(429, f"rate limit exceeded: {code}", code=code,
@@ -159,17 +171,25 @@ class Gateway:
                       request_id: str, endpoint: str, admission: Admission) -> Call:
         """A lease on a ready replica (a cold start when there is none); the pool's
         refusals (PoolError) become 429/503 with Retry-After, and give the reservation back."""
-        started_at, t0 = target.at, time.perf_counter()
+        lease, t0 = await self.lease(target, request_id, admission, prefix_key(invocation.prompt_text),
+                                     invocation.prompt_tokens)
+        return Call(principal, target, request_id, endpoint, lease, target.at, t0, admission)
+
+    async def lease(self, target: Target, request_id: str, admission: Admission,
+                    prefix: Optional[str], prompt_tokens: int) -> tuple[Lease, float]:
+        """The pool's lease (and when the wait for it began); a refusal gives the rate
+        limiter's reservation back."""
+        t0 = time.perf_counter()
         try:
             lease = await self.pool.acquire(
                 deployments.revision_spec(target.deployment, target.revision,
                                           target.quota.for_pool()),
-                request_id=request_id, prefix_key=prefix_key(invocation.prompt_text),
-                prompt_tokens=invocation.prompt_tokens, timeout_s=self.settings.acquire_timeout_s)
+                request_id=request_id, prefix_key=prefix,
+                prompt_tokens=prompt_tokens, timeout_s=self.settings.acquire_timeout_s)
         except BaseException:
             self.limiter.settle(admission, 0, self.clock())
             raise
-        return Call(principal, target, request_id, endpoint, lease, started_at, t0, admission)
+        return lease, t0
 
     async def send(self, call: Call, body: dict[str, Any]) -> httpx.Response:
         """The request to the replica, its response still streaming; 502 if unreachable."""
@@ -228,10 +248,12 @@ class Gateway:
         closes: done, the client gone (partial, 499) or cut upstream (502)."""
         async def on_close(completed: bool) -> None:
             await _quietly_close(upstream)
-            if not completed:
-                outcome = CLIENT_GONE
-            elif call.saw_done:
+            # [DONE] went out after the whole answer: a client that hangs up then (the
+            # openai client does, while we still read the replica's end) got it all
+            if call.saw_done:
                 outcome = Outcome("ok", 200)
+            elif not completed:
+                outcome = CLIENT_GONE
             else:
                 call.lease.mark_failed()
                 delivered = call.usage.completion_tokens > 0
@@ -318,11 +340,12 @@ class Gateway:
 def _check_vocabulary(request: GenerationRequest, vocab_size: int) -> None:
     """Token ids (the prompt's, stop_token_ids) inside the model's vocabulary."""
     check_sampling_params(request.params, vocab_size)
-    if isinstance(request.prompt, list):
-        try:
-            validate_prompt_ids(request.prompt, vocab_size)
-        except ValueError as exc:
-            raise ProtocolError.from_value_error(exc) from None
+    for prompt in request.prompts:
+        if isinstance(prompt, list):
+            try:
+                validate_prompt_ids(prompt, vocab_size)
+            except ValueError as exc:
+                raise ProtocolError.from_value_error(exc) from None
 
 
 def context_length(revision: Revision) -> int:

@@ -21,9 +21,7 @@ def prompt_text(request: GenerationRequest) -> str:
     """The prompt as one string: chat messages as `role: content` lines."""
     if request.messages is not None:
         return "\n".join(f"{m['role']}: {m['content']}" for m in request.messages)
-    if isinstance(request.prompt, list):
-        return " ".join(str(token) for token in request.prompt)
-    return request.prompt or ""
+    return "\n".join(p if isinstance(p, str) else " ".join(map(str, p)) for p in request.prompts)
 
 
 def prefix_key(text: str) -> str:
@@ -33,8 +31,8 @@ def prefix_key(text: str) -> str:
 
 def estimate_prompt_tokens(request: GenerationRequest, text: str) -> int:
     """Exact for token ids; about four characters a token for text."""
-    if isinstance(request.prompt, list):
-        return len(request.prompt)
+    if request.prompts and all(isinstance(p, list) for p in request.prompts):
+        return sum(len(p) for p in request.prompts)
     return len(text) // 4 + 1
 
 

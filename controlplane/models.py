@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any, Optional
 
 from sqlalchemy import (ARRAY, BigInteger, CheckConstraint, DateTime, Float, ForeignKey, Index,
-                        Integer, Numeric, String, Text, Uuid, text)
+                        Integer, LargeBinary, Numeric, String, Text, Uuid, text)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -129,6 +129,8 @@ class UsageEvent(Base):
     replica_id: Mapped[Optional[str]]
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime]
+    items: Mapped[Optional[int]] = mapped_column(BigInteger)        # function calls only
+    gpu_seconds: Mapped[Optional[float]] = mapped_column(Float)      # function calls only
 
 
 class ReplicaLifetime(Base):
@@ -162,12 +164,20 @@ class ModelSource(Base):
     every tenant, a shared catalogue). Each tenant's own prefix needs no row."""
     __tablename__ = "model_sources"
     __table_args__ = (Index("uq_model_sources_prefix_tenant", "prefix", "tenant_id", unique=True,
-                            postgresql_nulls_not_distinct=True),)
+                            postgresql_nulls_not_distinct=True),
+                      CheckConstraint("(access_key_id IS NULL) = (secret_sealed IS NULL)",
+                                      name="ck_model_sources_credentials_whole"))
     id: Mapped[str] = _id_column(primary_key=True, default=new_id)
     prefix: Mapped[str]                          # s3://bucket/path/
     tenant_id: Mapped[Optional[str]] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"),
                                                   nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # A tenant's own bucket: read with these credentials, not the platform's (all NULL:
+    # the platform's). The secret is sealed by controlplane.sealing, never kept in clear.
+    endpoint_url: Mapped[Optional[str]] = mapped_column(Text)
+    region: Mapped[Optional[str]] = mapped_column(Text)
+    access_key_id: Mapped[Optional[str]] = mapped_column(Text)
+    secret_sealed: Mapped[Optional[bytes]] = mapped_column(LargeBinary)
 
 
 class Price(Base):

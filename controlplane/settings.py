@@ -27,6 +27,7 @@ class Settings:
     max_body_bytes: int = 1_000_000
     acquire_timeout_s: float = 60.0
     upstream_timeout_s: float = 300.0
+    function_call_retention_s: float = 3600.0   # an async function call's result, after it ends
     default_requests_per_min: int = 600
     default_tokens_per_min: int = 1_000_000
     usage_batch_size: int = 1000
@@ -45,6 +46,9 @@ class Settings:
     # second by LISTEN/NOTIFY, and fully re-read this often in case a notice was lost.
     cache_refresh_s: float = 30.0
     log_level: str = "INFO"
+    # Seals what must be kept to be used again (a tenant bucket's secret key): 32 bytes,
+    # base64; None: a key file made once in the data dir (controlplane.sealing).
+    secrets_key: Optional[str] = None
     # Model sources: each tenant deploys from s3://<models_bucket>/<tenant name>/ and
     # from what an admin grants; uploads land under the same prefix.
     models_bucket: str = "thawpool-models"
@@ -125,9 +129,11 @@ _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
     ("port", "THAWPOOL_PORT", int),
     ("max_body_bytes", "THAWPOOL_MAX_BODY_BYTES", int),
     ("acquire_timeout_s", "THAWPOOL_ACQUIRE_TIMEOUT_S", float),
+    ("function_call_retention_s", "THAWPOOL_FUNCTION_CALL_RETENTION_S", float),
     ("default_requests_per_min", "THAWPOOL_REQUESTS_PER_MIN", int),
     ("default_tokens_per_min", "THAWPOOL_TOKENS_PER_MIN", int),
     ("log_level", "THAWPOOL_LOG_LEVEL", str),
+    ("secrets_key", "THAWPOOL_SECRETS_KEY", str),
     ("usage_buffer_max", "THAWPOOL_USAGE_BUFFER_MAX", int),
     ("outbox_dir", "THAWPOOL_OUTBOX_DIR", lambda v: Path(v).expanduser()),
     ("db_connect_timeout_s", "THAWPOOL_DB_CONNECT_TIMEOUT_S", float),

@@ -11,10 +11,13 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
     from controlplane.deployer import Deployer
+    from controlplane.function_calls import FunctionCalls
     from controlplane.gateway import Gateway
+    from controlplane.gateway_functions import FunctionGateway
     from controlplane.lookups import Lookups
     from controlplane.metering import UsageWriter
     from controlplane.metrics import Metrics
+    from controlplane.sealing import Sealer
     from controlplane.settings import Settings
     from controlplane.uploads import Uploads
     from pool.api import Pool
@@ -30,7 +33,10 @@ class AppState(Protocol):
     pool: Pool
     deployer: Deployer
     gateway: Gateway
+    functions: FunctionGateway
+    function_calls: FunctionCalls
     uploads: Uploads
+    sealer: Sealer
 
 
 def state_of(app: Any) -> AppState:

@@ -33,6 +33,10 @@ class UsageRecord:
     replica_id: Optional[str]
     started_at: datetime
     finished_at: datetime
+    # A function call's (None for a model's): the items it carried, and its share of the
+    # GPU time of the batches that computed them (batch seconds x GPUs / batch items).
+    items: Optional[int] = None
+    gpu_seconds: Optional[float] = None
 
     def row(self) -> dict[str, Any]:
         """A shallow dict: dataclasses.asdict deep-copies every field, too slow for the write path."""

@@ -14,6 +14,21 @@ from typing import Any, Mapping, Optional, Protocol
 
 
 @dataclass(frozen=True)
+class S3Access:
+    """Credentials that read a model source outside the platform's bucket: a tenant's own
+    bucket, granted by an admin with its own keys. Objects read with them are cached
+    apart from the platform's (`origin`); the secret never appears in a repr or a log."""
+    access_key_id: str
+    secret_access_key: str = field(repr=False)
+    endpoint_url: Optional[str] = None       # None: the platform's S3 endpoint
+    region: Optional[str] = None             # None: the platform's region
+
+    @property
+    def origin(self) -> str:
+        return f"{self.endpoint_url or ''}|{self.access_key_id}"
+
+
+@dataclass(frozen=True)
 class TenantQuota:
     """What the operator lets one tenant hold in the pool at once (None: no limit).
 
@@ -40,6 +55,7 @@ class RevisionSpec:
     idle_timeout_s: float = 300.0
     engine: Mapping[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs
     quota: TenantQuota = TenantQuota()       # the tenant's, the same on all its revisions
+    kind: str = "model"            # model: runtime.server | function: runtime.function_server
 
     @property
     def shape(self) -> "ReplicaShape":
@@ -73,6 +89,12 @@ class ModelInfo:
     max_position_embeddings: int = 0
     num_attention_heads: int = 0
     vocab_size: int = 0
+    # A function package (architecture FUNCTION_ARCHITECTURE): its thawpool.toml as text,
+    # which the control plane parses with the replica's own rules (runtime.function_package).
+    function_manifest: Optional[str] = None
+
+
+FUNCTION_ARCHITECTURE = "thawpool-function"     # ModelInfo.architecture of a function package
 
 
 @dataclass(frozen=True)
@@ -81,8 +103,13 @@ class ColdStartTimings:
     queue_s: float = 0.0
     placement_s: float = 0.0
     download_s: float = 0.0
+    env_s: float = 0.0             # a function's per-revision venv (0 when cached or a model)
     load_s: float = 0.0
     total_s: float = 0.0
+    # inside load_s, the replica's own record (runtime/load_timings.py): `<stage>_s` for
+    # process, import, kernels, config, weights, assemble, pack, kv_cache; other_s,
+    # weights_gbps, total_s. Empty when the replica reported none.
+    load_stages: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -186,6 +213,12 @@ class RevisionStatus:
 class DesiredStateSource(Protocol):
     async def revisions(self) -> list[RevisionSpec]: ...
 
+    async def source_access(self, tenant_id: str, uri: str) -> Optional[S3Access]:
+        """The credentials an admin granted `tenant_id` for the bucket `uri` lies in (its
+        own bucket); None: read it with the platform's. Asked at every inspection and
+        cold start, so a revoked or rotated grant takes effect at the next one."""
+        ...
+
 
 @dataclass(frozen=True)
 class Heartbeat:
@@ -242,8 +275,10 @@ class Pool(Protocol):
 
     async def stop(self) -> None: ...
 
-    async def inspect_model(self, model_uri: str) -> ModelInfo:
-        """config.json and the safetensors headers from S3; ModelUnavailable (-> 422)."""
+    async def inspect_model(self, model_uri: str, tenant_id: Optional[str] = None) -> ModelInfo:
+        """config.json and the safetensors headers from S3, read with the tenant's grant
+        for the bucket when it has one (DesiredStateSource.source_access);
+        ModelUnavailable (-> 422)."""
         ...
 
     def check_fits(self, info: ModelInfo, shape: ReplicaShape) -> None:

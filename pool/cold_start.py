@@ -11,7 +11,8 @@
             folders (pulling), pinned until the replica stops; a backend that
             pulls on its node does this inside start_replica
   load      the backend starts runtime.server; the replica is loading until
-            /health answers ready
+            /health answers ready, with the replica's own stages of it (process,
+            import, kernels, config, weights, ...), kept in the cold-start record
 
 `ColdStart.run` moves the replica through pulling and loading and returns
 when it is healthy; the manager marks it ready, or failed with
@@ -23,7 +24,7 @@ import asyncio
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Awaitable, FrozenSet, Optional, TypeVar
+from typing import Any, Awaitable, FrozenSet, Mapping, Optional, TypeVar
 
 import httpx
 
@@ -33,6 +34,7 @@ from pool.api import ColdStartFailed, ColdStartTimings, ModelInfo, ModelUnavaila
 from pool.backends.base import Backend, ReplicaHandle
 from pool.backends.runtime_args import draft_model_uri, with_draft_folder
 from pool.capacity import Capacity
+from pool.function_env import FUNCTION_PYTHON, build_env
 from pool.health import wait_healthy
 from pool.model_info import inspect_model
 from pool.placement import PlacementRequest
@@ -40,7 +42,8 @@ from pool.registry import ManagedReplica
 from pool.replica import Replica, ReplicaState
 from pool.replica_events import ReplicaEvents
 from pool.settings import PoolSettings
-from pool.weights import WeightStore, entry_key
+from pool.sources import SourceStores
+from pool.weights import entry_key
 
 log = logging.getLogger(__name__)
 PREFERENCE_TIMEOUT_S = 30.0             # a backend stuck answering must not stall a cold start
@@ -49,48 +52,56 @@ T = TypeVar("T")
 
 class ColdStart:
     def __init__(self, settings: PoolSettings, backend: Backend, capacity: Capacity,
-                 events: ReplicaEvents, weights: WeightStore, http: httpx.AsyncClient):
+                 events: ReplicaEvents, stores: SourceStores, http: httpx.AsyncClient):
         self.settings = settings
         self.backend = backend
         self.capacity = capacity
         self.events = events
-        self.weights = weights
+        self.stores = stores
         self.http = http
-        self._infos: dict[str, ModelInfo] = {}
+        self._infos: dict[tuple[str, str], ModelInfo] = {}     # (origin, uri) -> info
 
-    async def inspect(self, model_uri: str) -> ModelInfo:
-        """Read the model's description from S3 now (and keep it for cold starts)."""
+    async def inspect(self, model_uri: str, tenant_id: Optional[str] = None) -> ModelInfo:
+        """Read the model's description from S3 now, with the tenant's credentials for
+        the bucket when it was granted some (and keep it for cold starts)."""
+        store = await self.stores.store_for(tenant_id, model_uri)
         try:
-            info = await inspect_model(self.weights.client, model_uri, retry=self.weights.retry)
+            info = await inspect_model(store.client, model_uri, retry=store.retry)
         except ValueError as exc:
             raise ModelUnavailable(str(exc)) from exc
-        self._infos[model_uri] = info
+        self._infos[(store.origin, model_uri)] = info
         return info
 
     async def run(self, managed: ManagedReplica) -> None:
         s = self.settings
         draft_uri = draft_model_uri(managed.spec.engine)          # ModelUnavailable unless a URI
-        info = await stage(self._model_info(managed.spec.model_uri), s.pull_timeout_s, "inspecting the model")
-        draft = await stage(self._model_info(draft_uri), s.pull_timeout_s,
+        tenant = managed.spec.tenant_id
+        info = await stage(self._model_info(managed.spec.model_uri, tenant), s.pull_timeout_s,
+                           "inspecting the model")
+        draft = await stage(self._model_info(draft_uri, tenant), s.pull_timeout_s,
                             "inspecting the draft model") if draft_uri else None
         request = self.capacity.request(info, managed.spec.shape, draft)
-        await self._place(managed, request, await self._nodes_with_weights(managed.spec.model_uri))
+        await self._place(managed, request, await self._nodes_with_weights(managed.spec.model_uri, tenant))
         handle = await self._pull_and_launch(managed, draft_uri)
-        await stage(wait_healthy(handle, self.http, s.health_poll_s), s.load_timeout_s, "loading")
+        ready = await stage(wait_healthy(handle, self.http, s.health_poll_s), s.load_timeout_s, "loading")
+        managed.replica.load_stages = load_stages(ready)
+        log.info("replica %s loaded: %s", managed.replica_id,
+                 " ".join(f"{k}={v:g}" for k, v in managed.replica.load_stages.items()) or "no stages reported")
 
-    async def _model_info(self, model_uri: str) -> ModelInfo:
-        if model_uri not in self._infos:
-            await self.inspect(model_uri)
-        return self._infos[model_uri]
+    async def _model_info(self, model_uri: str, tenant_id: str) -> ModelInfo:
+        store = await self.stores.store_for(tenant_id, model_uri)
+        known = self._infos.get((store.origin, model_uri))
+        return known if known is not None else await self.inspect(model_uri, tenant_id)
 
-    async def _nodes_with_weights(self, model_uri: str) -> FrozenSet[str]:
+    async def _nodes_with_weights(self, model_uri: str, tenant_id: str) -> FrozenSet[str]:
         """Nodes whose own cache already has every file of the model (empty: no preference).
         Only nodes that pull for themselves hold different weights; otherwise there is
         one cache, the pool's, and nothing to ask."""
         if not self.backend.pulls_on_node:
             return frozenset()
         try:
-            objects = await self.weights.list_model(model_uri)
+            store = await self.stores.store_for(tenant_id, model_uri)
+            objects = await store.list_model(model_uri)
             nodes = await asyncio.wait_for(self.backend.nodes_holding([entry_key(o) for o in objects]),
                                            PREFERENCE_TIMEOUT_S)
             return frozenset(nodes)
@@ -125,6 +136,9 @@ class ColdStart:
         registration = Registration(spec_fingerprint(managed.spec),
                                     managed.placed.bytes_per_slot if managed.placed else None)
         if self.backend.pulls_on_node:
+            if managed.spec.kind == "function":
+                raise ColdStartFailed("function deployments run on the local backend for now")
+            await self._refuse_own_credentials(managed.spec.tenant_id, (managed.spec.model_uri, draft_uri))
             managed.handle = await self.backend.start_replica(managed.spec, slots, None, managed.replica_id,
                                                               registration=registration)
             self.events.move(managed, ReplicaState.LOADING)
@@ -133,14 +147,32 @@ class ColdStart:
         spec = managed.spec
         if draft_uri is not None:
             spec = replace(spec, engine=with_draft_folder(spec.engine, str(await self._pull(managed, draft_uri))))
+        if spec.kind == "function":
+            spec = replace(spec, engine={**spec.engine, FUNCTION_PYTHON: await self._function_env(managed, model_dir)})
         self.events.move(managed, ReplicaState.LOADING)
         managed.handle = await self.backend.start_replica(spec, slots, model_dir, managed.replica_id,
                                                           registration=registration)
         return managed.handle
 
+    async def _function_env(self, managed: ManagedReplica, package_dir: Path) -> str:
+        """The interpreter of the function's venv (built, or cached by its requirements),
+        timed as its own stage."""
+        env = await stage(build_env(self.settings, package_dir),
+                          self.settings.pull_timeout_s, "building the function's environment")
+        managed.replica.env_s = env.seconds
+        return env.python
+
+    async def _refuse_own_credentials(self, tenant_id: str, uris: tuple[Optional[str], ...]) -> None:
+        """A node pulls with the platform's credentials; it is never handed a tenant's."""
+        for uri in uris:
+            if uri is not None and await self.stores.access(tenant_id, uri) is not None:
+                raise ColdStartFailed(f"{uri} is read with its tenant's own credentials, which "
+                                      "only a backend the pool pulls for can use")
+
     async def _pull(self, managed: ManagedReplica, model_uri: str) -> Path:
         """A model folder in the pool's cache, pinned for the replica until it stops."""
-        files = await stage(self.weights.fetch_model(model_uri), self.settings.pull_timeout_s, "pulling")
+        store = await self.stores.store_for(managed.spec.tenant_id, model_uri)
+        files = await stage(store.fetch_model(model_uri), self.settings.pull_timeout_s, "pulling")
         managed.files += (files,)
         return files.model_dir
 
@@ -156,9 +188,21 @@ def cold_start_timings(replica: Replica, queue_s: float) -> ColdStartTimings:
     """Seconds per stage of a replica's cold start, from its transitions."""
     ready_at = replica.entered(ReplicaState.READY) or replica.created_mono
     return ColdStartTimings(queue_s=queue_s, placement_s=replica.seconds_in(ReplicaState.PENDING),
-                            download_s=replica.seconds_in(ReplicaState.PULLING),
+                            download_s=replica.seconds_in(ReplicaState.PULLING) - replica.env_s,
+                            env_s=replica.env_s,
                             load_s=replica.seconds_in(ReplicaState.LOADING),
-                            total_s=ready_at - replica.created_mono)
+                            total_s=ready_at - replica.created_mono,
+                            load_stages=dict(replica.load_stages))
+
+
+def load_stages(health: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers of a ready /health's load_timings (the replica's stages); anything else
+    a replica sends there is left out."""
+    timings = health.get("load_timings")
+    if not isinstance(timings, Mapping):
+        return {}
+    return {str(k): float(v) for k, v in timings.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def failure_reason(exc: BaseException) -> str:

@@ -6,17 +6,22 @@ EventLog is a ReplicaEventSink that keeps every event and every heartbeat in ord
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
-from pool.api import Heartbeat, ReplicaEvent, RevisionSpec
+from pool.api import Heartbeat, ReplicaEvent, RevisionSpec, S3Access
+from pool.s3 import access_for
 
 
 class InMemoryDesiredState:
     def __init__(self, specs: Iterable[RevisionSpec] = ()):
         self.specs: list[RevisionSpec] = list(specs)
+        self.grants: dict[str, dict[str, S3Access]] = {}     # tenant -> prefix -> access
 
     async def revisions(self) -> list[RevisionSpec]:
         return list(self.specs)
+
+    async def source_access(self, tenant_id: str, uri: str) -> Optional[S3Access]:
+        return access_for(uri, self.grants.get(tenant_id, {}))
 
     def put(self, spec: RevisionSpec) -> None:
         self.specs = [s for s in self.specs if s.revision_id != spec.revision_id] + [spec]

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from pool.api import ColdStartFailed, ModelInfo, ModelUnavailable
 from pool.model_info import Retry, read_range
-from pool.s3 import MISSING_CODES, S3Client, S3Object, error_code
+from pool.s3 import MISSING_CODES, S3Client, S3Object, error_code, origin_prefix
 from wire.gguf import GGUFError, GGUFHeader, Truncated, parse_header
 from wire.gguf_model import describe
 
@@ -83,7 +83,7 @@ async def read_gguf_header(client: S3Client, obj: S3Object, retry: Retry) -> GGU
 
 def imported_key(obj: S3Object) -> str:
     """The cache entry of the folder imported from obj (its bytes named by the ETag)."""
-    name = f"{obj.bucket}/{obj.key}/{obj.etag}#gguf-import-{IMPORT_FORMAT}"
+    name = origin_prefix(obj) + f"{obj.bucket}/{obj.key}/{obj.etag}#gguf-import-{IMPORT_FORMAT}"
     return hashlib.sha256(name.encode()).hexdigest()[:40]
 
 

@@ -19,8 +19,9 @@ from pool.api import ColdStartFailed
 from pool.backends.base import ReplicaHandle
 
 
-async def wait_healthy(handle: ReplicaHandle, http: httpx.AsyncClient, poll_s: float) -> None:
-    """Until /health says ready; ColdStartFailed when the process exits or the load fails."""
+async def wait_healthy(handle: ReplicaHandle, http: httpx.AsyncClient, poll_s: float) -> dict[str, Any]:
+    """Until /health says ready, then its body; ColdStartFailed when the process exits or
+    the load fails."""
     url = f"{handle.base_url}/health"
     while True:
         if not handle.is_alive():
@@ -28,7 +29,8 @@ async def wait_healthy(handle: ReplicaHandle, http: httpx.AsyncClient, poll_s: f
         try:
             resp = await http.get(url, timeout=2.0, headers=handle.headers)
             if resp.status_code == 200:
-                return
+                body = resp.json()
+                return body if isinstance(body, dict) else {}
             if resp.status_code == 500:
                 raise ColdStartFailed(f"runtime failed to load: {resp.json().get('error')}")
         except (httpx.HTTPError, ValueError):

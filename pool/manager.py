@@ -58,6 +58,7 @@ from pool.replica_events import ReplicaEvents
 from pool.router import Candidate, choose
 from pool.s3 import open_client
 from pool.settings import PoolSettings
+from pool.sources import SourceStores
 from pool.weights import WeightCache, WeightStore
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,8 @@ class PoolManager:
         weights = WeightStore(self._s3, WeightCache(self.settings.cache_dir, self.settings.cache_budget_bytes),
                               self.settings)
         http = httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=1.0))
-        cold_start = ColdStart(self.settings, self.backend, self.capacity, self._events, weights, http)
+        stores = SourceStores(weights, self.desired, self._stack)
+        cold_start = ColdStart(self.settings, self.backend, self.capacity, self._events, stores, http)
         self._opened = Running(weights, http, cold_start)
         await self.backend.start()
         self.started = True                      # from here on, stop() undoes what start() did
@@ -163,8 +165,8 @@ class PoolManager:
 
     # ------------------------------------------------------------- the seam (pool.api.Pool)
 
-    async def inspect_model(self, model_uri: str) -> ModelInfo:
-        return await self._running.cold_start.inspect(model_uri)
+    async def inspect_model(self, model_uri: str, tenant_id: Optional[str] = None) -> ModelInfo:
+        return await self._running.cold_start.inspect(model_uri, tenant_id)
 
     def check_fits(self, info: ModelInfo, shape: ReplicaShape) -> None:
         """NeverFits for a shape no inventory could hold; ModelUnavailable for a draft model

@@ -2,7 +2,8 @@
 
 Reads config.json and, per safetensors file, the 8-byte header length and the
 JSON header with ranged GETs; sums bytes and parameters per dtype. A `.gguf`
-object's header is read by pool/gguf.py.
+object's header is read by pool/gguf.py; a folder with `thawpool.toml` is a
+function package (inspect_function).
 """
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import struct
 from collections import Counter
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
-from pool.api import ModelInfo, ModelUnavailable
-from pool.s3 import MISSING_CODES, S3Client, S3Object, error_code, list_objects, parse_uri
+from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, ModelUnavailable
+from pool.s3 import DENIED_CODES, MISSING_CODES, S3Client, S3Object, error_code, list_objects, parse_uri
 
 HEAD_GUESS = 64 * 1024
 # A model's small files are read whole at deploy time; past these sizes they are not
@@ -25,6 +26,7 @@ SAFETENSORS_DTYPES = {
     "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
     "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
 }
+FUNCTION_MANIFEST = "thawpool.toml"          # runtime.function_package.MANIFEST
 T = TypeVar("T")
 
 
@@ -43,13 +45,43 @@ async def inspect_model(client: S3Client, model_uri: str, retry: Retry = _plain)
 
         return await inspect_gguf(client, model_uri, retry)
     bucket, prefix = parse_uri(model_uri)
-    objects = {o.key[len(prefix):]: o for o in await retry(lambda: list_objects(client, bucket, prefix))}
+    objects = {o.key[len(prefix):]: o for o in await retry(lambda: listing(client, bucket, prefix))}
+    if FUNCTION_MANIFEST in objects:                # a function package, not a model folder
+        return await inspect_function(client, model_uri, objects, retry)
     if "config.json" not in objects:
         raise ModelUnavailable(f"missing object s3://{bucket}/{prefix}config.json")
     config = await read_json(client, objects["config.json"], retry)
     shards = await weight_files(client, objects, retry, f"s3://{bucket}/{prefix}")
     headers = [await read_header(client, objects[name], retry) for name in shards]
     return summarize(model_uri, config, shards, headers)
+
+
+async def listing(client: S3Client, bucket: str, prefix: str) -> list[S3Object]:
+    """The objects under the prefix; ModelUnavailable when the bucket is missing or the
+    credentials it is read with (the platform's, or a tenant grant's) may not list it."""
+    try:
+        return await list_objects(client, bucket, prefix)
+    except Exception as exc:  # noqa: BLE001 - classified below, the rest propagates
+        code = error_code(exc)
+        if code in MISSING_CODES:
+            raise ModelUnavailable(f"missing bucket s3://{bucket}/") from exc
+        if code in DENIED_CODES:
+            raise ModelUnavailable(f"s3://{bucket}/{prefix} cannot be read with the credentials "
+                                   f"its model source grants ({code})") from exc
+        raise
+
+
+async def inspect_function(client: S3Client, model_uri: str, objects: dict[str, S3Object],
+                           retry: Retry) -> ModelInfo:
+    """A function package: its manifest's text (the control plane parses it) and the
+    size of every file, which the pool pulls whole."""
+    manifest = objects[FUNCTION_MANIFEST]
+    if manifest.size > JSON_MAX_BYTES:
+        raise ModelUnavailable(f"{manifest.uri} is {manifest.size} bytes, over the {JSON_MAX_BYTES}-byte cap")
+    text = (await read_range(client, manifest, retry)).decode("utf-8", "replace")
+    return ModelInfo(model_uri=model_uri, architecture=FUNCTION_ARCHITECTURE,
+                     weight_bytes=sum(o.size for o in objects.values()), dtype="none",
+                     num_parameters=0, files=tuple(sorted(objects)), function_manifest=text)
 
 
 async def weight_files(client: S3Client, objects: dict[str, S3Object], retry: Retry, where: str) -> list[str]:

@@ -57,6 +57,8 @@ class Replica:
     slot_ids: tuple[str, ...] = ()
     reason: Optional[str] = None
     history: list[Transition] = field(default_factory=list)
+    env_s: float = 0.0                 # a function's venv stage, inside its time in PULLING
+    load_stages: dict[str, float] = field(default_factory=dict)   # its /health load_timings once ready
 
     def __post_init__(self) -> None:
         if not self.history:

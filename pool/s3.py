@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import random
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, Awaitable, Callable, Mapping, Optional, TypeVar
 
+from pool.api import S3Access
 from pool.settings import PoolSettings
 
 T = TypeVar("T")
@@ -23,6 +24,7 @@ TRANSIENT_CODES = frozenset({
 })
 MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound", "NoSuchBucket"})
 MISMATCH_CODES = frozenset({"PreconditionFailed", "412"})
+DENIED_CODES = frozenset({"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"})
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,9 @@ class S3Object:
     key: str
     size: int
     etag: str                        # without quotes
+    # Who it was read from: "" the platform's S3, else S3Access.origin. Part of the
+    # cache key, so a tenant's own endpoint cannot pass its objects off as another's.
+    origin: str = ""
 
     @property
     def uri(self) -> str:
@@ -39,6 +44,11 @@ class S3Object:
     @property
     def is_multipart_etag(self) -> bool:
         return "-" in self.etag
+
+
+def origin_prefix(obj: S3Object) -> str:
+    """What a cache key of obj starts with: nothing for the platform's own S3."""
+    return f"{obj.origin}|" if obj.origin else ""
 
 
 def parse_uri(uri: str) -> tuple[str, str]:
@@ -50,6 +60,20 @@ def parse_uri(uri: str) -> tuple[str, str]:
         raise ValueError(f"model_uri: no bucket in {uri!r}")
     prefix = prefix.strip("/")
     return bucket, f"{prefix}/" if prefix else ""
+
+
+def access_for(uri: str, grants: Mapping[str, S3Access]) -> Optional[S3Access]:
+    """The access of the longest granted prefix `uri` lies under (None: the platform's)."""
+    under = [prefix for prefix in grants if uri.startswith(prefix)]
+    return grants[max(under, key=len)] if under else None
+
+
+def with_access(settings: PoolSettings, access: S3Access) -> PoolSettings:
+    """`settings` reading S3 with `access` in place of the platform's credentials."""
+    return replace(settings, s3_endpoint=access.endpoint_url or settings.s3_endpoint,
+                   s3_region=access.region or settings.s3_region,
+                   aws_access_key_id=access.access_key_id,
+                   aws_secret_access_key=access.secret_access_key)
 
 
 async def open_client(settings: PoolSettings, stack: AsyncExitStack) -> S3Client:

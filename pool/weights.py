@@ -25,15 +25,16 @@ import shutil
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Awaitable, Callable, Iterable, Optional, TypeVar
 
 from pool import gguf
 from pool.api import ColdStartFailed
 from pool.gguf import is_gguf_uri
+from pool.model_info import FUNCTION_MANIFEST
 from pool.s3 import (MISMATCH_CODES, MISSING_CODES, S3Client, S3Object, ShortRead, error_code,
-                     list_objects, parse_uri, with_retries)
+                     list_objects, origin_prefix, parse_uri, with_retries)
 from pool.settings import PoolSettings
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,10 @@ class ModelFiles:
 
 
 def entry_key(obj: S3Object) -> str:
-    return hashlib.sha256(f"{obj.bucket}/{obj.key}/{obj.etag}".encode()).hexdigest()[:40]
+    """Named by where the bytes came from and their ETag; the platform's objects
+    (origin "") keep the names they had before tenants could bring their own bucket."""
+    name = origin_prefix(obj) + f"{obj.bucket}/{obj.key}/{obj.etag}"
+    return hashlib.sha256(name.encode()).hexdigest()[:40]
 
 
 class WeightCache:
@@ -179,10 +183,11 @@ class WeightCache:
 class WeightStore:
     """Fetches model folders from S3 through the cache; dedupes concurrent fetches."""
 
-    def __init__(self, client: S3Client, cache: WeightCache, settings: PoolSettings):
+    def __init__(self, client: S3Client, cache: WeightCache, settings: PoolSettings, origin: str = ""):
         self.client = client
         self.cache = cache
         self.settings = settings
+        self.origin = origin            # S3Access.origin of the client's credentials
         self._parts = asyncio.Semaphore(settings.download_concurrency)
         self._inflight: dict[str, Shared] = {}
 
@@ -192,11 +197,16 @@ class WeightStore:
                                   cap_s=s.s3_backoff_cap_s)
 
     async def list_model(self, model_uri: str) -> list[S3Object]:
+        return [replace(o, origin=self.origin) for o in await self._list(model_uri)]
+
+    async def _list(self, model_uri: str) -> list[S3Object]:
         if is_gguf_uri(model_uri):
             return [await self.retry(lambda: gguf.head(self.client, model_uri))]
         bucket, prefix = parse_uri(model_uri)
         objects = await self.retry(lambda: list_objects(self.client, bucket, prefix))
         names = {o.key[len(prefix):] for o in objects}
+        if FUNCTION_MANIFEST in names:      # a function package: every file, in its folders
+            return objects
         if "config.json" not in names:
             raise ColdStartFailed(f"missing object s3://{bucket}/{prefix}config.json")
         if not any(n.endswith(".safetensors") for n in names):
@@ -215,7 +225,7 @@ class WeightStore:
         try:
             fresh = [o for o in objects if o not in self.cache]
             paths = await settle_all([self.fetch_object(o) for o in objects])
-            model_dir = self._link(objects, paths)
+            model_dir = self._link(objects, paths, _package_prefix(model_uri, objects))
         except BaseException:
             self.cache.unpin(keys)
             raise
@@ -226,13 +236,18 @@ class WeightStore:
     def release(self, files: ModelFiles) -> None:
         self.cache.unpin(files.keys)
 
-    def _link(self, objects: list[S3Object], paths: list[Path]) -> Path:
+    def _link(self, objects: list[S3Object], paths: list[Path], package_prefix: Optional[str] = None) -> Path:
         digest = hashlib.sha256("\n".join(entry_key(o) for o in objects).encode()).hexdigest()[:24]
         folder = self.cache.models / digest
         staging = self.cache.tmp / f"model-{digest}-{uuid.uuid4().hex}"
         staging.mkdir()
         for obj, path in zip(objects, paths):
-            os.symlink(path, staging / obj.key.rsplit("/", 1)[-1])
+            name = obj.key[len(package_prefix):] if package_prefix else obj.key.rsplit("/", 1)[-1]
+            if ".." in Path(name).parts or name.startswith("/"):
+                raise ColdStartFailed(f"{obj.uri}: a file name that leaves its folder")
+            link = staging / name
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(path, link)
         shutil.rmtree(folder, ignore_errors=True)
         os.rename(staging, folder)
         return folder
@@ -374,6 +389,15 @@ def raise_clear(obj: S3Object, exc: Exception) -> None:
     if code in MISMATCH_CODES:
         raise ColdStartFailed(f"ETag mismatch for {obj.uri}: changed since listed (expected {obj.etag})") from exc
     raise exc
+
+
+def _package_prefix(model_uri: str, objects: list[S3Object]) -> Optional[str]:
+    """A function package's key prefix: its files keep their sub-folders (a model's
+    folder is flat). None for a model."""
+    if is_gguf_uri(model_uri):
+        return None
+    prefix = parse_uri(model_uri)[1]
+    return prefix if any(o.key == prefix + FUNCTION_MANIFEST for o in objects) else None
 
 
 def part_ranges(size: int, part: int) -> list[tuple[int, int]]:

@@ -34,14 +34,25 @@ ARCHITECTURES: dict[str, Architecture] = {
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
 
-def check_engine_options(architecture: str, tensor_parallel_size: int,
-                         quantization: Optional[str]) -> None:
-    """Refuse, naming the architecture, an engine option its model class cannot honour."""
+def engine_option_refusal(architecture: str, tensor_parallel_size: int,
+                          quantization: Optional[str]) -> Optional[tuple[str, str]]:
+    """(option, why) for an engine option the architecture's model class cannot honour;
+    None when it can. The control plane refuses such a deploy (422 naming the option)
+    before a replica is ever started; the engine refuses it too."""
     arch = ARCHITECTURES[architecture]
     if tensor_parallel_size > 1 and not arch.tensor_parallel:
         able = ", ".join(name for name, a in ARCHITECTURES.items() if a.tensor_parallel)
-        raise ValueError(f"tensor_parallel_size: {architecture} runs on one rank only "
-                         f"(tensor parallelism serves {able})")
+        return ("tensor_parallel_size", f"{architecture} runs on one rank only "
+                                        f"(tensor parallelism serves {able})")
     if quantization is not None and not arch.int8:
-        raise ValueError(f"quantization: {quantization} does not cover {architecture}'s experts "
-                         f"yet; serve it unquantized")
+        return ("quantization", f"{quantization} does not cover {architecture}'s experts "
+                                "yet; serve it unquantized")
+    return None
+
+
+def check_engine_options(architecture: str, tensor_parallel_size: int,
+                         quantization: Optional[str]) -> None:
+    """ValueError naming the option and the architecture (engine_option_refusal)."""
+    refusal = engine_option_refusal(architecture, tensor_parallel_size, quantization)
+    if refusal is not None:
+        raise ValueError(f"{refusal[0]}: {refusal[1]}")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional, Protocol, Union
 
 from runtime.outputs import EngineStats, RequestOutput
+from runtime.request import sample_ids
 from wire.sampling import SamplingParams
 
 
@@ -146,19 +147,25 @@ class AsyncEngine:
     async def add(self, request_id: str, prompt_token_ids: list[int],
                   params: SamplingParams) -> RequestStream:
         """Queue a request; raises the engine's ValueError (too long, bad ids) if it refuses."""
-        request_id = self._unique_id(request_id)
-        queue: asyncio.Queue[Delivery] = asyncio.Queue()
-        self._requests[request_id] = queue
+        return (await self.add_samples(request_id, prompt_token_ids, params))[0]
+
+    async def add_samples(self, request_id: str, prompt_token_ids: list[int],
+                          params: SamplingParams) -> list[RequestStream]:
+        """Like `add`, with one stream per sample (params.n of them, the first the leader's)."""
+        ids = self._unique_ids(request_id, params.n)
+        queues: list[asyncio.Queue[Delivery]] = [asyncio.Queue() for _ in ids]
+        self._requests.update(zip(ids, queues))
         done: asyncio.Future[None] = self._running_loop().create_future()
-        self._submit(_Add(request_id, prompt_token_ids, params, done))
+        self._submit(_Add(ids[0], prompt_token_ids, params, done))
         try:
             await asyncio.shield(done)
         except ValueError:
-            raise   # `_added` already forgot it
+            raise   # `_added` already forgot them
         except BaseException:
-            self.abort(request_id)   # the client left while we waited
+            for sample_id in ids:
+                self.abort(sample_id)   # the client left while we waited
             raise
-        return RequestStream(request_id, queue, self)
+        return [RequestStream(i, q, self) for i, q in zip(ids, queues)]
 
     def abort(self, request_id: str) -> None:
         """Stop reading the request; the engine ends it and frees its blocks at its next step."""
@@ -170,13 +177,13 @@ class AsyncEngine:
         if self._requests.get(request_id) is not None:
             self._submit(_Abort(request_id))
 
-    def _unique_id(self, wanted: str) -> str:
+    def _unique_ids(self, wanted: str, num_samples: int) -> list[str]:
         """Ids must be distinct in the engine, even from aborted ones not yet freed;
-        a repeat gets a suffix."""
+        a repeat gets a suffix. The ids of a request's samples follow from its own."""
         candidate, n = wanted, 1
-        while candidate in self._requests:
+        while any(i in self._requests for i in sample_ids(candidate, num_samples)):
             candidate, n = f"{wanted}-{n}", n + 1
-        return candidate
+        return sample_ids(candidate, num_samples)
 
     def _submit(self, op: _Op) -> None:
         with self._handoff.cond:
@@ -189,8 +196,9 @@ class AsyncEngine:
         return self._loop
 
     def _added(self, op: _Add, error: Optional[ValueError]) -> None:
-        if error is not None:
-            self._requests.pop(op.request_id, None)   # refused: the engine never held it
+        if error is not None:   # refused: the engine never held it, nor its samples
+            for sample_id in sample_ids(op.request_id, op.params.n):
+                self._requests.pop(sample_id, None)
         if op.done.done():
             return
         if error is None:

@@ -142,6 +142,30 @@ class BlockManager:
                 self._cached[digest] = table[i]
                 self._block_hash[table[i]] = digest
 
+    # ---- parallel samples (n > 1)
+    def can_fork(self, num_tokens: int) -> bool:
+        """A fork needs one fresh block, for its copy of a partial last block."""
+        return num_tokens % self.block_size == 0 or self.num_free_blocks >= 1
+
+    def fork(self, parent_id: str, child_id: str, num_tokens: int) -> Optional[tuple[int, int]]:
+        """The child shares the parent's full blocks of its first num_tokens tokens (one more
+        reference each); a partial last block is copied on write: the child gets a fresh
+        block, and the (source, destination) pair is returned for the runner to copy."""
+        full = num_tokens // self.block_size
+        table = self._tables[parent_id][:full]
+        for block in table:
+            if block != self.null_block:
+                self._take(block)
+        copy = None
+        if num_tokens % self.block_size:
+            fresh = self._fresh_block()
+            copy = (self._tables[parent_id][full], fresh)
+            table.append(fresh)
+        self._tables[child_id] = table
+        self._hashes[child_id] = self._hashes[parent_id][:full]
+        self._salts[child_id] = self._salts[parent_id]
+        return copy
+
     def deallocate(self, request_id: str) -> None:
         """Release the request's blocks, tail first, so tails are evicted before shared heads."""
         table = self._tables.pop(request_id)

@@ -223,6 +223,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: Optional[int] = None          # None: the model's max_position_embeddings
     seed: int = 0
+    task: str = "generate"                       # or "embed": pooled hidden states (runtime/embedding.py)
+    pooling: str = "last"                        # embed: "last" token or "mean" over the prompt
 
     def validate(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -234,5 +236,19 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be a positive integer")
+        check_task(self.task, self.pooling, self.speculative)
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:
             raise ValueError(f"kv_cache_tokens: must be at least block_size ({self.block_size})")
+
+
+TASKS = ("generate", "embed")
+POOLINGS = ("last", "mean")
+
+
+def check_task(task: str, pooling: str, speculative: Optional[dict[str, Any]]) -> None:
+    if task not in TASKS:
+        raise ValueError(f"task: {task!r} is not one of {', '.join(TASKS)}")
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling: {pooling!r} is not one of {', '.join(POOLINGS)}")
+    if task == "embed" and speculative is not None:
+        raise ValueError("speculative: an embedding model generates nothing to speculate on")

@@ -16,15 +16,33 @@ from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig, ModelConfig
 from runtime.load_timings import LoadTimings
 from runtime.outputs import EngineStats, RequestOutput
-from runtime.request import Request
+from runtime.parallel import in_background
+from runtime.request import Request, sample_requests
 from runtime.scheduler import Scheduler, SchedulerConfig
 from runtime.speculative import SpeculativeConfig, Speculator, make_speculator
+from runtime.structured_output import StructuredOutputs
 from runtime.tensor_parallel import check_divisible
 from runtime.tokenizer import Tokenizer
 from wire.sampling import SamplingParams, validate_prompt_ids
 
 if TYPE_CHECKING:
     from runtime.model_runner import ModelRunner
+
+
+def check_plain_sampling(params: SamplingParams) -> None:
+    """Speculative verification samples from the raw logits, one sequence per request."""
+    if params.n > 1:
+        raise ValueError("n: n > 1 is not supported with speculative decoding")
+    if params.processor_in_use is not None:
+        raise ValueError(f"{params.processor_in_use}: penalties, logit_bias, min_p and "
+                         "min_tokens are not supported with speculative decoding")
+
+
+def _aborted(request: Request) -> RequestOutput:
+    return RequestOutput(
+        request_id=request.request_id, new_token_ids=[], finished=True, finish_reason="abort",
+        num_prompt_tokens=request.num_prompt_tokens,
+        num_cached_tokens=request.num_cached_tokens or 0, metrics=request.metrics())
 
 
 def check_features(config: EngineConfig) -> None:
@@ -52,20 +70,28 @@ class LLMEngine:
         check_engine_options(self.model_config.architecture, self.config.tensor_parallel_size,
                              self.config.quantization)
         check_divisible(self.model_config, self.config.tensor_parallel_size)
-        self.tokenizer = Tokenizer(model, self.model_config.eos_token_ids)
-        since = timings.record("config_tokenizer", since)
+        # the tokenizer's JSON is parsed while the weights load (it is model-sized work
+        # that moves no weights); its wait, if any, is the `tokenizer` stage
+        tokenizer = in_background(Tokenizer, model, self.model_config.eos_token_ids)
+        since = timings.record("config", since)
         # torch is imported here, not before
         from runtime.model_runner import ModelRunner
-        timings.record("import_torch", since)
+        timings.record("import", since)
         self.runner = self._runner(ModelRunner, timings, on_worker_failure)
+        since = time.perf_counter()
+        self.tokenizer = tokenizer.result()
+        timings.record("tokenizer", since)
+        self.load_record = timings                               # stages and weight bytes
         self.load_timings: dict[str, float] = timings.stages   # seconds per load stage
         # bytes on each rank's device, after any quantization; rank 0 first
         self.rank_weight_memory = self.runner.weight_memory()
         self.weight_memory = self.rank_weight_memory[0]
         self.max_model_len = min(self.config.max_model_len or self.model_config.max_position_embeddings,
                                  self.runner.num_blocks * self.config.block_size)
+        # an embedding pools every prompt position: none may be skipped as cached
+        prefix_caching = self.config.enable_prefix_caching and self.config.task == "generate"
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
-                                          self.config.enable_prefix_caching,
+                                          prefix_caching,
                                           sliding_window=self.model_config.kv_window)
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=self.config.max_num_seqs,
@@ -77,6 +103,8 @@ class LLMEngine:
             self.speculator = make_speculator(self.config.speculative, self.config,
                                               self.max_model_len, self.runner.num_blocks)
         self._eos = tuple(dict.fromkeys(self.model_config.eos_token_ids + self.tokenizer.eos_token_ids))
+        self.structured = self.runner.structured = StructuredOutputs(
+            model, self.model_config.vocab_size, self._eos)
         self._aborts: list[str] = []   # applied at the start of the next step
         self.step_s = 0.0          # wall time inside step()
 
@@ -90,22 +118,27 @@ class LLMEngine:
         could never run. The request joins the batch at the next step."""
         validate_prompt_ids(prompt_token_ids, self.model_config.vocab_size)
         params.validate(self.model_config.vocab_size)
+        self.structured.check(params)   # the grammar compiles for this tokenizer
+        if self.config.speculative is not None:
+            check_plain_sampling(params)
         salt = cache_salt if cache_salt is not None else self.config.cache_salt
-        self.scheduler.add(Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids),
-                                   params=params, arrival_time=time.monotonic(),
-                                   eos_token_ids=self._eos, cache_salt=salt))
+        request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids),
+                          params=params, arrival_time=time.monotonic(),
+                          eos_token_ids=self._eos, cache_salt=salt)
+        request.samples = sample_requests(request)   # n > 1: ids request_id/1 .. /n-1
+        self.scheduler.add(request)
 
     def abort_request(self, request_id: str) -> None:
         """The request's blocks are freed, and its last output (finish_reason "abort") made,
         at the start of the next step; an id the engine does not hold is ignored."""
-        if request_id in self.scheduler.requests:
+        if self.scheduler.holds(request_id):
             self._aborts.append(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def unfinished_request_ids(self) -> list[str]:
-        return list(self.scheduler.requests)
+        return self.scheduler.unfinished_ids()
 
     def step(self) -> list[RequestOutput]:
         started = time.perf_counter()
@@ -160,11 +193,8 @@ class LLMEngine:
         outputs = []
         for request_id in aborts:
             request = self.scheduler.abort(request_id, time.monotonic())
-            if request is not None:
-                outputs.append(RequestOutput(
-                    request_id=request_id, new_token_ids=[], finished=True, finish_reason="abort",
-                    num_prompt_tokens=request.num_prompt_tokens,
-                    num_cached_tokens=request.num_cached_tokens or 0, metrics=request.metrics()))
+            if request is not None:   # with its samples never forked, if any
+                outputs += [_aborted(r) for r in [request, *request.samples] if r.finished]
         return outputs
 
     def stats(self) -> EngineStats:

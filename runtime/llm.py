@@ -7,6 +7,7 @@ from typing import Any, Optional, Sequence, Union, cast
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.engine import LLMEngine
 from runtime.outputs import CompletionOutput, RequestOutput
+from runtime.request import sample_ids
 from runtime.tokenizer import Tokenizer
 from wire.sampling import SamplingParams
 
@@ -44,12 +45,20 @@ class LLM:
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             request_id = str(next(self._ids))
             self.engine.add_request(request_id, ids, p)
-            jobs[request_id] = _Job(CompletionOutput(request_id, ids), self._detokenizer(p))
+            for sample_id in sample_ids(request_id, p.n):   # n > 1: prompt i's j-th at i * n + j
+                jobs[sample_id] = _Job(CompletionOutput(sample_id, ids), self._detokenizer(p))
         order = list(jobs)
         while self.engine.has_unfinished_requests():
             for delta in self.engine.step():
                 self._absorb(jobs[delta.request_id], delta)
         return [jobs[i].finish(self.tokenizer) for i in order]
+
+    def embed(self, prompts: Union[Prompt, Sequence[Prompt]]) -> list[list[float]]:
+        """Pooled, normalized hidden states of each prompt (an engine with task="embed")."""
+        if self.engine.config.task != "embed":
+            raise ValueError("task: this engine generates; make it with task='embed'")
+        outs = self.generate(prompts, SamplingParams(max_tokens=1))
+        return [o.embedding or [] for o in outs]
 
     def _detokenizer(self, p: SamplingParams) -> Optional[IncrementalDetokenizer]:
         return IncrementalDetokenizer(self.tokenizer, p.stop) if p.stop else None
@@ -58,6 +67,7 @@ class LLM:
         out = job.out
         out.token_ids.extend(delta.new_token_ids)
         out.num_cached_tokens = delta.num_cached_tokens
+        out.embedding = delta.embedding or out.embedding
         if delta.new_logprobs is not None:
             out.logprobs = (out.logprobs or []) + delta.new_logprobs
         if job.detok is not None and not job.detok.stopped:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Optional
 
 from runtime.async_engine import AsyncEngine
+from runtime.embedding_serving import EmbeddingServing
+from runtime.load_timings import LoadTimings, process_age_s
 from runtime.metrics import ServerMetrics
 from runtime.openai_serving import OpenAIServing
 from runtime.outputs import EngineStats
@@ -49,14 +51,30 @@ class LoadedModel:
     llm_engine: "LLMEngine"
     async_engine: AsyncEngine     # the one thread that drives llm_engine
     serving: OpenAIServing
+    embedding: Optional[EmbeddingServing] = None   # engine task "embed": /v1/embeddings
 
 
-def warm_imports() -> float:
-    """Import torch and the engine now, so a later load pays only for the weights."""
+def warm_imports(device: Optional[str] = None) -> float:
+    """What a standby does before any load is asked for: import torch and the engine, and
+    build or load the kernels for `device` (default: CUDA where there is one, else the
+    CPU), so a later load pays only for the model itself."""
+    start = time.perf_counter()
+    import_engine()
+    from kernels.dispatch import get_kernels
+    get_kernels(device or _default_device())
+    return time.perf_counter() - start
+
+
+def import_engine() -> float:
     start = time.perf_counter()
     import runtime.engine  # noqa: F401
-    import runtime.model_runner  # noqa: F401  (torch, the model code and the kernels)
+    import runtime.model_runner  # noqa: F401  (torch, the model code)
     return time.perf_counter() - start
+
+
+def _default_device() -> str:
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def engine_kwarg_names() -> set[str]:
@@ -64,19 +82,22 @@ def engine_kwarg_names() -> set[str]:
     return {f.name for f in fields(EngineConfig)} - {"model", "extra"}
 
 
-def _build_llm_engine(request: LoadRequest) -> tuple["LLMEngine", dict[str, float]]:
-    """Runs in a worker thread: construct the engine, timing each stage."""
-    timings = {"import_s": round(warm_imports(), 6)}
-    from runtime.engine import LLMEngine
+def build_llm_engine(request: LoadRequest) -> tuple["LLMEngine", dict[str, float]]:
+    """Construct the engine (in a worker thread under the server) with its load timings:
+    see runtime/load_timings.py for the stages."""
     start = time.perf_counter()
+    timings = LoadTimings()
+    # a process that has not imported torch yet was started for this very load (a
+    # standby imported it long before, off the critical path)
+    timings.add("process", 0.0 if "torch" in sys.modules else process_age_s())
+    timings.add("import", import_engine())      # the engine times the kernels itself
+    from runtime.engine import LLMEngine
     llm_engine = LLMEngine(request.model, on_worker_failure=_end_replica, **request.engine_kwargs)
-    timings["engine_init_s"] = round(time.perf_counter() - start, 6)
-    timings.update({_seconds_key(stage): s for stage, s in llm_engine.load_timings.items()})
-    return llm_engine, timings
-
-
-def _seconds_key(stage: str) -> str:
-    return stage if stage.endswith("_s") else f"{stage}_s"
+    for stage, seconds in llm_engine.load_timings.items():
+        timings.add(stage, seconds)
+    timings.weight_bytes = llm_engine.load_record.weight_bytes
+    process_s = timings.stages["process"]
+    return llm_engine, timings.summary(process_s + time.perf_counter() - start)
 
 
 def _end_replica(reason: str) -> None:
@@ -120,7 +141,7 @@ class ModelHost:
     async def _load(self, request: LoadRequest) -> None:
         start = time.perf_counter()
         try:
-            llm_engine, timings = await asyncio.to_thread(_build_llm_engine, request)
+            llm_engine, timings = await asyncio.to_thread(build_llm_engine, request)
         except Exception as exc:   # noqa: BLE001 - any failure is reported on /health
             self.status, self.error = Status.FAILED, f"{type(exc).__name__}: {exc}"
             self.load_timings = {"total_s": round(time.perf_counter() - start, 6)}
@@ -129,8 +150,11 @@ class ModelHost:
         async_engine.start()
         serving = OpenAIServing(request.served_model_name, async_engine, llm_engine.tokenizer,
                                 llm_engine.max_model_len, self.metrics)
-        self.model = LoadedModel(request.served_model_name, llm_engine, async_engine, serving)
-        self.load_timings = {**timings, "total_s": round(time.perf_counter() - start, 6)}
+        embedding = EmbeddingServing(request.served_model_name, async_engine, llm_engine.tokenizer,
+                                     self.metrics) if llm_engine.config.task == "embed" else None
+        self.model = LoadedModel(request.served_model_name, llm_engine, async_engine, serving,
+                                 embedding)
+        self.load_timings = timings
         self.status = Status.READY
 
     def health(self) -> tuple[int, dict[str, Any]]:

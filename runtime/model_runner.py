@@ -7,19 +7,23 @@ scored at every row and verified by runtime/rejection_sampler.py.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any, Callable, Optional, TypeVar
 
 import torch
 
+from kernels.dispatch import get_kernels
 from runtime.config import EngineConfig, ModelConfig
+from runtime.embedding import Pooler
 from runtime.load_timings import LoadTimings
 from runtime.loader import DTYPES
 from runtime.models import model_class
 from runtime.models.batch import DecodeMeta, ForwardBatch, PrefillMeta
 from runtime.rejection_sampler import speculative_verify
 from runtime.sampler import Sampler
+from runtime.structured_output import PendingMasks, StructuredOutputs
 from runtime.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
 from runtime.tensor_parallel import TensorParallel
 from runtime.worker_group import WorkerGroup
@@ -43,6 +47,9 @@ class ModelRunner:
             tp.connect(self.device)           # waits for every rank to be up
             timings.record("tp_connect", since)
         self.max_len = config.max_model_len or model_config.max_position_embeddings
+        since = time.perf_counter()
+        get_kernels(self.device)            # built or loaded once per process; the model asks again
+        timings.record("kernels", since)
         self.model = model_class(model_config.architecture)(
             model_config, DTYPES[config.dtype], self.device, quantization=config.quantization, tp=tp,
             context_len=self.max_len)
@@ -52,6 +59,8 @@ class ModelRunner:
         self.kv_caches = self.model.allocate_kv_cache(self.num_blocks, self.block_size)
         timings.record("kv_cache", since)
         self.sampler = Sampler(self.device, config.seed)
+        self.pooler = Pooler(config.pooling) if config.task == "embed" else None
+        self.structured: Optional[StructuredOutputs] = None   # the engine's, when it has one
         self.forward_s = 0.0                  # time inside the model forward (incl. logits)
 
     def _num_blocks(self, model_config: ModelConfig) -> int:
@@ -67,22 +76,47 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: SchedulerOutput) -> RunnerOutput:
         self.sampler.release(batch.finished)
+        if self.structured is not None:
+            self.structured.release(batch.finished)
+        if batch.copies:
+            self.copy_blocks(batch.copies)
         if not batch.chunks:
             return RunnerOutput()
         chunks = prefills_first(batch.chunks)
-        logits = self.compute_logits(chunks)
+        if self.pooler is not None:
+            return RunnerOutput(embeddings=self._embed(chunks, batch.finished))
         sampled = [c for c in chunks if c.sample]
+        masks = self._start_masks(sampled)   # structured outputs: computed during the forward
+        logits = self.compute_logits(chunks)
         if not any(c.draft_token_ids for c in sampled):
-            return self._sample(logits, sampled)
+            return self._sample(logits, sampled, masks=masks)
         rows = _first_rows(sampled)
         plain = [i for i, c in enumerate(sampled) if not c.draft_token_ids]
         out = RunnerOutput()
         if plain:
-            self._sample(logits[[rows[i] for i in plain]], [sampled[i] for i in plain], out)
+            self._sample(logits[[rows[i] for i in plain]], [sampled[i] for i in plain], out, masks)
         for i, chunk in enumerate(sampled):
             if chunk.draft_token_ids:
                 self._verify(logits[rows[i]:rows[i] + 1 + len(chunk.draft_token_ids)], chunk, out)
         return out
+
+    @torch.inference_mode()
+    def compute_hidden(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """Final hidden states [T, H] of every scheduled token, in chunk order (task "embed")."""
+        def local() -> torch.Tensor:
+            input_ids, fwd = self._prepare(chunks)
+            every = torch.arange(len(input_ids), device=self.device)
+            started = time.perf_counter()
+            hidden = self.model.forward(input_ids, dataclasses.replace(fwd, logits_indices=every),
+                                        self.kv_caches)
+            self.forward_s += time.perf_counter() - started
+            return hidden
+        return self._on_every_rank(local, "compute_hidden", chunks)[0]
+
+    def _embed(self, chunks: list[ScheduledChunk], finished: list[str]) -> dict[str, list[float]]:
+        assert self.pooler is not None
+        self.pooler.release(finished)
+        return self.pooler.pool(self.compute_hidden(chunks), chunks)
 
     @torch.inference_mode()
     def compute_logits(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
@@ -119,16 +153,45 @@ class ModelRunner:
             self.workers.close()
         self.tp.disconnect()
 
+    @torch.inference_mode()
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write of forked KV blocks (n > 1), on every rank: dst <- src, every layer."""
+        def local() -> None:
+            src = torch.tensor([s for s, _ in pairs], device=self.device)
+            dst = torch.tensor([d for _, d in pairs], device=self.device)
+            for k, v in self.kv_caches:
+                k[dst] = k[src]
+                v[dst] = v[src]
+        self._on_every_rank(local, "copy_blocks", pairs)
+
     def _sample(self, logits: torch.Tensor, sampled: list[ScheduledChunk],
-                out: Optional[RunnerOutput] = None) -> RunnerOutput:
+                out: Optional[RunnerOutput] = None, masks: Optional[PendingMasks] = None) -> RunnerOutput:
+        """One token per chunk, and one per fork (n > 1) from its chunk's row; `masks`: the
+        allowed tokens of the rows with a structured output."""
         out = RunnerOutput() if out is None else out
-        tokens, logprobs = self.sampler.sample(
-            logits, [c.request_id for c in sampled], [c.params for c in sampled])
-        for chunk, token, lp in zip(sampled, tokens, logprobs):
-            out.token_ids[chunk.request_id] = [token]
+        rows, ids, params, histories = [], [], [], []
+        for row, chunk in enumerate(sampled):
+            for request_id, p in [(chunk.request_id, chunk.params), *chunk.forks]:
+                rows.append(row)
+                ids.append(request_id)
+                params.append(p)
+                histories.append(chunk.history)
+        if len(rows) > len(sampled):
+            logits = logits[rows]
+        mask = masks.take([sampled[r].request_id for r in rows]) if masks is not None else None
+        tokens, logprobs = self.sampler.sample(logits, ids, params, histories, mask)
+        if mask is not None and self.structured is not None:
+            self.structured.advance(ids, params, tokens)
+        for request_id, token, lp in zip(ids, tokens, logprobs):
+            out.token_ids[request_id] = [token]
             if lp is not None:
-                out.logprobs[chunk.request_id] = [lp]
+                out.logprobs[request_id] = [lp]
         return out
+
+    def _start_masks(self, sampled: list[ScheduledChunk]) -> Optional[PendingMasks]:
+        if self.structured is None or not any(c.params.structured_output for c in sampled):
+            return None
+        return self.structured.start([c.request_id for c in sampled], [c.params for c in sampled])
 
     def _verify(self, logits: torch.Tensor, chunk: ScheduledChunk, out: RunnerOutput) -> None:
         """logits [1 + k, V] of one sequence's last token and its k proposals."""

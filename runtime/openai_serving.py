@@ -18,10 +18,12 @@ wire's parser has already validated (fields, without the model) and answers it:
 
 A refusal before the engine holds the request is a `ProtocolError` for the
 route to answer; from then on every outcome is a response made here.
-Completions and chat differ only in the shape of a choice.
+Completions and chat differ only in the shape of a choice. A completion's batch of
+prompts, and n samples of each, are several choices (runtime/choices.py).
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, AsyncIterator, Optional, Sequence, Union
@@ -29,6 +31,7 @@ from typing import Any, AsyncGenerator, AsyncIterator, Optional, Sequence, Union
 from starlette.responses import JSONResponse, Response
 
 from runtime.async_engine import AsyncEngine, EngineDead, RequestStream
+from runtime.choices import Choice, close_all, merged, per_prompt, total_usage
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.metrics import ServerMetrics
 from runtime.outputs import RequestMetrics
@@ -38,8 +41,8 @@ from wire.errors import ProtocolError, error_body
 from wire.request_id import Receive
 from wire.requests import GenerationRequest
 from wire.responses import (ResponseHeader, TokenLogprobs, chat_delta_choice, chat_logprobs,
-                            chunk, completion_choice, completion_logprobs, full_response,
-                            usage_dict)
+                            chat_message_choice, chunk, completion_choice, completion_logprobs,
+                            response_of_choices, usage_dict)
 from wire.sse import SSE_DONE, EventStreamResponse, sse
 
 ID_PREFIX = {"completion": "cmpl", "chat": "chatcmpl"}   # the response id: PREFIX-<request id>
@@ -63,16 +66,16 @@ class OpenAIServing:
         `request_id` (the X-Request-Id) becomes the engine's id, with a suffix when one is
         already in flight; `receive` is the client's, to notice it leaving."""
         self._check_model(request)
-        prompt_ids = self._prompt_token_ids(request)
-        request = request.with_max_tokens(request.max_tokens_within(self.max_model_len,
-                                                                    len(prompt_ids)))
-        generation = await self._start(request, request_id, prompt_ids)
-        header = ResponseHeader(id=f"{ID_PREFIX[request.kind]}-{generation.request_id}",
+        prompts = [self._prompt_token_ids(one) for one in per_prompt(request)]
+        request = request.with_max_tokens(request.max_tokens_within(
+            self.max_model_len, max(len(ids) for ids in prompts)))
+        choices = await self._start_all(request, request_id, prompts)
+        header = ResponseHeader(id=f"{ID_PREFIX[request.kind]}-{choices[0].generation.request_id}",
                                 model=self.served_model_name, kind=request.kind)
         if request.stream:
-            return EventStreamResponse(self._events(header, request, generation),
-                                       on_close=lambda completed: generation.close())
-        return await self._full_response(header, request, generation, receive)
+            return EventStreamResponse(self._events(header, request, choices),
+                                       on_close=lambda completed: close_all(choices))
+        return await self._full_response(header, request, choices, receive)
 
     # ---------------------------------------------------------- before the engine
 
@@ -93,72 +96,118 @@ class OpenAIServing:
             return self.tokenizer.encode(request.prompt)
         return list(request.prompt or [])   # checked against the vocabulary by the engine
 
-    async def _start(self, request: GenerationRequest, request_id: str,
-                     prompt_ids: list[int]) -> "Generation":
+    async def _start_all(self, request: GenerationRequest, request_id: str,
+                         prompts: list[list[int]]) -> list[Choice]:
+        """Every prompt's n samples in the engine, as choices numbered prompt_i * n + j;
+        if the engine refuses one prompt, those already started are aborted."""
+        choices: list[Choice] = []
         try:
-            stream = await self.async_engine.add(request_id, prompt_ids, request.params)
+            for ids in prompts:
+                echo = self.tokenizer.decode(ids) if request.echo else ""
+                for generation in await self._start(request, request_id, ids):
+                    choices.append(Choice(len(choices), generation, echo))
+        except BaseException:
+            await close_all(choices)
+            raise
+        return choices
+
+    async def _start(self, request: GenerationRequest, request_id: str,
+                     prompt_ids: list[int]) -> list["Generation"]:
+        try:
+            streams = await self.async_engine.add_samples(request_id, prompt_ids, request.params)
         except ValueError as exc:   # the engine's refusal names the field
             raise ProtocolError.from_value_error(exc) from None
-        return Generation(self.tokenizer, self.metrics, stream, len(prompt_ids),
-                          request.params.stop)
+        # samples after the first share the prompt's blocks: its tokens are counted once
+        return [Generation(self.tokenizer, self.metrics, stream, len(prompt_ids),
+                           request.params.stop, shares_prompt=j > 0)
+                for j, stream in enumerate(streams)]
 
     # ---------------------------------------------------------- the answer
 
     async def _full_response(self, header: ResponseHeader, request: GenerationRequest,
-                             generation: "Generation", receive: Receive) -> Response:
+                             choices: list[Choice], receive: Receive) -> Response:
         try:
-            body = await until_disconnect(receive, self._full_body(header, request, generation))
+            body = await until_disconnect(receive, self._full_body(header, request, choices))
         except EngineDead as exc:
             return JSONResponse(error_body(str(exc), 500), status_code=500)
         finally:
-            await generation.close()
+            await close_all(choices)
         if body is None:   # the client left; nobody reads this
             return Response(status_code=499)
         return JSONResponse(body)
 
     async def _full_body(self, header: ResponseHeader, request: GenerationRequest,
-                         generation: "Generation") -> dict[str, Any]:
-        """Every delta gathered into one body."""
-        got = _Collected()
-        async for delta in generation.deltas():
+                         choices: list[Choice]) -> dict[str, Any]:
+        """Every choice's deltas gathered into one body (its usage: their sum)."""
+        collected = await asyncio.gather(*(self._collect(c) for c in choices))
+        bodies = [self._choice_body(header.kind, request, c, got)
+                  for c, got in zip(choices, collected)]
+        first = collected[0].last
+        assert first is not None
+        metrics = first.metrics.as_dict() if first.metrics else None
+        return response_of_choices(header, bodies, total_usage([g.usage for g in collected]),
+                                   metrics)
+
+    async def _collect(self, choice: Choice) -> "_Collected":
+        got = _Collected(text=choice.echo)
+        async for delta in choice.generation.deltas():
             got.add(delta)
         assert got.last is not None   # the engine's last delta always comes (or EngineDead)
-        logprobs = self._logprobs(header.kind, got.logprobs, got.token_ids, 0) \
+        return got
+
+    def _choice_body(self, kind: str, request: GenerationRequest, choice: Choice,
+                     got: "_Collected") -> dict[str, Any]:
+        assert got.last is not None
+        logprobs = self._logprobs(kind, got.logprobs, got.token_ids, 0) \
             if request.logprobs is not None else None
-        metrics = got.last.metrics.as_dict() if got.last.metrics else None
-        return full_response(header, got.text, got.last.finish_reason, got.last.usage, metrics,
-                             logprobs)
+        make = chat_message_choice if kind == "chat" else completion_choice
+        return make(got.text, got.last.finish_reason, logprobs, index=choice.index)
 
     async def _events(self, header: ResponseHeader, request: GenerationRequest,
-                      generation: "Generation") -> AsyncGenerator[bytes, None]:
-        """One chunk per delta, then usage, then [DONE]; an error event and no [DONE] if
-        the engine died (so the gateway bills the stream as cut, not complete)."""
+                      choices: list[Choice]) -> AsyncGenerator[bytes, None]:
+        """One chunk per delta of any choice, then usage, then [DONE]; an error event and no
+        [DONE] if the engine died (so the gateway bills the stream as cut, not complete)."""
         options = request.stream_options
-        if header.kind == "chat":
-            # The role comes first, alone, as OpenAI sends it.
-            first_usage = usage_dict(generation.num_prompt_tokens, 0, 0) \
-                if options.continuous_usage_stats else None
-            yield sse(chunk(header, chat_delta_choice({"role": "assistant", "content": ""}, None),
-                            first_usage))
-        offset, last = 0, None
+        usages: list[Optional[dict[str, Any]]] = [
+            usage_dict(c.generation.num_prompt_tokens, 0, 0) for c in choices]
+        for c in choices:
+            first = self._first_chunk(header, c, total_usage(usages)
+                                      if options.continuous_usage_stats else None)
+            if first is not None:
+                yield sse(first)
+        offsets, last = [len(c.echo) for c in choices], None
         try:
-            async for delta in generation.deltas():
-                last = delta
+            async for c, delta in merged(choices):
+                if c.index == 0:
+                    last = delta
+                usages[c.index] = delta.usage
                 logprobs = None
                 if request.logprobs is not None and delta.logprobs:
-                    logprobs = self._logprobs(header.kind, delta.logprobs, delta.token_ids, offset)
-                offset += len(delta.text)
+                    logprobs = self._logprobs(header.kind, delta.logprobs, delta.token_ids,
+                                              offsets[c.index])
+                offsets[c.index] += len(delta.text)
                 if not (delta.text or delta.finish_reason or logprobs):
                     continue   # held back by the detokenizer (partial character, possible stop)
-                usage = delta.usage if options.continuous_usage_stats else None
-                yield sse(chunk(header, _delta_choice(header.kind, delta, logprobs), usage))
+                usage = total_usage(usages) if options.continuous_usage_stats else None
+                yield sse(chunk(header, _delta_choice(header.kind, delta, logprobs, c.index), usage))
         except EngineDead as exc:   # headers are gone already: say it in the stream, and
             yield sse(error_body(str(exc), 500))   # no [DONE]: the answer did not complete
             return
         if options.include_usage and last is not None:
-            yield sse(chunk(header, None, last.usage,
+            yield sse(chunk(header, None, total_usage(usages),
                             last.metrics.as_dict() if last.metrics else None))
         yield SSE_DONE
+
+    @staticmethod
+    def _first_chunk(header: ResponseHeader, choice: Choice,
+                     usage: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        """A chat's role comes first, alone, as OpenAI sends it; an echoed prompt too."""
+        if header.kind == "chat":
+            return chunk(header, chat_delta_choice({"role": "assistant", "content": ""}, None,
+                                                   index=choice.index), usage)
+        if choice.echo:
+            return chunk(header, completion_choice(choice.echo, None, index=choice.index), usage)
+        return None
 
     def _logprobs(self, kind: str, entries: list[TokenLogprobs], token_ids: list[int],
                   offset: int) -> dict[str, Any]:
@@ -172,11 +221,11 @@ class OpenAIServing:
 
 
 def _delta_choice(kind: str, delta: "TextDelta",
-                  logprobs: Optional[dict[str, Any]]) -> dict[str, Any]:
+                  logprobs: Optional[dict[str, Any]], index: int = 0) -> dict[str, Any]:
     if kind == "chat":
         content = {"content": delta.text} if delta.text else {}
-        return chat_delta_choice(content, delta.finish_reason, logprobs)
-    return completion_choice(delta.text, delta.finish_reason, logprobs)
+        return chat_delta_choice(content, delta.finish_reason, logprobs, index=index)
+    return completion_choice(delta.text, delta.finish_reason, logprobs, index=index)
 
 
 # ---------------------------------------------------------------- one request as text
@@ -196,9 +245,11 @@ class Generation:
     unfinished and records it in the metrics."""
 
     def __init__(self, tokenizer: Tokenizer, metrics: ServerMetrics, stream: RequestStream,
-                 num_prompt_tokens: int, stop: Optional[Sequence[str]]):
+                 num_prompt_tokens: int, stop: Optional[Sequence[str]], shares_prompt: bool = False):
         self.request_id = stream.request_id   # the engine's id: X-Request-Id, deduped
-        self.num_prompt_tokens = num_prompt_tokens
+        # a sample after the first (n > 1) reuses the prompt's blocks: it bills no prompt
+        self.num_prompt_tokens = 0 if shares_prompt else num_prompt_tokens
+        self._shares_prompt = shares_prompt
         self._stream, self._metrics = stream, metrics
         self._detok = IncrementalDetokenizer(tokenizer, stop)
         self._count = 0
@@ -222,7 +273,7 @@ class Generation:
                 self._reason, self._final_metrics = reason, final.metrics
             yield TextDelta(text, out.new_token_ids, out.new_logprobs, reason,
                             usage_dict(self.num_prompt_tokens, self._count,
-                                       final.num_cached_tokens),
+                                       0 if self._shares_prompt else final.num_cached_tokens),
                             self._final_metrics)
             if reason is not None:
                 return
@@ -256,6 +307,10 @@ class _Collected:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     last: Optional[TextDelta] = None
+
+    @property
+    def usage(self) -> Optional[dict[str, Any]]:
+        return self.last.usage if self.last is not None else None
 
     def add(self, delta: TextDelta) -> None:
         self.text += delta.text

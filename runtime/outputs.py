@@ -31,6 +31,7 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     metrics: Optional[RequestMetrics] = None   # set when finished
+    embedding: Optional[list[float]] = None    # task "embed": the pooled, normalized prompt
 
 
 @dataclass
@@ -44,6 +45,7 @@ class CompletionOutput:
     finish_reason: Optional[str] = None
     logprobs: Optional[list[TokenLogprobs]] = None
     metrics: Optional[RequestMetrics] = None
+    embedding: Optional[list[float]] = None      # LLM.embed
 
 
 @dataclass

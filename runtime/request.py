@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import Optional
+import hashlib
+from dataclasses import dataclass, field, replace
+from typing import Optional, Sequence
 
 from runtime.outputs import RequestMetrics
 from wire.sampling import SamplingParams
@@ -32,6 +33,8 @@ class Request:
     first_scheduled_time: Optional[float] = None
     first_token_time: Optional[float] = None
     finish_time: Optional[float] = None
+    # n > 1: the other samples of this prompt, made (forked) once the prompt is computed
+    samples: list["Request"] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -68,6 +71,44 @@ class Request:
             decode_s=end - first_token,
             e2e_s=end - self.arrival_time,
         )
+
+
+@dataclass(frozen=True)
+class History:
+    """What the logits processors (runtime/penalties.py) read of one sampled row: its
+    request's tokens so far (the request's own list, read in place, never copied), where
+    the output starts, and its EOS ids."""
+    token_ids: Sequence[int]
+    num_prompt_tokens: int
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def output_token_ids(self) -> Sequence[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+
+def sample_requests(leader: Request) -> list[Request]:
+    """The n - 1 requests that sample the leader's prompt alongside it: ids `<id>/<j>`, each
+    with its own seed (derived from the leader's, so a seeded request repeats whole)."""
+    ids = sample_ids(leader.request_id, leader.params.n)
+    return [Request(request_id=ids[j], prompt_token_ids=leader.prompt_token_ids,
+                    params=replace(leader.params, n=1, seed=sample_seed(leader.params.seed, j)),
+                    arrival_time=leader.arrival_time, eos_token_ids=leader.eos_token_ids,
+                    cache_salt=leader.cache_salt)
+            for j in range(1, len(ids))]
+
+
+def sample_ids(request_id: str, n: int) -> list[str]:
+    """Every id the engine answers for a request of n samples, the leader's first."""
+    return [request_id] + [f"{request_id}/{j}" for j in range(1, n)]
+
+
+def sample_seed(seed: Optional[int], j: int) -> Optional[int]:
+    """Sample j's seed: the request's own for j = 0, a hash of (seed, j) after it."""
+    if seed is None or j == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}/{j}".encode(), digest_size=7).digest()
+    return int.from_bytes(digest, "big")
 
 
 def _or(value: Optional[float], default: float) -> float:

@@ -11,6 +11,8 @@ from typing import Optional
 import torch
 
 from runtime.outputs import TokenLogprobs
+from runtime.penalties import History, apply_processors
+from runtime.structured_output import TokenMask
 from wire.sampling import SamplingParams
 
 
@@ -25,8 +27,14 @@ class Sampler:
             self._generators.pop(request_id, None)
 
     def sample(self, logits: torch.Tensor, request_ids: list[str],
-               params: list[SamplingParams]) -> tuple[list[int], list[Optional[TokenLogprobs]]]:
-        """logits [N, V] fp32 -> one token (and optional logprobs) per row."""
+               params: list[SamplingParams], histories: Optional[list[Optional[History]]] = None,
+               token_mask: Optional[TokenMask] = None) -> tuple[list[int], list[Optional[TokenLogprobs]]]:
+        """logits [N, V] fp32 -> one token (and optional logprobs) per row; `histories` feed
+        the penalties and the other logits processors (runtime/penalties.py)."""
+        if histories is not None:
+            logits = apply_processors(logits, params, histories)
+        if token_mask is not None:   # structured outputs: only the grammar's tokens remain
+            logits = token_mask.apply(logits)
         tokens = logits.argmax(dim=-1)
         for row, (request_id, p) in enumerate(zip(request_ids, params)):
             if not p.greedy:

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from runtime.block_manager import BlockManager
 from runtime.outputs import RequestOutput
-from runtime.request import Request, RequestStatus
+from runtime.request import History, Request, RequestStatus
 from wire.responses import TokenLogprobs
 from wire.sampling import SamplingParams
 
@@ -40,6 +40,9 @@ class ScheduledChunk:
     params: SamplingParams
     draft_token_ids: list[int] = field(default_factory=list)   # proposals to verify after token_ids
     draft_probs: Optional[Any] = None    # their proposer's distributions [k, V]; None: one-hot
+    history: Optional[History] = None    # for the logits processors (runtime/penalties.py)
+    # n > 1, the prompt's last chunk: the other samples, drawn from the same logits row
+    forks: list[tuple[str, SamplingParams]] = field(default_factory=list)
 
 
 @dataclass
@@ -47,6 +50,7 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)    # gone since the last step: drop their state
+    copies: list[tuple[int, int]] = field(default_factory=list)   # KV blocks (src, dst) to copy first
 
     @property
     def num_tokens(self) -> int:
@@ -59,6 +63,7 @@ class RunnerOutput:
     per step without speculation; accepted drafts + a bonus token with it) and their logprobs."""
     token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    embeddings: dict[str, list[float]] = field(default_factory=dict)   # task "embed", instead
 
 
 @dataclass
@@ -77,6 +82,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.stats = SchedulerStats()
         self._gone: list[str] = []
+        self._pending: dict[str, Request] = {}    # sample id -> its leader, until forked
+        self._copies: list[tuple[int, int]] = []
 
     # ---- admission and cancellation
     def check_fits(self, num_prompt_tokens: int) -> None:
@@ -94,15 +101,30 @@ class Scheduler:
             raise ValueError(f"request_id: {request.request_id!r} is already in the engine")
         self.check_fits(request.num_prompt_tokens)
         self.requests[request.request_id] = request
+        self._pending.update((sample.request_id, request) for sample in request.samples)
         self.waiting.append(request)
 
+    def holds(self, request_id: str) -> bool:
+        return request_id in self.requests or request_id in self._pending
+
+    def unfinished_ids(self) -> list[str]:
+        """The requests, and the samples not yet forked from them."""
+        return [*self.requests, *self._pending]
+
     def abort(self, request_id: str, now: float) -> Optional[Request]:
+        """The request ended (None if unknown). A leader's unforked samples end with it,
+        found in its `samples`; an unforked sample just leaves its leader's list."""
+        if request_id in self._pending:
+            return self._drop_sample(request_id, now)
         request = self.requests.get(request_id)
         if request is None:
             return None
         if request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
         self._finish(request, "abort", now)
+        for sample in request.samples:      # never forked: they end with it
+            self._pending.pop(sample.request_id, None)
+            sample.status, sample.finish_reason, sample.finish_time = RequestStatus.FINISHED, "abort", now
         return request
 
     def has_unfinished(self) -> bool:
@@ -110,8 +132,8 @@ class Scheduler:
 
     # ---- one step
     def schedule(self, now: float) -> SchedulerOutput:
-        out = SchedulerOutput(finished=self._gone)
-        self._gone = []
+        out = SchedulerOutput(finished=self._gone, copies=self._copies)
+        self._gone, self._copies = [], []
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:
             self._schedule_waiting(out, budget, now)
@@ -181,13 +203,17 @@ class Scheduler:
 
     def _chunk(self, request: Request, n: int) -> ScheduledChunk:
         start = request.num_computed_tokens
+        sample = start + n == request.num_tokens
         return ScheduledChunk(
             request_id=request.request_id,
             token_ids=request.token_ids[start:start + n],
             start=start,
             block_table=self.blocks.block_table(request.request_id),
-            sample=start + n == request.num_tokens,
+            sample=sample,
             params=request.params,
+            history=History(request.token_ids, request.num_prompt_tokens, request.eos_token_ids)
+            if request.params.processes_logits else None,
+            forks=[(s.request_id, s.params) for s in request.samples] if sample else [],
         )
 
     # ---- after the forward pass
@@ -199,10 +225,57 @@ class Scheduler:
                 continue
             request.num_computed_tokens += len(chunk.token_ids)
             self.blocks.commit(request.request_id, request.token_ids, request.num_computed_tokens)
-            if chunk.sample:
+            if chunk.sample and chunk.request_id in result.embeddings:
+                deltas.append(self._pooled(request, result.embeddings[chunk.request_id], now))
+            elif chunk.sample:
+                deltas += self._fork(request, result, now)
                 deltas.append(self._append_tokens(request, result, now))
                 self._commit_verified(request)
         return deltas
+
+    def _pooled(self, request: Request, embedding: list[float], now: float) -> RequestOutput:
+        """An embedding request ends when its prompt is computed: no token is sampled."""
+        request.first_token_time = now
+        self._finish(request, "stop", now)
+        return RequestOutput(request_id=request.request_id, new_token_ids=[], finished=True,
+                             finish_reason="stop", num_prompt_tokens=request.num_prompt_tokens,
+                             num_cached_tokens=request.num_cached_tokens or 0,
+                             metrics=request.metrics(), embedding=embedding)
+
+    def _fork(self, leader: Request, result: RunnerOutput, now: float) -> list[RequestOutput]:
+        """n > 1, the prompt just computed: each other sample takes its first token (drawn
+        from the same logits) and shares the prompt's blocks. Without a block for the copy
+        of the partial last block it waits instead, and recomputes from the prefix cache."""
+        deltas = []
+        for sample in leader.samples:
+            del self._pending[sample.request_id]
+            self.requests[sample.request_id] = sample
+            sample.num_cached_tokens = leader.num_cached_tokens
+            sample.first_scheduled_time = leader.first_scheduled_time
+            deltas.append(self._append_tokens(sample, result, now))
+            if not sample.finished:
+                self._place_fork(leader, sample)
+        leader.samples = []
+        return deltas
+
+    def _place_fork(self, leader: Request, sample: Request) -> None:
+        computed = leader.num_computed_tokens
+        if not self.blocks.can_fork(computed):
+            self.waiting.appendleft(sample)
+            return
+        copy = self.blocks.fork(leader.request_id, sample.request_id, computed)
+        if copy is not None:
+            self._copies.append(copy)
+        sample.status = RequestStatus.RUNNING
+        sample.num_computed_tokens = computed
+        self.running.append(sample)
+
+    def _drop_sample(self, sample_id: str, now: float) -> Request:
+        leader = self._pending.pop(sample_id)
+        sample = next(s for s in leader.samples if s.request_id == sample_id)
+        leader.samples.remove(sample)
+        sample.status, sample.finish_reason, sample.finish_time = RequestStatus.FINISHED, "abort", now
+        return sample
 
     def _commit_verified(self, request: Request) -> None:
         """Every token but the newest has its k/v computed now: several were proposals the runner

@@ -1,6 +1,7 @@
 """OpenAI-compatible HTTP server for one model replica: `python -m runtime.server`.
 
-Routes: /v1/completions, /v1/chat/completions (SSE when stream=true),
+Routes: /v1/completions, /v1/chat/completions (SSE when stream=true), /v1/embeddings
+(a model whose engine task is "embed"),
 /v1/models, /health, /metrics, /stats (what the replica served, as JSON, for
 the pool), and /admin/load for a `--standby` replica.
 This module is the settings (parsed once, in `main`) and thin routes: a
@@ -38,6 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.metrics import CONTENT_TYPE
 from runtime.model_host import LoadRequest, ModelHost, engine_kwarg_names, warm_imports
+from wire.embeddings import parse_embedding_request
 from wire.errors import ProtocolError, error_body
 from wire.request_id import RequestIdMiddleware
 from wire.requests import parse_request
@@ -84,6 +86,8 @@ _ENGINE_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--tensor-parallel-size": ("tensor_parallel_size", int),
     "--speculative": ("speculative", json.loads),
     "--seed": ("seed", int),
+    "--task": ("task", str),
+    "--pooling": ("pooling", str),
 }
 
 
@@ -241,10 +245,30 @@ async def _generate(request: Request, endpoint: str) -> Union[Response, EventStr
     if serving is None:
         return _error(503, f"model is not ready ({host.status.value})",
                       headers={"Retry-After": "1"})
+    if host.model is not None and host.model.embedding is not None:
+        return _error(400, "model: this model serves embeddings (engine task \"embed\"): "
+                           "call /v1/embeddings", param="model")
     try:
         parsed = parse_request(endpoint, await _json_body(request))
         return await serving.create(parsed, request.state.request_id, request.receive)
     except ProtocolError as exc:   # refused by wire's rules, by the model or by the engine
+        return _refusal(exc)
+
+
+async def embeddings(request: Request) -> Response:
+    """/v1/embeddings, on a replica whose engine task is "embed"."""
+    host = _host(request)
+    if host.model is None:
+        return _error(503, f"model is not ready ({host.status.value})",
+                      headers={"Retry-After": "1"})
+    serving = host.model.embedding
+    if serving is None:
+        return _error(400, "model: this model generates; deploy it with engine task \"embed\" "
+                           "to serve embeddings", param="model")
+    try:
+        parsed = parse_embedding_request(await _json_body(request))
+        return await serving.create(parsed, request.state.request_id, request.receive)
+    except ProtocolError as exc:
         return _refusal(exc)
 
 
@@ -298,6 +322,7 @@ def build_app(settings: ServerSettings) -> Starlette:
         Route("/admin/load", admin_load, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error})

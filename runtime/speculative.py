@@ -86,7 +86,9 @@ class Speculator:
     def propose(self, batch: SchedulerOutput, requests: Mapping[str, Request]) -> None:
         """Attach proposals to the decoding chunks of `batch` (in place)."""
         self.proposer.release(batch.finished + batch.preempted)
-        decodes = [c for c in batch.chunks if c.sample and len(c.token_ids) == 1]
+        # a structured output's tokens are masked one at a time: never proposed for
+        decodes = [c for c in batch.chunks if c.sample and len(c.token_ids) == 1
+                   and c.params.structured_output is None]
         k = speculation_k(self.policy, self.k, len(decodes), self.acceptance)
         asks = [self._ask(c, requests[c.request_id], k) for c in decodes] if k else []
         asks = [a for a in asks if a.k > 0]

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Union
 
 from wire.errors import ProtocolError
-from wire.sampling import SamplingParams
+from wire.response_format import FIELDS as STRUCTURED_OUTPUT_FIELDS
+from wire.response_format import parse_structured_output
+from wire.sampling import PROCESSOR_FIELDS, SamplingParams, processor_values
 
 Prompt = Union[str, list[int]]
 
@@ -22,9 +24,8 @@ MAX_LOGPROBS = 20
 
 # Fields each endpoint understands; anything else is refused by name.
 _SAMPLING_FIELDS = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-                    "stop_token_ids", "ignore_eos"}
-_COMMON_FIELDS = _SAMPLING_FIELDS | {"model", "stream", "stream_options", "n", "user",
-                                     "presence_penalty", "frequency_penalty"}
+                    "stop_token_ids", "ignore_eos"} | PROCESSOR_FIELDS
+_COMMON_FIELDS = _SAMPLING_FIELDS | {"model", "stream", "stream_options", "user"} | STRUCTURED_OUTPUT_FIELDS
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "logprobs", "echo"}
 CHAT_FIELDS = _COMMON_FIELDS | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"}
 CHAT_ROLES = {"system", "user", "assistant", "tool", "developer"}
@@ -49,6 +50,15 @@ class GenerationRequest:
     stream_options: StreamOptions = field(default_factory=StreamOptions)
     max_tokens_given: bool = True              # chat: False -> fill up to the context
     logprobs: Optional[int] = None             # top-N requested; None: no logprobs
+    batch: list[Prompt] = field(default_factory=list)   # completions: every prompt when several
+    echo: bool = False                         # completions: the prompt leads each choice's text
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        """The prompts of a completion (one choice each, times n); [] for a chat."""
+        if self.batch:
+            return self.batch
+        return [] if self.prompt is None else [self.prompt]
 
     def max_tokens_within(self, context_len: int, prompt_len: int) -> int:
         """The one max_tokens rule: what the client asked for; a completion without it
@@ -67,23 +77,24 @@ class GenerationRequest:
 def parse_completion_request(body: Any) -> GenerationRequest:
     body = _require_object(body)
     _refuse_unknown(body, COMPLETION_FIELDS)
-    _refuse_unsupported(body)
-    if body.get("echo"):
-        raise ProtocolError("echo: not supported", param="echo")
     logprobs = _optional_int(body, "logprobs", 0, MAX_LOGPROBS)
+    echo = _optional_bool(body, "echo")
+    if echo and logprobs is not None:
+        raise ProtocolError("echo: not supported together with logprobs", param="echo")
     max_tokens = body.get("max_tokens")
     params = _sampling_params(body, _or_default(max_tokens), logprobs)
+    prompts = parse_prompts(body.get("prompt"))
     return GenerationRequest(
-        kind="completion", params=params, prompt=_parse_prompt(body.get("prompt")),
+        kind="completion", params=params, prompt=prompts[0],
+        batch=prompts if len(prompts) > 1 else [],
         model=_optional_str(body, "model"), stream=_optional_bool(body, "stream"),
-        stream_options=_parse_stream_options(body), logprobs=logprobs,
+        stream_options=_parse_stream_options(body), logprobs=logprobs, echo=echo,
     )
 
 
 def parse_chat_request(body: Any) -> GenerationRequest:
     body = _require_object(body)
     _refuse_unknown(body, CHAT_FIELDS)
-    _refuse_unsupported(body)
     logprobs = _chat_logprobs(body)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     params = _sampling_params(body, _or_default(max_tokens), logprobs)
@@ -111,20 +122,15 @@ def _refuse_unknown(body: dict[str, Any], known: set[str]) -> None:
         raise ProtocolError(f"{unknown[0]}: unknown field", param=unknown[0])
 
 
-def _refuse_unsupported(body: dict[str, Any]) -> None:
-    """Fields accepted only at their neutral value, so clients that send defaults work."""
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise ProtocolError("n: only n=1 is supported", param="n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise ProtocolError(f"{name}: not supported (must be 0)", param=name)
-
-
 def _sampling_params(body: dict[str, Any], max_tokens: Any, logprobs: Optional[int]) -> SamplingParams:
     given = {k: body[k] for k in _SAMPLING_FIELDS if body.get(k) is not None}
+    try:
+        given.update(processor_values(given))
+    except ValueError as exc:
+        raise ProtocolError.from_value_error(exc) from None
     given["max_tokens"] = max_tokens
     given["logprobs"] = logprobs
+    given["structured_output"] = parse_structured_output(body)
     if "stop_token_ids" in given and not isinstance(given["stop_token_ids"], list):
         raise ProtocolError("stop_token_ids: must be a list of token ids", param="stop_token_ids")
     stop = given.get("stop")
@@ -148,9 +154,20 @@ def check_sampling_params(params: SamplingParams, vocab_size: Optional[int],
         raise ProtocolError.from_value_error(exc, rename) from None
 
 
+MAX_PROMPTS = 64   # one completions request: its prompts times n are engine requests
+
+
+def parse_prompts(prompt: Any) -> list[Prompt]:
+    """One prompt, or a batch of them (strings or token-id lists): one choice each."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise ProtocolError(f"prompt: at most {MAX_PROMPTS} prompts in one request",
+                                param="prompt")
+        return [_parse_prompt(p) for p in prompt]
+    return [_parse_prompt(prompt)]
+
+
 def _parse_prompt(prompt: Any) -> Prompt:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]   # a batch of one is the same request
     if isinstance(prompt, str):
         if not prompt:
             raise ProtocolError("prompt: must not be empty", param="prompt")
@@ -159,9 +176,6 @@ def _parse_prompt(prompt: Any) -> Prompt:
         if any(t < 0 for t in prompt):
             raise ProtocolError("prompt: token ids must be >= 0", param="prompt")
         return list(prompt)
-    if isinstance(prompt, list) and len(prompt) > 1:
-        raise ProtocolError("prompt: batched prompts are not supported, send one per request",
-                            param="prompt")
     raise ProtocolError("prompt: must be a non-empty string or a list of token ids", param="prompt")
 
 
@@ -255,13 +269,17 @@ def _optional_int(body: dict[str, Any], name: str, low: int, high: int) -> Optio
     return int(value)
 
 
-ENDPOINTS = ("completions", "chat/completions")
+ENDPOINTS = ("completions", "chat/completions", "embeddings")
 
 
 def parse_request(endpoint: str, body: Any) -> GenerationRequest:
-    """`endpoint` is the path after /v1/: "completions" or "chat/completions"."""
+    """`endpoint` is the path after /v1/: "completions", "chat/completions" or "embeddings"
+    (its inputs as prompts, for the gateway to estimate, route and bill)."""
     if endpoint == "chat/completions":
         return parse_chat_request(body)
     if endpoint == "completions":
         return parse_completion_request(body)
+    if endpoint == "embeddings":
+        from wire.embeddings import parse_embedding_request   # it builds on this module
+        return parse_embedding_request(body).as_generation()
     raise ValueError(f"unknown endpoint {endpoint!r}")

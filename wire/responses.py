@@ -39,19 +39,19 @@ class ResponseHeader:
 
 
 def completion_choice(text: str, finish_reason: Optional[str],
-                      logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+                      logprobs: Optional[dict[str, Any]] = None, index: int = 0) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def chat_message_choice(text: str, finish_reason: Optional[str],
-                        logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    return {"index": 0, "message": {"role": "assistant", "content": text},
+                        logprobs: Optional[dict[str, Any]] = None, index: int = 0) -> dict[str, Any]:
+    return {"index": index, "message": {"role": "assistant", "content": text},
             "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def chat_delta_choice(delta: dict[str, Any], finish_reason: Optional[str],
-                      logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+                      logprobs: Optional[dict[str, Any]] = None, index: int = 0) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def full_response(header: ResponseHeader, text: str, finish_reason: Optional[str],
@@ -59,7 +59,14 @@ def full_response(header: ResponseHeader, text: str, finish_reason: Optional[str
                   logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     choice = (chat_message_choice if header.kind == "chat" else completion_choice)(
         text, finish_reason, logprobs)
-    body = {**header.base(chunk=False), "choices": [choice], "usage": usage}
+    return response_of_choices(header, [choice], usage, metrics)
+
+
+def response_of_choices(header: ResponseHeader, choices: list[dict[str, Any]],
+                        usage: dict[str, Any],
+                        metrics: Optional[dict[str, float]]) -> dict[str, Any]:
+    """A whole body of several choices (n > 1, a batch of prompts), in index order."""
+    body = {**header.base(chunk=False), "choices": choices, "usage": usage}
     if metrics is not None:
         body["metrics"] = metrics
     return body

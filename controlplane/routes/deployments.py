@@ -74,6 +74,7 @@ async def rollback(request: Request) -> Response:
 def view(deployment: Deployment, revisions: list[Revision]) -> dict[str, Any]:
     return {
         "id": deployment.id, "name": deployment.name,
+        "kind": deployments.kind_of(revisions[-1]) if revisions else "model",
         "scaling": asdict(deployments.scaling_of(deployment)),
         "traffic": dict(deployment.traffic),
         "revisions": [revision_view(r) for r in revisions],
@@ -111,6 +112,8 @@ ENGINE = {"type": "object", "description": "runtime engine options; speculative.
                                            "model URI under the same sources"}
 CREATE_BODY = {"type": "object", "required": ["name", "model_uri"], "additionalProperties": False,
                "properties": {"name": string_schema(NAME.pattern), "model_uri": MODEL_URI,
+                              "kind": {"enum": ["model", "function"], "description":
+                                       "function: model_uri is a package with thawpool.toml"},
                               "resources": RESOURCES, "scaling": SCALING, "engine": ENGINE}}
 PATCH_BODY = {"type": "object", "additionalProperties": False, "minProperties": 1,
               "properties": {"model_uri": MODEL_URI, "resources": RESOURCES, "scaling": SCALING,

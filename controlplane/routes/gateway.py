@@ -1,4 +1,5 @@
-"""OpenAI-compatible invocation: POST /v1/completions and /v1/chat/completions."""
+"""OpenAI-compatible invocation: POST /v1/completions, /v1/chat/completions and
+/v1/embeddings (a deployment with engine task "embed"; billed per input token)."""
 from __future__ import annotations
 
 from typing import Union
@@ -44,6 +45,10 @@ async def chat_completions(request: Request) -> Answer:
     return await invoke(request, "chat/completions")
 
 
+async def embeddings(request: Request) -> Answer:
+    return await invoke(request, "embeddings")
+
+
 MODEL = {"type": "string", "description": "the deployment name"}
 COMPLETION_BODY = {"type": "object", "required": ["model", "prompt"], "properties": {
     "model": MODEL, "prompt": {"anyOf": [{"type": "string"},
@@ -54,6 +59,12 @@ CHAT_BODY = {"type": "object", "required": ["model", "messages"], "properties": 
         "type": "object", "required": ["role", "content"],
         "properties": {"role": {"type": "string"}, "content": {"type": "string"}}}},
     "max_tokens": {"type": "integer", "minimum": 1}, "stream": {"type": "boolean"}}}
+EMBEDDING_BODY = {"type": "object", "required": ["model", "input"], "properties": {
+    "model": MODEL, "input": {"anyOf": [
+        {"type": "string"}, {"type": "array", "items": {"type": "string"}},
+        {"type": "array", "items": {"type": "integer"}},
+        {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}]},
+    "encoding_format": {"type": "string", "enum": ["float", "base64"]}}}
 INVOKE = scope("invoke")
 
 routes = [
@@ -63,4 +74,7 @@ routes = [
     ApiRoute("/v1/chat/completions", chat_completions, "POST", Operation(
         "OpenAI chat completions on a deployment (SSE when stream is true)", INVOKE,
         body=CHAT_BODY, response=OBJECT)),
+    ApiRoute("/v1/embeddings", embeddings, "POST", Operation(
+        "OpenAI embeddings on a deployment whose engine task is \"embed\"", INVOKE,
+        body=EMBEDDING_BODY, response=OBJECT)),
 ]

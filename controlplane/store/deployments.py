@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from controlplane.deployment_spec import NAME, DeploymentSpec, Resources, RevisionConfig, Scaling
 from controlplane.models import Deployment, Revision, utcnow
 from controlplane.store.errors import AlreadyExists, NotFound
-from pool.api import ModelInfo, RevisionSpec, TenantQuota
+from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, RevisionSpec, TenantQuota
 
 async def create(session: AsyncSession, tenant_id: str, spec: DeploymentSpec,
                  model: ModelInfo) -> tuple[Deployment, list[Revision]]:
@@ -119,7 +119,12 @@ def revision_config(revision: Revision) -> RevisionConfig:
     return RevisionConfig(
         model_uri=revision.model_uri,
         resources=Resources(revision.gpu_memory_gb, revision.gpu_count),
-        engine=dict(revision.engine))
+        engine=dict(revision.engine), kind=kind_of(revision))
+
+
+def kind_of(revision: Revision) -> str:
+    """A revision's kind is what its deploy found under model_uri (no column of its own)."""
+    return "function" if revision.architecture == FUNCTION_ARCHITECTURE else "model"
 
 
 def scaling_of(deployment: Deployment) -> Scaling:
@@ -135,7 +140,8 @@ def revision_spec(deployment: Deployment, revision: Revision, quota: TenantQuota
         gpu_count=revision.gpu_count, min_replicas=deployment.min_replicas,
         max_replicas=deployment.max_replicas,
         target_concurrency=deployment.target_concurrency,
-        idle_timeout_s=deployment.idle_timeout_s, engine=dict(revision.engine), quota=quota)
+        idle_timeout_s=deployment.idle_timeout_s, engine=dict(revision.engine), quota=quota,
+        kind=kind_of(revision))
 
 
 async def names_of(session: AsyncSession, tenant_id: str) -> dict[str, str]:

@@ -14,10 +14,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.models import Deployment, ReplicaLifetime, Revision
 from controlplane.quotas import Quota
+from controlplane.sealing import Sealer
 from controlplane.store.deployments import revision_spec
 from controlplane.store.failures import is_outage
+from controlplane.store.model_sources import access_for_tenant
 from controlplane.store.quotas import quotas_by_tenant
-from pool.api import Heartbeat, ReplicaEvent, RevisionSpec
+from pool.api import Heartbeat, ReplicaEvent, RevisionSpec, S3Access
 
 STOPPED_STATES = frozenset({"stopped", "failed"})
 LOST = "lost"          # closed by a heartbeat that no longer listed it
@@ -26,13 +28,16 @@ log = logging.getLogger("thawpool.desired_state")
 
 class PostgresDesiredState:
     """DesiredStateSource: every revision of a live deployment that takes traffic, with
-    its tenant's quota (the admin's overrides over `default_quota`). While Postgres is
-    out, the last answer it gave: the pool keeps serving what it was serving."""
+    its tenant's quota (the admin's overrides over `default_quota`), and the credentials
+    of a tenant's own bucket (opened by `sealer`). While Postgres is out, the last
+    answer it gave: the pool keeps serving what it was serving."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], default_quota: Quota):
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], default_quota: Quota, sealer: Sealer):
         self.sessions = sessions
         self.default_quota = default_quota
+        self.sealer = sealer
         self._last: Optional[list[RevisionSpec]] = None
+        self._accesses: dict[tuple[str, str], Optional[S3Access]] = {}
 
     async def revisions(self) -> list[RevisionSpec]:
         try:
@@ -43,6 +48,17 @@ class PostgresDesiredState:
             log.warning("desired state: postgres is out, the last one read stands",
                         extra={"error": repr(exc)[:300]})
         return list(self._last)
+
+    async def source_access(self, tenant_id: str, uri: str) -> Optional[S3Access]:
+        try:
+            async with self.sessions() as session:
+                access = await access_for_tenant(session, tenant_id, uri, self.sealer)
+        except Exception as exc:
+            if (tenant_id, uri) not in self._accesses or not is_outage(exc):
+                raise
+            return self._accesses[(tenant_id, uri)]
+        self._accesses[(tenant_id, uri)] = access
+        return access
 
     async def _read(self) -> list[RevisionSpec]:
         async with self.sessions() as session:

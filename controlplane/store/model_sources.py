@@ -9,9 +9,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.fields import is_uuid
-from controlplane.model_sources import own_prefix
-from controlplane.models import ModelSource, Tenant
+from controlplane.model_sources import is_under, own_prefix
+from controlplane.models import ModelSource, Tenant, new_id
+from controlplane.sealing import Sealer
 from controlplane.store.errors import AlreadyExists, NotFound
+from pool.api import S3Access
 
 
 @dataclass(frozen=True)
@@ -26,8 +28,16 @@ class Grant:
     tenant_name: Optional[str]       # None: every tenant
 
 
-async def grant(session: AsyncSession, prefix: str, tenant: Optional[Tenant]) -> Grant:
-    row = ModelSource(prefix=prefix, tenant_id=tenant.id if tenant else None)
+async def grant(session: AsyncSession, prefix: str, tenant: Optional[Tenant],
+                access: Optional[S3Access] = None, sealer: Optional[Sealer] = None) -> Grant:
+    """`access`: the bucket is the tenant's own, read with these credentials (the
+    secret sealed by `sealer`, bound to this row)."""
+    row = ModelSource(id=new_id(), prefix=prefix, tenant_id=tenant.id if tenant else None)
+    if access is not None:
+        assert sealer is not None and tenant is not None, "own credentials are one tenant's"
+        row.endpoint_url, row.region = access.endpoint_url, access.region
+        row.access_key_id = access.access_key_id
+        row.secret_sealed = sealer.seal(access.secret_access_key, row.id)
     try:
         async with session.begin_nested():
             session.add(row)
@@ -59,3 +69,17 @@ async def sources_for(session: AsyncSession, tenant: Tenant, models_bucket: str)
                for g in await list_grants(session, tenant)]
     return [Source(own_prefix(models_bucket, tenant.name), "own"), *granted]
 
+
+async def access_for_tenant(session: AsyncSession, tenant_id: str, uri: str,
+                            sealer: Sealer) -> Optional[S3Access]:
+    """The credentials of the tenant's own grant that `uri` lies under (the longest
+    prefix); None: the platform's credentials read it."""
+    rows = (await session.execute(select(ModelSource).where(
+        ModelSource.tenant_id == tenant_id, ModelSource.secret_sealed.is_not(None)))).scalars()
+    under = [row for row in rows if is_under(uri, row.prefix)]
+    if not under:
+        return None
+    row = max(under, key=lambda r: len(r.prefix))
+    assert row.access_key_id is not None and row.secret_sealed is not None
+    return S3Access(row.access_key_id, sealer.open(row.secret_sealed, row.id),
+                    endpoint_url=row.endpoint_url, region=row.region)

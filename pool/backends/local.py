@@ -38,6 +38,7 @@ import httpx
 from pool.adoption import Registration, record_for
 from pool.api import RevisionSpec
 from pool.backends.base import ReplicaHandle, Survivor
+from pool import function_env
 from pool.backends.local_state import ProcessEntry, ProcessRegistry
 from pool.backends.runtime_args import auth_headers, engine_flags, engine_for, new_secret, runtime_env
 from pool.inventory import Slot, discover_slots
@@ -149,6 +150,11 @@ class LocalBackend:
                             replica_id: str, *, registration: Optional[Registration] = None) -> LocalReplica:
         if model_dir is None:
             raise ValueError("the local backend serves from the pool's own copy: model_dir is required")
+        if spec.kind == "function":          # its own venv's interpreter: never a warm standby
+            replica = self._start_function(spec, slots, model_dir, replica_id)
+            self._replicas[replica_id] = replica
+            self._register(replica, spec, slots, registration)
+            return replica
         engine = engine_for(spec, slots, self.settings.kv_cache_tokens_default, isolated=False)
         warm = None if needs_own_process(slots) else await self._take_warm()
         if warm is None:
@@ -192,6 +198,18 @@ class LocalBackend:
         args = [*self._server_args(port), "--model", str(model_dir),
                 "--served-model-name", spec.revision_id, *engine_flags(engine)]
         proc = self._spawn(args, f"replica-{replica_id}", slots, secret, port)
+        return LocalReplica(replica_id, f"http://{self.settings.host}:{port}", proc, warm=False, secret=secret)
+
+    def _start_function(self, spec: RevisionSpec, slots: Sequence[Slot], package_dir: Path,
+                        replica_id: str) -> LocalReplica:
+        """runtime.function_server in the venv cold_start built, with a clean environment."""
+        port, secret = free_port(self.settings.host), new_secret()
+        cuda = [s.device_index for s in slots if s.kind == "cuda" and s.device_index is not None]
+        limit = function_env.memory_limit_mb(spec.gpu_memory_gb, len(slots), on_cuda=bool(cuda))
+        args = function_env.server_args(str(spec.engine[function_env.FUNCTION_PYTHON]), self.settings.host,
+                                        port, package_dir, spec.revision_id, limit)
+        env = function_env.server_env(os.environ, runtime_env(self.settings.runtime_threads, secret), cuda)
+        proc = self._spawn(args, f"function-{replica_id}", slots, secret, port, env)
         return LocalReplica(replica_id, f"http://{self.settings.host}:{port}", proc, warm=False, secret=secret)
 
     async def _discard(self, proc: RuntimeProcess) -> None:
@@ -284,8 +302,10 @@ class LocalBackend:
         return [self.settings.runtime_python, "-m", "runtime.server",
                 "--host", self.settings.host, "--port", str(port)]
 
-    def _spawn(self, args: list[str], name: str, slots: Sequence[Slot], secret: str, port: int) -> RuntimeProcess:
-        proc = RuntimeProcess.spawn(args, self._env(slots, secret), self.settings.logs / f"{name}.log")
+    def _spawn(self, args: list[str], name: str, slots: Sequence[Slot], secret: str, port: int,
+               env: Optional[dict[str, str]] = None) -> RuntimeProcess:
+        env = env if env is not None else self._env(slots, secret)
+        proc = RuntimeProcess.spawn(args, env, self.settings.logs / f"{name}.log")
         self._all[proc.pid] = proc
         self._state.write(ProcessEntry(proc.pid, proc.started, port, proc.log_path))
         log.info("started %s pid %d", name, proc.pid)

@@ -28,11 +28,13 @@ import torch.nn.functional as F
 from kernels.dispatch import get_kernels
 from runtime.config import ModelConfig
 from runtime.load_timings import LoadTimings
-from runtime.loader import iter_weights
+from runtime.kv_memory import zeros_untouched
+from runtime.loader import read_weights
 from runtime.models.attention import Attention
 from runtime.models.batch import ForwardBatch
 from runtime.models.mlp import GatedMLP, SparseMoE
 from runtime.models.rope import make_rotary
+from runtime.parallel import parallel_map
 from runtime.quantization import Weight, WeightMemory, pack_layer, quantize_layer, weight_memory
 from runtime.tensor_parallel import TensorParallel
 
@@ -95,21 +97,26 @@ class DecoderModel:
     # ---- loading
 
     def load(self, model_dir: str, timings: LoadTimings) -> None:
-        since = time.perf_counter()
         # int8: read the floats into host memory so that the device only ever holds
-        # one float matrix at a time, not the whole full-precision model
+        # the float matrices of the layers being quantized, not the whole model
         where = "cpu" if self.quantization else self.device
-        raw = dict(iter_weights(model_dir, self.dtype, where,
-                                lambda name: self.tp.shard_of(name, self.config)))
-        since = timings.record("read_weights", since)
+        raw = read_weights(model_dir, self.dtype, where, timings,
+                           lambda name: self.tp.shard_of(name, self.config))
+        since = time.perf_counter()
         self._assemble(raw)
-        timings.record("assemble", since)
+        since = timings.record("assemble", since)
+        # layers are independent, and fusing, packing or quantizing one lets go of the
+        # GIL: one thread per CPU; each layer's float copies are freed as it is placed
+        self.layers = parallel_map(lambda i: self._placed(self._layer(raw, i)),
+                                   range(self.config.num_hidden_layers))
+        timings.record("pack", since)
 
     def _layer(self, raw: dict[str, torch.Tensor], i: int) -> LayerWeights:
         """Layer i's weights, popped from the checkpoint's tensors (per architecture)."""
         raise NotImplementedError
 
     def _assemble(self, raw: dict[str, torch.Tensor]) -> None:
+        """Everything but the layers: embedding, final norm, head."""
         dev = self.device
         self.embed = self._vocab_padded(raw.pop("model.embed_tokens.weight")).to(dev)
         self.norm = self._norm(raw, "model.norm.weight").to(dev)
@@ -117,8 +124,6 @@ class DecoderModel:
         tied = self.config.tie_word_embeddings or head is None
         # a tied head stays the embedding itself: packing it would keep a second copy
         self.lm_head = self.embed if tied else self.ops.pack_linear(self._vocab_padded(head).to(dev))
-        # quantized (or packed) layer by layer, so the float copies are freed as we go
-        self.layers = [self._placed(self._layer(raw, i)) for i in range(self.config.num_hidden_layers)]
 
     def _norm(self, raw: dict[str, torch.Tensor], name: str) -> torch.Tensor:
         weight = raw.pop(name)
@@ -147,7 +152,7 @@ class DecoderModel:
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[KVCache]:
         shape = (self.config.num_hidden_layers, 2, num_blocks, block_size, self.num_kv_heads,
                  self.config.head_dim)
-        cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        cache = zeros_untouched(shape, self.dtype, self.device)
         return [(cache[i, 0], cache[i, 1]) for i in range(shape[0])]
 
     def kv_bytes_per_token(self) -> int:

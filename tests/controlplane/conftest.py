@@ -203,3 +203,15 @@ async def running_control_plane(settings: Settings, pool=None, pool_factory=None
         finally:
             for client in plane.clients:
                 await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def pooled_control_plane(db_url: str, s3_server, tmp, **pool_overrides):
+    """The control plane over the real PoolManager on CPU slots, cold-starting real
+    runtime replicas (the test is skipped where runtime.server cannot run)."""
+    if not runtime_server_available():
+        pytest.skip("runtime.server not available")
+    settings = make_settings(db_url, s3_server, tmp / "cp", acquire_timeout_s=240)
+    pool_factory = real_pool(cpu_pool_settings(s3_server, tmp / "cache", **pool_overrides))
+    async with running_control_plane(settings, pool_factory=pool_factory) as plane:
+        yield plane

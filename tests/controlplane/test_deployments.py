@@ -173,10 +173,11 @@ async def test_another_tenants_deployments_are_404(plane, model_uri):
 
 async def test_desired_state_lists_revisions_taking_traffic(plane, model_uri):
     client = plane.client(await plane.tenant_key("desired"))
+    desired = PostgresDesiredState(plane.app.state.sessions, QUOTA, plane.app.state.sealer)
     created = (await client.post("/v1/deployments", json=body("ds", model_uri))).json()
     await client.patch("/v1/deployments/ds", json={"engine": {"seed": 1}, "promote": False})
     await client.post("/v1/deployments/ds/traffic", json={"r1": 50, "r2": 50})
-    specs = [s for s in await PostgresDesiredState(plane.app.state.sessions, QUOTA).revisions()
+    specs = [s for s in await desired.revisions()
              if s.deployment_id == created["id"]]
     assert {s.revision_id for s in specs} == {r["id"] for r in
                                               (await client.get("/v1/deployments/ds")).json()["revisions"]}
@@ -185,17 +186,17 @@ async def test_desired_state_lists_revisions_taking_traffic(plane, model_uri):
         "the default quota, for a tenant without overrides"
     overridden = await plane.admin.patch("/v1/tenants/desired/quota", json={"max_gpus": 3})
     assert overridden.status_code == 200, overridden.text
-    specs = [s for s in await PostgresDesiredState(plane.app.state.sessions, QUOTA).revisions()
+    specs = [s for s in await desired.revisions()
              if s.deployment_id == created["id"]]
     assert {s.quota for s in specs} == {TenantQuota(max_gpus=3, max_queued_requests=256)}, \
         "every spec carries its tenant's quota, the admin's overrides over the default"
     assert sorted(dict(s.engine).get("seed") for s in specs if "seed" in s.engine) == [1]
     await client.post("/v1/deployments/ds/traffic", json={"r2": 100})
-    specs = [s for s in await PostgresDesiredState(plane.app.state.sessions, QUOTA).revisions()
+    specs = [s for s in await desired.revisions()
              if s.deployment_id == created["id"]]
     assert len(specs) == 1 and specs[0].engine == {"dtype": "float32", "seed": 1}
     await client.delete("/v1/deployments/ds")
-    assert not [s for s in await PostgresDesiredState(plane.app.state.sessions, QUOTA).revisions()
+    assert not [s for s in await desired.revisions()
                 if s.deployment_id == created["id"]]
 
 

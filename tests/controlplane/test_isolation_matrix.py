@@ -139,7 +139,19 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/completions"): Case("invoke", fixed("/v1/completions", {
         "model": "iso-dep", "prompt": "Hi", "max_tokens": 1})),
     ("POST", "/v1/chat/completions"): Case("invoke", fixed("/v1/chat/completions", CHAT)),
+    # A's deployment generates: embeddings from it are a 400, nobody else's at all (404)
+    ("POST", "/v1/embeddings"): Case("invoke", fixed("/v1/embeddings", {
+        "model": "iso-dep", "input": "Hi"}), own=400),
+    ("GET", "/v1/models"): Case("invoke", fixed("/v1/models"), 200, 200, 200),   # each its own
+    # A's model is no function (400 wrong_kind), and nobody else's at all (404)
+    ("POST", "/v1/functions/{name}/invoke"): Case(
+        "invoke", fixed("/v1/functions/iso-dep/invoke", {"input": {}}), own=400),
+    ("GET", "/v1/functions/calls/{id}"): Case(
+        "invoke", fixed("/v1/functions/calls/call-0"), own=404),
+    ("GET", "/v1/console/deployments/{name}/activity"): Case(
+        "deploy", fixed("/v1/console/deployments/iso-dep/activity")),
     # billing:read scope: each caller's own bill and prices
+    ("GET", "/v1/console/usage"): Case("billing:read", fixed("/v1/console/usage"), 200, 200, 200),
     ("GET", "/v1/billing/report"): Case("billing:read", fixed("/v1/billing/report"),
                                         200, 200, 200),
     ("GET", "/v1/billing/prices"): Case("billing:read", fixed("/v1/billing/prices"),

@@ -1,10 +1,18 @@
 """Model sources: a tenant deploys only from its own prefix and what an admin granted it,
 refused (403, one message) before any S3 request; on real Postgres and S3."""
+import uuid
+
 import pytest
 import pytest_asyncio
+from cryptography.exceptions import InvalidTag
+from sqlalchemy import select
 
 from controlplane.model_sources import check_source, own_prefix, parse_s3_uri
+from controlplane.models import ModelSource
+from controlplane.store import tenants
+from controlplane.store.desired_state import PostgresDesiredState
 from controlplane.store.errors import Forbidden, InvalidField
+from pool.api import S3Access
 from tests.controlplane.conftest import CATALOGUE, make_settings, running_control_plane
 from tests.support.model_factory import upload_model
 
@@ -143,3 +151,42 @@ async def test_a_draft_model_is_a_model_uri_under_the_same_rules(plane, models, 
     patched = await a.patch("/v1/deployments/spec", json={"engine": {
         "speculative": {"method": "draft", "model": models["b"]}}})
     denied(patched, field="engine.speculative.model")
+
+
+@in_session_loop
+async def test_a_tenants_own_bucket_is_granted_with_a_sealed_secret_only_it_reads_with(plane):
+    """The secret goes in once and never comes out of the API, is stored sealed (bound to
+    its row), and only the granted tenant's reads of that bucket use it."""
+    await plane.tenant_key("own-a"), await plane.tenant_key("own-b")
+    secret = "s3cr3t-" + uuid.uuid4().hex
+    given = {"access_key_id": "AKIAOWN", "secret_access_key": secret,
+             "endpoint_url": "http://127.0.0.1:9000", "region": "eu-west-1"}
+    refused = await plane.admin.post("/v1/model-sources", json={"prefix": "s3://own-a-bucket/",
+                                                                "credentials": given})
+    assert refused.status_code == 422 and refused.json()["error"]["param"] == "credentials", refused.text
+    bad = await plane.admin.post("/v1/model-sources", json={
+        "prefix": "s3://own-a-bucket/", "tenant": "own-a", "credentials": {**given, "endpoint_url": "ftp://x"}})
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "credentials.endpoint_url"
+    made = await plane.admin.post("/v1/model-sources", json={"prefix": "s3://own-a-bucket/",
+                                                             "tenant": "own-a", "credentials": given})
+    assert made.status_code == 201, made.text
+    listed = await plane.admin.get("/v1/model-sources", params={"tenant": "own-a"})
+    for text_out in (made.text, listed.text):
+        assert secret not in text_out
+    assert made.json()["credentials"] == {"access_key_id": "AKIAOWN", "endpoint_url": given["endpoint_url"],
+                                          "region": "eu-west-1"}
+
+    state = plane.app.state
+    async with state.sessions() as session:
+        sealed = (await session.execute(select(ModelSource.secret_sealed).where(
+            ModelSource.id == made.json()["id"]))).scalar_one()
+        a, b = [await tenants.find_tenant(session, name) for name in ("own-a", "own-b")]
+    assert secret.encode() not in sealed
+    with pytest.raises(InvalidTag):
+        state.sealer.open(sealed, "another-row")
+
+    desired = PostgresDesiredState(state.sessions, state.settings.default_quota, state.sealer)
+    access = await desired.source_access(a.id, "s3://own-a-bucket/models/m/")
+    assert access == S3Access("AKIAOWN", secret, endpoint_url=given["endpoint_url"], region="eu-west-1")
+    assert await desired.source_access(b.id, "s3://own-a-bucket/models/m/") is None
+    assert await desired.source_access(a.id, "s3://own-a-bucket-2/m/") is None, "whole segments only"

@@ -36,7 +36,8 @@ async def test_known_keys_are_served_while_postgres_is_down(plane, own_pg, model
     assert created.status_code == 201, created.text
     await plane.set_price(tenant="steady", input_per_mtok="2", output_per_mtok="4")
     assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
-    desired = PostgresDesiredState(plane.app.state.sessions, plane.app.state.settings.default_quota)
+    desired = PostgresDesiredState(plane.app.state.sessions, plane.app.state.settings.default_quota,
+                                   plane.app.state.sealer)
     specs = await desired.revisions()
 
     own_pg.stop()

@@ -11,9 +11,7 @@ import pytest_asyncio
 from sqlalchemy import select
 
 from controlplane.models import ReplicaLifetime, UsageEvent
-from tests.controlplane.conftest import (cpu_pool_settings, make_settings, real_pool,
-                                         running_control_plane)
-from tests.controlplane.support.servers import runtime_server_available
+from tests.controlplane.conftest import pooled_control_plane
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
@@ -21,12 +19,7 @@ pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def plane(db_url, s3_server, tmp_path_factory):
-    if not runtime_server_available():
-        pytest.skip("runtime.server not available")
-    tmp = tmp_path_factory.mktemp("cp-pool")
-    settings = make_settings(db_url, s3_server, tmp / "cp", acquire_timeout_s=240)
-    pool_factory = real_pool(cpu_pool_settings(s3_server, tmp / "cache"))
-    async with running_control_plane(settings, pool_factory=pool_factory) as plane:
+    async with pooled_control_plane(db_url, s3_server, tmp_path_factory.mktemp("cp-pool")) as plane:
         yield plane
 
 

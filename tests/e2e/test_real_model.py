@@ -8,6 +8,7 @@ France in one exact sentence and write a string-reversing function that works.
 """
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -112,3 +113,21 @@ async def test_a_cut_gguf_is_refused_at_deploy_naming_the_field(plane, s3_server
     error = refused.json()["error"]
     assert error["param"] == "model_uri"
     assert "bad GGUF" in error["message"] and "metadata tokenizer.ggml." in error["message"], error
+
+
+def test_offline_json_schema_answer_is_valid_and_right():
+    """Structured outputs on a real tokenizer (49k tokens) and model: the schema holds and
+    the answer is still the model's."""
+    from runtime import LLM, SamplingParams
+    from wire.response_format import json_schema_output
+
+    schema = {"type": "object", "properties": {"country": {"type": "string", "maxLength": 40},
+                                               "capital": {"type": "string", "maxLength": 40}},
+              "required": ["country", "capital"], "additionalProperties": False}
+    llm = LLM(str(smollm2_dir()), kv_cache_tokens=1024)
+    prompt = llm.tokenizer.encode_chat([{"role": "user", "content": f"{QUESTION} Answer in JSON."}])
+    out = llm.generate([prompt], SamplingParams(max_tokens=64, temperature=0.0,
+                                                structured_output=json_schema_output(schema)))[0]
+    assert out.finish_reason == "stop"
+    answer = json.loads(out.text)   # greedy, it writes {"country": "FRANCE", "capital": "Paris"}
+    assert (answer["country"].lower(), answer["capital"]) == ("france", "Paris"), out.text

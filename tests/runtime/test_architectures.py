@@ -47,6 +47,25 @@ def test_options_are_refused_per_architecture():
     assert not ARCHITECTURES["MixtralForCausalLM"].tensor_parallel
 
 
+@pytest.mark.parametrize("architecture,gpus,engine,field", [
+    ("Phi3ForCausalLM", 2, {}, "resources.gpu_count"),
+    ("MixtralForCausalLM", 1, {"quantization": "int8"}, "engine.quantization"),
+    ("Qwen3MoeForCausalLM", 2, {}, "resources.gpu_count"),
+])
+def test_the_deploy_refuses_what_the_architecture_cannot_run(architecture, gpus, engine, field):
+    """At the control plane, with the field to fix, before any replica would start."""
+    from controlplane.deployment_spec import Resources, check_model
+    from controlplane.store.errors import InvalidField
+    from pool.api import ModelInfo
+
+    info = ModelInfo("s3://b/m/", architecture, 1, "float32", 1, ("model.safetensors",),
+                     num_attention_heads=8, num_key_value_heads=4)
+    with pytest.raises(InvalidField) as refused:
+        check_model(info, Resources(gpu_count=gpus), engine=engine)
+    assert refused.value.field == field and architecture in str(refused.value)
+    check_model(info, Resources(gpu_count=1))                    # plain: served
+
+
 @pytest.mark.parametrize("name,window", [("mistral_sliding", 16), ("phi3_sliding", 16), ("mistral", None),
                                          ("gemma2", None), ("gemma3", None)])
 def test_blocks_are_freed_only_where_every_layer_slides(name, window, arch_model):

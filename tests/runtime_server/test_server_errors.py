@@ -27,7 +27,9 @@ def assert_error(resp, status: int, param):
     ({"top_p": 1.01}, "top_p"),
     ({"temperature": -1}, "temperature"),
     ({"frobnicate": True}, "frobnicate"),
-    ({"n": 3}, "n"),
+    ({"n": 30}, "n"),
+    ({"logit_bias": {"512": 1}}, "logit_bias"),   # outside the vocabulary: the replica knows
+    ({"min_p": -0.5}, "min_p"),
     ({"prompt": [1, 2, 512]}, "prompt"),         # vocab is 512: id 512 is outside
     ({"stop_token_ids": [9999]}, "stop_token_ids"),
 ])

@@ -38,7 +38,7 @@ def test_standby_load_failed_then_ready(standby, standby_client, tiny_model, tmp
     # the load took some time, all of it between our POST and the ready answer, and
     # reading the weights was one part of it
     assert 0 < timings["total_s"] <= load_wall_s
-    assert 0 < timings["read_weights_s"] <= timings["total_s"]
+    assert 0 < timings["weights_s"] <= timings["total_s"]
     assert c.get("/health").status_code == 200
 
     again = c.post("/admin/load", json=load)

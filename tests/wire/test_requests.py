@@ -46,16 +46,26 @@ def test_completion_defaults_follow_openai():
     ({"prompt": "x", "stop": 5}, "stop"),
     ({"prompt": "x", "stop": [""]}, "stop"),
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
-    ({"prompt": "x", "n": 2}, "n"),
-    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
-    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": "x", "n": 17}, "n"),
+    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": "high"}, "frequency_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"3": 101}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": [1]}, "logit_bias"),
+    ({"prompt": "x", "min_p": 1.5}, "min_p"),
+    ({"prompt": "x", "min_tokens": -1}, "min_tokens"),
+    ({"prompt": "x", "echo": True, "logprobs": 2}, "echo"),
+    ({"prompt": "x", "echo": "yes"}, "echo"),
     ({"prompt": "x", "bogus": 1}, "bogus"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": "x", "stream": True, "stream_options": {"nope": True}}, "stream_options"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
     ({"prompt": [1, -2]}, "prompt"),
-    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": ["a", ""]}, "prompt"),
+    ({"prompt": ["a"] * 65}, "prompt"),
     ({"prompt": 5}, "prompt"),
     ({}, "prompt"),
 ])
@@ -127,8 +137,9 @@ def test_parse_request_picks_the_parser_by_endpoint():
     assert parse_request("completions", {"prompt": "x"}).kind == "completion"
     chat = parse_request("chat/completions", {"messages": [{"role": "user", "content": "x"}]})
     assert chat.kind == "chat"
+    assert parse_request("embeddings", {"input": "x"}).kind == "embedding"
     with pytest.raises(ValueError, match="unknown endpoint"):
-        parse_request("embeddings", {"input": "x"})
+        parse_request("moderations", {"input": "x"})
 
 
 def test_one_max_tokens_rule():
@@ -139,3 +150,15 @@ def test_one_max_tokens_rule():
     assert open_.max_tokens_within(context_len=100, prompt_len=100) == 1
     completion = parse_completion_request({"prompt": "x"})
     assert completion.max_tokens_within(context_len=100, prompt_len=30) == 16
+
+
+def test_completion_batch_penalties_and_echo_parse():
+    req = parse_completion_request({
+        "prompt": ["one", [1, 2]], "n": 3, "echo": True, "presence_penalty": -1,
+        "frequency_penalty": 0.5, "repetition_penalty": 1.2, "logit_bias": {"7": -100},
+        "min_p": 0.1, "min_tokens": 2, "stop_token_ids": [3]})
+    assert req.prompts == ["one", [1, 2]] and req.prompt == "one" and req.echo
+    p = req.params
+    assert (p.n, p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (3, -1, 0.5, 1.2)
+    assert (p.logit_bias, p.min_p, p.min_tokens, p.stop_token_ids) == ({7: -100}, 0.1, 2, [3])
+    assert parse_completion_request({"prompt": "x"}).prompts == ["x"]

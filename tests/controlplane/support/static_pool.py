@@ -92,7 +92,7 @@ class StaticPool:
     async def stop(self) -> None:
         await self._stack.aclose()
 
-    async def inspect_model(self, model_uri: str) -> ModelInfo:
+    async def inspect_model(self, model_uri: str, tenant_id: Optional[str] = None) -> ModelInfo:
         self.inspected.append(model_uri)
         await asyncio.sleep(self.inspect_delay_s)
         return await inspect_model(self._s3, model_uri)

@@ -1,0 +1,124 @@
+"""Where a replica's cold start goes, stage by stage, against the time to read its weights.
+
+    .venv/bin/python benchmarks/cold_start_stages.py [--model DIR] [--trials 2]
+
+The model is the real one by default (SmolLM2-135M, fp32, ~540 MB; `make model`). Each
+trial starts a fresh Python process per case and measures in it:
+
+  fresh     process start -> import -> kernels -> ... -> ready, as `runtime.server --model`
+  standby   the same load in a process that already ran the standby warm-up (imports,
+            kernels): what a pool with a warm standby pays once a load is asked for
+
+then one greedy token (first_token). The peer, measured in the same run and between the
+cases: reading the weight files into memory with plain `read()` from the page cache (warm:
+every case reads files that were just read). The figure printed per case is
+(time to ready) / (read time), the issue's target being about 1x; `other` is the part of
+ready that no stage recorded. Best (lowest ready) of --trials per case; on a busy machine
+only the ratios within one run mean anything. The report is also written to
+benchmarks/results/cold_start_stages.txt.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CHILD = """
+import json, sys, time
+model, mode = sys.argv[1], sys.argv[2]
+from runtime.model_host import LoadRequest, build_llm_engine, warm_imports
+if mode == "standby":
+    warm_imports("cpu")
+engine, timings = build_llm_engine(LoadRequest(model, "bench", {}))
+from wire.sampling import SamplingParams
+since = time.perf_counter()
+engine.add_request("0", engine.tokenizer.encode("Hello"), SamplingParams(max_tokens=1))
+while engine.has_unfinished_requests():
+    engine.step()
+print(json.dumps({"timings": timings, "first_token_s": time.perf_counter() - since}))
+"""
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=None, help="model folder (default: SmolLM2-135M)")
+    p.add_argument("--trials", type=int, default=2)
+    return p.parse_args()
+
+
+def weight_paths(model: Path) -> list[Path]:
+    return sorted(model.glob("*.safetensors"))
+
+
+def read_seconds(paths: list[Path]) -> float:
+    """Plain read() of every weight file into memory: the peer."""
+    start = time.perf_counter()
+    for path in paths:
+        with open(path, "rb") as f:
+            f.read()
+    return time.perf_counter() - start
+
+
+def run_case(model: Path, mode: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", CHILD, str(model), mode],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def ready_s(result: dict) -> float:
+    """From the process start (fresh) or the load request (standby) to ready."""
+    return result["timings"]["total_s"]
+
+
+def stage_rows(result: dict) -> dict[str, float]:
+    """Seconds of every stage the replica recorded, `other` (what none of them covers),
+    ready, and the first token after it."""
+    rows = {k.removesuffix("_s"): v for k, v in result["timings"].items()
+            if k.endswith("_s") and k != "total_s"}
+    return {**rows, "ready": ready_s(result), "first_token": result["first_token_s"]}
+
+
+def report(read_s: float, size: int, cases: dict[str, dict]) -> None:
+    rows = {name: stage_rows(r) for name, r in cases.items()}
+    names = list(dict.fromkeys(k for r in rows.values() for k in r))
+    print(f"\nweights: {size / 1e6:.0f} MB; plain read() from the page cache: {read_s:.3f} s "
+          f"({size / read_s / 1e9:.2f} GB/s)")
+    print(f"\n{'stage (s)':16s}" + "".join(f"{c:>11s}" for c in rows))
+    for name in names:
+        print(f"{name:16s}" + "".join(f"{r.get(name, 0.0):11.3f}" for r in rows.values()))
+    for c, r in cases.items():
+        gbps = r["timings"].get("weights_gbps")
+        rate = f"; weights stage at {gbps:.2f} GB/s" if gbps else ""
+        print(f"{c}: ready / read = {ready_s(r) / read_s:.2f}x (target about 1x){rate}")
+    print(json.dumps({"read_s": read_s, "weight_bytes": size, "cases": cases}))
+
+
+def main() -> None:
+    args = parse_args()
+    if args.model is None:
+        from scripts.real_model import smollm2_dir
+        args.model = smollm2_dir()
+    paths = weight_paths(args.model)
+    size = sum(p.stat().st_size for p in paths)
+    reads = [read_seconds(paths)]                 # the first also warms the page cache
+    cases: dict[str, dict] = {}
+    for _ in range(args.trials):
+        for mode in ("fresh", "standby"):
+            result = run_case(args.model, mode)
+            reads.append(read_seconds(paths))
+            if mode not in cases or ready_s(result) < ready_s(cases[mode]):
+                cases[mode] = result
+    report(min(reads[1:]), size, cases)
+
+
+if __name__ == "__main__":
+    from benchmarks.results import recorded
+
+    with recorded(__file__):
+        main()

@@ -1,0 +1,154 @@
+"""Dynamic batching on vs off: the example function under closed-loop load, through the
+real control plane.
+
+    .venv/bin/python benchmarks/dynamic_batching.py [--hidden 2048] [--requests 256]
+                                                    [--concurrency 1 8 32]
+
+Starts its own Postgres (pgserver) and S3 (SeaweedFS), the control plane with the real
+pool (two CPU slots, one-thread replicas), builds the example text classifier
+(examples/functions/text-classifier) with a wider MLP (`--hidden`, untrained: only
+its cost matters here) and deploys it twice from S3: `batched` with the example's
+batching (max_batch_size 32, max_wait_ms 5) and `unbatched` with max_batch_size 1,
+its peer in the same run. At each concurrency, that many clients each send one
+text per call, back to back, until `--requests` calls are answered; the two
+deployments take turns. Printed: throughput (calls/s), p50/p99 latency and the
+items per predict call the replica saw, and the ratio batched / unbatched; first
+through the control plane (what a tenant gets), then straight to each replica with
+its secret (the batching alone: on a small shared machine the control plane's own
+CPU, in this process, can cap the rate before the replica sees concurrency). The report is also written to
+benchmarks/results/dynamic_batching.txt.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples" / "functions" / "text-classifier"))
+
+import build  # noqa: E402  (the example's build script)
+
+from controlplane.db import migrate_async  # noqa: E402
+from controlplane.embedded import EmbeddedPostgres, EmbeddedS3  # noqa: E402
+from tests.controlplane.conftest import (MODELS_BUCKET, cpu_pool_settings, create_database,  # noqa: E402
+                                         make_settings, real_pool, running_control_plane)
+from tests.functions.test_function_deploy import upload  # noqa: E402
+
+TEXT = {"text": "the food was really good and the service pleasant"}
+
+
+def packages(work: Path, hidden: int) -> dict[str, Path]:
+    batched = build.build(work / "batched", hidden=hidden, steps=0)
+    unbatched = build.build(work / "unbatched", hidden=hidden, steps=0)
+    manifest = (unbatched / "thawpool.toml").read_text()
+    (unbatched / "thawpool.toml").write_text(manifest.replace("max_batch_size = 32", "max_batch_size = 1"))
+    return {"batched": batched, "unbatched": unbatched}
+
+
+def replica_client(plane, revision_id: str) -> httpx.AsyncClient:
+    """A client of the revision's ready replica itself (its secret), past the control plane."""
+    pool = plane.app.state.pool
+    replica = next(r for r in pool.revision_status(revision_id).replicas if r.state == "ready")
+    handle = pool.handle(replica.replica_id)
+    return httpx.AsyncClient(base_url=handle.base_url, headers=dict(handle.headers), timeout=300)
+
+
+async def closed_loop(client, path: str, concurrency: int, requests: int) -> tuple[float, list[float]]:
+    """(calls per second, each call's latency): `concurrency` clients, back to back."""
+    latencies: list[float] = []
+    left = [requests]
+
+    async def one_client() -> None:
+        while left[0] > 0:
+            left[0] -= 1
+            t0 = time.perf_counter()
+            answer = await client.post(path, json={"input": TEXT})
+            assert answer.status_code == 200, answer.text
+            latencies.append(time.perf_counter() - t0)
+    started = time.perf_counter()
+    await asyncio.gather(*(one_client() for _ in range(concurrency)))
+    return requests / (time.perf_counter() - started), latencies
+
+
+async def level(via: str, route, replicas: dict, concurrency: int, requests: int) -> None:
+    """Both deployments at one concurrency, then their ratio."""
+    figures = {}
+    for name in ("unbatched", "batched"):
+        before = (await replicas[name].get("/stats")).json()
+        rate, lat = await closed_loop(*route(name), concurrency, requests)
+        after = (await replicas[name].get("/stats")).json()
+        per_batch = (after["items"] - before["items"]) / max(1, after["batches"] - before["batches"])
+        figures[name] = (rate, pct(lat, 50), pct(lat, 99))
+        print(f"{via:>13} {concurrency:>5} {name:>9} {rate:>9.1f} {figures[name][1]:>8.1f} "
+              f"{figures[name][2]:>8.1f} {per_batch:>12.1f}")
+    on, off = figures["batched"], figures["unbatched"]
+    print(f"{via:>13} {concurrency:>5}  ratio: throughput {on[0] / off[0]:.2f}x, "
+          f"p50 {on[1] / off[1]:.2f}x, p99 {on[2] / off[2]:.2f}x (batched / unbatched)", flush=True)
+
+
+def pct(values: list[float], q: int) -> float:
+    """The q-th percentile, in milliseconds."""
+    if len(values) < 2:
+        return values[0] * 1000
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000
+
+
+async def run(args, work: Path) -> None:
+    pg = EmbeddedPostgres(work / "pg").start()
+    s3 = EmbeddedS3(work / "s3").start()
+    try:
+        db_url = await create_database(pg)
+        await migrate_async(db_url)
+        s3.ensure_bucket(MODELS_BUCKET)
+        settings = make_settings(db_url, s3, work / "cp", acquire_timeout_s=300,
+                                 default_requests_per_min=10_000_000)
+        pool = real_pool(cpu_pool_settings(s3, work / "cache", cpu_slots=2, load_timeout_s=300))
+        async with running_control_plane(settings, pool_factory=pool) as plane:
+            client = plane.client(await plane.tenant_key("bench"))
+            revisions = {}
+            for name, folder in packages(work, args.hidden).items():
+                uri = upload(folder, s3, MODELS_BUCKET, f"bench/{name}")
+                made = await client.post("/v1/deployments", json={
+                    "name": name, "kind": "function", "model_uri": uri,
+                    "scaling": {"min_replicas": 1, "max_replicas": 1, "target_concurrency": 1000}})
+                assert made.status_code == 201, made.text
+                revisions[name] = made.json()["revisions"][0]["id"]
+                await closed_loop(client, f"/v1/functions/{name}/invoke", 1, 4)   # cold start, warm-up
+            print(f"example classifier, hidden {args.hidden}; {args.requests} calls per level\n")
+            replicas = {name: replica_client(plane, rev) for name, rev in revisions.items()}
+            routes = {"control plane": lambda name: (client, f"/v1/functions/{name}/invoke"),
+                      "replica": lambda name: (replicas[name], "/invoke")}
+            print(f"{'via':>13} {'conc':>5} {'mode':>9} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+                  f"{'items/batch':>12}")
+            for via, route in routes.items():
+                for concurrency in args.concurrency:
+                    await level(via, route, replicas, concurrency, args.requests)
+            for http in replicas.values():
+                await http.aclose()
+    finally:
+        s3.stop()
+        pg.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="thawpool-batching-") as tmp:
+        asyncio.run(run(args, Path(tmp)))
+
+
+if __name__ == "__main__":
+    from benchmarks.results import recorded
+    with recorded(__file__):
+        main()

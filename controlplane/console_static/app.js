@@ -1,0 +1,316 @@
+// The thawpool console: one page, hash routes, every number fetched from the control
+// plane's API with the key signed in with (session storage: gone with the tab). Text is
+// set with textContent only, never parsed as HTML. What each page drew is kept in
+// window.thawpoolConsole.data, and body[data-ready] names the page once it is drawn
+// (the browser tests read both).
+"use strict";
+
+const KEY = "thawpool.key";
+const ADMIN = "thawpool.admin";
+const main = document.getElementById("main");
+const timers = [];
+window.thawpoolConsole = { data: {} };
+
+// ------------------------------------------------------------------ plumbing
+
+async function api(path, options) {
+  const opts = options || {};
+  const headers = { authorization: "Bearer " + (opts.key || sessionStorage.getItem(KEY)) };
+  if (opts.body !== undefined) headers["content-type"] = "application/json";
+  const response = await fetch(path, { method: opts.method || "GET", headers: headers,
+    body: opts.body === undefined ? undefined : JSON.stringify(opts.body) });
+  if (!response.ok) throw await refusal(response);
+  if (response.status === 204) return null;
+  const type = response.headers.get("content-type") || "";
+  return type.includes("json") ? response.json() : response.text();
+}
+
+async function refusal(response) {
+  let message = response.statusText;
+  try { message = (await response.json()).error.message; } catch (e) { /* not JSON */ }
+  const error = new Error(response.status + ": " + message + " (request id " +
+                          response.headers.get("x-request-id") + ")");
+  error.status = response.status;
+  return error;
+}
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (name === "on") for (const [ev, fn] of Object.entries(value)) el.addEventListener(ev, fn);
+    else if (value !== null && value !== undefined && value !== false) el.setAttribute(name, value);
+  }
+  for (const child of children.flat()) {
+    if (child !== null && child !== undefined) el.append(child instanceof Node ? child : String(child));
+  }
+  return el;
+}
+
+function table(columns, rows, attrs) {
+  return h("table", attrs, h("thead", {}, h("tr", {}, columns.map((c) => h("th", {}, c)))),
+           h("tbody", {}, rows.map((row) => h("tr", {}, row.map((v) => h("td", {}, v == null ? "" : v))))));
+}
+
+function every(seconds, fn) {
+  timers.push(setInterval(() => fn().catch(() => {}), seconds * 1000));
+}
+
+function split(traffic) {
+  return Object.entries(traffic).map(([r, p]) => r + "=" + p + "%").join(" ");
+}
+
+// ------------------------------------------------------------------ sign in, routes
+
+function showSignIn(message) {
+  document.getElementById("nav").hidden = true;
+  main.replaceChildren(document.getElementById("sign-in").content.cloneNode(true));
+  document.getElementById("sign-in-error").textContent = message || "";
+  document.getElementById("sign-in-form").addEventListener("submit", signIn);
+  document.body.dataset.ready = "sign-in";
+}
+
+async function signIn(event) {
+  event.preventDefault();
+  const key = document.getElementById("key").value.trim();
+  try {
+    await api("/v1/deployments", { key: key });
+  } catch (error) {
+    if (error.status !== 403) return showSignIn(error.message);   // 403: valid, no deploy scope
+  }
+  sessionStorage.setItem(KEY, key);
+  sessionStorage.setItem(ADMIN, await isAdmin(key) ? "1" : "");
+  location.hash = "#/deployments";
+  route();
+}
+
+async function isAdmin(key) {
+  try { await api("/v1/tenants", { key: key }); return true; } catch (e) { return false; }
+}
+
+function signOut() {
+  sessionStorage.clear();
+  location.hash = "";
+  showSignIn();
+}
+
+async function route() {
+  timers.splice(0).forEach(clearInterval);
+  if (!sessionStorage.getItem(KEY)) return showSignIn();
+  document.getElementById("nav").hidden = false;
+  document.getElementById("nav-admin").hidden = !sessionStorage.getItem(ADMIN);
+  const [, page, name] = (location.hash || "#/deployments").split("/");
+  document.body.dataset.ready = "";
+  try {
+    if (page === "deployments" && name) await deploymentPage(decodeURIComponent(name));
+    else if (page === "usage") await usagePage();
+    else if (page === "admin") await adminPage();
+    else await deploymentsPage();
+  } catch (error) {
+    if (error.status === 401) return showSignIn("the key was refused: " + error.message);
+    main.replaceChildren(h("p", { class: "error", id: "page-error" }, error.message));
+  }
+  document.body.dataset.ready = (page || "deployments") + (name ? "/" + name : "");
+}
+
+// ------------------------------------------------------------------ deployments
+
+async function deploymentsPage() {
+  const listed = (await api("/v1/deployments")).data;
+  window.thawpoolConsole.data.deployments = listed.map((d) => d.name);
+  const stateCells = {};
+  const rows = listed.map((d) => {
+    stateCells[d.name] = h("td", { class: "state" }, "…");
+    return h("tr", { "data-name": d.name },
+      h("td", {}, h("a", { href: "#/deployments/" + encodeURIComponent(d.name) }, d.name)),
+      stateCells[d.name], h("td", {}, split(d.traffic)), h("td", {}, d.revisions.length),
+      h("td", {}, d.revisions.length ? d.revisions[d.revisions.length - 1].model_uri : ""));
+  });
+  main.replaceChildren(h("h1", {}, "Deployments"),
+    h("table", { id: "deployments-table" },
+      h("thead", {}, h("tr", {}, ["name", "state", "traffic", "revisions", "model"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, rows)),
+    listed.length ? "" : h("p", {}, "No deployments yet: thawpool deploy NAME --model MODEL"));
+  const refresh = async () => {
+    for (const d of listed) stateCells[d.name].textContent = stateWord(await api("/v1/deployments/" + d.name));
+  };
+  await refresh();
+  every(5, refresh);
+}
+
+function stateWord(deployment) {
+  const status = deployment.status || {};
+  return [...new Set(Object.keys(deployment.traffic).map((r) => (status[r] || {}).state))].join(", ");
+}
+
+async function deploymentPage(name) {
+  const path = "/v1/deployments/" + encodeURIComponent(name);
+  const [deployment, activity] = await Promise.all([
+    api(path), api("/v1/console/deployments/" + encodeURIComponent(name) + "/activity")]);
+  const live = h("div", { id: "live" });
+  const sparks = ["requests", "ttft", "tokens"].map((id) => h("div", { class: "chart card", id: "spark-" + id }));
+  main.replaceChildren(h("h1", {}, deployment.name),
+    h("p", {}, "scaling: " + JSON.stringify(deployment.scaling)), live,
+    h("h2", {}, "Last hour"), h("div", { class: "grid" }, sparks),
+    h("h2", {}, "Cold starts"), waterfall(activity.thaws));
+  const drawLive = async (d) => live.replaceChildren(revisionsTable(d), replicasTable(d));
+  await drawLive(deployment);
+  drawSparklines(activity, sparks);
+  window.thawpoolConsole.data.deployment = { deployment: deployment, activity: activity };
+  every(3, async () => drawLive(await api(path)));
+}
+
+function revisionsTable(d) {
+  const status = d.status || {};
+  return table(["revision", "traffic", "state", "replicas", "queued", "model", "architecture", "GPUs", "memory", "last error"],
+    d.revisions.map((r) => {
+      const s = status[r.name] || {};
+      return [r.name, (d.traffic[r.name] || 0) + "%", s.state, (s.replicas || []).length, s.queued_requests,
+              r.model_uri, r.architecture, r.resources.gpu_count, r.resources.gpu_memory_gb + " GB", s.last_error];
+    }), { id: "revisions-table" });
+}
+
+function replicasTable(d) {
+  const rows = Object.entries(d.status || {}).flatMap(([rev, s]) => (s.replicas || []).map((r) =>
+    [r.replica_id.slice(0, 12), rev, r.state, r.since, r.in_flight, (r.slot_ids || []).join(",")]));
+  return table(["replica", "revision", "state", "since", "in flight", "slots"],
+               rows.length ? rows : [["-", "", "scaled to zero", "", "", ""]], { id: "replicas-table" });
+}
+
+const STAGES = ["queue", "placement", "download_load", "first_token"];
+
+function waterfall(thaws) {
+  const total = (t) => STAGES.reduce((sum, s) => sum + (t.stages[s] || 0), 0);
+  const longest = Math.max(0.001, ...thaws.map(total));
+  const bars = thaws.map((t) => {
+    const bar = h("div", { class: "bar", title: t.replica_id });
+    for (const stage of STAGES) {
+      const seg = h("div", { class: "seg seg-" + stage, title: stage + " " + (t.stages[stage] || 0).toFixed(2) + "s" });
+      seg.style.width = (100 * (t.stages[stage] || 0) / longest) + "%";
+      bar.append(seg);
+    }
+    return h("div", {}, h("small", {}, t.started_at.slice(0, 19) + "  " + total(t).toFixed(1) + "s"), bar);
+  });
+  return h("div", { class: "card waterfall", id: "waterfall" },
+    h("div", { class: "legend" }, STAGES.map((s) => h("span", { class: "seg-" + s }, " " + s + " "))),
+    bars.length ? bars : h("p", {}, "No cold start yet."));
+}
+
+// Every minute of the window gets a point (0 requests, no TTFT where none came), so a
+// sparkline spans the whole hour whatever the traffic was.
+function drawSparklines(activity, [requests, ttft, tokens]) {
+  const first = Math.ceil(Date.parse(activity.since) / 60000) * 60;
+  const xs = Array.from({ length: 61 }, (_, i) => first + 60 * i);
+  const seen = Object.fromEntries(activity.minutes.map((m) => [Date.parse(m.at) / 1000, m]));
+  const at = (x, pick, none) => (seen[x] ? pick(seen[x]) : none);
+  charts.lineChart(requests, xs, xs.map((x) => at(x, (m) => m.requests / 60, 0)), "requests/s");
+  charts.lineChart(ttft, xs, xs.map((x) => at(x, (m) => m.ttft_s, null)), "TTFT (s)");
+  charts.lineChart(tokens, xs, xs.map((x) => at(x, (m) => m.tokens / 60, 0)), "tokens/s");
+}
+
+// ------------------------------------------------------------------ usage
+
+function isoDay(date) { return date.toISOString().slice(0, 10); }
+
+async function usagePage() {
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  const tomorrow = new Date(Date.now() + 86400000);
+  const to = params.get("to") || isoDay(tomorrow);
+  const from = params.get("from") || isoDay(new Date(Date.parse(to) - 30 * 86400000));
+  const range = "from=" + from + "&to=" + to;
+  const [daily, report] = await Promise.all([api("/v1/console/usage?" + range),
+                                             api("/v1/billing/report?group_by=day&" + range)]);
+  const panels = ["tokens", "cost", "gpu"].map((id) => h("div", { class: "chart card", id: "chart-" + id }));
+  main.replaceChildren(h("h1", {}, "Usage"), rangeForm(from, to),
+    h("div", {}, panels), reportTable(report),
+    h("button", { id: "csv", type: "button", on: { click: () => downloadCsv(range, from, to) } }, "Download CSV"));
+  window.thawpoolConsole.data.usage = drawUsage(daily, report, panels);
+}
+
+function rangeForm(from, to) {
+  const fromInput = h("input", { type: "date", id: "from", value: from });
+  const toInput = h("input", { type: "date", id: "to", value: to });
+  return h("form", { class: "inline", id: "range", on: { submit: (event) => {
+    event.preventDefault();
+    location.hash = "#/usage?from=" + fromInput.value + "&to=" + toInput.value;
+  } } }, "from", fromInput, "to (exclusive)", toInput, h("button", { type: "submit" }, "Show"));
+}
+
+function drawUsage(daily, report, [tokensEl, costEl, gpuEl]) {
+  const pick = (column, parse) => Object.fromEntries(Object.entries(daily.deployments)
+    .map(([name, s]) => [name, s[column].map(parse)]));
+  const tokens = Object.fromEntries(Object.entries(daily.deployments).map(([name, s]) =>
+    [name, s.prompt_tokens.map((p, i) => p + s.completion_tokens[i])]));
+  const cost = pick("cost", parseFloat);
+  const byDay = Object.fromEntries(report.rows.map((r) => [r.key, r]));
+  const gpu = daily.days.map((d) => parseFloat((byDay[d] || {}).gpu_seconds || 0));
+  charts.stackedChart(tokensEl, daily.days, tokens, "tokens per day, by deployment");
+  charts.stackedChart(costEl, daily.days, cost, "cost per day, by deployment");
+  charts.lineChart(gpuEl, charts.dayStamps(daily.days), gpu, "GPU seconds per day", 180);
+  return { days: daily.days, tokens: tokens, cost: cost, gpu_seconds: gpu, report: report };
+}
+
+const REPORT_COLUMNS = ["requests", "prompt_tokens", "cached_tokens", "completion_tokens",
+                        "token_cost", "gpu_seconds", "gpu_cost", "cost"];
+
+function reportTable(report) {
+  const rows = report.rows.map((r) => [r.key, ...REPORT_COLUMNS.map((c) => r[c])]);
+  rows.push(["TOTAL", ...REPORT_COLUMNS.map((c) => report.totals[c])]);
+  return table(["day", ...REPORT_COLUMNS], rows, { id: "report-table" });
+}
+
+async function downloadCsv(range, from, to) {
+  const text = await api("/v1/billing/report?group_by=day&format=csv&" + range);
+  const link = h("a", { href: URL.createObjectURL(new Blob([text], { type: "text/csv" })),
+                        download: "thawpool-usage-" + from + "-" + to + ".csv", id: "csv-link" }, "csv");
+  document.body.append(link);
+  link.click();
+  window.thawpoolConsole.data.csv = text;
+}
+
+// ------------------------------------------------------------------ admin
+
+async function adminPage() {
+  const [tenants, book] = await Promise.all([api("/v1/tenants"), api("/v1/price-book")]);
+  const detail = h("div", { id: "tenant-detail" });
+  const name = h("input", { id: "tenant-name", placeholder: "new tenant", required: true });
+  main.replaceChildren(h("h1", {}, "Admin"),
+    h("form", { class: "inline", id: "tenant-form", on: { submit: async (event) => {
+      event.preventDefault();
+      await api("/v1/tenants", { method: "POST", body: { name: name.value } });
+      route();
+    } } }, name, h("button", { type: "submit" }, "Create tenant")),
+    table(["tenant", "id", "created", ""], tenants.data.map((t) => [t.name, t.id, t.created_at.slice(0, 19),
+      h("button", { type: "button", "data-tenant": t.name, on: { click: () => tenantDetail(t.name, detail) } }, "keys & quota")]),
+      { id: "tenants-table" }),
+    detail, h("h2", {}, "Price book"),
+    table(["tenant", "deployment", "effective from", "input/Mtok", "output/Mtok", "GPU second"],
+      book.data.map((r) => [r.tenant || "(default)", r.deployment, r.effective_from,
+                            (r.prices || {}).input_per_mtok, (r.prices || {}).output_per_mtok, (r.prices || {}).gpu_second]),
+      { id: "prices-table" }));
+  window.thawpoolConsole.data.admin = { tenants: tenants.data.map((t) => t.name) };
+}
+
+async function tenantDetail(tenant, el) {
+  const [keys, quota] = await Promise.all([api("/v1/tenants/" + tenant + "/keys"),
+                                           api("/v1/tenants/" + tenant + "/quota")]);
+  const scopes = h("input", { id: "key-scopes", value: "invoke,deploy,billing:read" });
+  const secret = h("p", { class: "secret", id: "new-key", hidden: true });
+  el.replaceChildren(h("h2", {}, "Tenant " + tenant),
+    table(["prefix", "name", "scopes", "expires", "revoked"], keys.data.map((k) =>
+      [k.prefix, k.name, k.scopes.join(","), k.expires_at, k.revoked_at]), { id: "keys-table" }),
+    h("form", { class: "inline", id: "key-form", on: { submit: async (event) => {
+      event.preventDefault();
+      const made = await api("/v1/tenants/" + tenant + "/keys", { method: "POST",
+        body: { scopes: scopes.value.split(",").filter(Boolean) } });
+      secret.textContent = made.key + "  (shown once: copy it now)";
+      secret.hidden = false;
+    } } }, "scopes", scopes, h("button", { type: "submit" }, "Create key")), secret,
+    h("h3", {}, "Quota"),
+    table(["limit", "value", "overridden"], Object.entries(quota.limits).map(([k, v]) =>
+      [k, v === null ? "none" : v, (quota.overrides || {})[k] != null ? "yes" : ""]), { id: "quota-table" }));
+  document.body.dataset.ready = "admin/" + tenant;
+}
+
+document.getElementById("sign-out").addEventListener("click", signOut);
+window.addEventListener("hashchange", route);
+route();

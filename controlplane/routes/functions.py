@@ -1,0 +1,71 @@
+"""Function invocation: POST /v1/functions/{name}/invoke[?async=true], GET /v1/functions/calls/{id}."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from controlplane.errors import ApiError, api_error_for
+from controlplane.function_calls import CallStoreFull
+from controlplane.routes.api import OBJECT, ApiRoute, Operation, Param, scope
+from controlplane.routes.context import app_state, read_json, request_id, require
+from pool.api import PoolError
+
+_running: set[asyncio.Task[None]] = set()      # async calls in flight (kept from the GC)
+
+
+async def invoke(request: Request) -> Response:
+    """auth → resolve → validate → admit, then the call: now, or in the background with
+    ?async=true (202 and a call id). Every refusal comes before a replica is woken."""
+    state = app_state(request)
+    functions, rid = state.functions, request_id(request)
+    principal = require(request, "invoke")
+    body = await read_json(request)
+    target = await functions.resolve(principal, request.path_params["name"], rid)
+    parsed = functions.validate(body)
+    admission = functions.admit(principal, target)
+    if request.query_params.get("async") not in ("true", "1"):
+        answer = await functions.call(principal, target, parsed, rid, admission)
+        return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
+    try:
+        stored = state.function_calls.start(principal.tenant_id, target.deployment.name, time.monotonic())
+    except CallStoreFull as exc:
+        raise ApiError(429, str(exc), code="too_many_async_calls", retry_after_s=5) from None
+
+    async def run() -> None:
+        try:
+            answer = await functions.call(principal, target, parsed, rid, admission)
+            state.function_calls.finish(stored.id, answer.status, answer.body, time.monotonic())
+        except (ApiError, PoolError) as exc:          # what a sync call would have answered
+            refusal = api_error_for(exc)
+            state.function_calls.finish(stored.id, refusal.status, refusal.body(), time.monotonic())
+        except Exception as exc:  # noqa: BLE001 - recorded on the call, which its client reads
+            state.function_calls.finish(stored.id, 500, ApiError(500, repr(exc)).body(), time.monotonic())
+    task = asyncio.ensure_future(run())
+    _running.add(task)
+    task.add_done_callback(_running.discard)
+    return JSONResponse(stored.view(), status_code=202)
+
+
+async def get_call(request: Request) -> Response:
+    principal = require(request, "invoke")
+    call = app_state(request).function_calls.get(principal.tenant_id, request.path_params["id"],
+                                                 time.monotonic())
+    if call is None:
+        raise ApiError(404, f"no function call {request.path_params['id']}", code="call_not_found")
+    return JSONResponse(call.view())
+
+
+INVOKE_BODY = {"type": "object", "properties": {
+    "input": {"type": "object"}, "inputs": {"type": "array", "items": {"type": "object"}}}}
+INVOKE = scope("invoke")
+routes = [
+    ApiRoute("/v1/functions/{name}/invoke", invoke, "POST", Operation(
+        "Invoke a function deployment ({input} -> {output}, {inputs} -> {outputs})", INVOKE,
+        body=INVOKE_BODY, response=OBJECT,
+        query=(Param("async", {"enum": ["true", "false"]}, "true: 202 with a call id"),))),
+    ApiRoute("/v1/functions/calls/{id}", get_call, "GET", Operation(
+        "An asynchronous function call's status and result", INVOKE, response=OBJECT)),
+]

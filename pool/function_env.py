@@ -1,0 +1,113 @@
+"""What a function replica's process gets from the pool: its venv, and a clean environment.
+
+The venv is built (or found, cached by the requirements' hash) by
+`python -m runtime.function_env` in a child process of its own: pip may run a
+dependency's build code, which must never run in the pool's process. The cold
+start times it as its own stage (`ColdStartTimings.env_s`).
+
+Neither the installer nor the function server inherits the pool's environment:
+it holds the platform's S3 keys and database URL. Each gets an allowlist of
+plain variables (the installer also the proxy and pip index settings it needs to
+reach an index), plus what the runtime needs (this checkout on PYTHONPATH, runtime_args.runtime_env).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from pool.api import ColdStartFailed
+from pool.backends.runtime_args import PROJECT_ROOT
+from pool.settings import PoolSettings
+
+PLAIN_VARS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
+INSTALLER_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+                  "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
+INSTALLER_PREFIXES = ("PIP_", "UV_")
+FUNCTION_PYTHON = "function_python"       # the engine key cold_start hands the backend
+MAX_OPEN_FILES = 4096
+BASE_MEMORY_MB = 3072
+
+
+@dataclass(frozen=True)
+class FunctionEnv:
+    python: str
+    cached: bool
+    seconds: float
+
+
+def plain_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables any child may see: nothing that holds a credential."""
+    return {k: environ[k] for k in PLAIN_VARS if k in environ}
+
+
+def installer_env(environ: Mapping[str, str]) -> dict[str, str]:
+    passed = {k: v for k, v in environ.items()
+              if k in INSTALLER_VARS or k.startswith(INSTALLER_PREFIXES)}
+    return {**plain_env(environ), **passed}
+
+
+async def build_env(settings: PoolSettings, package_dir: Path) -> FunctionEnv:
+    """The package's venv on this node; ColdStartFailed with the installer's reason."""
+    proc = await asyncio.create_subprocess_exec(
+        settings.runtime_python, "-m", "runtime.function_env", "--package", str(package_dir),
+        "--root", str(Path(settings.cache_dir) / "function-envs"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        env={**installer_env(os.environ), "PYTHONPATH": str(PROJECT_ROOT)}, start_new_session=True)
+    try:
+        out, err = await proc.communicate()
+    except asyncio.CancelledError:              # the stage timed out, or the pool stops
+        _kill_group(proc.pid)
+        await proc.wait()
+        raise
+    return _result(proc.returncode, out, err)
+
+
+def _result(returncode: int | None, out: bytes, err: bytes) -> FunctionEnv:
+    try:
+        answer = json.loads(out.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise ColdStartFailed(f"building the function's environment failed ({returncode}): "
+                              f"{err.decode(errors='replace')[-300:]}") from None
+    if returncode != 0 or "error" in answer:
+        raise ColdStartFailed(f"building the function's environment failed: {answer.get('error')}")
+    return FunctionEnv(str(answer["python"]), bool(answer["cached"]), float(answer["seconds"]))
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def server_args(python: str, host: str, port: int, package_dir: Path, served_name: str,
+                memory_limit_mb: Optional[int]) -> list[str]:
+    """`python -m runtime.function_server` in the function's venv, with its limits."""
+    args = [python, "-m", "runtime.function_server", "--host", host, "--port", str(port),
+            "--package", str(package_dir), "--served-model-name", served_name,
+            "--max-open-files", str(MAX_OPEN_FILES)]
+    return args + (["--memory-limit-mb", str(memory_limit_mb)] if memory_limit_mb else [])
+
+
+def memory_limit_mb(gpu_memory_gb: float, slot_count: int, on_cuda: bool) -> Optional[int]:
+    """A CPU replica's address space: the memory its slots reserved plus the interpreter
+    and torch (about 1 GB mapped). None on CUDA, whose driver maps far more address
+    space than it uses."""
+    if on_cuda:
+        return None
+    return BASE_MEMORY_MB + int(gpu_memory_gb * 1024 * max(1, slot_count))
+
+
+def server_env(environ: Mapping[str, str], runtime: Mapping[str, str],
+               cuda_devices: Sequence[int]) -> dict[str, str]:
+    """The function server's whole environment: plain variables, the runtime's (its secret,
+    PYTHONPATH, threads), and only its own GPUs visible (the handler says "cuda")."""
+    env = {**plain_env(environ), **runtime}
+    if cuda_devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in cuda_devices)
+    return env

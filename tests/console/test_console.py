@@ -1,0 +1,193 @@
+"""The console in headless Chromium: sign in, the deployments it lists are the API's, the
+deployment page draws its thaw and sparklines, the usage charts' numbers are the report
+API's, the admin page makes a key shown once. A screenshot of each page is saved."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.timeout(400)
+BLUE = (43, 125, 233)        # PALETTE[0] in charts.js: the first series' stroke
+# Pixels of one colour in a chart's canvas (axes and grid are grey: a series drew these).
+COLOURED = """
+const [el, r, g, b] = arguments;
+const canvas = el.querySelector("canvas");
+const px = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+let n = 0;
+for (let i = 0; i < px.length; i += 4)
+  if (Math.abs(px[i] - r) < 8 && Math.abs(px[i + 1] - g) < 8 && Math.abs(px[i + 2] - b) < 8 && px[i + 3] > 200) n++;
+return n;
+"""
+
+
+def wait_ready(driver, ready: str, timeout_s: float = 60) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout_s).until(
+        lambda d: d.execute_script("return document.body.dataset.ready") == ready,
+        f"the page never said ready={ready}")
+
+
+def page_error(driver) -> str:
+    return driver.execute_script("const e = document.getElementById('page-error'); "
+                                 "return e ? e.textContent : ''")
+
+
+def sign_in(driver, base_url: str, key: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{base_url}/ui/")
+    driver.execute_script("sessionStorage.clear(); location.hash = '';")
+    driver.get(f"{base_url}/ui/")
+    wait_ready(driver, "sign-in")
+    driver.find_element(By.ID, "key").send_keys(key)
+    driver.find_element(By.ID, "sign-in-button").click()
+    wait_ready(driver, "deployments")
+
+
+def go(driver, base_url: str, hash_: str, ready: str) -> None:
+    """Opens a page by its route and waits until it is drawn (errors are the caller's to read)."""
+    driver.get(f"{base_url}/ui/#{hash_}")
+    wait_ready(driver, ready)
+
+
+def shoot(driver, screenshots, name: str) -> None:
+    path = screenshots / f"{name}.png"
+    driver.save_screenshot(str(path))
+    assert path.stat().st_size > 10_000, "a blank page"
+    docs = os.environ.get("THAWPOOL_CONSOLE_SCREENSHOTS")
+    if docs:
+        shutil.copy(path, os.path.join(docs, path.name))
+
+
+def coloured(driver, element_id: str) -> int:
+    from selenium.webdriver.common.by import By
+
+    return driver.execute_script(COLOURED, driver.find_element(By.ID, element_id), *BLUE)
+
+
+def api(stack, key: str) -> httpx.Client:
+    return httpx.Client(base_url=stack.base_url, headers={"authorization": f"Bearer {key}"},
+                        timeout=30)
+
+
+def test_a_wrong_key_is_refused_and_the_key_lives_in_session_storage(browser, stack, world):
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{stack.base_url}/ui/")
+    browser.execute_script("sessionStorage.clear()")
+    browser.get(f"{stack.base_url}/ui/")
+    wait_ready(browser, "sign-in")
+    browser.find_element(By.ID, "key").send_keys("tp_not_a_key")
+    browser.execute_script("document.body.dataset.ready = ''")
+    browser.find_element(By.ID, "sign-in-button").click()
+    wait_ready(browser, "sign-in")
+    assert "401" in browser.find_element(By.ID, "sign-in-error").text
+    sign_in(browser, stack.base_url, world.viewer.key)
+    assert browser.execute_script("return sessionStorage.getItem('thawpool.key')") == world.viewer.key
+    assert browser.execute_script("return localStorage.length") == 0 and not browser.get_cookies()
+    assert not browser.find_element(By.ID, "nav-admin").is_displayed()
+
+
+def test_the_deployments_page_lists_what_the_api_lists(browser, stack, world, screenshots):
+    from selenium.webdriver.common.by import By
+
+    sign_in(browser, stack.base_url, world.viewer.key)
+    with api(stack, world.viewer.key) as client:
+        listed = [d["name"] for d in client.get("/v1/deployments").json()["data"]]
+    rows = browser.find_elements(By.CSS_SELECTOR, "#deployments-table tbody tr")
+    assert [r.get_attribute("data-name") for r in rows] == listed == ["viewer-chat"]
+    assert "other-dep" not in browser.page_source, "another tenant's deployment showed"
+    assert rows[0].find_element(By.CLASS_NAME, "state").text in ("ready", "scaled_to_zero",
+                                                                  "starting", "draining")
+    shoot(browser, screenshots, "deployments")
+
+
+def test_the_deployment_page_draws_the_thaw_and_the_sparklines(browser, stack, world, screenshots):
+    from selenium.webdriver.common.by import By
+
+    sign_in(browser, stack.base_url, world.viewer.key)
+    go(browser, stack.base_url, "/deployments/viewer-chat", "deployments/viewer-chat")
+    assert not page_error(browser)
+    revisions = browser.find_element(By.ID, "revisions-table").text
+    assert "r1" in revisions and "100%" in revisions
+    thaws = browser.execute_script("return thawpoolConsole.data.deployment.activity.thaws")
+    assert len(thaws) == 1 and thaws[0]["stages"]["download_load"] > 0
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#waterfall .bar")) == 1
+    for chart in ("spark-requests", "spark-ttft", "spark-tokens"):
+        assert coloured(browser, chart) > 0, f"{chart} drew no series"
+    shoot(browser, screenshots, "deployment")
+    go(browser, stack.base_url, "/deployments/other-dep", "deployments/other-dep")
+    # another tenant's deployment by name: not found, like the API
+    assert page_error(browser).startswith("404")
+
+
+def test_the_usage_charts_equal_the_report_api(browser, stack, world, screenshots):
+    from selenium.webdriver.common.by import By
+
+    with api(stack, world.viewer.key) as client:
+        _wait_for_usage(client)
+        sign_in(browser, stack.base_url, world.viewer.key)
+        go(browser, stack.base_url, "/usage", "usage")
+        assert not page_error(browser)
+        start = browser.find_element(By.ID, "from").get_attribute("value")
+        end = browser.find_element(By.ID, "to").get_attribute("value")
+        range_ = {"from": start, "to": end, "group_by": "day"}
+        report = client.get("/v1/billing/report", params=range_).json()
+        csv = client.get("/v1/billing/report", params={**range_, "format": "csv"}).text
+    drawn = browser.execute_script("return thawpoolConsole.data.usage")
+    assert report["rows"], "no usage to draw"
+    for row in report["rows"]:
+        day = drawn["days"].index(row["key"])
+        assert sum(t[day] for t in drawn["tokens"].values()) == \
+            row["prompt_tokens"] + row["completion_tokens"]
+        assert sum(c[day] for c in drawn["cost"].values()) == pytest.approx(float(row["cost"]))
+        assert drawn["gpu_seconds"][day] == pytest.approx(float(row["gpu_seconds"]))
+    table = browser.find_element(By.ID, "report-table").text
+    assert f"TOTAL {report['totals']['requests']}" in table
+    for chart in ("chart-tokens", "chart-cost", "chart-gpu"):
+        assert coloured(browser, chart) > 0, f"{chart} drew no series"
+    shoot(browser, screenshots, "usage")
+    browser.find_element(By.ID, "csv").click()
+    _until(lambda: browser.execute_script("return thawpoolConsole.data.csv"))
+    assert browser.execute_script("return thawpoolConsole.data.csv") == csv
+
+
+def test_the_admin_page_lists_tenants_and_shows_a_new_key_once(browser, stack, world, screenshots):
+    from selenium.webdriver.common.by import By
+
+    sign_in(browser, stack.base_url, stack.admin_key)
+    assert browser.find_element(By.ID, "nav-admin").is_displayed()
+    go(browser, stack.base_url, "/admin", "admin")
+    assert not page_error(browser)
+    with api(stack, stack.admin_key) as client:
+        tenants = sorted(t["name"] for t in client.get("/v1/tenants").json()["data"])
+        assert sorted(browser.execute_script("return thawpoolConsole.data.admin.tenants")) == tenants
+        browser.find_element(By.CSS_SELECTOR, "button[data-tenant='viewer']").click()
+        wait_ready(browser, "admin/viewer")
+        keys = client.get("/v1/tenants/viewer/keys").json()["data"]
+        rows = browser.find_elements(By.CSS_SELECTOR, "#keys-table tbody tr")
+        assert len(rows) == len(keys)
+        browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
+        _until(lambda: browser.find_element(By.ID, "new-key").is_displayed())
+        secret = browser.find_element(By.ID, "new-key").text.split()[0]
+        assert len(client.get("/v1/tenants/viewer/keys").json()["data"]) == len(keys) + 1
+    with api(stack, secret) as made:
+        assert [d["name"] for d in made.get("/v1/deployments").json()["data"]] == ["viewer-chat"]
+    shoot(browser, screenshots, "admin")
+
+
+def _wait_for_usage(client: httpx.Client) -> None:
+    """The usage writer batches: the world's request is in the report once written."""
+    _until(lambda: client.get("/v1/billing/report").json()["totals"]["requests"] >= 1)
+
+
+def _until(check, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.1)

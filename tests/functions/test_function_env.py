@@ -1,0 +1,48 @@
+"""Per-revision venvs on the node: built once per requirements hash, the platform's torch
+visible, the package's own wheels only, failures with pip's reason."""
+import subprocess
+
+import pytest
+
+from pool.api import ColdStartFailed
+from pool.function_env import build_env, installer_env, plain_env, server_env
+from pool.settings import PoolSettings
+
+async_test = pytest.mark.asyncio(loop_scope="function")
+
+
+@async_test
+async def test_requirements_install_from_the_packages_wheels_and_are_cached(probe_package, tmp_path):
+    settings = PoolSettings(accelerator="cpu", cache_dir=tmp_path)
+    package = probe_package(requirements='["tinydep==0.1"]', wheels=True)
+    first = await build_env(settings, package)
+    again = await build_env(settings, probe_package(requirements='["tinydep==0.1"]', wheels=True))
+    assert (first.cached, again.cached, again.python) == (False, True, first.python)
+    probe = subprocess.run([first.python, "-c", "import tinydep, torch, sys; "
+                            "print(tinydep.VALUE, sys.prefix)"], capture_output=True, text=True)
+    assert probe.returncode == 0, probe.stderr
+    value, prefix = probe.stdout.split()
+    assert value == "42" and prefix.startswith(str(tmp_path))       # its own venv, torch shared
+    platform = subprocess.run([settings.runtime_python, "-c", "import tinydep"], capture_output=True)
+    assert platform.returncode != 0                                   # never the platform's
+
+
+@async_test
+async def test_a_requirement_the_wheels_do_not_hold_fails_with_pips_reason(probe_package, tmp_path):
+    settings = PoolSettings(accelerator="cpu", cache_dir=tmp_path)
+    with pytest.raises(ColdStartFailed) as failed:
+        await build_env(settings, probe_package(requirements='["tinydep==9.9"]', wheels=True))
+    assert "installing requirements failed" in failed.value.reason and "tinydep" in failed.value.reason
+    assert not list((tmp_path / "function-envs").glob("*-w"))       # nothing half-built kept
+
+
+def test_children_never_see_the_platforms_credentials():
+    environ = {"PATH": "/bin", "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "s", "AWS_ACCESS_KEY_ID": "k",
+               "THAWPOOL_DATABASE_URL": "postgresql://x", "PIP_INDEX_URL": "https://mirror/simple",
+               "HTTPS_PROXY": "http://proxy:3128"}
+    assert plain_env(environ) == {"PATH": "/bin", "HOME": "/root"}
+    assert installer_env(environ) == {"PATH": "/bin", "HOME": "/root", "PIP_INDEX_URL": "https://mirror/simple",
+                                      "HTTPS_PROXY": "http://proxy:3128"}
+    served = server_env(environ, {"THAWPOOL_REPLICA_SECRET": "r", "PYTHONPATH": "/src"}, [1, 3])
+    assert served == {"PATH": "/bin", "HOME": "/root", "THAWPOOL_REPLICA_SECRET": "r", "PYTHONPATH": "/src",
+                      "CUDA_VISIBLE_DEVICES": "1,3"}
