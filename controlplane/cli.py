@@ -72,11 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="models: push, ls, rm, import")
     model_actions = models.add_subparsers(dest="action", required=True)
+    from runtime import gguf_import      # no torch: numpy, gguf, tokenizers
+
     gguf = model_actions.add_parser("import", help="a GGUF file into a model folder")
-    gguf.add_argument("gguf", type=Path, help="the .gguf file")
-    gguf.add_argument("out_dir", type=Path, help="the model folder to write (created)")
-    gguf.add_argument("--dtype", default="float32", help="of the weights written (default float32)")
-    gguf.set_defaults(func=run_gguf_import)
+    gguf_import.add_arguments(gguf)
+    gguf.set_defaults(func=gguf_import.run)
 
     from controlplane.cli_commands import register_all      # login, models push, deploy, ...
 
@@ -311,14 +311,6 @@ def _admin_request(client, args):
     if args.action == "revoke-key":
         return client.delete(f"/v1/keys/{args.prefix}")
     return client.get(f"/v1/tenants/{args.tenant}/keys")
-
-
-def run_gguf_import(args: argparse.Namespace) -> int:
-    """Imported here, not at parsing: numpy and gguf load only for this command (the
-    importer's own command line checks --dtype)."""
-    from runtime import gguf_import
-
-    return gguf_import.run(args)
 
 
 if __name__ == "__main__":

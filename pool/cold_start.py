@@ -43,7 +43,7 @@ from pool.replica import Replica, ReplicaState
 from pool.replica_events import ReplicaEvents
 from pool.settings import PoolSettings
 from pool.sources import SourceStores
-from pool.weights import entry_key
+from pool.weights import WeightStore, entry_key
 
 log = logging.getLogger(__name__)
 PREFERENCE_TIMEOUT_S = 30.0             # a backend stuck answering must not stall a cold start
@@ -64,7 +64,9 @@ class ColdStart:
     async def inspect(self, model_uri: str, tenant_id: Optional[str] = None) -> ModelInfo:
         """Read the model's description from S3 now, with the tenant's credentials for
         the bucket when it was granted some (and keep it for cold starts)."""
-        store = await self.stores.store_for(tenant_id, model_uri)
+        return await self._inspect_with(await self.stores.store_for(tenant_id, model_uri), model_uri)
+
+    async def _inspect_with(self, store: WeightStore, model_uri: str) -> ModelInfo:
         try:
             info = await inspect_model(store.client, model_uri, retry=store.retry)
         except ValueError as exc:
@@ -91,7 +93,7 @@ class ColdStart:
     async def _model_info(self, model_uri: str, tenant_id: str) -> ModelInfo:
         store = await self.stores.store_for(tenant_id, model_uri)
         known = self._infos.get((store.origin, model_uri))
-        return known if known is not None else await self.inspect(model_uri, tenant_id)
+        return known if known is not None else await self._inspect_with(store, model_uri)
 
     async def _nodes_with_weights(self, model_uri: str, tenant_id: str) -> FrozenSet[str]:
         """Nodes whose own cache already has every file of the model (empty: no preference).

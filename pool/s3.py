@@ -10,7 +10,7 @@ import asyncio
 import random
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable, Mapping, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, TypeVar
 
 from pool.api import S3Access
 from pool.settings import PoolSettings
@@ -62,10 +62,15 @@ def parse_uri(uri: str) -> tuple[str, str]:
     return bucket, f"{prefix}/" if prefix else ""
 
 
+def longest_prefix(uri: str, prefixes: Iterable[str]) -> Optional[str]:
+    """The longest of `prefixes` (each ending in "/") that `uri` lies under."""
+    return max((prefix for prefix in prefixes if uri.startswith(prefix)), key=len, default=None)
+
+
 def access_for(uri: str, grants: Mapping[str, S3Access]) -> Optional[S3Access]:
     """The access of the longest granted prefix `uri` lies under (None: the platform's)."""
-    under = [prefix for prefix in grants if uri.startswith(prefix)]
-    return grants[max(under, key=len)] if under else None
+    prefix = longest_prefix(uri, grants)
+    return grants[prefix] if prefix is not None else None
 
 
 def with_access(settings: PoolSettings, access: S3Access) -> PoolSettings:

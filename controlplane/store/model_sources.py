@@ -9,11 +9,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.fields import is_uuid
-from controlplane.model_sources import is_under, own_prefix
+from controlplane.model_sources import own_prefix
 from controlplane.models import ModelSource, Tenant, new_id
 from controlplane.sealing import Sealer
 from controlplane.store.errors import AlreadyExists, NotFound
 from pool.api import S3Access
+from pool.s3 import longest_prefix
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,11 @@ async def access_for_tenant(session: AsyncSession, tenant_id: str, uri: str,
     prefix); None: the platform's credentials read it."""
     rows = (await session.execute(select(ModelSource).where(
         ModelSource.tenant_id == tenant_id, ModelSource.secret_sealed.is_not(None)))).scalars()
-    under = [row for row in rows if is_under(uri, row.prefix)]
-    if not under:
+    grants = {row.prefix: row for row in rows}
+    prefix = longest_prefix(uri, grants)
+    if prefix is None:
         return None
-    row = max(under, key=lambda r: len(r.prefix))
+    row = grants[prefix]
     assert row.access_key_id is not None and row.secret_sealed is not None
     return S3Access(row.access_key_id, sealer.open(row.secret_sealed, row.id),
                     endpoint_url=row.endpoint_url, region=row.region)
