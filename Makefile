@@ -15,7 +15,7 @@ TORCH_PIN := torch==2.13.0
 # folder our importer makes of it, under .cache/models/ (scripts/real_model.py).
 MODEL_STAMP := .cache/models/.smollm2-stamp
 
-.PHONY: test demo setup model clean-venv bench browser
+.PHONY: test demo setup model clean-venv bench browser gpu-check
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ setup: $(STAMP) $(SCAN_STAMP) $(MODEL_STAMP) browser
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# Everything CUDA, in under 8 minutes, report in benchmarks/results/gpu_check.txt
+# (scripts/gpu_check.py); where torch sees no GPU it says so and exits 0.
+gpu-check: $(STAMP)
+	$(PY) scripts/gpu_check.py
 
 demo: $(STAMP) $(MODEL_STAMP)
 	$(VENV)/bin/thawpool up --demo

@@ -154,8 +154,10 @@ class Client:
     def set_tenant_quota(self, tenant: str, limits: Mapping[str, Optional[int]]) -> JSON:
         return dict(self.call("PATCH", f"/v1/tenants/{tenant}/quota", body=dict(limits)))
 
-    def keys(self, tenant: str) -> list[JSON]:
-        return list(self.call("GET", f"/v1/tenants/{tenant}/keys")["data"])
+    def keys(self, tenant: Optional[str] = None) -> list[JSON]:
+        """A tenant's keys (admin), or without one the caller's own tenant's."""
+        path = f"/v1/tenants/{tenant}/keys" if tenant else "/v1/keys"
+        return list(self.call("GET", path)["data"])
 
     def create_key(self, tenant: str, body: JSON) -> JSON:
         return dict(self.call("POST", f"/v1/tenants/{tenant}/keys", body=body))

@@ -1,4 +1,5 @@
-"""`thawpool tenants ...` and `thawpool keys ...`: the operator's commands (admin key).
+"""`thawpool tenants ...` and `thawpool keys ...`: the operator's commands (admin key);
+`keys ls` without `--tenant` and `keys revoke` also serve a tenant's own keys.
 
 The admin key comes from `--key`, else `THAWPOOL_ADMIN_KEY`, else the profile's key,
 so an operator either logs in with a profile of their own or keeps the key in the
@@ -31,7 +32,7 @@ def register(commands: Subcommands, flags: argparse.ArgumentParser) -> None:
 
 
 def _register_keys(commands: Subcommands, flags: argparse.ArgumentParser) -> None:
-    keys = commands.add_parser("keys", help="API keys of a tenant (admin)")
+    keys = commands.add_parser("keys", help="API keys: a tenant's (admin) or your own")
     actions = keys.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", parents=[flags], help="a new key (shown once)")
     create.add_argument("--tenant", required=True)
@@ -41,8 +42,8 @@ def _register_keys(commands: Subcommands, flags: argparse.ArgumentParser) -> Non
     create.add_argument("--requests-per-min", type=int, default=None)
     create.add_argument("--tokens-per-min", type=int, default=None)
     create.set_defaults(func=command(cmd_key_create))
-    add_command(actions, flags, "ls", cmd_key_ls, "a tenant's keys").add_argument(
-        "--tenant", required=True)
+    add_command(actions, flags, "ls", cmd_key_ls, "keys (never their secrets)").add_argument(
+        "--tenant", default=None, help="admin: this tenant's (default: your own tenant's)")
     add_command(actions, flags, "revoke", cmd_key_revoke, "revoke a key by its prefix", "prefix")
 
 

@@ -153,6 +153,9 @@ class ReplicaLifetime(Base):
     reason: Mapped[Optional[str]]
     placed_at: Mapped[Optional[datetime]]
     last_seen_at: Mapped[Optional[datetime]]
+    # The `loading` event: weights cached, the runtime loads them (the console's waterfall
+    # splits download from load here; NULL on rows from before migration 0007).
+    loading_at: Mapped[Optional[datetime]]
     # The replica's own counters of what it served (heartbeats, its stop): for reconciling
     # them with the usage rows billed for it.
     served_prompt_tokens: Mapped[Optional[int]] = mapped_column(BigInteger)

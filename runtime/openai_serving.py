@@ -4,7 +4,8 @@
 wire's parser has already validated (fields, without the model) and answers it:
 
 1. `_check_model`: the name the client asked for is the one served (404 otherwise);
-2. `_prompt_token_ids`: tokenize the prompt, or render and tokenize the chat;
+2. `_prompt_token_ids`: tokenize the prompt, or render and tokenize the chat (with its
+   tools: runtime/tool_prompt.py);
    `GenerationRequest.max_tokens_within` is the one max_tokens rule;
 3. `_start`: hand it to the engine thread (`AsyncEngine.add`), where
    `LLMEngine.add_request` checks what needs the model: token ids against the
@@ -18,14 +19,15 @@ wire's parser has already validated (fields, without the model) and answers it:
 
 A refusal before the engine holds the request is a `ProtocolError` for the
 route to answer; from then on every outcome is a response made here.
-Completions and chat differ only in the shape of a choice. A completion's batch of
+Completions and chat differ only in the shape of a choice; a chat offered tools has its
+text parsed into tool calls (runtime/tool_calls.py), whole or streamed. A completion's batch of
 prompts, and n samples of each, are several choices (runtime/choices.py).
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncGenerator, AsyncIterator, Optional, Sequence, Union
 
 from starlette.responses import JSONResponse, Response
@@ -36,6 +38,8 @@ from runtime.detokenizer import IncrementalDetokenizer
 from runtime.metrics import ServerMetrics
 from runtime.outputs import RequestMetrics
 from runtime.tokenizer import Tokenizer
+from runtime.tool_calls import ToolCallParser, finish_reason, parse_tool_calls
+from runtime.tool_prompt import encode_chat
 from wire.disconnect import until_disconnect
 from wire.errors import ProtocolError, error_body
 from wire.request_id import Receive
@@ -88,8 +92,7 @@ class OpenAIServing:
     def _prompt_token_ids(self, request: GenerationRequest) -> list[int]:
         if request.kind == "chat":
             try:
-                return self.tokenizer.encode_chat(request.messages or [],
-                                                  add_generation_prompt=True)
+                return encode_chat(self.tokenizer, request.messages or [], request.tools)
             except ValueError as exc:   # no chat template, or the template refused the messages
                 raise ProtocolError.from_value_error(exc) from None
         if isinstance(request.prompt, str):
@@ -160,6 +163,13 @@ class OpenAIServing:
         assert got.last is not None
         logprobs = self._logprobs(kind, got.logprobs, got.token_ids, 0) \
             if request.logprobs is not None else None
+        tools = request.offered_tools
+        if kind == "chat" and tools is not None:
+            parsed = parse_tool_calls(got.text, tools.forced)
+            return chat_message_choice(parsed.message_content,
+                                       finish_reason(got.last.finish_reason, bool(parsed.calls)),
+                                       logprobs, index=choice.index,
+                                       tool_calls=[c.as_message() for c in parsed.calls])
         make = chat_message_choice if kind == "chat" else completion_choice
         return make(got.text, got.last.finish_reason, logprobs, index=choice.index)
 
@@ -176,8 +186,12 @@ class OpenAIServing:
             if first is not None:
                 yield sse(first)
         offsets, last = [len(c.echo) for c in choices], None
+        tools = request.offered_tools
+        parsers = [ToolCallParser(tools.forced) for _ in choices] if tools else []
         try:
             async for c, delta in merged(choices):
+                if parsers:   # the text as content and tool calls
+                    delta = _with_tool_calls(parsers[c.index], delta)
                 if c.index == 0:
                     last = delta
                 usages[c.index] = delta.usage
@@ -186,7 +200,7 @@ class OpenAIServing:
                     logprobs = self._logprobs(header.kind, delta.logprobs, delta.token_ids,
                                               offsets[c.index])
                 offsets[c.index] += len(delta.text)
-                if not (delta.text or delta.finish_reason or logprobs):
+                if not (delta.text or delta.finish_reason or logprobs or delta.tool_calls):
                     continue   # held back by the detokenizer (partial character, possible stop)
                 usage = total_usage(usages) if options.continuous_usage_stats else None
                 yield sse(chunk(header, _delta_choice(header.kind, delta, logprobs, c.index), usage))
@@ -223,9 +237,20 @@ class OpenAIServing:
 def _delta_choice(kind: str, delta: "TextDelta",
                   logprobs: Optional[dict[str, Any]], index: int = 0) -> dict[str, Any]:
     if kind == "chat":
-        content = {"content": delta.text} if delta.text else {}
+        content: dict[str, Any] = {"content": delta.text} if delta.text else {}
+        if delta.tool_calls:
+            content["tool_calls"] = delta.tool_calls
         return chat_delta_choice(content, delta.finish_reason, logprobs, index=index)
     return completion_choice(delta.text, delta.finish_reason, logprobs, index=index)
+
+
+def _with_tool_calls(parser: ToolCallParser, delta: "TextDelta") -> "TextDelta":
+    """A delta's text through the choice's tool-call parser (flushed at the last delta)."""
+    parsed = parser.push(delta.text)
+    if delta.finish_reason is not None:
+        parsed += parser.finish()
+    return replace(delta, text=parsed.content, tool_calls=[c.as_delta() for c in parsed.calls],
+                   finish_reason=finish_reason(delta.finish_reason, parser.called))
 
 
 # ---------------------------------------------------------------- one request as text
@@ -238,6 +263,7 @@ class TextDelta:
     finish_reason: Optional[str]
     usage: dict[str, Any]                      # cumulative
     metrics: Optional[RequestMetrics] = None   # set on the last delta
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)   # chat with tools: whole calls
 
 
 class Generation:

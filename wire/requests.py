@@ -16,6 +16,8 @@ from wire.errors import ProtocolError
 from wire.response_format import FIELDS as STRUCTURED_OUTPUT_FIELDS
 from wire.response_format import parse_structured_output
 from wire.sampling import PROCESSOR_FIELDS, SamplingParams, processor_values
+from wire.tools import FIELDS as TOOL_FIELDS
+from wire.tools import Tools, forced_output, message_tool_fields, parse_tools
 
 Prompt = Union[str, list[int]]
 
@@ -27,7 +29,7 @@ _SAMPLING_FIELDS = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop
                     "stop_token_ids", "ignore_eos"} | PROCESSOR_FIELDS
 _COMMON_FIELDS = _SAMPLING_FIELDS | {"model", "stream", "stream_options", "user"} | STRUCTURED_OUTPUT_FIELDS
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "logprobs", "echo"}
-CHAT_FIELDS = _COMMON_FIELDS | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"}
+CHAT_FIELDS = _COMMON_FIELDS | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"} | TOOL_FIELDS
 CHAT_ROLES = {"system", "user", "assistant", "tool", "developer"}
 
 
@@ -44,7 +46,8 @@ class GenerationRequest:
     kind: str                                  # "completion" | "chat"
     params: SamplingParams
     prompt: Optional[Prompt] = None            # completions
-    messages: Optional[list[dict[str, str]]] = None   # chat, content flattened to text
+    # chat: role and content flattened to text, plus tool_calls / tool_call_id (wire/tools.py)
+    messages: Optional[list[dict[str, Any]]] = None
     model: Optional[str] = None
     stream: bool = False
     stream_options: StreamOptions = field(default_factory=StreamOptions)
@@ -52,6 +55,7 @@ class GenerationRequest:
     logprobs: Optional[int] = None             # top-N requested; None: no logprobs
     batch: list[Prompt] = field(default_factory=list)   # completions: every prompt when several
     echo: bool = False                         # completions: the prompt leads each choice's text
+    tools: Optional[Tools] = None              # chat: tools and tool_choice (wire/tools.py)
 
     @property
     def prompts(self) -> list[Prompt]:
@@ -59,6 +63,11 @@ class GenerationRequest:
         if self.batch:
             return self.batch
         return [] if self.prompt is None else [self.prompt]
+
+    @property
+    def offered_tools(self) -> Optional[Tools]:
+        """The tools the model is offered (not with tool_choice "none"): its output is parsed for calls."""
+        return self.tools if self.tools is not None and self.tools.offered else None
 
     def max_tokens_within(self, context_len: int, prompt_len: int) -> int:
         """The one max_tokens rule: what the client asked for; a completion without it
@@ -98,11 +107,17 @@ def parse_chat_request(body: Any) -> GenerationRequest:
     logprobs = _chat_logprobs(body)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     params = _sampling_params(body, _or_default(max_tokens), logprobs)
+    tools = parse_tools(body)
+    if tools is not None and tools.forced:   # required / named: the grammar makes it a call
+        if params.structured_output is not None:
+            raise ProtocolError(f"tool_choice: a required or named call cannot be combined with "
+                                f"{params.structured_output.field}", param="tool_choice")
+        params = replace(params, structured_output=forced_output(tools))
     return GenerationRequest(
         kind="chat", params=params, messages=_parse_messages(body.get("messages")),
         model=_optional_str(body, "model"), stream=_optional_bool(body, "stream"),
         stream_options=_parse_stream_options(body), max_tokens_given=max_tokens is not None,
-        logprobs=logprobs,
+        logprobs=logprobs, tools=tools,
     )
 
 
@@ -179,20 +194,21 @@ def _parse_prompt(prompt: Any) -> Prompt:
     raise ProtocolError("prompt: must be a non-empty string or a list of token ids", param="prompt")
 
 
-def _parse_messages(messages: Any) -> list[dict[str, str]]:
+def _parse_messages(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise ProtocolError("messages: must be a non-empty list", param="messages")
     return [_parse_message(i, m) for i, m in enumerate(messages)]
 
 
-def _parse_message(index: int, message: Any) -> dict[str, str]:
+def _parse_message(index: int, message: Any) -> dict[str, Any]:
     where = f"messages[{index}]"
     if not isinstance(message, dict):
         raise ProtocolError(f"{where}: must be an object", param="messages")
     role = message.get("role")
     if role not in CHAT_ROLES:
         raise ProtocolError(f"{where}.role: must be one of {sorted(CHAT_ROLES)}", param="messages")
-    return {"role": role, "content": _message_text(where, message.get("content"))}
+    return {"role": role, "content": _message_text(where, message.get("content")),
+            **message_tool_fields(where, role, message)}
 
 
 def _message_text(where: str, content: Any) -> str:

@@ -43,10 +43,15 @@ def completion_choice(text: str, finish_reason: Optional[str],
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def chat_message_choice(text: str, finish_reason: Optional[str],
-                        logprobs: Optional[dict[str, Any]] = None, index: int = 0) -> dict[str, Any]:
-    return {"index": index, "message": {"role": "assistant", "content": text},
-            "logprobs": logprobs, "finish_reason": finish_reason}
+def chat_message_choice(text: Optional[str], finish_reason: Optional[str],
+                        logprobs: Optional[dict[str, Any]] = None, index: int = 0,
+                        tool_calls: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
+    """`tool_calls` (wire/tools.py's ToolCall.as_message) when the model called tools; its
+    content is then null unless it also wrote text."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def chat_delta_choice(delta: dict[str, Any], finish_reason: Optional[str],

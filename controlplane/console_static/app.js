@@ -55,6 +55,12 @@ function every(seconds, fn) {
   timers.push(setInterval(() => fn().catch(() => {}), seconds * 1000));
 }
 
+// Runs fn; an error (the API's status, message and request id) is shown in errorEl.
+async function attempt(errorEl, fn) {
+  errorEl.textContent = "";
+  try { await fn(); } catch (error) { errorEl.textContent = error.message; }
+}
+
 function split(traffic) {
   return Object.entries(traffic).map(([r, p]) => r + "=" + p + "%").join(" ");
 }
@@ -103,6 +109,7 @@ async function route() {
   try {
     if (page === "deployments" && name) await deploymentPage(decodeURIComponent(name));
     else if (page === "usage") await usagePage();
+    else if (page === "keys") await keysPage();
     else if (page === "admin") await adminPage();
     else await deploymentsPage();
   } catch (error) {
@@ -176,22 +183,24 @@ function replicasTable(d) {
                rows.length ? rows : [["-", "", "scaled to zero", "", "", ""]], { id: "replicas-table" });
 }
 
-const STAGES = ["queue", "placement", "download_load", "first_token"];
+// download_load: a thaw recorded before its lifetime kept the loading start (one stage).
+const STAGES = ["queue", "placement", "download", "load", "download_load", "first_token"];
 
 function waterfall(thaws) {
+  const shown = STAGES.filter((s) => s !== "download_load" || thaws.some((t) => t.stages[s] != null));
   const total = (t) => STAGES.reduce((sum, s) => sum + (t.stages[s] || 0), 0);
   const longest = Math.max(0.001, ...thaws.map(total));
   const bars = thaws.map((t) => {
     const bar = h("div", { class: "bar", title: t.replica_id });
-    for (const stage of STAGES) {
-      const seg = h("div", { class: "seg seg-" + stage, title: stage + " " + (t.stages[stage] || 0).toFixed(2) + "s" });
+    for (const stage of shown) {
+      const seg = h("div", { class: "seg seg-" + stage, "data-stage": stage, title: stage + " " + (t.stages[stage] || 0).toFixed(2) + "s" });
       seg.style.width = (100 * (t.stages[stage] || 0) / longest) + "%";
       bar.append(seg);
     }
     return h("div", {}, h("small", {}, t.started_at.slice(0, 19) + "  " + total(t).toFixed(1) + "s"), bar);
   });
   return h("div", { class: "card waterfall", id: "waterfall" },
-    h("div", { class: "legend" }, STAGES.map((s) => h("span", { class: "seg-" + s }, " " + s + " "))),
+    h("div", { class: "legend" }, shown.map((s) => h("span", { class: "seg-" + s }, " " + s + " "))),
     bars.length ? bars : h("p", {}, "No cold start yet."));
 }
 
@@ -273,16 +282,19 @@ async function adminPage() {
   const [tenants, book] = await Promise.all([api("/v1/tenants"), api("/v1/price-book")]);
   const detail = h("div", { id: "tenant-detail" });
   const name = h("input", { id: "tenant-name", placeholder: "new tenant", required: true });
+  const error = h("p", { class: "error", id: "tenant-error" });
   main.replaceChildren(h("h1", {}, "Admin"),
-    h("form", { class: "inline", id: "tenant-form", on: { submit: async (event) => {
+    h("form", { class: "inline", id: "tenant-form", on: { submit: (event) => {
       event.preventDefault();
-      await api("/v1/tenants", { method: "POST", body: { name: name.value } });
-      route();
-    } } }, name, h("button", { type: "submit" }, "Create tenant")),
+      attempt(error, async () => {
+        await api("/v1/tenants", { method: "POST", body: { name: name.value } });
+        route();
+      });
+    } } }, name, h("button", { type: "submit" }, "Create tenant")), error,
     table(["tenant", "id", "created", ""], tenants.data.map((t) => [t.name, t.id, t.created_at.slice(0, 19),
       h("button", { type: "button", "data-tenant": t.name, on: { click: () => tenantDetail(t.name, detail) } }, "keys & quota")]),
       { id: "tenants-table" }),
-    detail, h("h2", {}, "Price book"),
+    detail, h("h2", {}, "Price book"), priceForm(),
     table(["tenant", "deployment", "effective from", "input/Mtok", "output/Mtok", "GPU second"],
       book.data.map((r) => [r.tenant || "(default)", r.deployment, r.effective_from,
                             (r.prices || {}).input_per_mtok, (r.prices || {}).output_per_mtok, (r.prices || {}).gpu_second]),
@@ -290,25 +302,92 @@ async function adminPage() {
   window.thawpoolConsole.data.admin = { tenants: tenants.data.map((t) => t.name) };
 }
 
+// A row of the price book: the default (no tenant), a tenant's plan (no deployment) or a
+// deployment's override, in effect from now. Blank prices are left to the API's defaults.
+const PRICE_INPUTS = { tenant: "tenant (blank: default)", deployment: "deployment (blank: plan)",
+  input_per_mtok: "input/Mtok", output_per_mtok: "output/Mtok", gpu_second: "GPU second" };
+
+function priceForm() {
+  const inputs = Object.entries(PRICE_INPUTS).map(([field, hint]) =>
+    h("input", { id: "price-" + field, name: field, placeholder: hint }));
+  const error = h("p", { class: "error", id: "price-error" });
+  const form = h("form", { class: "inline", id: "price-form", on: { submit: (event) => {
+    event.preventDefault();
+    const body = Object.fromEntries(inputs.filter((i) => i.value.trim()).map((i) => [i.name, i.value.trim()]));
+    attempt(error, async () => { await api("/v1/price-book", { method: "POST", body: body }); await route(); });
+  } } }, inputs, h("button", { type: "submit" }, "Add price"));
+  return h("div", {}, form, error);
+}
+
 async function tenantDetail(tenant, el) {
   const [keys, quota] = await Promise.all([api("/v1/tenants/" + tenant + "/keys"),
                                            api("/v1/tenants/" + tenant + "/quota")]);
   const scopes = h("input", { id: "key-scopes", value: "invoke,deploy,billing:read" });
   const secret = h("p", { class: "secret", id: "new-key", hidden: true });
+  const error = h("p", { class: "error", id: "key-error" });
   el.replaceChildren(h("h2", {}, "Tenant " + tenant),
-    table(["prefix", "name", "scopes", "expires", "revoked"], keys.data.map((k) =>
-      [k.prefix, k.name, k.scopes.join(","), k.expires_at, k.revoked_at]), { id: "keys-table" }),
-    h("form", { class: "inline", id: "key-form", on: { submit: async (event) => {
+    keysTable(keys.data, () => tenantDetail(tenant, el)),
+    h("form", { class: "inline", id: "key-form", on: { submit: (event) => {
       event.preventDefault();
-      const made = await api("/v1/tenants/" + tenant + "/keys", { method: "POST",
-        body: { scopes: scopes.value.split(",").filter(Boolean) } });
-      secret.textContent = made.key + "  (shown once: copy it now)";
-      secret.hidden = false;
-    } } }, "scopes", scopes, h("button", { type: "submit" }, "Create key")), secret,
-    h("h3", {}, "Quota"),
-    table(["limit", "value", "overridden"], Object.entries(quota.limits).map(([k, v]) =>
-      [k, v === null ? "none" : v, (quota.overrides || {})[k] != null ? "yes" : ""]), { id: "quota-table" }));
+      attempt(error, async () => {
+        const made = await api("/v1/tenants/" + tenant + "/keys", { method: "POST",
+          body: { scopes: scopes.value.split(",").filter(Boolean) } });
+        secret.textContent = made.key + "  (shown once: copy it now)";
+        secret.hidden = false;
+      });
+    } } }, "scopes", scopes, h("button", { type: "submit" }, "Create key")), error, secret,
+    h("h3", {}, "Quota"), quotaForm(tenant, quota, () => tenantDetail(tenant, el)));
   document.body.dataset.ready = "admin/" + tenant;
+}
+
+// Each limit's override: a whole number, or blank for the default. Only changed ones are
+// sent; the API checks them (its refusal is shown under the table).
+function quotaForm(tenant, quota, redraw) {
+  const overrides = quota.overrides || {};
+  const inputs = Object.keys(quota.limits).map((k) => h("input", { name: k, "data-limit": k,
+    inputmode: "numeric", placeholder: "default", value: overrides[k] == null ? "" : overrides[k] }));
+  const error = h("p", { class: "error", id: "quota-error" });
+  const form = h("form", { id: "quota-form", on: { submit: (event) => {
+    event.preventDefault();
+    const changed = inputs.filter((i) => i.value.trim() !== String(overrides[i.name] ?? ""));
+    const body = Object.fromEntries(changed.map((i) => [i.name, wholeOrText(i.value.trim())]));
+    attempt(error, async () => {
+      await api("/v1/tenants/" + tenant + "/quota", { method: "PATCH", body: body });
+      await redraw();
+    });
+  } } }, table(["limit", "in effect", "override"], Object.entries(quota.limits).map(([k, v], i) =>
+    [k, v === null ? "none" : v, inputs[i]]), { id: "quota-table" }),
+    h("button", { type: "submit", id: "quota-save" }, "Save quota"));
+  return h("div", {}, form, error);
+}
+
+function wholeOrText(value) {
+  if (value === "") return null;
+  return /^\d+$/.test(value) ? Number(value) : value;
+}
+
+// ------------------------------------------------------------------ keys
+
+async function keysPage() {
+  const keys = (await api("/v1/keys")).data;
+  main.replaceChildren(h("h1", {}, "API keys"),
+    h("p", {}, "Your tenant's keys. A revoked key is refused from then on; new keys come from the operator."),
+    keysTable(keys, route));
+  window.thawpoolConsole.data.keys = keys.map((k) => k.prefix);
+}
+
+function keysTable(keys, redraw) {
+  const error = h("p", { class: "error", id: "revoke-error" });
+  const revoke = (prefix) => attempt(error, async () => {
+    await api("/v1/keys/" + encodeURIComponent(prefix), { method: "DELETE" });
+    await redraw();
+  });
+  const signedIn = (k) => (sessionStorage.getItem(KEY) || "").startsWith(k.prefix + "_");
+  return h("div", {}, table(["prefix", "name", "scopes", "expires", "revoked", ""], keys.map((k) =>
+    [k.prefix, [k.name, signedIn(k) ? "(this session's key)" : ""].filter(Boolean).join(" "),
+     k.scopes.join(","), k.expires_at, k.revoked_at, k.revoked_at ? "" :
+      h("button", { type: "button", "data-revoke": k.prefix, on: { click: () => revoke(k.prefix) } }, "Revoke")]),
+    { id: "keys-table" }), error);
 }
 
 document.getElementById("sign-out").addEventListener("click", signOut);

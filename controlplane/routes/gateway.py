@@ -56,9 +56,13 @@ COMPLETION_BODY = {"type": "object", "required": ["model", "prompt"], "propertie
     "max_tokens": {"type": "integer", "minimum": 1}, "stream": {"type": "boolean"}}}
 CHAT_BODY = {"type": "object", "required": ["model", "messages"], "properties": {
     "model": MODEL, "messages": {"type": "array", "items": {
-        "type": "object", "required": ["role", "content"],
-        "properties": {"role": {"type": "string"}, "content": {"type": "string"}}}},
-    "max_tokens": {"type": "integer", "minimum": 1}, "stream": {"type": "boolean"}}}
+        "type": "object", "required": ["role"],
+        "properties": {"role": {"type": "string"}, "content": {"type": ["string", "array", "null"]},
+                       "tool_calls": {"type": "array"}, "tool_call_id": {"type": "string"}}}},
+    "max_tokens": {"type": "integer", "minimum": 1}, "stream": {"type": "boolean"},
+    "tools": {"type": "array", "items": {"type": "object"}},
+    "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]},
+                              {"type": "object"}]}}}
 EMBEDDING_BODY = {"type": "object", "required": ["model", "input"], "properties": {
     "model": MODEL, "input": {"anyOf": [
         {"type": "string"}, {"type": "array", "items": {"type": "string"}},

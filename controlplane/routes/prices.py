@@ -119,7 +119,7 @@ def _in_effect(row: Optional[PriceRow]) -> dict[str, Any]:
 
 
 def _prices_view(pricing: Pricing) -> dict[str, str]:
-    return {name: str(value.quantize(PRICE_QUANTUM)) for name, value in asdict(pricing).items()}
+    return {name: format(value.quantize(PRICE_QUANTUM), "f") for name, value in asdict(pricing).items()}
 
 
 PRICE = {"anyOf": [{"type": "string", "pattern": r"^\d{1,9}(\.\d{1,9})?$"},

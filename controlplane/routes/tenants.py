@@ -1,4 +1,5 @@
-"""Admin endpoints: tenants and their API keys (each key is shown once)."""
+"""Tenants and their API keys (each key is shown once): admin endpoints, and a tenant's
+own keys (list, revoke)."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,8 +12,8 @@ from controlplane.fields import obj, optional_integer, text, timestamp
 from controlplane.keys import SCOPES, parse_scopes
 from controlplane.lookups import Change
 from controlplane.models import ApiKey, Tenant
-from controlplane.routes.api import ADMIN, ApiRoute, Operation, data_of, string_schema
-from controlplane.routes.context import app_state, read_json, require_admin
+from controlplane.routes.api import ADMIN, ApiRoute, Operation, data_of, scope, string_schema
+from controlplane.routes.context import app_state, read_json, require, require_admin
 from controlplane.store import tenants
 from controlplane.store.errors import InvalidField
 
@@ -63,16 +64,27 @@ async def list_keys(request: Request) -> Response:
     require_admin(request)
     async with app_state(request).sessions() as session:
         tenant = await tenants.find_tenant(session, request.path_params["tenant"])
-        keys = await tenants.list_keys(session, tenant)
+        keys = await tenants.list_keys(session, tenant.id)
+    return JSONResponse({"data": [_key_view(k) for k in keys]})
+
+
+async def my_keys(request: Request) -> Response:
+    """The caller's tenant's keys (never a secret)."""
+    principal = require(request, "deploy")
+    async with app_state(request).sessions() as session:
+        keys = await tenants.list_keys(session, principal.tenant_id)
     return JSONResponse({"data": [_key_view(k) for k in keys]})
 
 
 async def revoke_key(request: Request) -> Response:
-    """Refused from the moment this answers (every other control plane within a second)."""
-    require_admin(request)
+    """Refused from the moment this answers (every other control plane within a second).
+    An admin revokes any key; a tenant's key with `deploy` those of its own tenant
+    (another tenant's: 404, like anything of theirs)."""
+    principal = require(request, "deploy")
     state = app_state(request)
     async with state.sessions.begin() as session:
-        key = await tenants.revoke_key(session, request.path_params["prefix"])
+        key = await tenants.revoke_key(session, request.path_params["prefix"],
+                                       None if principal.is_admin else principal.tenant_id)
     await state.lookups.changed(Change("api_keys", key.id))
     return JSONResponse(_key_view(key))
 
@@ -116,6 +128,8 @@ routes = [
         body=KEY_BODY, response=KEY)),
     ApiRoute("/v1/tenants/{tenant}/keys", list_keys, "GET", Operation(
         "List a tenant's API keys", ADMIN, response=data_of(KEY))),
+    ApiRoute("/v1/keys", my_keys, "GET", Operation(
+        "List the caller's tenant's API keys", scope("deploy"), response=data_of(KEY))),
     ApiRoute("/v1/keys/{prefix}", revoke_key, "DELETE", Operation(
-        "Revoke an API key", ADMIN, response=KEY)),
+        "Revoke an API key (admin: any; a tenant: its own)", scope("deploy"), response=KEY)),
 ]

@@ -5,9 +5,10 @@ each replica served.
 
 A thaw's stages follow one another: `queue` (the first request arrived to its replica
 was started), `placement` (started to placed: waiting for slots and quota),
-`download_load` (placed to ready: weights into the cache and into the replica; the
-lifetime records no time between the two), `first_token` (ready to the first request's
-first token).
+`download` (placed to loading: the weights into the node's cache), `load` (loading to
+ready: the runtime process starts and loads them), `first_token` (ready to the first
+request's first token). A lifetime from before migration 0007 has no loading time: its
+download and load are one stage, `download_load`, and both of those are None.
 """
 from __future__ import annotations
 
@@ -70,8 +71,16 @@ async def _thaw(session: AsyncSession, lifetime: ReplicaLifetime) -> dict[str, A
     return {"replica_id": lifetime.replica_id, "started_at": lifetime.started_at.isoformat(),
             "stages": {"queue": _seconds(arrived, lifetime.started_at),
                        "placement": _seconds(lifetime.started_at, lifetime.placed_at),
-                       "download_load": _seconds(lifetime.placed_at, lifetime.ready_at),
+                       **_download_load(lifetime),
                        "first_token": _seconds(lifetime.ready_at, first_token)}}
+
+
+def _download_load(lifetime: ReplicaLifetime) -> dict[str, Optional[float]]:
+    placed, loading, ready = lifetime.placed_at, lifetime.loading_at, lifetime.ready_at
+    if loading is None:
+        return {"download": None, "load": None, "download_load": _seconds(placed, ready)}
+    return {"download": _seconds(placed, loading), "load": _seconds(loading, ready),
+            "download_load": None}
 
 
 def _seconds(start: Optional[datetime], end: Optional[datetime]) -> Optional[float]:

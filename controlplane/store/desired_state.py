@@ -124,6 +124,7 @@ def _upsert(event: ReplicaEvent) -> Any:
         started_at=event.at, reason=event.reason, last_seen_at=event.at,
         placed_at=event.at if event.slot_ids else None,
         ready_at=event.at if event.state == "ready" else None,
+        loading_at=event.at if event.state == "loading" else None,
         stopped_at=event.at if stopping else None)
     stamps: dict[str, Any] = {
         "state": event.state,
@@ -133,6 +134,8 @@ def _upsert(event: ReplicaEvent) -> Any:
         stamps["placed_at"] = func.coalesce(r.placed_at, event.at)
     if event.reason is not None:
         stamps["reason"] = event.reason
+    if event.state == "loading":
+        stamps["loading_at"] = event.at
     if event.state == "ready":
         stamps["ready_at"] = event.at
     if stopping:

@@ -83,15 +83,18 @@ async def create_key(session: AsyncSession, tenant: Tenant, scopes: list[str], *
     raise RuntimeError(f"no free key prefix in {KEY_ATTEMPTS} attempts")
 
 
-async def list_keys(session: AsyncSession, tenant: Tenant) -> list[ApiKey]:
-    return list(await session.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant.id)
+async def list_keys(session: AsyncSession, tenant_id: str) -> list[ApiKey]:
+    return list(await session.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant_id)
                                       .order_by(ApiKey.created_at)))
 
 
-async def revoke_key(session: AsyncSession, prefix: str) -> ApiKey:
+async def revoke_key(session: AsyncSession, prefix: str,
+                     tenant_id: Optional[str] = None) -> ApiKey:
+    """Revoked from now on (again: unchanged); `tenant_id` given, another tenant's key is
+    not found."""
     key = await session.scalar(select(ApiKey).where(ApiKey.prefix == prefix)) \
         if KEY_PREFIX_SHAPE.match(prefix) else None
-    if key is None:
+    if key is None or tenant_id not in (None, key.tenant_id):
         raise NotFound("key", prefix)
     if key.revoked_at is None:
         key.revoked_at = utcnow()

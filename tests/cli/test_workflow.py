@@ -133,3 +133,15 @@ def test_a_pushed_gguf_deploys_as_its_file(tenant, tiny_model, tmp_path):
     deployed = ok_json(tenant.env, "deploy", "gguf-chat", "--model", "tiny-gguf")
     assert deployed["revisions"][0]["model_uri"] == pushed["model_uri"] + "tiny.Q8_0.gguf"
     assert ok_json(tenant.env, "rm", "gguf-chat") == {"deleted": "gguf-chat"}
+
+
+def test_a_tenant_lists_and_revokes_its_own_keys(stack, tenant):
+    with httpx.Client(base_url=stack.base_url, timeout=30,
+                      headers={"authorization": f"Bearer {stack.admin_key}"}) as admin:
+        spare = admin.post("/v1/tenants/acme/keys", json={"scopes": ["invoke"]}).json()
+    listed = [k["prefix"] for k in ok_json(tenant.env, "keys", "ls")]
+    assert spare["prefix"] in listed and tenant.key.startswith(tuple(listed))
+    assert ok_json(tenant.env, "keys", "revoke", spare["prefix"])["revoked_at"]
+    with httpx.Client(base_url=stack.base_url, timeout=30) as client:
+        auth = {"authorization": f"Bearer {spare['key']}"}
+        assert client.get("/v1/models", headers=auth).status_code == 401

@@ -63,10 +63,10 @@ class World:
     deployment: str
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def world(stack, tiny_model, tmp_path_factory) -> World:
     """Set up through the API where the CLI tests already cover the command (each CLI
-    start costs a second or more of import on a busy machine)."""
+    start costs a second or more of import on a busy machine); once for every module."""
     configs = tmp_path_factory.mktemp("console-configs")
     viewer, other = api_tenant(stack, "viewer", configs), api_tenant(stack, "other", configs)
     model_uri = ok_json(viewer.env, "models", "push", str(tiny_model), "tiny")["model_uri"]

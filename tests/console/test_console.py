@@ -3,76 +3,12 @@ deployment page draws its thaw and sparklines, the usage charts' numbers are the
 API's, the admin page makes a key shown once. A screenshot of each page is saved."""
 from __future__ import annotations
 
-import os
-import shutil
-import time
-
 import httpx
 import pytest
 
+from tests.console.browser import api, coloured, go, page_error, shoot, sign_in, until, wait_ready
+
 pytestmark = pytest.mark.timeout(400)
-BLUE = (43, 125, 233)        # PALETTE[0] in charts.js: the first series' stroke
-# Pixels of one colour in a chart's canvas (axes and grid are grey: a series drew these).
-COLOURED = """
-const [el, r, g, b] = arguments;
-const canvas = el.querySelector("canvas");
-const px = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
-let n = 0;
-for (let i = 0; i < px.length; i += 4)
-  if (Math.abs(px[i] - r) < 8 && Math.abs(px[i + 1] - g) < 8 && Math.abs(px[i + 2] - b) < 8 && px[i + 3] > 200) n++;
-return n;
-"""
-
-
-def wait_ready(driver, ready: str, timeout_s: float = 60) -> None:
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    WebDriverWait(driver, timeout_s).until(
-        lambda d: d.execute_script("return document.body.dataset.ready") == ready,
-        f"the page never said ready={ready}")
-
-
-def page_error(driver) -> str:
-    return driver.execute_script("const e = document.getElementById('page-error'); "
-                                 "return e ? e.textContent : ''")
-
-
-def sign_in(driver, base_url: str, key: str) -> None:
-    from selenium.webdriver.common.by import By
-
-    driver.get(f"{base_url}/ui/")
-    driver.execute_script("sessionStorage.clear(); location.hash = '';")
-    driver.get(f"{base_url}/ui/")
-    wait_ready(driver, "sign-in")
-    driver.find_element(By.ID, "key").send_keys(key)
-    driver.find_element(By.ID, "sign-in-button").click()
-    wait_ready(driver, "deployments")
-
-
-def go(driver, base_url: str, hash_: str, ready: str) -> None:
-    """Opens a page by its route and waits until it is drawn (errors are the caller's to read)."""
-    driver.get(f"{base_url}/ui/#{hash_}")
-    wait_ready(driver, ready)
-
-
-def shoot(driver, screenshots, name: str) -> None:
-    path = screenshots / f"{name}.png"
-    driver.save_screenshot(str(path))
-    assert path.stat().st_size > 10_000, "a blank page"
-    docs = os.environ.get("THAWPOOL_CONSOLE_SCREENSHOTS")
-    if docs:
-        shutil.copy(path, os.path.join(docs, path.name))
-
-
-def coloured(driver, element_id: str) -> int:
-    from selenium.webdriver.common.by import By
-
-    return driver.execute_script(COLOURED, driver.find_element(By.ID, element_id), *BLUE)
-
-
-def api(stack, key: str) -> httpx.Client:
-    return httpx.Client(base_url=stack.base_url, headers={"authorization": f"Bearer {key}"},
-                        timeout=30)
 
 
 def test_a_wrong_key_is_refused_and_the_key_lives_in_session_storage(browser, stack, world):
@@ -116,8 +52,11 @@ def test_the_deployment_page_draws_the_thaw_and_the_sparklines(browser, stack, w
     revisions = browser.find_element(By.ID, "revisions-table").text
     assert "r1" in revisions and "100%" in revisions
     thaws = browser.execute_script("return thawpoolConsole.data.deployment.activity.thaws")
-    assert len(thaws) == 1 and thaws[0]["stages"]["download_load"] > 0
-    assert len(browser.find_elements(By.CSS_SELECTOR, "#waterfall .bar")) == 1
+    stages = thaws[0]["stages"] if len(thaws) == 1 else {}
+    assert stages["download"] > 0 and stages["load"] > 0 and stages["download_load"] is None
+    drawn = [s.get_attribute("data-stage") for s in
+             browser.find_elements(By.CSS_SELECTOR, "#waterfall .bar .seg")]
+    assert drawn == ["queue", "placement", "download", "load", "first_token"]
     for chart in ("spark-requests", "spark-ttft", "spark-tokens"):
         assert coloured(browser, chart) > 0, f"{chart} drew no series"
     shoot(browser, screenshots, "deployment")
@@ -150,7 +89,7 @@ def test_the_usage_charts_equal_the_report_api(browser, stack, world, screenshot
         def download() -> str:
             browser.execute_script("thawpoolConsole.data.csv = null")
             browser.find_element(By.ID, "csv").click()
-            _until(lambda: browser.execute_script("return thawpoolConsole.data.csv"))
+            until(lambda: browser.execute_script("return thawpoolConsole.data.csv"))
             return browser.execute_script("return thawpoolConsole.data.csv")
 
         report, drawn = _between_equal(lambda: _bill(client.get("/v1/billing/report", params=range_).json()),
@@ -204,7 +143,7 @@ def test_the_admin_page_lists_tenants_and_shows_a_new_key_once(browser, stack, w
         rows = browser.find_elements(By.CSS_SELECTOR, "#keys-table tbody tr")
         assert len(rows) == len(keys)
         browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
-        _until(lambda: browser.find_element(By.ID, "new-key").is_displayed())
+        until(lambda: browser.find_element(By.ID, "new-key").is_displayed())
         secret = browser.find_element(By.ID, "new-key").text.split()[0]
         assert len(client.get("/v1/tenants/viewer/keys").json()["data"]) == len(keys) + 1
     with api(stack, secret) as made:
@@ -214,11 +153,4 @@ def test_the_admin_page_lists_tenants_and_shows_a_new_key_once(browser, stack, w
 
 def _wait_for_usage(client: httpx.Client) -> None:
     """The usage writer batches: the world's request is in the report once written."""
-    _until(lambda: client.get("/v1/billing/report").json()["totals"]["requests"] >= 1)
-
-
-def _until(check, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "never happened"
-        time.sleep(0.1)
+    until(lambda: client.get("/v1/billing/report").json()["totals"]["requests"] >= 1)

@@ -99,8 +99,6 @@ ROUTES: dict[tuple[str, str], Case] = {
         "admin", fixed("/v1/tenants/iso-a/keys", {"scopes": ["invoke"]}), 403, 403, 201),
     ("GET", "/v1/tenants/{tenant}/keys"): Case(
         "admin", fixed("/v1/tenants/iso-a/keys"), 403, 403, 200),
-    ("DELETE", "/v1/keys/{prefix}"): Case(
-        "admin", path_with("/v1/keys/{}", "doomed_key"), 403, 403, 200),
     ("GET", "/v1/tenants/{tenant}/quota"): Case(
         "admin", fixed("/v1/tenants/iso-a/quota"), 403, 403, 200),
     ("PATCH", "/v1/tenants/{tenant}/quota"): Case(
@@ -128,6 +126,9 @@ ROUTES: dict[tuple[str, str], Case] = {
         "deploy", fixed("/v1/deployments/iso-rb/rollback")),
     ("GET", "/v1/models/sources"): Case("deploy", fixed("/v1/models/sources"), 200, 200, 200),
     ("GET", "/v1/quota"): Case("deploy", fixed("/v1/quota"), 200, 200, 200),
+    ("GET", "/v1/keys"): Case("deploy", fixed("/v1/keys"), 200, 200, 200),
+    ("DELETE", "/v1/keys/{prefix}"): Case(            # a tenant revokes its own keys only
+        "deploy", path_with("/v1/keys/{}", "doomed_key"), own=200, other=404, admin=200),
     ("POST", "/v1/models/uploads"): Case("deploy", unique_upload, 201, 201, 201),
     ("GET", "/v1/models/uploads"): Case("deploy", fixed("/v1/models/uploads"), 200, 200, 200),
     ("GET", "/v1/models/uploads/{id}"): Case("deploy", path_with("/v1/models/uploads/{}",

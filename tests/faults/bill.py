@@ -69,9 +69,9 @@ def assert_billed_as_received(ledger: Ledger, rows: list[asyncpg.Record], tenant
     def billed(request_id: str) -> tuple[int, int]:
         row = by_id.get(request_id)
         return (row["prompt_tokens"], row["completion_tokens"]) if row else (0, 0)
-    wrong = [(rid, (c.prompt_tokens, c.completion_tokens), billed(rid)) for rid, c in calls.items()
+    wrong = [(c, billed(rid), by_id[rid]["status"] if rid in by_id else None) for rid, c in calls.items()
              if (c.prompt_tokens, c.completion_tokens) != billed(rid)]
-    assert not wrong, f"calls billed other than received (id, received, billed): {wrong[:5]}"
+    assert not wrong, f"calls billed other than received (call, billed, row status): {wrong[:5]}"
     statuses = {rid: by_id[rid]["status"] for rid, c in calls.items() if rid in by_id}
     mislabelled = [(rid, statuses[rid]) for rid, c in calls.items() if rid in statuses
                    and statuses[rid] != _expected_status(c)]

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
+import httpx
 import openai
 
 PROMPT = [{"role": "user", "content": "Tell me about serverless GPU pools."}]
@@ -53,8 +54,13 @@ class Ledger:
 
 
 def client(base_url: str, key: str, timeout_s: float = 120.0) -> openai.AsyncOpenAI:
+    # every connection may stay alive: with the openai client's default of 100 kept alive,
+    # a burst of 104 new streams left some calls never answered under httpcore (the
+    # gateway served them; the client read nothing until its timeout)
+    http = httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(
+        max_connections=1000, max_keepalive_connections=1000))
     return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0,
-                              timeout=timeout_s)
+                              timeout=timeout_s, http_client=http)
 
 
 async def stream_chat(api: openai.AsyncOpenAI, ledger: Ledger, tenant: str, model: str,

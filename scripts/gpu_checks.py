@@ -1,0 +1,327 @@
+"""The checks of scripts/gpu_check.py, each run in a child process of its own on a GPU.
+
+Each takes the model folders (`Models`) and the device ("cuda"; "cpu" only to test
+the checks themselves) and returns (passed, figures). They reuse what the CPU suite
+already has: the Triton kernel tests (run with TRITON_INTERPRET=0, so on the GPU), the
+exactness prompts and engine limits of tests/runtime/exactness.py, and the model and
+workload of benchmarks/engine_throughput.py.
+
+The models: a trained one when there is one (SmolLM2-135M-Instruct once `make model`
+has imported it, or --model), else random ones: a small Llama for exactness and int8
+(4 layers, hidden 128: with random weights a wider or deeper one amplifies every
+rounding, so that transformers' own bf16 error reaches 0.7 nats and tells nothing),
+and the throughput benchmark's 50M Llama for speed. Tensor parallelism always runs the
+small one (4 heads / 2 KV heads split over 2 ranks; SmolLM2's 9 / 3 do not).
+
+Exactness in half precision is a tolerance, not token equality: the engine's logprob
+of each token it chose, and that token's rank, are compared with transformers in
+float32 on CUDA (teacher-forced on the engine's own tokens, so one early near-tie does
+not derail the rest), against transformers' own error in the same half dtype: the
+engine passes when its error is within twice transformers' (plus 0.01) and it never
+chose a token fp32 ranks further than that below its best.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import time
+from argparse import Namespace
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+Outcome = tuple[bool, str]
+Sequences = list[tuple[list[int], list[int]]]      # (prompt, generated) per request
+SMALL_SPEC: dict[str, Any] = dict(arch="llama", hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=4096, max_position_embeddings=1024)
+
+
+@dataclass(frozen=True)
+class Models:
+    """Where the model folders are: random ones made under `folder`, or a trained `given` one."""
+    folder: Path
+    given: Optional[Path] = None
+
+    @property
+    def small(self) -> Path:          # exactness, int8
+        return self.given or self.folder / "small"
+
+    @property
+    def bench(self) -> Path:          # throughput
+        return self.given or self.folder / "bench"
+
+    @property
+    def tensor_parallel(self) -> Path:
+        return self.folder / "small"
+
+
+# ---------------------------------------------------------------- comparing logprobs
+
+@dataclass(frozen=True)
+class Agreement:
+    """Chosen-token logprobs against a float32 reference, over every step of every request."""
+    max_err: float          # max |ours - reference| of the chosen token's logprob
+    mean_err: float
+    worst_gap: float        # max (reference best - reference of the chosen token): 0 when greedy agrees
+    argmax_steps: int       # steps where the chosen token is the reference's argmax
+    steps: int
+
+
+def agreement(chosen: Sequence[Sequence[float]], tokens: Sequence[Sequence[int]],
+              reference: Sequence[torch.Tensor]) -> Agreement:
+    """chosen[r][t]: our logprob of tokens[r][t]; reference[r]: [T, V] float32 logprobs."""
+    errs, gaps, argmax = [], [], 0
+    for ours, ids, ref in zip(chosen, tokens, reference):
+        index = torch.tensor(list(ids), dtype=torch.long)
+        theirs = ref.gather(1, index[:, None])[:, 0]
+        errs.append((torch.tensor(list(ours), dtype=torch.float32) - theirs).abs())
+        gaps.append(ref.max(dim=1).values - theirs)
+        argmax += int((ref.argmax(dim=1) == index).sum())
+    err, gap = torch.cat(errs), torch.cat(gaps)
+    return Agreement(float(err.max()), float(err.mean()), float(gap.max()), argmax, int(err.numel()))
+
+
+def close_enough(ours: Agreement, peer: Agreement, floor: float = 0.01) -> tuple[bool, float]:
+    """(passed, tolerance): ours within twice the peer's error in the same dtype, plus floor."""
+    tolerance = 2 * peer.max_err + floor
+    return ours.max_err <= tolerance and ours.worst_gap <= tolerance, tolerance
+
+
+def describe(a: Agreement) -> str:
+    return (f"max {a.max_err:.4f} mean {a.mean_err:.5f}, greedy = fp32 argmax {a.argmax_steps}/{a.steps}"
+            f" (worst gap {a.worst_gap:.4f})")
+
+
+# ---------------------------------------------------------------- helpers on the GPU
+
+def hf_logprobs(model_dir: Path, device: str, dtype: torch.dtype, seqs: Sequences) -> list[torch.Tensor]:
+    """transformers on the device, teacher-forced: [len(generated), V] float32 logprobs per request."""
+    import transformers
+
+    model: Any = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model = model.to(device).eval()
+    out = []
+    with torch.inference_mode():
+        for prompt, generated in seqs:
+            ids = torch.tensor([prompt + generated], device=device)
+            logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+            out.append(torch.log_softmax(logits, dim=-1).cpu())
+    del model
+    _free(device)
+    return out
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def _llm(model_dir: Path, device: str, **engine: Any) -> Any:
+    from runtime import LLM
+
+    return LLM(str(model_dir), **{"device": device, "kv_cache_tokens": 4096, **engine})
+
+
+def _greedy(max_tokens: int, logprobs: Optional[int] = None) -> Any:
+    from runtime import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=logprobs)
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    """fn(*args) and its seconds on the GPU's clock (synchronized before and after)."""
+    _sync()
+    started = time.perf_counter()
+    value = fn(*args)
+    _sync()
+    return value, time.perf_counter() - started
+
+
+# ---------------------------------------------------------------- the checks
+
+def random_models(models: Models, device: str) -> Outcome:
+    from benchmarks.engine_throughput import BENCH_SPEC
+    from tests.support.model_factory import make_model
+
+    made: dict[str, dict[str, Any]] = {"small": SMALL_SPEC}
+    if not models.given:
+        made["bench"] = BENCH_SPEC
+    for name, spec in made.items():
+        make_model(models.folder / name, **spec)
+    sizes = [f"{name} {_parameters(models.folder / name) / 1e6:.1f}M parameters" for name in made]
+    trained = f"; trained model {models.given}" if models.given else ""
+    return True, f"random Llamas: {', '.join(sizes)}{trained}"
+
+
+def _parameters(model_dir: Path) -> float:
+    return sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) / 4      # float32
+
+
+class _Tally:
+    """A pytest plugin counting outcomes."""
+
+    def __init__(self) -> None:
+        self.passed, self.skipped = 0, 0
+        self.failed: list[str] = []
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        if report.failed:
+            self.failed.append(report.nodeid.split("::", 1)[-1])
+        elif report.skipped:
+            self.skipped += 1
+        elif report.when == "call":
+            self.passed += 1
+
+
+def triton_kernels(models: Models, device: str) -> Outcome:
+    os.environ["TRITON_INTERPRET"] = "0"     # before kernels.triton is imported: compiled, on CUDA
+    import pytest
+
+    from kernels.dispatch import get_kernels
+
+    backend = get_kernels("cuda").backend
+    tally = _Tally()
+    tests = sorted(str(p) for p in (REPO / "tests" / "kernels").glob("test_triton_*.py"))
+    code = pytest.main([*tests, "-q", "-p", "no:cacheprovider", "--basetemp", str(models.folder / "pytest")],
+                       plugins=[tally])
+    passed = code == 0 and not tally.failed and tally.passed > 0 and backend == "triton"
+    failed = f" ({', '.join(tally.failed[:5])}{' ...' if len(tally.failed) > 5 else ''})" if tally.failed else ""
+    return passed, (f"{tally.passed} passed, {len(tally.failed)} failed{failed}, {tally.skipped} skipped "
+                    f"on {torch.cuda.get_device_name()}; the engine's kernels on CUDA: {backend}")
+
+
+def exactness(models: Models, device: str, dtype: str) -> Outcome:
+    from kernels.dispatch import get_kernels
+    from tests.runtime.exactness import BATCH_LENGTHS, NEW_TOKENS, prompts
+
+    model_dir, batch = models.small, prompts(2, BATCH_LENGTHS)
+    batch[3][:24] = batch[1][:24]            # a shared prefix, for the prefix cache to find
+    llm = _llm(model_dir, device, dtype=dtype, kv_cache_tokens=208, block_size=8, max_num_batched_tokens=24,
+               max_num_seqs=4)
+    outs = llm.generate(batch, _greedy(NEW_TOKENS, logprobs=1))
+    stats, backend = llm.engine.stats(), get_kernels(device).backend
+    del llm
+    _free(device)
+    seqs = [(p, o.token_ids) for p, o in zip(batch, outs)]
+    tokens = [o.token_ids for o in outs]
+    reference = hf_logprobs(model_dir, device, torch.float32, seqs)
+    ours = agreement([[lp for lp, _ in o.logprobs] for o in outs], tokens, reference)
+    peer_lps = hf_logprobs(model_dir, device, getattr(torch, dtype), seqs)
+    peer = agreement([[float(r[t, i]) for t, i in enumerate(ids)] for r, ids in zip(peer_lps, tokens)],
+                     tokens, reference)
+    passed, tolerance = close_enough(ours, peer)
+    return passed, (f"{model_dir.name} vs transformers fp32 on {device}: engine {dtype} {describe(ours)}; "
+                    f"transformers {dtype} max {peer.max_err:.4f}; tolerance {tolerance:.4f}; {len(batch)} "
+                    f"requests, {stats.num_preemptions} preemptions, {stats.prefix_cache_hits} prefix hits; "
+                    f"kernels {backend}")
+
+
+def int8_vs_bf16(models: Models, device: str) -> Outcome:
+    from tests.runtime.exactness import prompts
+
+    model_dir, prompt, new = models.small, prompts(3, [32])[0], 128
+    runs = {}
+    for quantization in (None, "int8"):
+        llm = _llm(model_dir, device, dtype="bfloat16", quantization=quantization, enable_prefix_caching=False)
+        llm.generate([prompt], _greedy(4))                    # warm-up: compiles the kernels
+        (out,), seconds = _timed(llm.generate, [prompt], _greedy(new, logprobs=1))
+        runs[quantization] = (out, new / seconds)
+        del llm
+        _free(device)
+    (bf16, bf16_tps), (int8, int8_tps) = runs[None], runs["int8"]
+    reference = hf_logprobs(model_dir, device, torch.float32, [(prompt, int8.token_ids)])
+    quality = agreement([[lp for lp, _ in int8.logprobs]], [int8.token_ids], reference)
+    same = next((i for i, (a, b) in enumerate(zip(bf16.token_ids, int8.token_ids)) if a != b), new)
+    passed = quality.worst_gap <= 0.25 and quality.argmax_steps >= 0.9 * quality.steps
+    return passed, (f"{model_dir.name}, batch 1, {new} tokens: int8 {int8_tps:.0f} tok/s vs bf16 "
+                    f"{bf16_tps:.0f} tok/s = {int8_tps / bf16_tps:.2f}x; greedy equal to bf16 for the first "
+                    f"{same}/{new} tokens; int8 vs transformers fp32: {describe(quality)} "
+                    f"(pass: gap <= 0.25, argmax >= 90%)")
+
+
+def tensor_parallel(models: Models, device: str) -> Outcome:
+    from tests.runtime.exactness import prompts
+
+    batch, new = prompts(4, [24] * 8), 64
+    tokens, rates = {}, {}
+    for size in (1, 2):   # float32 (no TF32 by default): the ranks' sums may differ only in order
+        with _llm(models.tensor_parallel, device, dtype="float32", tensor_parallel_size=size,
+                  enable_prefix_caching=False) as llm:
+            llm.generate(batch[:1], _greedy(4))
+            outs, seconds = _timed(llm.generate, batch, _greedy(new))
+        tokens[size], rates[size] = [o.token_ids for o in outs], len(batch) * new / seconds
+        _free(device)
+    same = sum(a == b for x, y in zip(tokens[1], tokens[2]) for a, b in zip(x, y))
+    total, backend = len(batch) * new, "NCCL" if device.startswith("cuda") else "gloo"
+    return same == total, (f"{backend}, 2 ranks vs 1, float32: greedy tokens equal {same}/{total}; decode at "
+                           f"batch {len(batch)} {rates[2]:.0f} vs {rates[1]:.0f} tok/s = {rates[2] / rates[1]:.2f}x")
+
+
+def throughput(models: Models, device: str) -> Outcome:
+    from benchmarks.engine_throughput import make_workload
+    from runtime.config import ModelConfig
+
+    model_dir = models.bench
+    work = make_workload(Namespace(seed=0, num_requests=128, min_prompt=16, max_prompt=512,
+                                   min_output=16, max_output=256))
+    vocab = ModelConfig.from_dir(model_dir).vocab_size          # a --model may have a smaller one
+    work.prompts = [[t % vocab for t in p] for p in work.prompts]
+    llm = _llm(model_dir, device, dtype="bfloat16", kv_cache_tokens=128 * 784)
+    llm.generate([work.prompts[0][:16]], _greedy(2))
+    outs, ours_s = _timed(llm.generate, work.prompts, [_greedy(n) for n in work.output_lens])
+    produced = sum(len(o.token_ids) for o in outs)
+    del llm
+    _free(device)
+    theirs_s = transformers_static(model_dir, device, work.prompts, work.output_lens, batch_size=64)
+    ours, theirs = produced / ours_s, work.output_tokens / theirs_s
+    return produced == work.output_tokens, (
+        f"{model_dir.name} bf16, {len(work.prompts)} requests, {work.output_tokens} output tokens: "
+        f"thawpool {ours:.0f} tok/s, transformers (static batches of 64) {theirs:.0f} tok/s = {ours / theirs:.2f}x")
+
+
+def transformers_static(model_dir: Path, device: str, prompts: list[list[int]], output_lens: list[int],
+                        batch_size: int) -> float:
+    """Seconds for transformers `generate` in bf16 on the device: requests sorted by length,
+    left-padded into static batches, each generating to its longest output."""
+    import transformers
+
+    model: Any = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    model = model.to(device).eval()
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), output_lens[i]))
+    batches = [order[b:b + batch_size] for b in range(0, len(order), batch_size)]
+
+    def run(batch: list[int], new: int) -> None:
+        width = max(len(prompts[i]) for i in batch)
+        ids = torch.tensor([[0] * (width - len(prompts[i])) + prompts[i] for i in batch], device=device)
+        mask = (torch.arange(width, device=device)[None, :] >= width - torch.tensor(
+            [len(prompts[i]) for i in batch], device=device)[:, None]).long()
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                           do_sample=False, pad_token_id=0)
+
+    def run_all() -> None:
+        for batch in batches:
+            run(batch, max(output_lens[i] for i in batch))
+
+    run(batches[0][:2], 2)                    # warm-up
+    return _timed(run_all)[1]
+
+
+CHECKS: dict[str, Callable[[Models, str], Outcome]] = {
+    "random_models": random_models,
+    "triton_kernels": triton_kernels,
+    "exactness_fp16": lambda model, device: exactness(model, device, "float16"),
+    "exactness_bf16": lambda model, device: exactness(model, device, "bfloat16"),
+    "int8_vs_bf16_batch1": int8_vs_bf16,
+    "throughput_vs_transformers": throughput,
+    "tensor_parallel_nccl": tensor_parallel,
+}
