@@ -419,6 +419,10 @@ REFUSED_AT_THE_EDGE = [
     ("completions", {"prompt": [1, 2, 10_000], "max_tokens": 2}, "prompt"),
     ("completions", {"prompt": "Hi", "stream_options": {"include_usage": True}},
      "stream_options"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                          "tools": [{"type": "function", "function": {"name": "f"}}],
+                          "tool_choice": {"type": "function", "function": {"name": "g"}}},
+     "tool_choice"),
 ]
 
 
