@@ -4,6 +4,7 @@ on purpose, behind the real gateway, Postgres and S3).
 Non-streaming: a 502 in the error shape and an `error` row with the tokens delivered
 (none). Streaming: what was delivered, the replica's error event, no [DONE], and a
 `partial` row billed for the tokens delivered."""
+import asyncio
 import json
 
 import pytest
@@ -17,6 +18,7 @@ from starlette.routing import Route
 from controlplane.models import UsageEvent
 from tests.controlplane.conftest import make_settings, running_control_plane
 from tests.controlplane.support.servers import serve
+from tests.support.waiting import eventually
 from wire.errors import error_body
 from wire.sse import sse
 
@@ -31,13 +33,20 @@ def chunk(tokens: int) -> dict:
 
 async def broken_replica(request: Request):
     """`prompt` says how it fails: `die` (the engine died: a 500, or an error event
-    mid-stream), `cut` (the connection drops mid-answer)."""
+    mid-stream), `cut` (the connection drops mid-answer); `done-slow` does not fail: it
+    sends the whole answer and [DONE], then holds the stream open a while."""
     body = await request.json()
     how, stream = body["prompt"], body.get("stream", False)
     if how == "die" and not stream:
         return JSONResponse(error_body("the engine died: illegal memory access", 500), 500)
 
     async def events():
+        if how == "done-slow":   # a whole answer, then a slow end of the stream after [DONE]
+            yield sse(chunk(1))
+            yield sse(chunk(2))
+            yield sse("[DONE]")
+            await asyncio.sleep(3)
+            return
         yield b'{"choices": [' if not stream else sse(chunk(1))
         if stream:
             yield sse(chunk(2))
@@ -112,3 +121,24 @@ async def test_a_stream_cut_upstream_ends_with_an_error_event_and_bills_partial(
     row = await usage_row(plane, request_id)
     assert (row.status, row.http_status, row.completion_tokens) == ("partial", 502, 2)
     assert lease_of(plane, request_id).failed
+
+
+async def test_a_client_that_hangs_up_right_after_done_is_billed_ok(plane, client):
+    # the openai client closes the connection on [DONE] while the gateway still reads the
+    # replica's end of the stream: the whole answer was sent, so it is `ok`, not `partial`
+    request_id = "stream-done-then-hangup"
+    async with client.stream("POST", "/v1/completions", headers={"x-request-id": request_id},
+                             json={"model": "chat", "prompt": "done-slow", "max_tokens": 5,
+                                   "stream": True}) as response:
+        async for line in response.aiter_lines():
+            if line == "data: [DONE]":
+                break                  # and hang up, the stream still open upstream
+
+    async def metered() -> list[UsageEvent]:  # once the gateway has seen the hangup
+        await plane.flush_usage()
+        async with plane.app.state.sessions() as session:
+            return list(await session.scalars(select(UsageEvent).where(
+                UsageEvent.request_id == request_id)))
+    (row,) = await eventually(metered, timeout_s=30, what="the call's usage row")
+    assert (row.status, row.http_status, row.completion_tokens) == ("ok", 200, 2)
+    assert not lease_of(plane, request_id).failed
