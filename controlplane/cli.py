@@ -123,7 +123,9 @@ async def _serve(settings: Settings, args) -> None:
 
     from controlplane.app import create_app
 
-    new_admin = await _bootstrap_admin(settings)
+    # the key file is written before the server answers /readyz: whoever waits for ready
+    # (a script, a test harness) may read it at once
+    admin_line = _admin_line(await _bootstrap_admin(settings), settings)
     pool_settings = pool_settings_for(settings, args)
     app = create_app(settings, pool_factory=_pool_factory(pool_settings))
     server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
@@ -141,7 +143,7 @@ async def _serve(settings: Settings, args) -> None:
             return serving.result()
         await asyncio.sleep(0.05)
     base_url = f"http://{settings.host}:{settings.port}"
-    _banner(settings, base_url, new_admin, pool_settings)
+    _banner(settings, base_url, admin_line, pool_settings)
     if args.demo:
         demo = asyncio.create_task(_demo(app, settings, base_url))
         demo.add_done_callback(_report_demo)
@@ -175,18 +177,21 @@ def _stopper(server):
     return stop
 
 
-def _banner(settings: Settings, base_url: str, new_admin, pool_settings) -> None:
+def _admin_line(new_admin, settings: Settings) -> str:
+    """The banner's admin-key line; a new key goes to the terminal or its 0600 file now."""
+    if new_admin is None:
+        return "thawpool: admin key      made on first start (pass it as THAWPOOL_ADMIN_KEY)"
+    from controlplane.admin_key import announce
+
+    return announce(new_admin.secret, settings.data_dir, sys.stdout)
+
+
+def _banner(settings: Settings, base_url: str, admin_line: str, pool_settings) -> None:
     lines = [f"thawpool: control plane  {base_url}   (OpenAI base URL {base_url}/v1)",
              f"thawpool: postgres       {_without_password(settings.database_url)}",
              f"thawpool: s3             {settings.s3_endpoint or 'AWS'}",
              f"thawpool: pool backend   {_backend_line(pool_settings)}",
-             f"thawpool: data dir       {settings.data_dir}"]
-    if new_admin is not None:
-        from controlplane.admin_key import announce
-
-        lines.append(announce(new_admin.secret, settings.data_dir, sys.stdout))
-    else:
-        lines.append("thawpool: admin key      made on first start (pass it as THAWPOOL_ADMIN_KEY)")
+             f"thawpool: data dir       {settings.data_dir}", admin_line]
     print("\n".join(lines), flush=True)
 
 
