@@ -59,9 +59,11 @@ class Tokenizer:
             bos_token=self.bos_token or "", eos_token=self.eos_token or "", **extra)
         return text
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """The template writes special tokens itself, so none are added on top."""
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt),
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    **extra: Any) -> list[int]:
+        """The template writes special tokens itself, so none are added on top; `extra`
+        goes to the template as variables (`tools`)."""
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, **extra),
                            add_special_tokens=False)
 
 

@@ -36,10 +36,8 @@ class ChatTemplate(Protocol):
     """What rendering needs of runtime.tokenizer.Tokenizer."""
     chat_template: Optional[str]
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **extra: Any) -> str: ...
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    **extra: Any) -> list[int]: ...
 
 
 def encode_chat(tokenizer: ChatTemplate, messages: list[dict[str, Any]], tools: Optional[Tools]) -> list[int]:
@@ -48,11 +46,8 @@ def encode_chat(tokenizer: ChatTemplate, messages: list[dict[str, Any]], tools: 
     functions = tools.functions if tools is not None and tools.offered else ()
     if takes_tools(tokenizer.chat_template):
         extra = {"tools": [f.as_template_tool() for f in functions]} if functions else {}
-        text = tokenizer.apply_chat_template(messages, True, **extra)
-    else:
-        text = tokenizer.apply_chat_template(plain_messages(messages, functions), True)
-    # the template writes special tokens itself, so none are added on top
-    return tokenizer.encode(text, add_special_tokens=False)
+        return tokenizer.encode_chat(messages, True, **extra)
+    return tokenizer.encode_chat(plain_messages(messages, functions), True)
 
 
 @lru_cache(maxsize=16)

@@ -6,7 +6,6 @@ tests/controlplane/test_gateway.py's REFUSED_AT_THE_EDGE)."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import jsonschema
 import openai
@@ -16,7 +15,7 @@ from sqlalchemy import select
 
 from controlplane.models import UsageEvent
 from tests.controlplane.conftest import pooled_control_plane
-from tests.runtime.test_tool_prompt import QWEN_TEMPLATE
+from tests.runtime.test_tool_prompt import tools_model
 from tests.support.model_factory import upload_model
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
@@ -31,10 +30,7 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 @pytest.fixture(scope="module")
 def tools_model_uri(model_factory, tmp_path_factory, s3_server, models_bucket) -> str:
     """A tiny Llama whose template takes `tools` (Qwen's), with room for them in context."""
-    model = tmp_path_factory.mktemp("tools-model") / "model"
-    shutil.copytree(model_factory(arch="llama", max_position_embeddings=2048), model)
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": QWEN_TEMPLATE}))
+    model = tools_model(model_factory, tmp_path_factory.mktemp("tools-model") / "model")
     return upload_model(model, s3_server.client(), models_bucket, "tiny/tools-llama")
 
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +33,15 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 TURNS = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [CALL]},
          {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+
+
+def tools_model(model_factory, where: Path) -> Path:
+    """A tiny Llama whose template takes `tools` (Qwen's), with room for them in its
+    context (2048), copied to `where`."""
+    shutil.copytree(model_factory(arch="llama", max_position_embeddings=2048), where)
+    config = json.loads((where / "tokenizer_config.json").read_text())
+    (where / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": QWEN_TEMPLATE}))
+    return where
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,13 @@ tests/runtime/test_tool_prompt.py.
 from __future__ import annotations
 
 import json
-import shutil
 
 import jsonschema
 import openai
 import pydantic
 import pytest
 
-from tests.runtime.test_tool_prompt import QWEN_TEMPLATE
+from tests.runtime.test_tool_prompt import tools_model
 from tests.runtime_server.conftest import SERVED_NAME, start_server
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -38,10 +37,7 @@ class GetWeather(pydantic.BaseModel):
 
 @pytest.fixture(scope="module")
 def openai_client(model_factory, tmp_path_factory):
-    model = tmp_path_factory.mktemp("tools-model") / "model"
-    shutil.copytree(model_factory(arch="llama", max_position_embeddings=2048), model)
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": QWEN_TEMPLATE}))
+    model = tools_model(model_factory, tmp_path_factory.mktemp("tools-model") / "model")
     server = start_server(["--model", str(model), "--served-model-name", SERVED_NAME,
                            "--kv-cache-tokens", "2048", "--block-size", "16"], model.parent / "server.log")
     try:
