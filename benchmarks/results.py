@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TextIO
+from typing import Optional, TextIO
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = RESULTS.parents[1]
@@ -84,9 +84,10 @@ def _write(name: str, started_at: datetime, started: float, load_before: str, te
 
 
 def machine_header(name: str, started_at: datetime, seconds: float, load_before: str,
-                   status=None) -> str:
+                   status=None, script: Optional[str] = None) -> str:
+    """`script`: the program's path when it is not benchmarks/<name>.py."""
     lines = [
-        f"benchmark: benchmarks/{name}.py",
+        f"benchmark: {script or f'benchmarks/{name}.py'}",
         f"date:      {started_at.isoformat(timespec='seconds')} (took {seconds:.0f} s)",
         f"commit:    {_git_commit()}",
         f"command:   {' '.join([Path(sys.executable).name, *sys.argv])}",

@@ -191,8 +191,8 @@ def write_report(text: str, started_at: datetime, seconds: float, load_before: s
     # mypy takes benchmarks/results/ (the reports folder) for this module
     from benchmarks.results import machine_header  # type: ignore[attr-defined]
 
-    header = machine_header("gpu_check", started_at, seconds, load_before, code)
-    header = header.replace("benchmarks/gpu_check.py", "scripts/gpu_check.py")
+    header = machine_header("gpu_check", started_at, seconds, load_before, code,
+                            script="scripts/gpu_check.py")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + "\n" + text)
     print(f"[report written to {path.relative_to(REPO) if path.is_relative_to(REPO) else path}]")
