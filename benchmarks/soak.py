@@ -12,9 +12,9 @@ dir (or the same with half a record left at the end of its outbox), the serving
 replica SIGKILLed, S3 stopped for 5 s. The last part of the run is quiet again.
 
 Printed: calls by status; usage events lost (a call that received tokens and has no
-row, apart from calls in flight at a control-plane kill, which are not yet billed:
-B-CP-3 in docs/billing-guarantees.md) and doubled (a call with two rows); tokens received
-against tokens billed; p50/p99 call latency before, during (a call that overlaps a
+row) and doubled (a call with two rows); tokens received against tokens billed, the
+calls cut by a control-plane kill among them (billed at the next start from the call
+journal: B-CP-3 in docs/billing-guarantees.md); p50/p99 call latency before, during (a call that overlaps a
 fault or the 5 s after it) and after the faults; `thawpool admin reconcile` over the
 run. The report is also written to benchmarks/results/soak.txt. The peer of each
 latency figure is the quiet phase before the faults, measured in the same run.
@@ -47,9 +47,6 @@ from tests.support.model_factory import ModelSpec, make_model  # noqa: E402
 
 TENANT = "soak"
 RECOVERY_S = 5.0             # a call this long after a fault still counts as "during"
-IN_FLIGHT_S = 0.5            # a call that ended this shortly before a control-plane kill was in flight
-
-
 @dataclass
 class Fault:
     name: str
@@ -176,36 +173,27 @@ async def report(stack: FaultStack, ledger: Ledger, faults: list[Fault], since: 
     by_id: dict[str, int] = {}
     for row in rows:
         by_id[row["request_id"]] = by_id.get(row["request_id"], 0) + 1
-    cut_by_plane_kill = {c.request_id for c in ledger.calls if _cut_by_plane_kill(c, faults)}
     owed = [c for c in ledger.calls if c.prompt_tokens or c.completion_tokens]
-    lost = [c for c in owed if c.request_id not in by_id and c.request_id not in cut_by_plane_kill]
-    unbilled_cut = [c for c in owed if c.request_id not in by_id and c.request_id in cut_by_plane_kill]
+    lost = [c for c in owed if c.request_id not in by_id]
     doubled = [rid for rid, n in by_id.items() if n > 1]
-    billed = sum(r["completion_tokens"] for r in rows if r["request_id"] not in cut_by_plane_kill)
-    received = sum(c.completion_tokens for c in ledger.calls if c.request_id not in cut_by_plane_kill)
+    billed = sum(r["completion_tokens"] for r in rows)
+    received = sum(c.completion_tokens for c in ledger.calls)
+    recovered = [r for r in rows if r["recovered"]]
     print(f"faults: {len(faults)} ({', '.join(sorted({f.name for f in faults})) or 'none'})")
     print(f"calls: {len(ledger.calls)}  by status: {dict(sorted(ledger.by_status().items()))}")
     print(f"usage events lost: {len(lost)}   doubled: {len(doubled)}")
     for call in lost:
         print(_describe(call, faults))
-    print(f"completion tokens received {received}, billed {billed} (apart from calls in flight at a "
-          f"control-plane kill: {len(unbilled_cut)} unbilled, "
-          f"{sum(c.completion_tokens for c in unbilled_cut)} tokens; B-CP-3)")
+    print(f"completion tokens received {received}, billed {billed} (of which {len(recovered)} calls cut by "
+          f"a control-plane kill, billed {sum(r['completion_tokens'] for r in recovered)} tokens "
+          f"from the call journal at the next start; B-CP-3)")
     print("latency of calls answered in full:")
     for name in ("before", "during", "after"):
         latencies = [c.latency_s for c in ledger.calls if c.finished and phase(c, faults, t0) == name]
         print(f"  {name:7s} {percentiles(latencies)}")
     code, out = reconcile(stack.pg.url, since, datetime.now(timezone.utc))
     print("thawpool admin reconcile:", out.strip().replace("\n", "\n  "))
-    return 0 if not lost and not doubled else 1
-
-
-def _cut_by_plane_kill(call: Call, faults: list[Fault]) -> bool:
-    """In flight at a control-plane kill: cut by it, or ended (its [DONE] sent) so shortly
-    before it that the gateway had not yet metered it."""
-    end = call.started + call.latency_s
-    return any(f.name.startswith("control plane") and call.started <= f.started <= end + IN_FLIGHT_S
-               for f in faults)
+    return 0 if not lost and not doubled and billed == received else 1
 
 
 def _describe(call: Call, faults: list[Fault]) -> str:

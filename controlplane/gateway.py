@@ -19,6 +19,7 @@ from typing import Any, AsyncGenerator, Callable, Optional
 import httpx
 from starlette.responses import JSONResponse, Response
 
+from controlplane.call_journal import CUT_HTTP_STATUS, Delivered
 from controlplane.errors import ApiError
 from controlplane.gateway_wire import (UsageSeen, client_chunk, client_response,
                                        estimate_prompt_tokens, has_content, prefix_key,
@@ -96,6 +97,7 @@ class Call:
     ttft_s: Optional[float] = None
     saw_done: bool = False          # the replica's stream ended with [DONE]
     metered: bool = False
+    invocation_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
 
 class Gateway:
@@ -173,7 +175,11 @@ class Gateway:
         refusals (PoolError) become 429/503 with Retry-After, and give the reservation back."""
         lease, t0 = await self.lease(target, request_id, admission, prefix_key(invocation.prompt_text),
                                      invocation.prompt_tokens)
-        return Call(principal, target, request_id, endpoint, lease, target.at, t0, admission)
+        call = Call(principal, target, request_id, endpoint, lease, target.at, t0, admission)
+        # journaled until metered: a control plane killed meanwhile leaves it to the next
+        # start to bill (controlplane.call_journal)
+        self.writer.calls.open(self._record(call, Outcome("error", CUT_HTTP_STATUS)), target.pricing)
+        return call
 
     async def lease(self, target: Target, request_id: str, admission: Admission,
                     prefix: Optional[str], prompt_tokens: int) -> tuple[Lease, float]:
@@ -270,6 +276,7 @@ class Gateway:
                 if line == DONE_LINE:
                     call.saw_done = True
                     yield SSE_DONE
+                    self._delivered(call)
                     continue
                 payload = data_of(line)
                 if payload is None:
@@ -283,6 +290,7 @@ class Gateway:
                 chunk = client_chunk(payload, call.target.deployment.name, options)
                 if chunk is not None:
                     yield sse(chunk)
+                    self._delivered(call)     # the chunk is in the client's connection
         except httpx.HTTPError as exc:
             log.warning("replica stream cut", extra={"error": repr(exc)})
             yield sse(error_body("the replica stream ended early", 502))
@@ -296,9 +304,16 @@ class Gateway:
         self.limiter.settle(call.admission, used, self.clock())
         try:
             self.writer.submit(self._record(call, outcome))
+            self.writer.calls.close(call.invocation_id)
             self._observe(call, outcome.status)
         finally:
             call.lease.release()
+
+    def _delivered(self, call: Call) -> None:
+        usage = call.usage
+        self.writer.calls.progress(call.invocation_id, Delivered(
+            usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, call.ttft_s, time.time(),
+            done=call.saw_done))
 
     def _headers(self, call: Call) -> dict[str, str]:
         return {"x-thawpool-revision": call.target.revision.name,
@@ -308,7 +323,7 @@ class Gateway:
         usage, deployment, revision = call.usage, call.target.deployment, call.target.revision
         cold = call.lease.cold_start
         return UsageRecord(
-            invocation_id=str(uuid.uuid4()), request_id=call.request_id,
+            invocation_id=call.invocation_id, request_id=call.request_id,
             tenant_id=call.principal.tenant_id, api_key_id=call.principal.key_id,
             deployment_id=deployment.id, deployment_name=deployment.name,
             revision_id=revision.id, revision_name=revision.name, model=revision.model_uri,

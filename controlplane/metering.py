@@ -22,6 +22,7 @@ from typing import Any, Optional
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from controlplane.call_journal import CallJournal, recover
 from controlplane.metrics import Metrics
 from controlplane.models import UsageEvent
 from controlplane.outbox import DeadLetters, Journal, Outbox
@@ -58,11 +59,13 @@ class UsageWriter:
     def __init__(self, db_engine: AsyncEngine, outbox: Outbox, metrics: Optional[Metrics] = None,
                  *, batch_size: int = 1000, flush_interval_s: float = 0.05,
                  retry_s: float = 1.0, buffer_max: int = 10_000,
-                 dead_letters: Optional[DeadLetters] = None, journal: Optional[Journal] = None):
+                 dead_letters: Optional[DeadLetters] = None, journal: Optional[Journal] = None,
+                 calls: Optional[CallJournal] = None):
         self.db_engine = db_engine
         self.outbox = outbox
         self.dead_letters = dead_letters or DeadLetters(outbox.path.parent / DEAD_LETTER_FILE)
         self.journal = journal or Journal(outbox.path.parent)
+        self.calls = calls or CallJournal(outbox.path.parent)    # the gateway writes it
         self.metrics = metrics or Metrics()
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
@@ -114,7 +117,9 @@ class UsageWriter:
         self._task = asyncio.create_task(self._run(), name="usage-writer")
 
     def _recover_journal(self) -> None:
-        """Events an earlier process held in memory when it died: into the outbox."""
+        """Events an earlier process held in memory when it died, then the rows of the
+        calls it was serving: into the outbox, in that order (a call whose own row was
+        journaled keeps it: the row replayed first wins its invocation id)."""
         segments = self.journal.leftovers()
         found = Journal.read(segments)
         self.outbox.append(found.records)
@@ -125,6 +130,17 @@ class UsageWriter:
         if found.records:
             log.warning("recovered usage events a stopped process held in memory",
                         extra={"events": len(found.records)})
+        self._recover_cut_calls()
+
+    def _recover_cut_calls(self) -> None:
+        segments = self.calls.leftovers()
+        rows, corrupt = recover(segments)
+        self.outbox.append(rows)
+        for segment in segments:
+            segment.unlink()
+        if rows:
+            log.warning("billed the calls a stopped process was serving, for what they delivered",
+                        extra={"events": len(rows), "corrupt_lines": corrupt})
 
     async def stop(self) -> None:
         """Flush everything: into Postgres, or into the outbox when it is away."""
@@ -135,6 +151,7 @@ class UsageWriter:
             await self._task
             self._task = None
         await self.flush()
+        self.calls.shut()
 
     async def flush(self) -> None:
         async with self._lock:

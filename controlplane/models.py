@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any, Optional
 
-from sqlalchemy import (ARRAY, BigInteger, CheckConstraint, DateTime, Float, ForeignKey, Index,
+from sqlalchemy import (ARRAY, BigInteger, Boolean, CheckConstraint, DateTime, Float, ForeignKey, Index,
                         Integer, LargeBinary, Numeric, String, Text, Uuid, text)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -131,6 +131,8 @@ class UsageEvent(Base):
     finished_at: Mapped[datetime]
     items: Mapped[Optional[int]] = mapped_column(BigInteger)        # function calls only
     gpu_seconds: Mapped[Optional[float]] = mapped_column(Float)      # function calls only
+    # billed from the call journal after the control plane died mid-call
+    recovered: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
 
 
 class ReplicaLifetime(Base):

@@ -13,6 +13,12 @@ The usage rows billed for a replica (`usage_events.replica_id`) should add up to
                    bill must hold at least that much (calls may have ended since)
   never reported   it died before its first heartbeat: nothing to compare with
 
+A replica that served calls cut by the control plane's own death (their rows are
+`recovered` from the call journal at the next start, billed what their clients were
+delivered) may have served a few tokens more than it was billed: those it generated
+after the last chunk the dead gateway delivered. Its bill must then stay within its
+counters (never billed more than served); the difference is printed as CUT, not drift.
+
 A usage row that names a replica with no lifetime is drift too (billed for a replica
 nobody recorded). `compare` is the decision, over plain data; `load` reads it from
 Postgres; `run` is the command.
@@ -69,25 +75,41 @@ class Drift:
 
 
 @dataclass(frozen=True)
+class Cut:
+    """A replica served more than billed, explained by calls cut by a control-plane death."""
+    replica_id: str
+    served: Tokens
+    billed: Tokens
+    calls: int                      # its recovered rows
+
+
+@dataclass(frozen=True)
 class Reconciliation:
     drift: tuple[Drift, ...]
     exact: int                      # replicas whose final counters equal their bill
     at_least: int                   # replicas billed at least their last report
     unreported: int                 # replicas that never reported a count
+    cut: tuple[Cut, ...] = ()       # served more than billed only by cut calls
 
     @property
     def ok(self) -> bool:
         return not self.drift
 
 
-def compare(counts: Sequence[ReplicaCount], billed: Mapping[str, Tokens]) -> Reconciliation:
-    """Each replica's counters against the tokens billed for it (see the module doc)."""
+def compare(counts: Sequence[ReplicaCount], billed: Mapping[str, Tokens],
+            recovered: Mapping[str, int] = {}) -> Reconciliation:
+    """Each replica's counters against the tokens billed for it (see the module doc);
+    `recovered`: replica id -> its rows billed from the call journal."""
     drift: list[Drift] = []
+    cut: list[Cut] = []
     exact = at_least = unreported = 0
     for count in counts:
         bill = billed.get(count.replica_id, Tokens())
+        calls = recovered.get(count.replica_id, 0)
         if count.served is None:
             unreported += 1
+        elif calls and bill != count.served and count.served.covers(bill):
+            cut.append(Cut(count.replica_id, count.served, bill, calls))
         elif count.final and bill != count.served:
             drift.append(_drift(count, bill, "billed differs from the replica's final counters"))
         elif not bill.covers(count.served):
@@ -99,7 +121,7 @@ def compare(counts: Sequence[ReplicaCount], billed: Mapping[str, Tokens]) -> Rec
     known = {c.replica_id for c in counts}
     for replica_id in sorted(set(billed) - known):
         drift.append(Drift(replica_id, None, None, billed[replica_id], "billed for a replica with no lifetime"))
-    return Reconciliation(tuple(drift), exact, at_least, unreported)
+    return Reconciliation(tuple(drift), exact, at_least, unreported, tuple(cut))
 
 
 def _drift(count: ReplicaCount, bill: Tokens, why: str) -> Drift:
@@ -108,7 +130,12 @@ def _drift(count: ReplicaCount, bill: Tokens, why: str) -> Drift:
 
 def render(result: Reconciliation) -> str:
     lines = [f"replicas: {result.exact} exact, {result.at_least} billed at least their last report, "
-             f"{result.unreported} never reported; drift: {len(result.drift)}"]
+             f"{result.unreported} never reported, {len(result.cut)} with calls cut by a control-plane "
+             f"restart; drift: {len(result.drift)}"]
+    for c in result.cut:
+        lines.append(f"CUT replica {c.replica_id}: served {c.served} billed {c.billed} (prompt+completion): "
+                     f"{c.calls} calls cut by a control-plane restart, billed what their clients "
+                     f"received; the rest was generated after the last delivery")
     for d in result.drift:
         lines.append(f"DRIFT replica {d.replica_id} revision {d.revision_id or '-'}: served "
                      f"{d.served if d.served is not None else '-'} billed {d.billed} "
@@ -119,9 +146,9 @@ def render(result: Reconciliation) -> str:
 # ------------------------------------------------------------------ queries
 
 async def load(sessions: async_sessionmaker[AsyncSession], start: datetime,
-               end: datetime) -> tuple[list[ReplicaCount], dict[str, Tokens]]:
-    """Lifetimes that held GPUs in [start, end) with their counters, and the tokens billed
-    for each replica over its whole life or billed in the window."""
+               end: datetime) -> tuple[list[ReplicaCount], dict[str, Tokens], dict[str, int]]:
+    """Lifetimes that held GPUs in [start, end) with their counters, the tokens billed
+    for each replica over its whole life or billed in the window, and its recovered rows."""
     from sqlalchemy import func, select
 
     from controlplane.models import ReplicaLifetime, UsageEvent
@@ -134,12 +161,14 @@ async def load(sessions: async_sessionmaker[AsyncSession], start: datetime,
         ids = [lt.replica_id for lt in lifetimes]
         in_window = (u.started_at >= start) & (u.started_at < end)
         billed_rows = await session.execute(
-            select(u.replica_id, func.sum(u.prompt_tokens), func.sum(u.completion_tokens))
+            select(u.replica_id, func.sum(u.prompt_tokens), func.sum(u.completion_tokens),
+                   func.count().filter(u.recovered))
             .where(u.replica_id.is_not(None), u.replica_id.in_(ids) | in_window)
             .group_by(u.replica_id))
     counts = [ReplicaCount(lt.replica_id, lt.revision_id, lt.tenant_id, _served(lt),
                            lt.state == STOPPED) for lt in lifetimes]
-    return counts, {rid: Tokens(int(p), int(c)) for rid, p, c in billed_rows if rid is not None}
+    rows = [(rid, Tokens(int(p), int(c)), int(n)) for rid, p, c, n in billed_rows if rid is not None]
+    return counts, {rid: t for rid, t, _ in rows}, {rid: n for rid, _, n in rows if n}
 
 
 def _served(lifetime: ReplicaLifetime) -> Optional[Tokens]:

@@ -37,6 +37,9 @@ class UsageRecord:
     # GPU time of the batches that computed them (batch seconds x GPUs / batch items).
     items: Optional[int] = None
     gpu_seconds: Optional[float] = None
+    # Billed at a later start from the call journal: the call was cut by the control
+    # plane's own death (controlplane.call_journal).
+    recovered: bool = False
 
     def row(self) -> dict[str, Any]:
         """A shallow dict: dataclasses.asdict deep-copies every field, too slow for the write path."""

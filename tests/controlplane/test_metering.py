@@ -332,3 +332,45 @@ async def test_usage_still_in_memory_survives_a_killed_process(engine, db_url, t
             UsageEvent.invocation_id.in_(ids)))
     assert found == 30 and await count_rows(engine) == 31
     assert not list(tmp_path.glob("usage-journal-*.log")), "a journal is forgotten once written"
+
+
+KILLED_MID_CALL = """
+import os, signal, sys, time, dataclasses
+from decimal import Decimal
+from controlplane.call_journal import Delivered
+from controlplane.db import create_db_engine
+from controlplane.metering import UsageWriter
+from controlplane.outbox import Outbox
+from controlplane.pricing import Pricing
+from tests.controlplane.support.usage import make_record
+writer = UsageWriter(create_db_engine(sys.argv[2]), Outbox(sys.argv[1]))
+whole, cut = make_record(completion_tokens=7), make_record(completion_tokens=0)
+for call in (whole, cut):       # both opened as the gateway does: nothing delivered yet
+    writer.calls.open(dataclasses.replace(call, status="error", completion_tokens=0), Pricing())
+writer.calls.progress(cut.invocation_id, Delivered(10, 0, 4, 0.01, time.time()))
+writer.submit(whole)            # metered, but killed before its close frame
+print(whole.invocation_id, cut.invocation_id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+async def test_a_call_cut_by_a_killed_process_is_billed_what_it_delivered(engine, db_url, tmp_path):
+    """The next start bills the cut call from the call journal (`recovered`, partial, the
+    tokens of its last progress); a call whose own row was journaled keeps that row."""
+    outbox_path = tmp_path / "outbox.jsonl"
+    killed = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", KILLED_MID_CALL, str(outbox_path), db_url,
+        cwd=Path(__file__).resolve().parents[2], stdout=asyncio.subprocess.PIPE)
+    out, _ = await killed.communicate()
+    assert killed.returncode == -signal.SIGKILL
+    whole, cut = out.decode().split()
+    restarted = UsageWriter(engine, Outbox(outbox_path), batch_size=8, flush_interval_s=0.01)
+    await restarted.start()
+    await restarted.stop()
+    async with engine.connect() as conn:
+        rows = {r.invocation_id: r for r in await conn.execute(select(UsageEvent).where(
+            UsageEvent.invocation_id.in_([whole, cut])))}
+    assert (rows[whole].status, rows[whole].completion_tokens, rows[whole].recovered) == ("ok", 7, False)
+    assert (rows[cut].status, rows[cut].prompt_tokens, rows[cut].completion_tokens, rows[cut].recovered) == \
+        ("partial", 10, 4, True)
+    assert not list(tmp_path.glob("calls-journal-*.log")), "the call journal is forgotten once billed"

@@ -43,4 +43,24 @@ def test_rows_for_a_replica_without_a_lifetime_are_drift():
     assert [(d.replica_id, d.revision_id, d.why) for d in result.drift] == [
         ("ghost", None, "billed for a replica with no lifetime")]
     assert render(result).startswith("replicas: 0 exact, 0 billed at least their last report, "
-                                     "0 never reported; drift: 1")
+                                     "0 never reported, 0 with calls cut by a control-plane restart; drift: 1")
+
+
+def test_calls_cut_by_a_control_plane_death_explain_a_bill_below_the_counters():
+    """Tokens the replica generated after the dead gateway's last delivery: CUT, not drift."""
+    result = compare([count("adopted", Tokens(40, 90), True)], {"adopted": Tokens(40, 87)}, {"adopted": 3})
+    assert (result.ok, result.exact) == (True, 0)
+    assert [(c.replica_id, c.served, c.billed, c.calls) for c in result.cut] == [
+        ("adopted", Tokens(40, 90), Tokens(40, 87), 3)]
+    assert "CUT replica adopted: served 40+90 billed 40+87 (prompt+completion): 3 calls cut" in render(result)
+
+
+def test_cut_calls_never_excuse_a_bill_above_the_counters():
+    result = compare([count("adopted", Tokens(40, 90), True)], {"adopted": Tokens(40, 91)}, {"adopted": 3})
+    assert not result.ok and not result.cut
+    assert [d.why for d in result.drift] == ["billed differs from the replica's final counters"]
+
+
+def test_a_replica_without_cut_calls_gets_no_such_excuse():
+    result = compare([count("a", Tokens(40, 90), True)], {"a": Tokens(40, 87)}, {"b": 1})
+    assert not result.ok and not result.cut

@@ -72,9 +72,9 @@ class Scenario:
                          what="the finished calls' usage in the outbox")
         return list(finished)
 
-    async def finish(self, watch: ReplicaWatch, unbilled: frozenset[str] = frozenset()) -> None:
+    async def finish(self, watch: ReplicaWatch) -> None:
         """Remove the deployment, wait for its replicas to be gone and their lifetimes
-        closed, then check tokens (exact per call, but for `unbilled`) and GPU time
+        closed, then check tokens (exact per call) and GPU time
         (within a heartbeat)."""
         self.stack.undeploy(self.key, self.model)
         uri = self.stack.pg.libpq_uri
@@ -82,8 +82,8 @@ class Scenario:
                          what=f"every lifetime of {self.tenant} closed")
         watch.poll()
         await eventually(lambda: not watch.running(), timeout_s=30, what="every replica process gone")
-        rows = await settled_rows(uri, self.ledger, self.tenant, unbilled)
-        assert_billed_as_received(self.ledger, rows, self.tenant, unbilled)
+        rows = await settled_rows(uri, self.ledger, self.tenant)
+        assert_billed_as_received(self.ledger, rows, self.tenant)
         assert_gpu_time_true(await lifetimes(uri, self.tenant), watch)
 
 
