@@ -47,6 +47,9 @@ from tests.support.model_factory import ModelSpec, make_model  # noqa: E402
 
 TENANT = "soak"
 RECOVERY_S = 5.0             # a call this long after a fault still counts as "during"
+FAILURE_SLACK_S = 2.0        # a fault's effect may outlast its end by a retry or a reconnect
+
+
 @dataclass
 class Fault:
     name: str
@@ -181,6 +184,7 @@ async def report(stack: FaultStack, ledger: Ledger, faults: list[Fault], since: 
     recovered = [r for r in rows if r["recovered"]]
     print(f"faults: {len(faults)} ({', '.join(sorted({f.name for f in faults})) or 'none'})")
     print(f"calls: {len(ledger.calls)}  by status: {dict(sorted(ledger.by_status().items()))}")
+    print(_failures_by_fault(ledger, faults))
     print(f"usage events lost: {len(lost)}   doubled: {len(doubled)}")
     for call in lost:
         print(_describe(call, faults))
@@ -194,6 +198,26 @@ async def report(stack: FaultStack, ledger: Ledger, faults: list[Fault], since: 
     code, out = reconcile(stack.pg.url, since, datetime.now(timezone.utc))
     print("thawpool admin reconcile:", out.strip().replace("\n", "\n  "))
     return 0 if not lost and not doubled and billed == received else 1
+
+
+def _failures_by_fault(ledger: Ledger, faults: list[Fault]) -> str:
+    """Each failed call (not 200) against the faults it overlapped: a failure no fault
+    explains is listed by request id."""
+    explained: dict[str, int] = {}
+    unexplained: list[Call] = []
+    for call in ledger.calls:
+        if call.status == 200:
+            continue
+        end = call.started + call.latency_s
+        hit = [f.name for f in faults if call.started <= f.ended + FAILURE_SLACK_S and end >= f.started]
+        if hit:
+            explained[hit[-1]] = explained.get(hit[-1], 0) + 1
+        else:
+            unexplained.append(call)
+    lines = [f"failed calls by the fault they overlapped: {dict(sorted(explained.items()))}; "
+             f"overlapping none: {len(unexplained)}"]
+    lines += [f"  unexplained: {c.request_id} status {c.status} {c.error}" for c in unexplained]
+    return "\n".join(lines)
 
 
 def _describe(call: Call, faults: list[Fault]) -> str:
