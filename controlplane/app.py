@@ -9,6 +9,7 @@ import httpx
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
+from controlplane.async_calls import AsyncCalls
 from controlplane.auth import AuthMiddleware
 from controlplane.console import ConsoleFiles
 from controlplane.routes import console
@@ -16,7 +17,6 @@ from controlplane.db import create_db_engine, sessionmaker
 from controlplane.deployer import Deployer
 from controlplane.errors import (DATABASE_ERRORS, REFUSALS, database_error_handler,
                                  refusal_handler, unhandled_error_handler)
-from controlplane.function_calls import FunctionCalls
 from controlplane.gateway import Gateway
 from controlplane.gateway_functions import FunctionGateway
 from controlplane.listener import libpq_dsn
@@ -85,9 +85,13 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
             if owns_pool:
                 await the_pool.start()
                 stack.push_async_callback(the_pool.stop)
+            # last in, first out: calls in flight are cancelled before what they use closes
+            calls = AsyncCalls(sessions, settings.function_call_retention_s)
+            await calls.start()
+            stack.push_async_callback(calls.stop)
             state = state_of(app)
             state.settings, state.db_engine, state.sessions = settings, db_engine, sessions
-            state.lookups = lookups
+            state.lookups, state.async_calls = lookups, calls
             state.writer, state.pool, state.sealer = writer, the_pool, sealer
             _workers(state, s3, http)
             yield
@@ -120,7 +124,6 @@ def _workers(state: AppState, s3: S3Client, http: httpx.AsyncClient) -> None:
     state.gateway = Gateway(lookups=state.lookups, pool=state.pool, http=http,
                             writer=state.writer, metrics=state.metrics, settings=settings)
     state.functions = FunctionGateway(state.gateway)
-    state.function_calls = FunctionCalls(settings.function_call_retention_s)
 
 
 def create_metrics_app(metrics: Metrics) -> Starlette:

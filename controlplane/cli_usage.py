@@ -7,8 +7,11 @@ import sys
 from controlplane.cli_output import Context, Subcommands, command
 
 GROUPS = ("day", "deployment", "model", "api_key", "revision")    # the report API's group_by
+# "fn GPU s": function calls' share of their batches' compute (reported, not billed);
+# "GPU s": the replicas' held GPU time, billed as "GPU cost"
 SHOWN = (("requests", "requests"), ("prompt_tokens", "prompt"), ("cached_tokens", "cached"),
-         ("completion_tokens", "completion"), ("token_cost", "token cost"),
+         ("completion_tokens", "completion"), ("items", "items"),
+         ("function_gpu_seconds", "fn GPU s"), ("token_cost", "token cost"),
          ("gpu_seconds", "GPU s"), ("gpu_cost", "GPU cost"), ("cost", "cost"))
 
 

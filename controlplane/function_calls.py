@@ -1,29 +1,37 @@
-"""Asynchronous function calls (`/invoke?async=true`): kept in memory until `retention_s`
-after they finish, read back by id by their own tenant only.
+"""Asynchronous function calls (`/invoke?async=true`): what a tenant may rely on, decided
+over a `now` the caller passes (no database and no clock here).
 
-A pure store over a clock the caller passes: `start` makes a call id, `finish`
-records the answer, `get` answers the tenant's own call (None for any other
-tenant's, as for an unknown id) and drops what outlived its retention. A control
-plane that restarts forgets its calls (the usage rows stay): a client that gets
-404 for a call it made retries it.
+A call is accepted `running` and answered once it ends (`succeeded` for the function's
+200, else `failed`, with the status and JSON body a synchronous call would have had).
+Its tenant reads it by id until `retention_s` after it ended; any other tenant's id is
+not found, exactly like an unknown one. A running call never expires: it ends, or the
+control plane that ran it died and the next one to start marks it failed with
+`cut_by_restart`'s answer, which tells the client to invoke again. The calls live in
+Postgres (controlplane/store/function_calls.py); controlplane/async_calls.py runs them.
 """
 from __future__ import annotations
 
+import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import Any, Optional
 
-MAX_CALLS = 10_000
+from wire.errors import error_body
+
+RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
+CALL_ID = re.compile(r"call-[0-9a-f]{32}")
+RESTARTED = "control_plane_restarted"
 
 
-@dataclass
+@dataclass(frozen=True)
 class StoredCall:
     id: str
     tenant_id: str
     deployment: str
-    created: float
-    status: str = "running"                # running | succeeded | failed
-    finished: Optional[float] = None
+    created_at: datetime
+    status: str = RUNNING
+    finished_at: Optional[datetime] = None
     http_status: Optional[int] = None
     body: Optional[dict[str, Any]] = None
 
@@ -36,37 +44,43 @@ class StoredCall:
         return view
 
 
-class CallStoreFull(Exception):
-    pass
+@dataclass(frozen=True)
+class SweepState:
+    """When expired calls were last deleted, and whether that sweep had to stop at its
+    bound (then more wait, and the next chance sweeps again)."""
+    last_at: Optional[datetime] = None
+    full: bool = False
 
 
-class FunctionCalls:
-    def __init__(self, retention_s: float, max_calls: int = MAX_CALLS):
-        self.retention_s = retention_s
-        self.max_calls = max_calls
-        self._calls: dict[str, StoredCall] = {}
+def new_call(tenant_id: str, deployment: str, now: datetime) -> StoredCall:
+    return StoredCall(f"call-{uuid.uuid4().hex}", tenant_id, deployment, now)
 
-    def start(self, tenant_id: str, deployment: str, now: float) -> StoredCall:
-        self._sweep(now)
-        if len(self._calls) >= self.max_calls:
-            raise CallStoreFull(f"{self.max_calls} asynchronous calls are held")
-        call = StoredCall(f"call-{uuid.uuid4().hex}", tenant_id, deployment, now)
-        self._calls[call.id] = call
-        return call
 
-    def finish(self, call_id: str, http_status: int, body: dict[str, Any], now: float) -> None:
-        call = self._calls.get(call_id)
-        if call is not None:
-            call.status = "succeeded" if http_status == 200 else "failed"
-            call.http_status, call.body, call.finished = http_status, body, now
+def is_call_id(text: str) -> bool:
+    """Anything else is simply not found: it never reaches the database."""
+    return CALL_ID.fullmatch(text) is not None
 
-    def get(self, tenant_id: str, call_id: str, now: float) -> Optional[StoredCall]:
-        self._sweep(now)
-        call = self._calls.get(call_id)
-        return call if call is not None and call.tenant_id == tenant_id else None
 
-    def _sweep(self, now: float) -> None:
-        expired = [c.id for c in self._calls.values()
-                   if c.finished is not None and now - c.finished >= self.retention_s]
-        for call_id in expired:
-            del self._calls[call_id]
+def finished(call: StoredCall, http_status: int, body: dict[str, Any], now: datetime) -> StoredCall:
+    status = SUCCEEDED if http_status == 200 else FAILED
+    return replace(call, status=status, finished_at=now, http_status=http_status, body=body)
+
+
+def expired_before(now: datetime, retention_s: float) -> datetime:
+    """Calls that ended at or before this are gone (reads and the sweep agree on it)."""
+    return now - timedelta(seconds=retention_s)
+
+
+def is_expired(call: StoredCall, now: datetime, retention_s: float) -> bool:
+    return call.finished_at is not None and call.finished_at <= expired_before(now, retention_s)
+
+
+def sweep_due(state: SweepState, now: datetime, every_s: float) -> bool:
+    return state.full or state.last_at is None or (now - state.last_at).total_seconds() >= every_s
+
+
+def cut_by_restart() -> tuple[int, dict[str, Any]]:
+    """The answer of a call its control plane did not live to finish: retryable, as a 503.
+    Whether the function ran is unknown, so the client decides whether to call again."""
+    return 503, error_body("the control plane restarted while this call ran and its result was "
+                           "lost; invoke the function again", 503, code=RESTARTED)

@@ -135,6 +135,28 @@ class UsageEvent(Base):
     recovered: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
 
 
+class FunctionCall(Base):
+    """An asynchronous function call (`/invoke?async=true`) until its retention ends
+    (controlplane.function_calls). `body` is the answer's JSON as text, ASCII-escaped, so
+    whatever the function returned is stored as it was (jsonb refuses a \\u0000)."""
+    __tablename__ = "function_calls"
+    __table_args__ = (
+        CheckConstraint("status IN ('running', 'succeeded', 'failed')",
+                        name="ck_function_calls_status"),
+        CheckConstraint("(status = 'running') = (finished_at IS NULL)",
+                        name="ck_function_calls_finished"),
+        Index("ix_function_calls_finished_at", "finished_at"),
+    )
+    id: Mapped[str] = mapped_column(primary_key=True)          # call-<32 hex>
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    deployment_name: Mapped[str]
+    status: Mapped[str]                      # running | succeeded | failed
+    http_status: Mapped[Optional[int]] = mapped_column(Integer)
+    body: Mapped[Optional[str]]
+    created_at: Mapped[datetime]
+    finished_at: Mapped[Optional[datetime]]
+
+
 class ReplicaLifetime(Base):
     """One replica's life, for GPU-second billing: billed from `placed_at` (the first
     event that carried slot ids) to `stopped_at`, or to `last_seen_at` (the latest event

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+    from controlplane.async_calls import AsyncCalls
     from controlplane.deployer import Deployer
-    from controlplane.function_calls import FunctionCalls
     from controlplane.gateway import Gateway
     from controlplane.gateway_functions import FunctionGateway
     from controlplane.lookups import Lookups
@@ -34,7 +34,7 @@ class AppState(Protocol):
     deployer: Deployer
     gateway: Gateway
     functions: FunctionGateway
-    function_calls: FunctionCalls
+    async_calls: AsyncCalls
     uploads: Uploads
     sealer: Sealer
 

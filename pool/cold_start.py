@@ -130,19 +130,19 @@ class ColdStart:
         """pulling, then loading once the runtime process is started.
 
         A backend that pulls on its node gets no local folder; its start_replica
-        pulls there first (the draft model too, under its own pull timeout), so it
-        runs while pulling. Otherwise the pool pulls, and the runtime is given the
-        draft's local folder in place of its URI.
+        pulls there first (the draft model too, under its own pull timeout; a
+        function's venv is built there too, and reported as the handle's env_s), so
+        it runs while pulling. Otherwise the pool pulls (and builds a function's venv),
+        and the runtime is given the draft's local folder in place of its URI.
         """
         slots = self.capacity.slots_for(managed.replica.slot_ids)
         registration = Registration(spec_fingerprint(managed.spec),
                                     managed.placed.bytes_per_slot if managed.placed else None)
         if self.backend.pulls_on_node:
-            if managed.spec.kind == "function":
-                raise ColdStartFailed("function deployments run on the local backend for now")
             await self._refuse_own_credentials(managed.spec.tenant_id, (managed.spec.model_uri, draft_uri))
             managed.handle = await self.backend.start_replica(managed.spec, slots, None, managed.replica_id,
                                                               registration=registration)
+            managed.replica.env_s = managed.handle.env_s     # a function's venv, built on its node
             self.events.move(managed, ReplicaState.LOADING)
             return managed.handle
         model_dir = await self._pull(managed, managed.spec.model_uri)

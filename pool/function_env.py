@@ -3,7 +3,10 @@
 The venv is built (or found, cached by the requirements' hash) by
 `python -m runtime.function_env` in a child process of its own: pip may run a
 dependency's build code, which must never run in the pool's process. The cold
-start times it as its own stage (`ColdStartTimings.env_s`).
+start times it as its own stage (`ColdStartTimings.env_s`). On the local backend
+the pool runs it (`build_env`); on Ray the replica's actor runs the same command
+on its node, under that node's cache (`builder_command`), and the pool reads its
+answer with `built_env`.
 
 Neither the installer nor the function server inherits the pool's environment:
 it holds the platform's S3 keys and database URL. Each gets an allowlist of
@@ -51,23 +54,35 @@ def installer_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {**plain_env(environ), **passed}
 
 
+def builder_command(python: str, package_dir: Path, cache_dir: Path) -> list[str]:
+    """`python -m runtime.function_env` for the package, its venvs kept under the node's
+    cache folder (the pool's on the local backend, the node's own on Ray)."""
+    return [python, "-m", "runtime.function_env", "--package", str(package_dir),
+            "--root", str(Path(cache_dir) / "function-envs")]
+
+
+def builder_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The installer's whole environment: installer_env plus this checkout importable."""
+    return {**installer_env(environ), "PYTHONPATH": str(PROJECT_ROOT)}
+
+
 async def build_env(settings: PoolSettings, package_dir: Path) -> FunctionEnv:
     """The package's venv on this node; ColdStartFailed with the installer's reason."""
     proc = await asyncio.create_subprocess_exec(
-        settings.runtime_python, "-m", "runtime.function_env", "--package", str(package_dir),
-        "--root", str(Path(settings.cache_dir) / "function-envs"),
+        *builder_command(settings.runtime_python, package_dir, settings.cache_dir),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
-        env={**installer_env(os.environ), "PYTHONPATH": str(PROJECT_ROOT)}, start_new_session=True)
+        env=builder_env(os.environ), start_new_session=True)
     try:
         out, err = await proc.communicate()
     except asyncio.CancelledError:              # the stage timed out, or the pool stops
         _kill_group(proc.pid)
         await proc.wait()
         raise
-    return _result(proc.returncode, out, err)
+    return built_env(proc.returncode, out, err)
 
 
-def _result(returncode: int | None, out: bytes, err: bytes) -> FunctionEnv:
+def built_env(returncode: int | None, out: bytes, err: bytes) -> FunctionEnv:
+    """What the installer's exit and output say: its venv, or ColdStartFailed with its reason."""
     try:
         answer = json.loads(out.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -88,8 +103,13 @@ def _kill_group(pid: int) -> None:
 def server_args(python: str, host: str, port: int, package_dir: Path, served_name: str,
                 memory_limit_mb: Optional[int]) -> list[str]:
     """`python -m runtime.function_server` in the function's venv, with its limits."""
-    args = [python, "-m", "runtime.function_server", "--host", host, "--port", str(port),
-            "--package", str(package_dir), "--served-model-name", served_name,
+    return [python, *function_server_args(package_dir, served_name, memory_limit_mb),
+            "--host", host, "--port", str(port)]
+
+
+def function_server_args(package_dir: Path, served_name: str, memory_limit_mb: Optional[int]) -> list[str]:
+    """What follows the venv's interpreter but for --host/--port (a Ray node picks its port)."""
+    args = ["-m", "runtime.function_server", "--package", str(package_dir), "--served-model-name", served_name,
             "--max-open-files", str(MAX_OPEN_FILES)]
     return args + (["--memory-limit-mb", str(memory_limit_mb)] if memory_limit_mb else [])
 
@@ -104,7 +124,7 @@ def memory_limit_mb(gpu_memory_gb: float, slot_count: int, on_cuda: bool) -> Opt
 
 
 def server_env(environ: Mapping[str, str], runtime: Mapping[str, str],
-               cuda_devices: Sequence[int]) -> dict[str, str]:
+               cuda_devices: Sequence[int | str]) -> dict[str, str]:
     """The function server's whole environment: plain variables, the runtime's (its secret,
     PYTHONPATH, threads), and only its own GPUs visible (the handler says "cuda")."""
     env = {**plain_env(environ), **runtime}

@@ -1,24 +1,22 @@
 """Function invocation: POST /v1/functions/{name}/invoke[?async=true], GET /v1/functions/calls/{id}."""
 from __future__ import annotations
 
-import asyncio
-import time
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from controlplane.async_calls import TooManyInFlight
 from controlplane.errors import ApiError, api_error_for
-from controlplane.function_calls import CallStoreFull
 from controlplane.routes.api import OBJECT, ApiRoute, Operation, Param, scope
 from controlplane.routes.context import app_state, read_json, request_id, require
 from pool.api import PoolError
 
-_running: set[asyncio.Task[None]] = set()      # async calls in flight (kept from the GC)
-
 
 async def invoke(request: Request) -> Response:
     """auth → resolve → validate → admit, then the call: now, or in the background with
-    ?async=true (202 and a call id). Every refusal comes before a replica is woken."""
+    ?async=true (202 and a call id, once the call is in Postgres: controlplane.async_calls).
+    Every refusal comes before a replica is woken."""
     state = app_state(request)
     functions, rid = state.functions, request_id(request)
     principal = require(request, "invoke")
@@ -29,30 +27,24 @@ async def invoke(request: Request) -> Response:
     if request.query_params.get("async") not in ("true", "1"):
         answer = await functions.call(principal, target, parsed, rid, admission)
         return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
-    try:
-        stored = state.function_calls.start(principal.tenant_id, target.deployment.name, time.monotonic())
-    except CallStoreFull as exc:
-        raise ApiError(429, str(exc), code="too_many_async_calls", retry_after_s=5) from None
 
-    async def run() -> None:
+    async def run() -> tuple[int, dict[str, Any]]:
         try:
             answer = await functions.call(principal, target, parsed, rid, admission)
-            state.function_calls.finish(stored.id, answer.status, answer.body, time.monotonic())
+            return answer.status, answer.body
         except (ApiError, PoolError) as exc:          # what a sync call would have answered
             refusal = api_error_for(exc)
-            state.function_calls.finish(stored.id, refusal.status, refusal.body(), time.monotonic())
-        except Exception as exc:  # noqa: BLE001 - recorded on the call, which its client reads
-            state.function_calls.finish(stored.id, 500, ApiError(500, repr(exc)).body(), time.monotonic())
-    task = asyncio.ensure_future(run())
-    _running.add(task)
-    task.add_done_callback(_running.discard)
+            return refusal.status, refusal.body()
+    try:      # Postgres down here: the app's database handler answers 503 with Retry-After
+        stored = await state.async_calls.accept(principal.tenant_id, target.deployment.name, run)
+    except TooManyInFlight as exc:
+        raise ApiError(429, str(exc), code="too_many_async_calls", retry_after_s=5) from None
     return JSONResponse(stored.view(), status_code=202)
 
 
 async def get_call(request: Request) -> Response:
     principal = require(request, "invoke")
-    call = app_state(request).function_calls.get(principal.tenant_id, request.path_params["id"],
-                                                 time.monotonic())
+    call = await app_state(request).async_calls.get(principal.tenant_id, request.path_params["id"])
     if call is None:
         raise ApiError(404, f"no function call {request.path_params['id']}", code="call_not_found")
     return JSONResponse(call.view())

@@ -7,6 +7,12 @@ Every row carries its token cost, its GPU-seconds and GPU cost, and `cost`, thei
 the totals are the sum of the rows, so rows add up to totals in every format. GPU time
 is grouped like usage: by UTC day, deployment, model or revision; by API key it is one
 row of its own, `(gpu time)`, since replicas serve every key.
+
+Function calls also report what they used, billed by neither column of cost: `items`
+(inputs carried) and `function_gpu_seconds`, their share of their batches' compute
+(usage_events.gpu_seconds, each call's rounded to the microsecond before the sum, so
+every grouping has the same totals). The GPU time they ran on is already the replica
+lifetimes' `gpu_seconds`, billed once at `gpu_cost`.
 """
 from __future__ import annotations
 
@@ -14,8 +20,8 @@ from dataclasses import dataclass, fields, replace
 from decimal import Decimal
 from typing import Any, Optional
 
-from sqlalchemy import (ColumnElement, Label, RowMapping, Select, SQLColumnExpression, func, literal,
-                        select)
+from sqlalchemy import (ColumnElement, Label, Numeric, RowMapping, Select, SQLColumnExpression, cast,
+                        func, literal, select)
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.lifetimes import GpuUse, Lifetime, Window, gpu_by_key
@@ -26,9 +32,9 @@ from controlplane.store import prices
 __all__ = ["GROUPS", "COLUMNS", "Row", "Window", "report", "usage_rows", "gpu_rows"]
 
 GROUPS = ("day", "deployment", "model", "api_key", "revision")
-SUMS = ("prompt_tokens", "cached_tokens", "completion_tokens")
+SUMS = ("prompt_tokens", "cached_tokens", "completion_tokens", "items")
 COUNTS = ("requests", *SUMS, "partial", "errors")
-COLUMNS = ("key", *COUNTS, "token_cost", "gpu_seconds", "gpu_cost", "cost")
+COLUMNS = ("key", *COUNTS, "function_gpu_seconds", "token_cost", "gpu_seconds", "gpu_cost", "cost")
 GPU_TIME_KEY = "(gpu time)"                 # GPU time in a report by API key
 SECONDS_QUANTUM = Decimal("0.000001")       # lifetimes are stamped to the microsecond
 
@@ -40,8 +46,10 @@ class Row:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    items: int = 0
     partial: int = 0
     errors: int = 0
+    function_gpu_seconds: Decimal = Decimal(0)       # reported, not billed (the docstring)
     token_cost: Decimal = Decimal(0)
     gpu_seconds: Decimal = Decimal(0)
     gpu_cost: Decimal = Decimal(0)
@@ -58,8 +66,8 @@ class Row:
 
     def view(self) -> dict[str, Any]:
         out: dict[str, Any] = {name: getattr(self, name) for name in COUNTS}
-        out.update(token_cost=_money(self.token_cost),
-                   gpu_seconds=f"{self.gpu_seconds.quantize(SECONDS_QUANTUM):f}",
+        out.update(function_gpu_seconds=_seconds(self.function_gpu_seconds),
+                   token_cost=_money(self.token_cost), gpu_seconds=_seconds(self.gpu_seconds),
                    gpu_cost=_money(self.gpu_cost), cost=_money(self.cost))
         return out
 
@@ -85,6 +93,8 @@ def _aggregates() -> list[ColumnElement[Any]]:
             *[func.coalesce(func.sum(getattr(u, name)), 0).label(name) for name in SUMS],
             func.count().filter(u.status == "partial").label("partial"),
             func.count().filter(u.status == "error").label("errors"),
+            func.coalesce(func.sum(func.round(cast(u.gpu_seconds, Numeric), 6)), 0)
+            .label("function_gpu_seconds"),
             func.coalesce(func.sum(u.cost), 0).label("token_cost")]
 
 
@@ -142,8 +152,10 @@ def _usage_row(m: RowMapping) -> Row:
     """SUM(bigint) is NUMERIC in Postgres: counts back to int."""
     return Row(requests=int(m["requests"]), prompt_tokens=int(m["prompt_tokens"]),
                cached_tokens=int(m["cached_tokens"]),
-               completion_tokens=int(m["completion_tokens"]), partial=int(m["partial"]),
-               errors=int(m["errors"]), token_cost=Decimal(m["token_cost"]))
+               completion_tokens=int(m["completion_tokens"]), items=int(m["items"]),
+               partial=int(m["partial"]), errors=int(m["errors"]),
+               function_gpu_seconds=Decimal(m["function_gpu_seconds"]),
+               token_cost=Decimal(m["token_cost"]))
 
 
 def _gpu_label(group_by: str, name: Optional[str], model: Optional[str],
@@ -159,3 +171,7 @@ def _gpu_label(group_by: str, name: Optional[str], model: Optional[str],
 
 def _money(value: Decimal) -> str:
     return f"{Decimal(value).quantize(MONEY_QUANTUM):f}"      # never 0E-15
+
+
+def _seconds(value: Decimal) -> str:
+    return f"{value.quantize(SECONDS_QUANTUM):f}"

@@ -27,6 +27,8 @@ class ReplicaHandle(Protocol):
     """One started replica, as its backend knows it."""
     replica_id: str
     base_url: str                                   # http://HOST:PORT of its runtime.server
+    env_s: float                                    # a function's venv built by start_replica on its node
+                                                    # (0: none, or the pool built it before)
 
     @property
     def headers(self) -> Mapping[str, str]: ...     # every call carries them: the replica's secret

@@ -55,6 +55,7 @@ class LocalReplica:
     process: RuntimeProcess
     warm: bool                       # started from the warm pool (False: direct, or adopted)
     secret: str = field(repr=False)
+    env_s: float = 0.0               # a function's venv is the pool's cold-start stage, not ours
 
     @property
     def headers(self) -> Mapping[str, str]:

@@ -8,6 +8,13 @@ GPUs are reserved together on one node or not at all. The actor starts
 `python -m runtime.server` on its node (backends/ray_actor.py) and reports
 its base_url; the pool then talks to it over HTTP exactly as to a local one.
 
+A function revision (`kind` "function") is the same actor with another child:
+the node pulls the package into its own cache, builds (or finds) the
+package's venv under that cache as the local backend does on its machine
+(pool/function_env.py, timed as the replica's `env_s`), and starts
+`python -m runtime.function_server` with the venv's interpreter, a clean
+environment and the same limits and secret.
+
 A replica is dead when its runtime process exits or its actor dies (ray.kill,
 or its node is lost: Ray fails every actor of a dead node). A watch task per
 replica awaits that and keeps the reason for `exit_reason()`.
@@ -33,10 +40,11 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
                                             PlacementGroupSchedulingStrategy)
 
+from pool import function_env
 from pool.adoption import Registration, ReplicaRecord, record_for
 from pool.api import ColdStartFailed, RevisionSpec
 from pool.backends.base import ReplicaHandle, Survivor
-from pool.backends.ray_actor import ReplicaActor, cache_entries, node_cache_dir
+from pool.backends.ray_actor import Child, ReplicaActor, cache_entries, node_cache_dir
 from pool.backends.runtime_args import (auth_headers, draft_model_uri, engine_flags, engine_for, new_secret,
                                         runtime_env, with_draft_folder)
 from pool.inventory import Slot
@@ -61,6 +69,7 @@ class RayReplica:
     group: Optional[PlacementGroup] = None
     reason: Optional[str] = None
     watch: Optional[asyncio.Task[None]] = field(default=None, repr=False)
+    env_s: float = 0.0             # a function's venv, built on the node by start_replica
 
     @property
     def headers(self) -> Mapping[str, str]:
@@ -76,10 +85,7 @@ class RayReplica:
         """Stop the runtime process, then the actor, then free its placement group."""
         if self.reason is None:
             self.reason = "stopped"
-        try:
-            await ref_result(self.actor.stop.remote(timeout_s), 2 * timeout_s + 5)
-        except (RayError, asyncio.TimeoutError):
-            pass                       # the actor is gone already or stuck: kill it anyway
+        await stop_children(self.actor, timeout_s)
         release(self.actor, self.group)
         if self.watch is not None:
             self.watch.cancel()
@@ -179,15 +185,45 @@ class RayBackend:
         local = str(model_dir) if model_dir is not None else None
         folder = await self._await(actor.model_folder.remote(local, spec.model_uri, s),
                                    s.pull_timeout_s, "placing the replica or pulling its weights")
-        engine = await self._pull_draft(actor, engine_for(spec, slots, s.kv_cache_tokens_default, isolated=True))
-        args = ["-m", "runtime.server", "--model", folder, "--served-model-name", spec.revision_id,
-                *engine_flags(engine)]
+        if spec.kind == "function":
+            child, env_s = await self._function_child(actor, spec, slots, folder)
+        else:
+            child, env_s = await self._model_child(actor, spec, slots, folder), 0.0
         secret = new_secret()          # in the child's environment, passed as an argument of the call
-        launch = actor.launch.remote(args, runtime_env(s.runtime_threads, secret), self.bind_host, None)
+        launch = actor.launch.remote(child, runtime_env(s.runtime_threads, secret), self.bind_host, None)
         where = await self._await(launch, s.load_timeout_s, "starting the runtime")
         await self._note_cache(actor, where["node_id"])
         return RayReplica(replica_id, where["base_url"], where["node_id"], tuple(where["gpu_ids"]),
-                          where["child_pid"], actor, secret, group)
+                          where["child_pid"], actor, secret, group, env_s=env_s)
+
+    async def _model_child(self, actor: Any, spec: RevisionSpec, slots: Sequence[Slot], folder: str) -> Child:
+        """runtime.server on the node's interpreter, with the engine the slots imply."""
+        engine = engine_for(spec, slots, self.settings.kv_cache_tokens_default, isolated=True)
+        engine = await self._pull_draft(actor, engine)
+        return Child(("-m", "runtime.server", "--model", folder, "--served-model-name", spec.revision_id,
+                      *engine_flags(engine)))
+
+    async def _function_child(self, actor: Any, spec: RevisionSpec, slots: Sequence[Slot],
+                              package_dir: str) -> tuple[Child, float]:
+        """runtime.function_server in the package's venv on the node, with the local backend's
+        limits and clean environment; and the seconds the venv took."""
+        env = await self._function_env(actor, package_dir)
+        on_cuda = any(slot.kind == "cuda" for slot in slots)
+        limit = function_env.memory_limit_mb(spec.gpu_memory_gb, len(slots), on_cuda=on_cuda)
+        args = function_env.function_server_args(Path(package_dir), spec.revision_id, limit)
+        return Child(tuple(args), python=env.python, clean_env=True), env.seconds
+
+    async def _function_env(self, actor: Any, package_dir: str) -> function_env.FunctionEnv:
+        """The package's venv on the actor's node, built or found in its cache (the same stage
+        and timeout as the local backend's). A build cut short is stopped there first: pip's
+        own children would outlive the actor."""
+        try:
+            answer = await self._await(actor.function_env.remote(package_dir, str(self.settings.cache_dir)),
+                                       self.settings.pull_timeout_s, "building the function's environment")
+        except BaseException:
+            await stop_children(actor, self.settings.stop_timeout_s)
+            raise
+        return function_env.built_env(*answer)
 
     async def _remember(self, handle: RayReplica, spec: RevisionSpec, slots: Sequence[Slot],
                         registration: Optional[Registration]) -> None:
@@ -358,6 +394,14 @@ async def wait_for_end(actor: Any, node_id: str, retry_s: float = 0.5) -> str:
 async def ref_result(ref: Any, timeout_s: Optional[float]) -> Any:
     """Await a Ray ObjectRef on this event loop, with an optional timeout."""
     return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
+
+
+async def stop_children(actor: Any, timeout_s: float) -> None:
+    """Ask the actor to stop its children (SIGTERM, SIGKILL after timeout_s)."""
+    try:
+        await ref_result(actor.stop.remote(timeout_s), 2 * timeout_s + 5)
+    except (RayError, asyncio.TimeoutError):
+        pass                           # the actor is gone already or stuck: the caller kills it anyway
 
 
 def group_by_id(hex_id: Optional[str]) -> Optional[PlacementGroup]:

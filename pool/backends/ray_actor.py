@@ -2,7 +2,11 @@
 
 `ReplicaActor` is a plain class; backends/ray.py turns it into a Ray actor
 that holds the replica's GPUs (Ray sets CUDA_VISIBLE_DEVICES for it) and
-starts `python -m runtime.server` as its child on the same node. The child
+starts the replica's process as its child on the same node (`Child`):
+`python -m runtime.server` with the node's interpreter, or for a function
+`python -m runtime.function_server` with the interpreter of the package's
+venv, which the actor builds first (`function_env`, under the node's own
+cache folder) and with a clean environment (pool/function_env.py). The child
 gets PR_SET_PDEATHSIG, so when the actor dies (ray.kill, node lost) the
 runtime process dies with it and never holds a GPU Ray thinks is free. The
 actor keeps its replica's record (`remember`), which the next pool reads
@@ -20,15 +24,41 @@ import signal
 import subprocess
 import sys
 from contextlib import AsyncExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional
 
+from pool import function_env
+from pool.model_info import FUNCTION_MANIFEST
 from pool.processes import free_port
 from pool.settings import PoolSettings
 
 PR_SET_PDEATHSIG = 1
 NODE_CACHE_ENV = "THAWPOOL_CACHE_DIR"      # a node's own cache folder, set where its raylet starts
 NODE_BUDGET_ENV = "THAWPOOL_CACHE_DISK_BUDGET_GB"   # and its own disk budget for that cache
+FOLDER_MARKERS = ("config.json", FUNCTION_MANIFEST)  # a model folder, or a function package
+
+
+@dataclass(frozen=True)
+class Child:
+    """The process an actor starts, less --host and --port (it picks the port on its node).
+
+    python None: the node's own interpreter (the pool's path may not exist there).
+    clean_env: the child gets only plain variables, what the pool adds and the actor's
+    GPUs (a function: the node's environment is not the tenant's to read); otherwise it
+    inherits the actor's environment, Ray's CUDA_VISIBLE_DEVICES included.
+    """
+    args: tuple[str, ...]
+    python: Optional[str] = None
+    clean_env: bool = False
+
+
+def child_environ(child: Child, environ: Mapping[str, str], added: Mapping[str, str]) -> dict[str, str]:
+    """The child's whole environment, from the actor's (environ) and the pool's (added)."""
+    if not child.clean_env:
+        return {**environ, **added}
+    visible = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    return function_env.server_env(environ, added, visible)
 
 
 def die_with_parent() -> None:
@@ -60,12 +90,13 @@ def cache_entries(cache_dir: Path) -> list[str]:
 
 
 class ReplicaActor:
-    """One runtime.server child on this node; methods are called from the pool's process."""
+    """One runtime child on this node; methods are called from the pool's process."""
 
     def __init__(self, replica_id: str, log_dir: str):
         self.replica_id = replica_id
         self.log_path = Path(log_dir) / f"replica-{replica_id}.log"
         self.process: Optional[subprocess.Popen[bytes]] = None
+        self.installer: Optional[subprocess.Popen[bytes]] = None   # a function's venv build
         self.where: dict[str, Any] = {}          # what launch() answered
         self.record: Optional[dict[str, Any]] = None   # pool.adoption.ReplicaRecord.to_json()
 
@@ -82,29 +113,42 @@ class ReplicaActor:
     # -- weights -----------------------------------------------------------
 
     def model_folder(self, model_dir: Optional[str], model_uri: str, settings: PoolSettings) -> str:
-        """model_dir when given and readable on this node, else the model pulled into
-        this node's cache (settings carry the S3 endpoint and credentials, if any)."""
-        if model_dir and (Path(model_dir) / "config.json").is_file():
+        """model_dir when given and readable on this node, else the model (or function
+        package) pulled into this node's cache (settings carry the S3 endpoint and
+        credentials, if any)."""
+        if model_dir and any((Path(model_dir) / marker).is_file() for marker in FOLDER_MARKERS):
             return model_dir
         return asyncio.run(pull_model(model_uri, node_settings(settings)))
 
     def cached(self, default_cache_dir: str) -> list[str]:
         return cache_entries(node_cache_dir(Path(default_cache_dir)))
 
+    # -- a function's venv -------------------------------------------------
+
+    def function_env(self, package_dir: str, default_cache_dir: str) -> tuple[Optional[int], bytes, bytes]:
+        """Build (or find) the package's venv under this node's cache with this node's
+        interpreter, in a child of its own session: pip may run a dependency's build code,
+        never in the actor. Answers the installer's exit code and output, which the pool
+        reads (pool.function_env.built_env); stop() ends a build still running."""
+        command = function_env.builder_command(sys.executable, Path(package_dir),
+                                               node_cache_dir(Path(default_cache_dir)))
+        self.installer = subprocess.Popen(
+            command, env=function_env.builder_env(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+        out, err = self.installer.communicate()
+        return self.installer.returncode, out, err
+
     # -- the runtime process -----------------------------------------------
 
-    def launch(self, args: Sequence[str], env: Mapping[str, str], bind_host: str,
+    def launch(self, child: Child, env: Mapping[str, str], bind_host: str,
                advertise_host: Optional[str]) -> dict[str, Any]:
-        """Start `<this node's python> args --host --port`; returns the base_url and where it runs.
-
-        The node's own interpreter, not the pool's path: on a cluster they differ.
-        """
+        """Start `<python> args --host --port`; returns the base_url and where it runs."""
         port = free_port(bind_host)
-        child_env = {**os.environ, **env}       # keeps Ray's CUDA_VISIBLE_DEVICES
+        command = [child.python or sys.executable, *child.args, "--host", bind_host, "--port", str(port)]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, *args, "--host", bind_host, "--port", str(port)], env=child_env,
+                command, env=child_environ(child, os.environ, env),
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, preexec_fn=die_with_parent)
         where = self.node()
@@ -144,17 +188,24 @@ class ReplicaActor:
             return ""
 
     def stop(self, timeout_s: float) -> Optional[int]:
-        """SIGTERM to the child's process group, SIGKILL after timeout_s."""
-        if self.process is None or self.process.poll() is not None:
-            return self.returncode()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                break
-            if wait_quietly(self.process, timeout_s):
-                break
+        """Stop the installer (if still building) and the runtime process."""
+        for child in (self.installer, self.process):
+            if child is not None:
+                stop_group(child, timeout_s)
         return self.returncode()
+
+
+def stop_group(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM to the child's process group, SIGKILL after timeout_s."""
+    if process.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        if wait_quietly(process, timeout_s):
+            break
 
 
 def wait_quietly(process: subprocess.Popen[bytes], timeout_s: float) -> bool:

@@ -1,7 +1,10 @@
 """Billing reports over [from, to) in UTC: rows, totals (token cost, GPU cost, their sum)
-that add up in JSON and CSV, GPU time grouped like usage, tenant scope."""
+that add up in JSON and CSV, GPU time grouped like usage, function calls' items and GPU
+seconds reported but not billed, tenant scope, and `thawpool usage` over the report."""
+import asyncio
 import csv
 import io
+import re
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
@@ -22,6 +25,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 UTC = timezone.utc
 DAY1 = datetime(2026, 3, 1, tzinfo=UTC)
 WINDOW = {"from": "2026-03-01T00:00:00Z", "to": "2026-03-03T00:00:00Z"}
+FUNCTION = dict(deployment_name="fn", model="s3://m/fn/", prompt_tokens=0, completion_tokens=0)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -33,7 +37,9 @@ async def plane(db_url, s3_server, tmp_path_factory):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def billed(plane):
-    """Tenant A with usage on two days, two deployments and two keys; tenant B with one row."""
+    """Tenant A with usage on two days, two deployments and two keys, and two calls of its
+    function "fn" (one per day; 0.0004123456 GPU seconds is reported as 0.000412); tenant
+    B with one row."""
     key_a = await plane.tenant_key("bill-a")
     key_b = await plane.tenant_key("bill-b")
     async with plane.app.state.sessions() as session:
@@ -54,6 +60,12 @@ async def billed(plane):
                     cost=Decimal("2"), prompt_tokens=100, cached_tokens=40, status="partial"),
         make_record(tenant_id=a, started_at=DAY1 + timedelta(days=2), cost=Decimal(99)),  # at `to`: out
         make_record(tenant_id=a, started_at=DAY1 - timedelta(microseconds=1), cost=Decimal(99)),
+        make_record(tenant_id=a, started_at=DAY1 + timedelta(hours=2), cost=Decimal("0.0002"),
+                    api_key_id=key_id, items=3, gpu_seconds=0.0004123456, **FUNCTION),
+        make_record(tenant_id=a, started_at=DAY1 + timedelta(days=1, hours=2),
+                    cost=Decimal("0.0002"), items=2, gpu_seconds=0.25, **FUNCTION),
+        make_record(tenant_id=a, started_at=DAY1 + timedelta(days=2), cost=Decimal(99),
+                    items=100, gpu_seconds=99.0, **FUNCTION),                  # at `to`: out
         make_record(tenant_id=b, started_at=DAY1 + timedelta(hours=1), cost=Decimal(7)),
     ]
     await insert_usage(plane.app.state.db_engine, records)
@@ -95,10 +107,10 @@ async def gpu_time(plane, billed, model_uri):
             "cost": 600 * Decimal("0.01") + 600 * Decimal("0.02") + 1800 * Decimal("0.02")}
 
 
-TOKEN_COST_A = Decimal("3.583333333333334")
-NUMBERS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "partial",
+TOKEN_COST_A = Decimal("3.583733333333334")
+NUMBERS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "items", "partial",
            "errors")
-MONEY = ("token_cost", "gpu_seconds", "gpu_cost", "cost")
+MONEY = ("function_gpu_seconds", "token_cost", "gpu_seconds", "gpu_cost", "cost")
 
 
 def assert_rows_add_up(rows, totals):
@@ -118,7 +130,8 @@ async def test_totals_are_the_sum_of_the_rows_in_json_and_csv(plane, billed, gpu
     params = {**WINDOW, "group_by": group_by}
     report = (await client.get("/v1/billing/report", params=params)).json()
     totals = report["totals"]
-    assert totals["requests"] == 4 and totals["partial"] == 1 and totals["cached_tokens"] == 40
+    assert totals["requests"] == 6 and totals["partial"] == 1 and totals["cached_tokens"] == 40
+    assert totals["items"] == 5 and totals["function_gpu_seconds"] == "0.250412"
     assert Decimal(totals["token_cost"]) == TOKEN_COST_A
     assert Decimal(totals["gpu_seconds"]) == gpu_time["seconds"]
     assert Decimal(totals["gpu_cost"]) == gpu_time["cost"]
@@ -151,20 +164,61 @@ async def test_gpu_time_is_grouped_like_usage(plane, billed, gpu_time):
     assert await rows("api_key") == {"(gpu time)": (3000, Decimal(54))}
 
 
+async def test_function_calls_report_items_and_gpu_seconds_that_are_not_billed(plane, billed,
+                                                                              gpu_time):
+    """A call's `gpu_seconds` is its share of compute on a replica whose held time is
+    already `gpu_seconds` at `gpu_cost`: reported apart, never priced again."""
+    client = plane.client(billed["key_a"])
+
+    async def rows(group_by):
+        report = (await client.get("/v1/billing/report",
+                                   params={**WINDOW, "group_by": group_by})).json()
+        return {r["key"]: (r["items"], r["function_gpu_seconds"], r["gpu_cost"], r["cost"])
+                for r in report["rows"] if r["items"]}
+
+    assert await rows("deployment") == {
+        "fn": (5, "0.250412", "0.000000000000000", "0.000400000000000")}
+    for group_by, expected in [("day", {"2026-03-01": (3, "0.000412"), "2026-03-02": (2, "0.250000")}),
+                               ("api_key", {billed["prefix_a"]: (3, "0.000412"), "(none)": (2, "0.250000")}),
+                               ("revision", {"fn/r1": (5, "0.250412")})]:
+        assert {k: v[:2] for k, v in (await rows(group_by)).items()} == expected, group_by
+
+
+async def test_thawpool_usage_shows_items_and_function_gpu_seconds(plane, billed, gpu_time,
+                                                                   capsys, monkeypatch):
+    from controlplane.cli import main
+
+    monkeypatch.setenv("COLUMNS", "400")                  # the whole table on one line a row
+    argv = ["usage", "--url", plane.base_url, "--key", billed["key_a"], "--group-by",
+            "deployment", "--from", WINDOW["from"], "--to", WINDOW["to"]]
+    assert await asyncio.to_thread(main, argv) == 0
+    table = [[cell.strip() for cell in re.split("[│┃]", line)[1:-1]]
+             for line in capsys.readouterr().out.splitlines()]
+    header = next(cells for cells in table if "fn GPU s" in cells)
+    total = dict(zip(header, next(cells for cells in table if cells and cells[0] == "TOTAL")))
+    assert (total["items"], total["fn GPU s"]) == ("5", "0.250412"), table
+    assert await asyncio.to_thread(main, [*argv, "--csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert (rows[-1]["key"], rows[-1]["items"], rows[-1]["function_gpu_seconds"]) == (
+        "TOTAL", "5", "0.250412")
+
+
 async def test_rows_are_grouped_in_utc(plane, billed, gpu_time):
     client = plane.client(billed["key_a"])
     days = (await client.get("/v1/billing/report", params={**WINDOW, "group_by": "day"})).json()
-    assert [(r["key"], r["requests"]) for r in days["rows"]] == [("2026-03-01", 3),
-                                                                 ("2026-03-02", 1)]
+    assert [(r["key"], r["requests"]) for r in days["rows"]] == [("2026-03-01", 4),
+                                                                 ("2026-03-02", 2)]
     deployments = (await client.get("/v1/billing/report",
                                     params={**WINDOW, "group_by": "deployment"})).json()
     assert {r["key"]: r["token_cost"] for r in deployments["rows"]} == {
-        "chat": "2.333333333333334", "embed": "1.250000000000000", "gpu": "0.000000000000000"}
+        "chat": "2.333333333333334", "embed": "1.250000000000000", "fn": "0.000400000000000",
+        "gpu": "0.000000000000000"}
     keys = (await client.get("/v1/billing/report", params={**WINDOW, "group_by": "api_key"})).json()
     assert {r["key"] for r in keys["rows"]} == {billed["prefix_a"], "(none)", "(gpu time)"}
     revisions = (await client.get("/v1/billing/report",
                                   params={**WINDOW, "group_by": "revision"})).json()
-    assert {r["key"] for r in revisions["rows"]} == {"chat/r1", "chat/r2", "embed/r1", "gpu/r1"}
+    assert {r["key"] for r in revisions["rows"]} == {"chat/r1", "chat/r2", "embed/r1", "fn/r1",
+                                                     "gpu/r1"}
 
 
 async def test_a_tenant_sees_only_its_own_usage(plane, billed):
@@ -176,7 +230,7 @@ async def test_a_tenant_sees_only_its_own_usage(plane, billed):
     assert refused.status_code == 403
     as_admin = (await plane.admin.get("/v1/billing/report",
                                       params={**WINDOW, "tenant": "bill-a"})).json()
-    assert as_admin["tenant_id"] == billed["a"] and as_admin["totals"]["requests"] == 4
+    assert as_admin["tenant_id"] == billed["a"] and as_admin["totals"]["requests"] == 6
 
 
 @pytest.mark.parametrize("params", [{"group_by": "week"}, {"format": "xml"},

@@ -4,6 +4,7 @@ import asyncio
 from datetime import datetime, timedelta, timezone
 
 import asyncpg
+import pytest
 from alembic import command
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
@@ -13,7 +14,7 @@ from tests.controlplane.conftest import create_database, drop_database
 
 TABLES = {"tenants", "api_keys", "deployments", "revisions", "usage_events",
           "replica_lifetimes", "model_sources", "prices", "tenant_quotas", "model_uploads",
-          "alembic_version"}
+          "function_calls", "alembic_version"}
 T0 = datetime(2026, 5, 1, tzinfo=timezone.utc)
 IDS = ("'00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-000000000002', "
        "'00000000-0000-0000-0000-000000000003'")
@@ -74,6 +75,31 @@ async def test_0004_keeps_the_bill_of_older_lifetimes_and_goes_down_again(pg_ser
             await asyncio.to_thread(command.downgrade, alembic_config(url), "0003")
             assert await conn.fetchval("SELECT version_num FROM alembic_version") == "0003"
             await asyncio.to_thread(migrate, url)
+        finally:
+            await conn.close()
+    finally:
+        await drop_database(pg_server, url)
+
+
+async def test_0009_function_calls_hold_their_invariant_and_go_down_again(pg_server):
+    """A call is running exactly while it has no end; 0008 has no such table."""
+    url = await create_database(pg_server)
+    try:
+        await migrate_async(url)
+        conn = await asyncpg.connect(libpq(url))
+        try:
+            tenant = await conn.fetchval("INSERT INTO tenants (id, name, created_at) VALUES "
+                                         "(gen_random_uuid(), 't', now()) RETURNING id")
+            insert = ("INSERT INTO function_calls (id, tenant_id, deployment_name, status, "
+                      "created_at, finished_at) VALUES ($1, $2, 'f', $3, now(), $4)")
+            await conn.execute(insert, "call-ok", tenant, "succeeded", T0)
+            for status, finished in [("succeeded", None), ("running", T0), ("lost", T0)]:
+                with pytest.raises(asyncpg.CheckViolationError):
+                    await conn.execute(insert, f"call-{status}", tenant, status, finished)
+            await asyncio.to_thread(command.downgrade, alembic_config(url), "0008")
+            assert await conn.fetchval("SELECT to_regclass('function_calls')") is None
+            await asyncio.to_thread(migrate, url)
+            assert await conn.fetchval("SELECT count(*) FROM function_calls") == 0
         finally:
             await conn.close()
     finally:

@@ -2,6 +2,7 @@
 holds keeps working (keys, deployments, prices, quotas), usage waits in the outbox and
 lands when Postgres is back; what memory cannot answer is 503 with Retry-After, never 500."""
 import json
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -10,9 +11,11 @@ from sqlalchemy import select
 from controlplane.models import UsageEvent
 from controlplane.store.desired_state import PostgresDesiredState
 from tests.controlplane.conftest import make_settings, running_control_plane
+from tests.functions.test_function_deploy import upload
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
+PROBE = Path(__file__).resolve().parents[1] / "functions" / "packages" / "probe"
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
         "ignore_eos": True}
 
@@ -76,3 +79,25 @@ async def _usage(plane, *request_ids):
         rows = list(await session.scalars(select(UsageEvent).where(
             UsageEvent.request_id.in_(request_ids))))
     return rows if len(rows) == len(request_ids) else None
+
+
+async def test_an_async_function_call_is_refused_503_while_postgres_is_down(plane, own_pg, s3_server,
+                                                                           models_bucket):
+    """The call's row must be committed before its 202: without Postgres there is no 202."""
+    key = await plane.tenant_key("steady-fn")
+    client = plane.client(key)
+    created = await client.post("/v1/deployments", json={
+        "name": "probe", "kind": "function",
+        "model_uri": upload(PROBE, s3_server, models_bucket, "steady-fn/probe")})
+    assert created.status_code == 201, created.text
+    own_pg.stop()
+    try:
+        for refused in [await client.post("/v1/functions/probe/invoke", params={"async": "true"},
+                                          json={"input": {"echo": 1}}),
+                        await client.get("/v1/functions/calls/call-" + "0" * 32)]:
+            assert refused.status_code == 503, refused.text
+            assert int(refused.headers["retry-after"]) >= 1
+            assert refused.json()["error"]["code"] == "database_unavailable"
+    finally:
+        own_pg.start()
+    assert plane.app.state.async_calls.in_flight == 0, "nothing runs for a call that was refused"

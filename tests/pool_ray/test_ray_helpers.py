@@ -54,3 +54,43 @@ def test_a_node_pulls_into_its_own_cache_with_its_own_budget(tmp_path, monkeypat
     monkeypatch.setenv("THAWPOOL_CACHE_DIR", str(tmp_path / "node"))
     monkeypatch.setenv("THAWPOOL_CACHE_DISK_BUDGET_GB", "12.5")
     assert (node_settings(pool).cache_dir, node_settings(pool).cache_disk_budget_gb) == (tmp_path / "node", 12.5)
+
+
+def test_a_function_child_sees_only_plain_variables_the_pools_and_the_actors_gpus():
+    from pool.backends.ray_actor import Child, child_environ
+
+    actor = {"PATH": "/bin", "HOME": "/h", "CUDA_VISIBLE_DEVICES": "3", "THAWPOOL_CACHE_DIR": "/node",
+             "RAY_ADDRESS": "127.0.0.1:1", "AWS_SECRET_ACCESS_KEY": "s"}
+    added = {"THAWPOOL_REPLICA_SECRET": "r", "PYTHONPATH": "/src"}
+    function = Child(("-m", "runtime.function_server"), python="/venv/bin/python", clean_env=True)
+    assert child_environ(function, actor, added) == {"PATH": "/bin", "HOME": "/h", "CUDA_VISIBLE_DEVICES": "3",
+                                                     "THAWPOOL_REPLICA_SECRET": "r", "PYTHONPATH": "/src"}
+    assert "CUDA_VISIBLE_DEVICES" not in child_environ(function, {"PATH": "/bin"}, added)
+    assert child_environ(Child(("-m", "runtime.server")), actor, added) == {**actor, **added}
+
+
+def test_the_installers_answer_is_the_venv_or_its_reason(tmp_path):
+    import pytest
+
+    from pool.api import ColdStartFailed
+    from pool.function_env import FunctionEnv, builder_command, built_env
+
+    root = builder_command("/py", tmp_path / "pkg", tmp_path / "node")[-2:]
+    assert root == ["--root", str(tmp_path / "node" / "function-envs")]      # the node's own cache
+    ok = b'{"python": "/e/bin/python", "cached": true, "seconds": 0.25}\n'
+    assert built_env(0, ok, b"") == FunctionEnv("/e/bin/python", True, 0.25)
+    with pytest.raises(ColdStartFailed, match="failed: installing requirements failed"):
+        built_env(1, b'{"error": "installing requirements failed (1): no tinydep"}\n', b"")
+    with pytest.raises(ColdStartFailed, match=r"failed \(-9\): Killed"):
+        built_env(-9, b"", b"Killed")
+
+
+def test_a_function_server_gets_the_same_arguments_on_ray_as_locally(tmp_path):
+    from pool.function_env import function_server_args, server_args
+
+    ray_args = function_server_args(tmp_path, "rev-1", None)
+    assert server_args("/venv/bin/python", "127.0.0.1", 9, tmp_path, "rev-1", None) == [
+        "/venv/bin/python", *ray_args, "--host", "127.0.0.1", "--port", "9"]
+    assert ray_args == ["-m", "runtime.function_server", "--package", str(tmp_path), "--served-model-name",
+                        "rev-1", "--max-open-files", "4096"]
+    assert function_server_args(tmp_path, "rev-1", 3328)[-2:] == ["--memory-limit-mb", "3328"]

@@ -68,6 +68,7 @@ class StaticPool:
     refreshes: int = 0
     hold: Optional[asyncio.Event] = None  # acquire() waits for it when set (a cold start)
     waiting: int = 0                      # acquire() calls waiting on `hold` now
+    lease_headers: Mapping[str, str] = field(default_factory=dict)   # e.g. a function server's secret
 
     def __post_init__(self) -> None:
         self._next = itertools.cycle(range(len(self.base_urls)))
@@ -115,7 +116,7 @@ class StaticPool:
             raise self.refuse_with
         index = next(self._next)
         lease = StaticLease(self.base_urls[index], f"static-{index}", spec.revision_id,
-                            queue_s=0.001, cold_start=self.cold_start)
+                            queue_s=0.001, cold_start=self.cold_start, headers=self.lease_headers)
         self.calls.append(Acquired(spec, request_id, prefix_key, prompt_tokens, timeout_s, lease))
         return lease
 
