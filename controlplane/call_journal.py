@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -33,7 +32,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Optional
 
-from controlplane.outbox import frame, unframe
+from controlplane.outbox import frame, leftover_segments, open_segment, unframe
 from controlplane.pricing import PRICE_FIELDS, Pricing, invocation_cost
 from controlplane.usage import UsageRecord
 
@@ -80,9 +79,9 @@ class CallJournal:
     def open(self, record: UsageRecord, pricing: Pricing) -> None:
         if self._fd is not None and self._written >= self.segment_bytes:
             self._roll()
-        prices = {name: str(getattr(pricing, name)) for name in PRICE_FIELDS}
-        payload = json.dumps({"open": json.loads(record.to_json()), "pricing": prices},
-                             separators=(",", ":")).encode()
+        prices = json.dumps({name: str(getattr(pricing, name)) for name in PRICE_FIELDS},
+                            separators=(",", ":"))
+        payload = f'{{"open":{record.to_json()},"pricing":{prices}}}'.encode()   # no re-parse per call
         if self._write(payload) and self._path is not None:
             self._opened_in[record.invocation_id] = self._path
             self._live[self._path] += 1
@@ -109,9 +108,7 @@ class CallJournal:
         """Never raises: a journal that cannot be written only loses the crash guarantee."""
         try:
             if self._fd is None:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                self._path = self.directory / f"calls-journal-{time.time_ns()}.log"
-                self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                self._path, self._fd = open_segment(self.directory, self.PATTERN)
                 self._written = 0
             line = frame(payload)
             os.write(self._fd, line)
@@ -153,8 +150,7 @@ class CallJournal:
 
     def leftovers(self) -> list[Path]:
         """Segments an earlier process left (not this one's)."""
-        own = {self._path, *self._rolled}
-        return sorted(p for p in self.directory.glob(self.PATTERN) if p not in own)
+        return leftover_segments(self.directory, self.PATTERN, {self._path, *self._rolled})
 
 
 def recover(segments: list[Path]) -> tuple[list[UsageRecord], int]:

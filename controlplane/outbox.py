@@ -147,9 +147,7 @@ class Journal:
         """Never raises: a journal that cannot be written leaves the event in memory only."""
         try:
             if self._fd is None:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                self._open = self.directory / f"usage-journal-{time.time_ns()}.log"
-                self._fd = os.open(self._open, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                self._open, self._fd = open_segment(self.directory, self.PATTERN)
             os.write(self._fd, frame(record.to_json().encode()))
         except OSError as exc:
             log.warning("usage journal not written: a killed process would lose this event",
@@ -170,8 +168,7 @@ class Journal:
 
     def leftovers(self) -> list[Path]:
         """Segments an earlier process left (not this one's)."""
-        own = {self._open, *self._sealed}
-        return sorted(p for p in self.directory.glob(self.PATTERN) if p not in own)
+        return leftover_segments(self.directory, self.PATTERN, {self._open, *self._sealed})
 
     @staticmethod
     def read(segments: list[Path]) -> Batch:
@@ -208,6 +205,18 @@ class DeadLetters:
                                          separators=(",", ":")).encode()) for entry in entries)
         with self._lock:
             _append(self.path, data)
+
+
+def open_segment(directory: Path, pattern: str) -> tuple[Path, int]:
+    """A new journal segment named by `pattern` (its `*` a timestamp), open for appends."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / pattern.replace("*", str(time.time_ns()))
+    return path, os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+
+def leftover_segments(directory: Path, pattern: str, own: set[Optional[Path]]) -> list[Path]:
+    """Segments matching `pattern` an earlier process left, oldest first."""
+    return sorted(p for p in directory.glob(pattern) if p not in own)
 
 
 def _parse_into(batch: Batch, line: bytes) -> None:
