@@ -5,7 +5,6 @@ import contextlib
 import logging
 from typing import AsyncIterator, Callable, Optional
 
-import httpx
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
@@ -32,6 +31,7 @@ from controlplane.state import AppState, state_of
 from controlplane.store.desired_state import PostgresDesiredState, PostgresReplicaEvents
 from controlplane.store.prices import seed_default
 from controlplane.uploads import S3Client, UploadConfig, Uploads, open_s3_client
+from controlplane.upstream import Upstream
 from pool.api import Pool
 from wire.request_id import RequestIdMiddleware
 
@@ -74,9 +74,7 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
                                  dead_letters=DeadLetters(settings.dead_letter_path))
             await writer.start()
             stack.push_async_callback(writer.stop)
-            http = await stack.enter_async_context(httpx.AsyncClient(
-                timeout=httpx.Timeout(settings.upstream_timeout_s, connect=5.0),
-                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)))
+            http = await stack.enter_async_context(Upstream(read_timeout_s=settings.upstream_timeout_s))
             s3 = await open_s3_client(stack, settings.s3_endpoint, settings.aws_region,
                                       settings.aws_access_key_id, settings.aws_secret_access_key)
             sealer = load_sealer(settings.secrets_key, settings.data_dir)
@@ -113,7 +111,7 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
     return app
 
 
-def _workers(state: AppState, s3: S3Client, http: httpx.AsyncClient) -> None:
+def _workers(state: AppState, s3: S3Client, http: Upstream) -> None:
     """The deployer, uploads and gateway over what the lifespan opened."""
     settings, sessions = state.settings, state.sessions
     state.deployer = Deployer(sessions, state.pool, models_bucket=settings.models_bucket,

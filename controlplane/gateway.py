@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, AsyncGenerator, Callable, Optional
 
-import httpx
 from starlette.responses import JSONResponse, Response
 
 from controlplane.call_journal import CUT_HTTP_STATUS, Delivered
@@ -35,6 +34,7 @@ from controlplane.settings import Settings
 from controlplane.store import deployments
 from controlplane.store.tenants import Principal
 from controlplane.traffic import choose
+from controlplane.upstream import Upstream, UpstreamError, UpstreamResponse
 from controlplane.usage import UsageRecord
 from pool.api import Lease, Pool
 from wire.disconnect import Receive, until_disconnect
@@ -101,7 +101,7 @@ class Call:
 
 
 class Gateway:
-    def __init__(self, *, lookups: Lookups, pool: Pool, http: httpx.AsyncClient,
+    def __init__(self, *, lookups: Lookups, pool: Pool, http: Upstream,
                  writer: UsageWriter, metrics: Metrics, settings: Settings,
                  limiter: Optional[RateLimiter] = None,
                  clock: Callable[[], float] = time.monotonic):
@@ -197,29 +197,27 @@ class Gateway:
             raise
         return lease, t0
 
-    async def send(self, call: Call, body: dict[str, Any]) -> httpx.Response:
+    async def send(self, call: Call, body: dict[str, Any]) -> UpstreamResponse:
         """The request to the replica, its response still streaming; 502 if unreachable."""
         try:
-            return await self.http.send(self.http.build_request(
-                "POST", f"{call.lease.base_url.rstrip('/')}/v1/{call.endpoint}",
-                json=upstream_body(body), headers={**call.lease.headers, "x-request-id": call.request_id}),
-                stream=True)
-        except httpx.HTTPError as exc:
+            return await self.http.post(
+                f"{call.lease.base_url.rstrip('/')}/v1/{call.endpoint}", upstream_body(body),
+                {**call.lease.headers, "x-request-id": call.request_id})
+        except UpstreamError as exc:
             call.lease.mark_failed()
             await self.meter(call, Outcome("error", 502))
-            raise ApiError(502, f"replica unreachable: {type(exc).__name__}",
+            raise ApiError(502, f"replica unreachable: {exc.kind}",
                            code="replica_unreachable", retry_after_s=1) from None
 
-    async def relay_unary(self, call: Call, upstream: httpx.Response,
+    async def relay_unary(self, call: Call, upstream: UpstreamResponse,
                           receive: Receive) -> tuple[Response, Outcome]:
         """The replica's whole answer for the client; 499 (billed as partial) if the client
         left first; 502 (an `error` row, nothing delivered) if the replica failed: a 5xx,
         or an answer that broke off."""
         try:
             raw = await until_disconnect(receive, upstream.aread())
-        except httpx.HTTPError as exc:
-            return self._upstream_failed(call, f"the replica's answer broke off "
-                                               f"({type(exc).__name__})")
+        except UpstreamError as exc:
+            return self._upstream_failed(call, f"the replica's answer broke off ({exc.kind})")
         finally:
             await upstream.aclose()
         if raw is None:
@@ -228,7 +226,7 @@ class Gateway:
             return self._upstream_failed(call, f"the replica failed ({upstream.status_code}): "
                                                f"{_message_of(raw)}")
         try:
-            payload = httpx.Response(upstream.status_code, content=raw).json()
+            payload = json.loads(raw)
         except ValueError:
             return self._upstream_failed(call, "the replica's answer is not JSON")
         ok = upstream.status_code == 200
@@ -248,7 +246,7 @@ class Gateway:
         response.headers.update(self._headers(call))
         return response, Outcome("error", 502)
 
-    def relay_stream(self, call: Call, upstream: httpx.Response,
+    def relay_stream(self, call: Call, upstream: UpstreamResponse,
                      options: StreamOptions) -> EventStreamResponse:
         """The replica's chunks as the client asked for them; metered when the stream
         closes: done, the client gone (partial, 499) or cut upstream (502)."""
@@ -269,7 +267,7 @@ class Gateway:
         headers = [(k.encode(), v.encode()) for k, v in self._headers(call).items()]
         return EventStreamResponse(self._events(call, upstream, options), on_close, headers)
 
-    async def _events(self, call: Call, upstream: httpx.Response,
+    async def _events(self, call: Call, upstream: UpstreamResponse,
                       options: StreamOptions) -> AsyncGenerator[bytes, None]:
         try:
             async for line in upstream.aiter_lines():
@@ -291,7 +289,7 @@ class Gateway:
                 if chunk is not None:
                     yield sse(chunk)
                     self._delivered(call)     # the chunk is in the client's connection
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             log.warning("replica stream cut", extra={"error": repr(exc)})
             yield sse(error_body("the replica stream ended early", 502))
 
@@ -379,7 +377,7 @@ def _message_of(raw: bytes) -> str:
         return raw[:200].decode(errors="replace")
 
 
-async def _quietly_close(upstream: httpx.Response) -> None:
+async def _quietly_close(upstream: UpstreamResponse) -> None:
     try:
         await upstream.aclose()
     except Exception:  # noqa: BLE001 - closing a broken stream may fail; nothing to do

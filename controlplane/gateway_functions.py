@@ -23,14 +23,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-import httpx
-
 from controlplane.errors import ApiError
 from controlplane.gateway import Gateway, Target
 from controlplane.pricing import invocation_cost
 from controlplane.ratelimit import Admission
 from controlplane.store.deployments import kind_of
 from controlplane.store.tenants import Principal
+from controlplane.upstream import UpstreamError, UpstreamResponse
 from controlplane.usage import UsageRecord
 from pool.api import Lease
 from runtime.function_request import FunctionRequest, parse_function_request
@@ -81,18 +80,17 @@ class FunctionGateway:
         call = FunctionCall(principal, target, request_id, lease, admission, t0)
         try:
             upstream = await self.gateway.http.post(
-                f"{lease.base_url.rstrip('/')}/invoke", json=_body(request),
-                headers={**lease.headers, "x-request-id": request_id})
-        except httpx.HTTPError as exc:
-            return self._failed(call, f"the function's replica failed mid-call ({type(exc).__name__}); "
+                f"{lease.base_url.rstrip('/')}/invoke", _body(request),
+                {**lease.headers, "x-request-id": request_id})
+            payload = await upstream.json()
+        except UpstreamError as exc:
+            return self._failed(call, f"the function's replica failed mid-call ({exc.kind}); "
                                       "it is being replaced")
-        return self._answer(call, upstream)
-
-    def _answer(self, call: FunctionCall, upstream: httpx.Response) -> Answer:
-        try:
-            payload = upstream.json()
         except ValueError:
             return self._failed(call, "the function's replica answered with something not JSON")
+        return self._answer(call, upstream, payload)
+
+    def _answer(self, call: FunctionCall, upstream: UpstreamResponse, payload: Any) -> Answer:
         if upstream.status_code == 200 and isinstance(payload, dict):
             usage = payload.pop("usage", {}) or {}
             call.items = int(usage.get("items", 0))

@@ -39,6 +39,7 @@ from runtime.function_package import MANIFEST, FunctionPackage, parse_manifest
 from runtime.function_request import parse_function_request
 from runtime.function_worker import FunctionWorker
 from runtime.server import SECRET_ENV, SECRET_FILE_ENV, RequireSecret, read_secret
+from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
 from wire.request_id import RequestIdMiddleware
 
@@ -113,10 +114,16 @@ class FunctionHost:
             await self.worker.stop()
 
 
+# asyncio's timers fire up to a millisecond late (epoll counts whole milliseconds), so
+# a batch is due that much before its deadline: no item waits longer than max_wait_ms
+TIMER_SLACK_S = 0.001
+
+
 def _worker(package: FunctionPackage, handler: Handler) -> FunctionWorker:
     batching = package.batching
+    max_wait_s = max(0.0, batching.max_wait_ms / 1000.0 - TIMER_SLACK_S)
     return FunctionWorker(lambda inputs: run_batch(handler, inputs),
-                          Batcher(batching.max_batch_size, batching.max_wait_ms / 1000.0))
+                          Batcher(batching.max_batch_size, max_wait_s))
 
 
 # ---------------------------------------------------------------- routes
@@ -233,7 +240,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         log.warning("no replica secret: this function server answers every caller")
     apply_limits(settings)
     uvicorn.run(build_app(settings), host=settings.host, port=settings.port,
-                log_level=settings.log_level, timeout_graceful_shutdown=5, access_log=False)
+                log_level=settings.log_level, timeout_graceful_shutdown=5,
+                timeout_keep_alive=REPLICA_KEEPALIVE_S, access_log=False)
 
 
 if __name__ == "__main__":

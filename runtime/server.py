@@ -40,6 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from runtime.metrics import CONTENT_TYPE
 from runtime.model_host import LoadRequest, ModelHost, engine_kwarg_names, warm_imports
 from wire.embeddings import parse_embedding_request
+from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
 from wire.request_id import RequestIdMiddleware
 from wire.requests import parse_request
@@ -345,6 +346,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     sys.setswitchinterval(0.001)
     uvicorn.run(build_app(settings), host=settings.host, port=settings.port,
                 log_level=settings.log_level, timeout_graceful_shutdown=5,
+                timeout_keep_alive=REPLICA_KEEPALIVE_S,
                 access_log=settings.log_level in ("info", "debug"))
 
 

@@ -259,7 +259,8 @@ function drawUsage(daily, report, [tokensEl, costEl, gpuEl]) {
 }
 
 const REPORT_COLUMNS = ["requests", "prompt_tokens", "cached_tokens", "completion_tokens",
-                        "token_cost", "gpu_seconds", "gpu_cost", "cost"];
+                        "items", "function_gpu_seconds", "token_cost", "gpu_seconds", "gpu_cost",
+                        "cost"];
 
 function reportTable(report) {
   const rows = report.rows.map((r) => [r.key, ...REPORT_COLUMNS.map((c) => r[c])]);

@@ -105,6 +105,7 @@ def test_the_usage_charts_equal_the_report_api(browser, stack, world, screenshot
         assert drawn["gpu_seconds"][day] == pytest.approx(float(row["gpu_seconds"]))
     table = browser.find_element(By.ID, "report-table").text
     assert f"TOTAL {report['totals']['requests']}" in table
+    assert "items function_gpu_seconds" in table, "function calls' columns, as in the CSV"
     for chart in ("chart-tokens", "chart-cost", "chart-gpu"):
         assert coloured(browser, chart) > 0, f"{chart} drew no series"
     shoot(browser, screenshots, "usage")

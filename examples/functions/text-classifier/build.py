@@ -1,4 +1,4 @@
-"""Build the example function's weights: `python build.py [OUT_DIR] [--hidden N]` (default:
+"""Build the example function's weights: `python build.py [OUT_DIR] [--hidden N] [--layers N]` (default:
 here, hidden 256; benchmarks/dynamic_batching.py builds a wider one, whose forward pass
 costs what a real model's does).
 
@@ -57,10 +57,11 @@ def train(config: dict, steps: int = 60) -> Model:
     return model
 
 
-def build(out: Path, hidden: int = CONFIG["hidden"], steps: int = 60) -> Path:
+def build(out: Path, hidden: int = CONFIG["hidden"], steps: int = 60,
+          layers: int = CONFIG["layers"]) -> Path:
     """steps=0: untrained weights (labels are noise; a load test needs only the cost)."""
     out.mkdir(parents=True, exist_ok=True)
-    config = {**CONFIG, "hidden": hidden}
+    config = {**CONFIG, "hidden": hidden, "layers": layers}
     model = train(config, steps)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
     (out / "classifier.json").write_text(json.dumps(config, indent=2))
@@ -74,6 +75,7 @@ if __name__ == "__main__":
     args = argparse.ArgumentParser(description=__doc__)
     args.add_argument("out", nargs="?", type=Path, default=HERE)
     args.add_argument("--hidden", type=int, default=CONFIG["hidden"])
+    args.add_argument("--layers", type=int, default=CONFIG["layers"])
     args.add_argument("--steps", type=int, default=60)
     parsed = args.parse_args()
-    print(build(parsed.out, parsed.hidden, parsed.steps))
+    print(build(parsed.out, parsed.hidden, parsed.steps, parsed.layers))
