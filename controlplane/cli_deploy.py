@@ -11,7 +11,9 @@ from controlplane.cli_models import find_upload
 from controlplane.cli_output import add_command, Context, Subcommands, UsageError, command, parse_pairs
 
 SCALING_FLAGS = {"min_replicas": "--min-replicas", "max_replicas": "--max-replicas",
-                 "target_concurrency": "--target-concurrency", "idle_timeout_s": "--idle-timeout"}
+                 "target_concurrency": "--target-concurrency", "idle_timeout_s": "--idle-timeout",
+                 "sleep_timeout_s": "--sleep-timeout"}
+SECONDS = ("idle_timeout_s", "sleep_timeout_s")
 
 
 def register(commands: Subcommands, flags: argparse.ArgumentParser) -> None:
@@ -23,8 +25,7 @@ def register(commands: Subcommands, flags: argparse.ArgumentParser) -> None:
     deploy.add_argument("--gpus", type=int, default=None, help="GPUs per replica")
     deploy.add_argument("--gpu-memory-gb", type=float, default=None, help="memory per replica")
     for name, flag in SCALING_FLAGS.items():
-        deploy.add_argument(flag, dest=name, type=float if name == "idle_timeout_s" else int,
-                            default=None)
+        deploy.add_argument(flag, dest=name, type=float if name in SECONDS else int, default=None)
     deploy.add_argument("--engine", nargs="*", default=[], metavar="KEY=VALUE",
                         help="engine options, values as JSON (kv_cache_tokens=4096)")
     deploy.add_argument("--no-promote", action="store_true",

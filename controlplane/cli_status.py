@@ -144,9 +144,20 @@ def render(deployment: JSON, log: StageLog) -> Group:
     scaling = deployment["scaling"]
     head = Text(f"{deployment['name']}  min {scaling.get('min_replicas')} max "
                 f"{scaling.get('max_replicas')} replicas, idle timeout "
-                f"{scaling.get('idle_timeout_s')}s, target concurrency "
+                f"{scaling.get('idle_timeout_s')}s, {_sleep_tier(scaling)}, target concurrency "
                 f"{scaling.get('target_concurrency')}", style="bold")
     return Group(head, _revisions(deployment), _replicas(deployment, log))
+
+
+def _sleep_tier(scaling: JSON) -> str:
+    sleep_s = scaling.get("sleep_timeout_s") or 0
+    return f"then asleep {sleep_s}s" if sleep_s else "no sleep tier"
+
+
+def _slots(replica: JSON) -> str:
+    if replica["state"] == "sleeping":
+        return "(given back)"           # a sleeper holds no GPU and bills none
+    return ",".join(replica["slot_ids"])
 
 
 def _revisions(deployment: JSON) -> Table:
@@ -169,7 +180,7 @@ def _replicas(deployment: JSON, log: StageLog) -> Table:
     for replica in replicas_of(deployment):
         table.add_row(replica["replica_id"][:12], replica["revision"], replica["state"],
                       replica["since"][11:19], str(replica["in_flight"]),
-                      ",".join(replica["slot_ids"]), log.timeline(replica["replica_id"]))
+                      _slots(replica), log.timeline(replica["replica_id"]))
     if not table.rows:
         table.add_row("-", "", "scaled to zero", "", "", "", "")
     return table

@@ -45,6 +45,9 @@ class Scaling:
     max_replicas: int = 1
     target_concurrency: int = 8
     idle_timeout_s: float = 300.0
+    # the sleep tier: idle replicas sleep this long (GPU released, weights in host memory)
+    # before they stop; 0: they stop at once (a function's replicas always do)
+    sleep_timeout_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,9 @@ def parse_scaling(value: Any, base: Scaling) -> Scaling:
                                    value.get("target_concurrency", base.target_concurrency),
                                    minimum=1),
         idle_timeout_s=number("scaling.idle_timeout_s",
-                              value.get("idle_timeout_s", base.idle_timeout_s), minimum=0.0))
+                              value.get("idle_timeout_s", base.idle_timeout_s), minimum=0.0),
+        sleep_timeout_s=number("scaling.sleep_timeout_s",
+                               value.get("sleep_timeout_s", base.sleep_timeout_s), minimum=0.0))
     if scaling.min_replicas > scaling.max_replicas:
         raise InvalidField("scaling.min_replicas", "must not exceed scaling.max_replicas")
     return scaling

@@ -4,7 +4,11 @@ The billing rule (pool.api.ReplicaEventSink): a lifetime is billed from the firs
 event that carried slot ids (`placed_at`: the replica holds its GPUs) to its recorded
 stop, or, while no stop was recorded, up to the last event or heartbeat that saw it
 (`last_seen_at`), never to "now". A replica that waited for capacity bills nothing
-for the wait; one lost in a crash bills up to the last heartbeat that saw it.
+for the wait; one lost in a crash bills up to the last heartbeat that saw it. A
+replica of the sleep tier bills nothing while asleep: its `sleeps` (when it fell
+asleep and when it woke, in turn) cut the held span into the billed spans (`billed`),
+each ending at the event that gave its slots back and each after the first starting
+at the wake that took them again.
 
 Report rows group GPU time like usage rows: by UTC day (a lifetime is cut at
 midnight), or by a label the lifetime carries (deployment, model, revision). Each
@@ -36,6 +40,7 @@ class Lifetime:
     stopped_at: Optional[datetime]
     last_seen_at: Optional[datetime]
     label: str = ""                 # the report row it belongs to (not by day)
+    sleeps: tuple[datetime, ...] = ()   # fell asleep, woke, fell asleep, ... (odd: asleep now)
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,23 @@ def held(lifetime: Lifetime) -> Optional[Span]:
         return None
     end = lifetime.stopped_at or lifetime.last_seen_at or placed
     return placed, max(end, placed)
+
+
+def billed(lifetime: Lifetime) -> list[Span]:
+    """The held span without the times the replica slept: each [woke, fell asleep)."""
+    span = held(lifetime)
+    if span is None:
+        return []
+    start, end = span
+    marks = list(lifetime.sleeps)
+    spans = []
+    for slept, woke in zip(marks[0::2], marks[1::2] + [end]):
+        if min(slept, end) > start:
+            spans.append((start, min(slept, end)))
+        start = max(start, woke)
+    if not len(marks) % 2 and end > start:
+        spans.append((start, end))
+    return spans
 
 
 def clipped(span: Span, window: Window) -> Optional[Span]:
@@ -79,13 +101,13 @@ def gpu_by_key(lifetimes: Iterable[Lifetime], timelines: Mapping[str, Sequence[P
     piece (`by_day`) or the lifetime's label. `timelines` holds each deployment's price rows."""
     rows: dict[str, GpuUse] = {}
     for lifetime in lifetimes:
-        span = held(lifetime)
-        inside = clipped(span, window) if span is not None else None
-        if inside is None:
-            continue
-        pieces = utc_days(inside) if by_day else [(lifetime.label, inside)]
         timeline = timelines.get(lifetime.deployment_id, ())
-        for key, (start, end) in pieces:
-            seconds, cost = gpu_cost_between(timeline, start, end, lifetime.gpu_count)
-            rows[key] = rows.get(key, GpuUse()) + GpuUse(seconds, cost)
+        for span in billed(lifetime):
+            inside = clipped(span, window)
+            if inside is None:
+                continue
+            pieces = utc_days(inside) if by_day else [(lifetime.label, inside)]
+            for key, (start, end) in pieces:
+                seconds, cost = gpu_cost_between(timeline, start, end, lifetime.gpu_count)
+                rows[key] = rows.get(key, GpuUse()) + GpuUse(seconds, cost)
     return rows

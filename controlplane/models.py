@@ -71,6 +71,7 @@ class Deployment(Base):
     max_replicas: Mapped[int] = mapped_column(Integer)
     target_concurrency: Mapped[int] = mapped_column(Integer)
     idle_timeout_s: Mapped[float] = mapped_column(Float)
+    sleep_timeout_s: Mapped[float] = mapped_column(Float, server_default=text("0"))   # 0010
     traffic: Mapped[dict[str, Any]] = mapped_column(JSONB)   # {"r1": 90, "r2": 10}
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -184,6 +185,10 @@ class ReplicaLifetime(Base):
     # them with the usage rows billed for it.
     served_prompt_tokens: Mapped[Optional[int]] = mapped_column(BigInteger)
     served_completion_tokens: Mapped[Optional[int]] = mapped_column(BigInteger)
+    # The sleep tier (migration 0010): when it fell asleep and woke, in turn (an odd count:
+    # asleep now); no GPU time is billed between a sleep and its wake.
+    sleeps: Mapped[list[datetime]] = mapped_column(ARRAY(DateTime(timezone=True)),
+                                                   server_default=text("'{}'"), default=list)
 
 
 class ModelSource(Base):

@@ -56,6 +56,9 @@ class RevisionSpec:
     engine: Mapping[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs
     quota: TenantQuota = TenantQuota()       # the tenant's, the same on all its revisions
     kind: str = "model"            # model: runtime.server | function: runtime.function_server
+    # The sleep tier: an idle replica sleeps (process and host-memory weights kept, GPU
+    # slots released, no GPU seconds) for this long before it stops; 0: it stops at once.
+    sleep_timeout_s: float = 0.0
 
     @property
     def shape(self) -> "ReplicaShape":
@@ -110,6 +113,10 @@ class ColdStartTimings:
     # process, import, kernels, config, weights, assemble, pack, kv_cache; other_s,
     # weights_gbps, total_s. Empty when the replica reported none.
     load_stages: Mapping[str, float] = field(default_factory=dict)
+    # "cold_start", or "wake": a sleeping replica woken (runtime/sleep_mode.py); then
+    # placement_s is the wait for its slots, load_s its time in waking and load_stages
+    # the replica's wake stages (weights_s, kv_cache_s, other_s, total_s)
+    kind: str = "cold_start"
 
 
 @dataclass(frozen=True)
@@ -118,7 +125,7 @@ class ReplicaEvent:
     revision_id: str
     deployment_id: str
     tenant_id: str
-    state: str                     # pending|pulling|loading|ready|draining|stopped|failed
+    state: str                     # pending|pulling|loading|ready|draining|sleeping|waking|stopped|failed
     at: datetime                   # UTC
     gpu_count: int
     slot_ids: tuple[str, ...] = ()
@@ -199,8 +206,8 @@ class ReplicaStatus:
 class RevisionStatus:
     """What revision_status() answers; `state` is one word for the status page.
 
-    state: unknown | scaled_to_zero | waiting_for_capacity | starting | ready |
-           failed | draining
+    state: unknown | scaled_to_zero | waiting_for_capacity | starting | waking | ready |
+           failed | draining | sleeping
     """
     revision_id: str
     state: str
@@ -243,6 +250,9 @@ class ReplicaEventSink(Protocol):
 
     A lifetime is billed from the first event that carries slot_ids (the replica holds its
     GPUs) to `stopped`/`failed`, or to its last heartbeat when the stop was never recorded.
+    A `sleeping` event carries no slot_ids: the replica gave its GPUs back, and its billed
+    span ends there; the `waking` event that follows carries them again and starts a new
+    span. Heartbeats list only replicas that hold slots, so never a sleeper.
     The pool retries an event the sink fails to take, in order, until it is taken."""
     async def replica_changed(self, event: ReplicaEvent) -> None: ...
 

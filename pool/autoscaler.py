@@ -11,6 +11,12 @@ calls nothing; tests step fake time through it. Steps:
   4. bounds    [min_replicas, max_replicas]
   5. delay     scale up at once; scale down only after the lower number has
                held for scale_down_delay_s (scale to zero is timed by idle)
+  6. sleep     with a sleep tier (sleep_timeout_s > 0) replicas scaled down for
+               idleness go to sleep instead of stopping, and sleepers that have
+               slept sleep_timeout_s are stopped (`expired`)
+
+`desired` counts awake replicas (starting, waking, ready): the manager meets a
+higher number by waking sleepers before it starts new replicas.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ class ScalingConfig:
     idle_timeout_s: float = 300.0
     scale_down_delay_s: float = 30.0
     target_queued_prompt_tokens: int = 8192
+    sleep_timeout_s: float = 0.0             # 0: no sleep tier, idle replicas stop
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,8 @@ class Snapshot:
     queued_prompt_tokens: int = 0
     last_activity_at: Optional[float] = None   # last request arrival or finish
     ready: int = 0
-    starting: int = 0                        # pending, pulling, loading
+    starting: int = 0                        # pending, pulling, loading, waking
+    asleep: tuple[tuple[str, float], ...] = ()   # (replica id, when it fell asleep) per sleeper
 
     @property
     def current(self) -> int:
@@ -54,6 +62,8 @@ class PolicyState:
 class Decision:
     desired: int
     reason: str
+    sleep: bool = False                      # replicas scaled down go to sleep, not to zero
+    expired: tuple[str, ...] = ()            # sleepers to stop: asleep for sleep_timeout_s
 
 
 def policy(snap: Snapshot, state: PolicyState = PolicyState()) -> tuple[Decision, PolicyState]:
@@ -61,7 +71,8 @@ def policy(snap: Snapshot, state: PolicyState = PolicyState()) -> tuple[Decision
     wanted, why = apply_idle(snap, wanted, why)
     wanted = max(wanted, keep_starting(snap))
     wanted = clamp(snap.config, wanted)
-    return apply_delay(snap, state, wanted, why)
+    decision, state = apply_delay(snap, state, wanted, why)
+    return replace(decision, sleep=sleeps(snap), expired=expired_sleepers(snap)), state
 
 
 def load_target(snap: Snapshot) -> tuple[int, str]:
@@ -111,3 +122,16 @@ def apply_delay(snap: Snapshot, state: PolicyState, wanted: int, why: str) -> tu
     if snap.now - since >= snap.config.scale_down_delay_s:
         return Decision(wanted, why), replace(state, lower_since=None)
     return Decision(current, f"scale-down delay ({why})"), replace(state, lower_since=since)
+
+
+def sleeps(snap: Snapshot) -> bool:
+    """Replicas scaled down now go to sleep: the revision has a sleep tier and is idle."""
+    return snap.config.sleep_timeout_s > 0 and is_idle(snap)
+
+
+def expired_sleepers(snap: Snapshot) -> tuple[str, ...]:
+    """Sleepers that have slept sleep_timeout_s: stopped for good (all of them once the
+    revision has no sleep tier any more)."""
+    timeout_s = snap.config.sleep_timeout_s
+    return tuple(replica_id for replica_id, since in snap.asleep
+                 if timeout_s <= 0 or snap.now - since >= timeout_s)

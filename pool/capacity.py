@@ -100,6 +100,18 @@ class Capacity:
         finally:
             self._asking.pop(replica_id, None)
 
+    def claim(self, replica_id: str, tenant_id: str, request: PlacementRequest) -> Optional[Placed]:
+        """Reserve slots for the replica now, or None when they are not free now or its
+        tenant is at its GPU quota; never waits (a sleeper waking on its own slots: when
+        it cannot have them, a cold start elsewhere is the better wait)."""
+        pending = Pending(replica_id, tenant_id, request, next(self._arrivals), frozenset())
+        decision = admit([pending], self.states(), self.gpus_held(), self._quotas)
+        if not decision.placed:
+            return None
+        where = decision.placed[0][1]
+        self._book(replica_id, tenant_id, where)
+        return where
+
     def hold(self, replica_id: str, tenant_id: str, node: str, slot_ids: Sequence[str],
              bytes_per_slot: Optional[int]) -> Placed:
         """Book slots for a replica that already runs on them (adopted after a restart), no
@@ -134,12 +146,15 @@ class Capacity:
         decision = admit([a.pending for a in waiting], self.states(), self.gpus_held(), self._quotas)
         for replica_id, where in decision.placed:
             asking = self._asking[replica_id]
-            for sid in where.slot_ids:
-                self._reserved[sid][replica_id] = where.bytes_per_slot
-            self._tenant_of[replica_id] = asking.pending.tenant_id
+            self._book(replica_id, asking.pending.tenant_id, where)
             asking.granted.set_result(where)
         for replica_id, why in decision.waiting.items():
             self._asking[replica_id].on_wait(why)
+
+    def _book(self, replica_id: str, tenant_id: str, where: Placed) -> None:
+        for sid in where.slot_ids:
+            self._reserved[sid][replica_id] = where.bytes_per_slot
+        self._tenant_of[replica_id] = tenant_id
 
 
 def reserved_bytes(slot: Slot, held: Mapping[str, int]) -> int:

@@ -37,7 +37,7 @@ from pool.capacity import Capacity
 from pool.function_env import FUNCTION_PYTHON, build_env
 from pool.health import wait_healthy
 from pool.model_info import inspect_model
-from pool.placement import PlacementRequest
+from pool.placement import PlacementRequest, weights_of
 from pool.registry import ManagedReplica
 from pool.replica import Replica, ReplicaState
 from pool.replica_events import ReplicaEvents
@@ -83,6 +83,7 @@ class ColdStart:
         draft = await stage(self._model_info(draft_uri, tenant), s.pull_timeout_s,
                             "inspecting the draft model") if draft_uri else None
         request = self.capacity.request(info, managed.spec.shape, draft)
+        managed.weight_bytes = weights_of(info, managed.spec.engine)
         await self._place(managed, request, await self._nodes_with_weights(managed.spec.model_uri, tenant))
         handle = await self._pull_and_launch(managed, draft_uri)
         ready = await stage(wait_healthy(handle, self.http, s.health_poll_s), s.load_timeout_s, "loading")
@@ -187,7 +188,14 @@ async def stage(work: Awaitable[T], timeout_s: float, name: str) -> T:
 
 
 def cold_start_timings(replica: Replica, queue_s: float) -> ColdStartTimings:
-    """Seconds per stage of a replica's cold start, from its transitions."""
+    """Seconds per stage of the thaw a request waited for, from the replica's transitions:
+    its cold start, or the wake that made it ready again."""
+    woken = replica.woken()
+    if woken is not None:
+        waking, ready = woken
+        return ColdStartTimings(queue_s=queue_s, load_s=ready.mono - waking.mono,
+                                total_s=ready.mono - waking.mono,
+                                load_stages=dict(replica.wake_stages), kind="wake")
     ready_at = replica.entered(ReplicaState.READY) or replica.created_mono
     return ColdStartTimings(queue_s=queue_s, placement_s=replica.seconds_in(ReplicaState.PENDING),
                             download_s=replica.seconds_in(ReplicaState.PULLING) - replica.env_s,

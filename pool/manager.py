@@ -21,6 +21,12 @@ At start, before taking requests, the replicas an earlier pool left running
 then. A replica's own token counters are read as it stops and go on its
 `stopped` event.
 
+The sleep tier (pool/sleep_tier.py): a revision with `sleep_timeout_s` drains its
+idle replicas into sleep instead of stopping them; a request, or any scale-up, wakes
+sleepers before it starts new replicas; sleepers stop after their timeout or to make
+room in their node's host-memory budget (pool/sleep_budget.py), and a sleeper that
+cannot have its slots back or fails to wake is stopped for a cold start.
+
 The backend comes from the settings (`pool.backends.build_backend`) unless one
 is injected.
 """
@@ -40,7 +46,7 @@ from pool.admission import queue_refusal
 from pool.adoption import ReplicaRecord, Verdict, adopted_replica, decide
 from pool.api import (ColdStartFailed, ColdStartTimeout, DesiredStateSource, Heartbeat, ModelInfo, NeverFits,
                       QueueFull, QuotaExceeded, ReplicaEventSink, ReplicaShape, RevisionSpec, RevisionStatus)
-from pool.autoscaler import policy
+from pool.autoscaler import Decision, policy
 from pool.backends import build_backend
 from pool.backends.base import Backend, ReplicaHandle, Survivor
 from pool.backends.runtime_args import draft_model_uri
@@ -55,6 +61,8 @@ from pool.registry import (ManagedReplica, Registry, RevisionState, holding_slot
                            scale_down_order, scaling_snapshot, waits)
 from pool.replica import LIVE, STARTING, Replica, ReplicaState
 from pool.replica_events import ReplicaEvents
+from pool.sleep_budget import Sleeper, make_room
+from pool.sleep_tier import SleepFailed, SleepTier
 from pool.router import Candidate, choose
 from pool.s3 import open_client
 from pool.settings import PoolSettings
@@ -63,6 +71,7 @@ from pool.weights import WeightCache, WeightStore
 
 log = logging.getLogger(__name__)
 READY, DRAINING = ReplicaState.READY, ReplicaState.DRAINING
+SLEEPING, WAKING = ReplicaState.SLEEPING, ReplicaState.WAKING
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,7 @@ class Running:
     weights: WeightStore
     http: httpx.AsyncClient
     cold_start: ColdStart
+    sleep_tier: SleepTier
 
 
 class PoolManager:
@@ -106,7 +116,8 @@ class PoolManager:
         http = httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=1.0))
         stores = SourceStores(weights, self.desired, self._stack)
         cold_start = ColdStart(self.settings, self.backend, self.capacity, self._events, stores, http)
-        self._opened = Running(weights, http, cold_start)
+        sleep_tier = SleepTier(self.settings, self.backend, self.capacity, self._events, http, self.clock)
+        self._opened = Running(weights, http, cold_start, sleep_tier)
         await self.backend.start()
         self.started = True                      # from here on, stop() undoes what start() did
         await self.capacity.update(await self.backend.inventory())
@@ -294,18 +305,22 @@ class PoolManager:
 
     def _reconcile(self, rev: RevisionState) -> None:
         if rev.retired:                          # no longer deployed: drain everything now
-            rev.desired, reason = 0, "revision no longer deployed"
+            decision = Decision(0, "revision no longer deployed",
+                                expired=tuple(m.replica_id for m in rev.in_state(SLEEPING)))
         else:
             snapshot = scaling_snapshot(rev, self.clock.mono(), self.settings)
             decision, rev.policy_state = policy(snapshot, rev.policy_state)
-            rev.desired, reason = decision.desired, decision.reason
-        live = rev.in_state(*STARTING, READY)
+        rev.desired = decision.desired
+        live = rev.in_state(*STARTING, WAKING, READY)
         if rev.desired > len(live) and may_start(rev.backoff, self.clock.mono()):
             for _ in range(rev.desired - len(live)):
-                self._new_replica(rev)
+                self._wake_or_start(rev)
         elif rev.desired < len(live):
+            to_sleep = decision.sleep and self._running.sleep_tier.can_sleep(rev.spec)
             for managed in scale_down_order(live)[:len(live) - rev.desired]:
-                self._scale_down(managed, reason)
+                self._scale_down(managed, decision.reason, to_sleep)
+        for replica_id in decision.expired:
+            self._stop_sleeper(rev.replicas[replica_id], f"asleep for {rev.spec.sleep_timeout_s:g}s")
 
     def _new_replica(self, rev: RevisionState) -> None:
         replica = Replica(f"rep-{uuid.uuid4().hex[:12]}", rev.spec.revision_id,
@@ -315,13 +330,14 @@ class PoolManager:
         self._events.publish(managed)
         managed.task = self._spawn(self._cold_start(rev, managed))
 
-    def _scale_down(self, managed: ManagedReplica, reason: str) -> None:
+    def _scale_down(self, managed: ManagedReplica, reason: str, to_sleep: bool = False) -> None:
         if managed.state in STARTING:
             if managed.task:
                 managed.task.cancel()
             self._spawn(self._shutdown_replica(managed, reason=f"scaled down while starting: {reason}"))
         elif managed.state is READY:
-            self._events.move(managed, DRAINING, reason)
+            managed.drain_to = SLEEPING if to_sleep else ReplicaState.STOPPED
+            self._events.move(managed, DRAINING, f"{reason}: to sleep" if to_sleep else reason)
             managed.drain_started = self.clock.mono()
             if managed.in_flight == 0:
                 self._spawn(self._finish_drain(managed))
@@ -353,8 +369,68 @@ class PoolManager:
         self._spawn(self._cleanup(managed))
 
     async def _finish_drain(self, managed: ManagedReplica) -> None:
-        if managed.state is DRAINING:
+        if managed.state is not DRAINING:
+            return
+        rev = self._registry.get(managed.spec.revision_id)
+        if managed.drain_to is SLEEPING and rev is not None:
+            await self._put_to_sleep(rev, managed)
+        else:
             await self._shutdown_replica(managed)
+
+    # ------------------------------------------------------------- the sleep tier
+
+    async def _put_to_sleep(self, rev: RevisionState, managed: ManagedReplica) -> None:
+        """Drained into sleep, after making room in its node's host-memory budget for
+        sleepers (or stopped, when it could never fit there)."""
+        node = managed.placed.node if managed.placed is not None else self.settings.node
+        room = make_room(self._sleepers(), node, managed.weight_bytes, self.settings.sleep_host_memory_bytes)
+        if room is None:
+            await self._shutdown_replica(managed, reason="too large for the node's host-memory budget "
+                                                         "for sleeping replicas")
+            return
+        for replica_id in room:
+            victim = self._registry.replica(replica_id)
+            if victim is not None:
+                self._stop_sleeper(victim, "stopped to make room for a newer sleeper (host-memory budget)")
+        try:
+            await self._running.sleep_tier.sleep(managed)
+        except SleepFailed as exc:
+            await self._shutdown_replica(managed, reason=f"sleep failed: {exc}")
+            return
+        self._reconcile(rev)                     # a request that came meanwhile wakes it now
+
+    def _sleepers(self) -> list[Sleeper]:
+        return [Sleeper(m.replica_id, m.asleep.node, m.asleep.host_bytes, m.asleep.since)
+                for rev in self._registry.all() for m in rev.in_state(SLEEPING) if m.asleep is not None]
+
+    def _stop_sleeper(self, managed: ManagedReplica, reason: str) -> None:
+        if managed.state is SLEEPING and not managed.stopping:
+            managed.stopping = True             # once: the next tick may name it again
+            self._spawn(self._shutdown_replica(managed, reason=reason))
+
+    def _wake_or_start(self, rev: RevisionState) -> None:
+        """One more awake replica: a sleeper woken (the latest to fall asleep), else none
+        while one is still on its way to sleep (it is woken once asleep), else a cold start."""
+        sleepers = [m for m in rev.in_state(SLEEPING) if m.asleep is not None and not m.stopping]
+        if sleepers:
+            managed = max(sleepers, key=lambda m: m.asleep.since if m.asleep else 0.0)
+            if self._running.sleep_tier.claim(managed):
+                managed.task = self._spawn(self._wake(rev, managed))
+                return
+            self._stop_sleeper(managed, "its slots were taken while it slept: a cold start instead")
+        elif any(m.drain_to is SLEEPING for m in rev.in_state(DRAINING)):
+            return
+        self._new_replica(rev)
+
+    async def _wake(self, rev: RevisionState, managed: ManagedReplica) -> None:
+        try:
+            await self._running.sleep_tier.wake(managed)
+        except SleepFailed as exc:
+            await self._shutdown_replica(managed, reason=f"wake failed, a cold start instead: {exc}")
+            self._reconcile(rev)
+            return
+        self._events.move(managed, READY)
+        rev.queue.dispatch(lambda waiter: self._route(rev, waiter.prefix_key))
 
     async def _shutdown_replica(self, managed: ManagedReplica, reason: Optional[str] = None) -> None:
         """Stop a live replica (starting, ready or draining) and record it stopped."""
@@ -411,7 +487,7 @@ class PoolManager:
             self._beating = self._spawn(self._heartbeat())
 
     def _notice_crashes(self, rev: RevisionState) -> None:
-        for managed in rev.in_state(READY, DRAINING):
+        for managed in rev.in_state(READY, DRAINING, SLEEPING):
             if managed.handle is not None and not managed.handle.is_alive():
                 self._fail(rev, managed, managed.handle.exit_reason() or "runtime process died")
 

@@ -5,7 +5,8 @@ each. Best fit: among the nodes that can take it, the choice that leaves the
 least memory free, so large holes stay open for large models. Nodes named in
 `prefer_nodes` (on a cluster: those whose cache already holds the revision's
 weights, so the cold start skips the download) go before all others; best
-fit decides among the preferred, and among the rest.
+fit decides among the preferred, and among the rest. A sleeping replica that wakes
+asks for the very slots it gave back (`on_slots`): its process is bound to them.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class SlotState:
 class PlacementRequest:
     bytes_per_slot: int
     slot_count: int = 1
+    on_slots: tuple[str, ...] = ()   # these slots and no others (a waking sleeper's own)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ Decision = Union[Placed, NoCapacity]
 def place(request: PlacementRequest, slots: Sequence[SlotState],
           prefer_nodes: Collection[str] = ()) -> Decision:
     best: Optional[tuple[tuple[bool, int, str], tuple[SlotState, ...]]] = None
+    if request.on_slots:
+        slots = [s for s in slots if s.slot_id in request.on_slots]
     for node, node_slots in _by_node(slots).items():
         chosen = _best_slots(request, node_slots)
         if chosen is None:
@@ -115,6 +119,11 @@ def weight_bytes(info: ModelInfo, dtype: Optional[str], quantization: Optional[s
         per = width or _checkpoint_width(info)
         total -= info.linear_parameters * (per - 1)
     return total
+
+
+def weights_of(info: ModelInfo, engine: Mapping[str, Any]) -> int:
+    """The weights of a replica of this engine config (what a sleeper keeps in host memory)."""
+    return weight_bytes(info, engine.get("dtype") or RUNTIME_DEFAULT_DTYPE, engine.get("quantization"))
 
 
 def kv_bytes(info: ModelInfo, dtype: Optional[str], tokens: int) -> int:

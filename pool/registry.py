@@ -33,6 +33,17 @@ from pool.weights import ModelFiles
 KEEP_FINISHED = 8                       # stopped/failed replicas kept for status pages
 
 
+@dataclass(frozen=True)
+class Asleep:
+    """A sleeping replica: the node its process is on, the slots its process is bound to
+    (a wake must have the same ones back), and the host memory its weights take."""
+    node: str
+    slot_ids: tuple[str, ...]
+    bytes_per_slot: int
+    host_bytes: int
+    since: float                        # monotonic
+
+
 @dataclass
 class ManagedReplica:
     """A replica plus what the manager holds for it."""
@@ -47,6 +58,9 @@ class ManagedReplica:
     drain_started: Optional[float] = None
     stopping: bool = False              # being stopped on purpose: a dead handle is no crash
     final_tokens: Optional[tuple[int, int]] = None   # (prompt, completion) it served, read as it stops
+    drain_to: ReplicaState = ReplicaState.STOPPED    # where its drain ends: stopped, or asleep
+    weight_bytes: int = 0               # its weights' size (placement's estimate): host memory asleep
+    asleep: Optional[Asleep] = None     # while sleeping: where, and the slots it gave back
 
     @property
     def state(self) -> ReplicaState:
@@ -145,12 +159,15 @@ def scaling_snapshot(rev: RevisionState, now: float, settings: PoolSettings) -> 
         min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
         target_concurrency=spec.target_concurrency, idle_timeout_s=spec.idle_timeout_s,
         scale_down_delay_s=settings.scale_down_delay_s,
-        target_queued_prompt_tokens=settings.target_queued_prompt_tokens)
+        target_queued_prompt_tokens=settings.target_queued_prompt_tokens,
+        sleep_timeout_s=spec.sleep_timeout_s)
     ready = rev.in_state(ReplicaState.READY)
     return Snapshot(now=now, config=config, in_flight=tuple(r.in_flight for r in ready),
                     queued_requests=len(rev.queue), queued_prompt_tokens=rev.queue.prompt_tokens,
                     last_activity_at=rev.last_activity, ready=len(ready),
-                    starting=len(rev.in_state(*STARTING)))
+                    starting=len(rev.in_state(*STARTING, ReplicaState.WAKING)),
+                    asleep=tuple((r.replica_id, r.asleep.since) for r in rev.replicas.values()
+                                 if r.state is ReplicaState.SLEEPING and r.asleep is not None))
 
 
 def scale_down_order(live: list[ManagedReplica]) -> list[ManagedReplica]:
@@ -178,12 +195,16 @@ def summarize_state(rev: RevisionState) -> str:
     states = {r.state for r in rev.replicas.values()}
     if ReplicaState.READY in states:
         return "ready"
+    if ReplicaState.WAKING in states:
+        return "waking"
     if waits(rev):
         return "waiting_for_capacity"
     if states & STARTING:
         return "starting"
     if ReplicaState.DRAINING in states:
         return "draining"
+    if ReplicaState.SLEEPING in states:
+        return "sleeping"
     if rev.last_error:
         return "failed"
     return "scaled_to_zero"
@@ -191,7 +212,8 @@ def summarize_state(rev: RevisionState) -> str:
 
 def holding_slots(revisions: Iterable[RevisionState]) -> list[ManagedReplica]:
     """Live replicas that hold slots: placed (the event that carried their slot_ids was
-    published when they were) and not yet stopped or failed. What a heartbeat lists."""
+    published when they were) and not yet stopped or failed; a sleeper holds none. What a
+    heartbeat lists."""
     return [r for rev in revisions for r in rev.replicas.values()
             if r.state in LIVE and r.replica.slot_ids]
 

@@ -2,7 +2,11 @@
 
 pending -> pulling -> loading -> ready -> draining -> stopped, and failed
 from any live state. A replica that is still starting may be stopped
-directly (a cancelled cold start). Times are passed in: monotonic seconds
+directly (a cancelled cold start). The sleep tier: an idle replica drains into
+sleeping (its process and host-memory weights kept, its slots given back) instead
+of stopping; sleeping -> waking -> ready when a request comes, or sleeping ->
+stopped after its sleep timeout, under host-memory pressure, or when the wake
+cannot have its slots or fails (waking -> stopped). Times are passed in: monotonic seconds
 for durations, UTC datetimes for events and billing.
 """
 from __future__ import annotations
@@ -19,6 +23,8 @@ class ReplicaState(str, Enum):
     LOADING = "loading"
     READY = "ready"
     DRAINING = "draining"
+    SLEEPING = "sleeping"
+    WAKING = "waking"
     STOPPED = "stopped"
     FAILED = "failed"
 
@@ -28,12 +34,14 @@ ALLOWED: dict[ReplicaState, frozenset[ReplicaState]] = {
     ReplicaState.PULLING: frozenset({ReplicaState.LOADING, ReplicaState.STOPPED, ReplicaState.FAILED}),
     ReplicaState.LOADING: frozenset({ReplicaState.READY, ReplicaState.STOPPED, ReplicaState.FAILED}),
     ReplicaState.READY: frozenset({ReplicaState.DRAINING, ReplicaState.FAILED}),
-    ReplicaState.DRAINING: frozenset({ReplicaState.STOPPED, ReplicaState.FAILED}),
+    ReplicaState.DRAINING: frozenset({ReplicaState.STOPPED, ReplicaState.SLEEPING, ReplicaState.FAILED}),
+    ReplicaState.SLEEPING: frozenset({ReplicaState.WAKING, ReplicaState.STOPPED, ReplicaState.FAILED}),
+    ReplicaState.WAKING: frozenset({ReplicaState.READY, ReplicaState.STOPPED, ReplicaState.FAILED}),
     ReplicaState.STOPPED: frozenset(),
     ReplicaState.FAILED: frozenset(),
 }
 STARTING = frozenset({ReplicaState.PENDING, ReplicaState.PULLING, ReplicaState.LOADING})
-LIVE = STARTING | {ReplicaState.READY, ReplicaState.DRAINING}
+LIVE = STARTING | {ReplicaState.READY, ReplicaState.DRAINING, ReplicaState.SLEEPING, ReplicaState.WAKING}
 
 
 class InvalidTransition(Exception):
@@ -59,6 +67,7 @@ class Replica:
     history: list[Transition] = field(default_factory=list)
     env_s: float = 0.0                 # a function's venv stage, inside its time in PULLING
     load_stages: dict[str, float] = field(default_factory=dict)   # its /health load_timings once ready
+    wake_stages: dict[str, float] = field(default_factory=dict)   # its /wake timings, of the latest wake
 
     def __post_init__(self) -> None:
         if not self.history:
@@ -87,6 +96,13 @@ class Replica:
     def entered(self, state: ReplicaState) -> Optional[float]:
         """Monotonic time this replica entered `state`, or None."""
         return next((t.mono for t in self.history if t.state is state), None)
+
+    def woken(self) -> Optional[tuple[Transition, Transition]]:
+        """(waking, ready) when the replica's latest ready came from a wake, else None."""
+        if len(self.history) >= 2 and self.history[-2].state is ReplicaState.WAKING \
+                and self.history[-1].state is ReplicaState.READY:
+            return self.history[-2], self.history[-1]
+        return None
 
     def seconds_in(self, state: ReplicaState) -> float:
         """Time spent in `state` (up to the following transition)."""

@@ -67,6 +67,10 @@ class PoolSettings:
     event_retry_cap_s: float = 10.0            # a failing sink is retried with backoff up to this
     # re-adoption: what the pool's replicas need to be found again after a crash
     state_dir: Optional[Path] = None           # None: cache_dir / "state"
+    # the sleep tier: host memory the weights of sleeping replicas may take on one node;
+    # past it the oldest sleeper there is stopped (pool/sleep_budget.py)
+    sleep_host_memory_gb: float = 32.0
+    sleep_call_timeout_s: float = 120.0        # one /sleep or /wake call to a replica, at most
     # backend: local processes on this machine, or Ray actors across a cluster
     backend: str = "local"                     # local | ray
     ray_address: Optional[str] = None          # None: ray.init's default ("auto", RAY_ADDRESS)
@@ -85,6 +89,10 @@ class PoolSettings:
     @property
     def cache_budget_bytes(self) -> int:
         return int(self.cache_disk_budget_gb * GB)
+
+    @property
+    def sleep_host_memory_bytes(self) -> int:
+        return int(self.sleep_host_memory_gb * GB)
 
     @property
     def logs(self) -> Path:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional, Protocol, Union
+from typing import Any, AsyncIterator, Callable, Optional, Protocol, TypeVar, Union
 
 from runtime.outputs import EngineStats, RequestOutput
 from runtime.request import sample_ids
@@ -41,6 +41,7 @@ class EngineDead(RuntimeError):
 
 
 Delivery = Union[RequestOutput, BaseException]   # what a request's queue carries
+T = TypeVar("T")
 
 
 @dataclass
@@ -56,7 +57,13 @@ class _Abort:
     request_id: str
 
 
-_Op = Union[_Add, _Abort]
+@dataclass
+class _Call:
+    work: Callable[[], Any]        # run on the engine thread, between steps
+    done: "asyncio.Future[Any]"
+
+
+_Op = Union[_Add, _Abort, _Call]
 
 
 @dataclass
@@ -167,6 +174,13 @@ class AsyncEngine:
             raise
         return [RequestStream(i, q, self) for i, q in zip(ids, queues)]
 
+    async def call(self, work: Callable[[], T]) -> T:
+        """Run `work` on the engine thread between two steps (nothing else touches the
+        engine meanwhile) and return its result or raise its exception."""
+        done: asyncio.Future[T] = self._running_loop().create_future()
+        self._submit(_Call(work, done))
+        return await done
+
     def abort(self, request_id: str) -> None:
         """Stop reading the request; the engine ends it and frees its blocks at its next step."""
         if self._requests.get(request_id) is not None:
@@ -242,6 +256,9 @@ class AsyncEngine:
             return ops
 
     def _apply(self, op: _Op) -> None:
+        if isinstance(op, _Call):
+            self._run_call(op)
+            return
         if isinstance(op, _Abort):
             self.llm_engine.abort_request(op.request_id)   # ignored if it finished meanwhile
             return
@@ -251,6 +268,13 @@ class AsyncEngine:
         except ValueError as exc:
             error = exc
         self._running_loop().call_soon_threadsafe(self._added, op, error)
+
+    def _run_call(self, op: _Call) -> None:
+        try:
+            result, error = op.work(), None
+        except Exception as exc:  # noqa: BLE001 - handed to whoever awaits the call
+            result, error = None, exc
+        self._running_loop().call_soon_threadsafe(_settle, op.done, result, error)
 
     def _step(self) -> None:
         try:
@@ -268,3 +292,12 @@ class AsyncEngine:
             self.llm_engine.abort_request(request_id)
         error = EngineDead(f"engine step failed: {exc!r}")
         self._running_loop().call_soon_threadsafe(self._fail, failed, error)
+
+
+def _settle(done: "asyncio.Future[Any]", result: Any, error: Optional[BaseException]) -> None:
+    if done.done():               # its caller left
+        return
+    if error is None:
+        done.set_result(result)
+    else:
+        done.set_exception(error)

@@ -175,6 +175,19 @@ class BlockManager:
             if block != self.null_block:
                 self._release(block)
 
+    def drop_prefix_cache(self) -> int:
+        """Forget every cached block (the KV cache they live in is being freed); only with no
+        request holding blocks. Returns how many cached blocks were dropped."""
+        if self._tables:
+            raise RuntimeError(f"{len(self._tables)} request(s) still hold KV blocks")
+        dropped = len(self._cached)
+        for block in self._evictable:
+            self._block_hash[block] = None
+            self._free.append(block)
+        self._evictable.clear()
+        self._cached.clear()
+        return dropped
+
     # ---- internals
     def _num_dead(self, num_computed: int) -> int:
         """Leading blocks that no query from position num_computed on reads (window only)."""

@@ -21,6 +21,7 @@ from runtime.model_runner import ModelRunner, prefills_first
 from runtime.proposers import Proposal, ProposalRequest
 from runtime.rejection_sampler import target_probs
 from runtime.scheduler import ScheduledChunk
+from runtime.sleep_mode import Freed
 
 
 class DraftModelProposer:
@@ -41,6 +42,12 @@ class DraftModelProposer:
             if self.computed.pop(request_id, None) is not None:
                 self.blocks.deallocate(request_id)
             self.generators.pop(request_id, None)
+
+    def sleep(self) -> Freed:
+        return self.runner.sleep()
+
+    def wake(self) -> None:
+        self.runner.wake()
 
     @torch.inference_mode()
     def propose(self, asks: list[ProposalRequest]) -> dict[str, Proposal]:

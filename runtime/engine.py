@@ -19,6 +19,7 @@ from runtime.outputs import EngineStats, RequestOutput
 from runtime.parallel import in_background
 from runtime.request import Request, sample_requests
 from runtime.scheduler import Scheduler, SchedulerConfig
+from runtime.sleep_mode import Freed, NotIdle
 from runtime.speculative import SpeculativeConfig, Speculator, make_speculator
 from runtime.structured_output import StructuredOutputs
 from runtime.tensor_parallel import check_divisible
@@ -172,6 +173,22 @@ class LLMEngine:
         except BaseException:
             workers.close()
             raise
+
+    def sleep(self) -> Freed:
+        """Give the device back, keeping the weights in host memory (runtime/sleep_mode.py);
+        NotIdle while any request is held."""
+        if self.scheduler.has_unfinished() or self._aborts:
+            raise NotIdle("requests are in flight")
+        self.block_manager.drop_prefix_cache()
+        freed = self.runner.sleep()
+        return freed + self.speculator.proposer.sleep() if self.speculator is not None else freed
+
+    def wake(self) -> LoadTimings:
+        """The way back from sleep: weights on the device, a fresh KV cache; its stages."""
+        timings = self.runner.wake()
+        if self.speculator is not None:
+            self.speculator.proposer.wake()
+        return timings
 
     @property
     def worker_pids(self) -> list[int]:

@@ -1,9 +1,14 @@
-"""The lifecycle of the one model a replica serves: standby -> loading -> ready | failed.
+"""The lifecycle of the one model a replica serves: standby -> loading -> ready | failed,
+and ready -> sleeping -> waking -> ready (runtime/sleep_mode.py).
 
 A replica started with `--model` begins loading at once; one started with
 `--standby` waits with torch already imported until `/admin/load` names a
 model, so the pool can keep warm processes and skip the interpreter start.
-Loading runs in a worker thread so `/health` keeps answering meanwhile.
+Loading runs in a worker thread so `/health` keeps answering meanwhile. Sleep and
+wake run on the engine's own thread between steps (AsyncEngine.call); a replica is
+put to sleep only when no request is in flight (`Refused` otherwise: the pool sends
+only idle replicas to sleep, so it never drains), and from then on until it is
+ready again it refuses requests with 503.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from runtime.load_timings import LoadTimings, process_age_s
 from runtime.metrics import ServerMetrics
 from runtime.openai_serving import OpenAIServing
 from runtime.outputs import EngineStats
+from runtime.sleep_mode import Freed, NotIdle
 
 if TYPE_CHECKING:   # importing the engine imports torch: that happens in the load thread
     from runtime.engine import LLMEngine
@@ -34,7 +40,13 @@ class Status(str, enum.Enum):
     STANDBY = "standby"
     LOADING = "loading"
     READY = "ready"
+    SLEEPING = "sleeping"
+    WAKING = "waking"
     FAILED = "failed"
+
+
+class Refused(Exception):
+    """Sleep or wake asked in a state that does not allow it (409)."""
 
 
 @dataclass(frozen=True)
@@ -122,9 +134,15 @@ class ModelHost:
         self._task: Optional[asyncio.Task[None]] = None
 
     @property
+    def ready_model(self) -> Optional[LoadedModel]:
+        """The model while it can serve: None until it is ready, and while it sleeps."""
+        return self.model if self.status is Status.READY else None
+
+    @property
     def serving(self) -> Optional[OpenAIServing]:
-        """What answers completions; None until the model is ready."""
-        return self.model.serving if self.model is not None else None
+        """What answers completions; None unless the model is ready."""
+        model = self.ready_model
+        return model.serving if model is not None else None
 
     def stats(self) -> Optional[EngineStats]:
         return self.model.async_engine.stats if self.model else None
@@ -156,6 +174,44 @@ class ModelHost:
                                  embedding)
         self.load_timings = timings
         self.status = Status.READY
+
+    async def sleep(self) -> tuple[Freed, float]:
+        """Give the device back (what was freed, and the seconds it took); Refused unless
+        ready with no request in flight."""
+        model = self.ready_model
+        if model is None or model.async_engine.num_in_flight:
+            raise Refused(f"replica is {self.status.value} with "
+                          f"{model.async_engine.num_in_flight if model else 0} request(s) in flight")
+        self.status = Status.SLEEPING          # refused from now on: no request can slip in
+        start = time.perf_counter()
+        try:
+            freed = await model.async_engine.call(model.llm_engine.sleep)
+        except NotIdle as exc:                 # one arrived before the status changed
+            self.status = Status.READY
+            raise Refused(f"replica is busy: {exc}") from None
+        except Exception as exc:
+            self._broken("sleep", exc)
+            raise
+        return freed, time.perf_counter() - start
+
+    async def wake(self) -> dict[str, float]:
+        """Back to ready; the stages of the way back (runtime/sleep_mode.py)."""
+        if self.status is not Status.SLEEPING or self.model is None:
+            raise Refused(f"replica is {self.status.value}, not sleeping")
+        model, self.status = self.model, Status.WAKING
+        start = time.perf_counter()
+        try:
+            timings = await model.async_engine.call(model.llm_engine.wake)
+        except Exception as exc:
+            self._broken("wake", exc)
+            raise
+        self.status = Status.READY
+        return timings.summary(time.perf_counter() - start)
+
+    def _broken(self, what: str, exc: Exception) -> None:
+        """Half asleep or half awake, the model cannot be trusted: the replica has failed
+        (/health says why, and the pool replaces it)."""
+        self.status, self.error = Status.FAILED, f"{what} failed: {type(exc).__name__}: {exc}"
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """(HTTP status, body) for /health."""

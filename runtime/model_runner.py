@@ -25,6 +25,7 @@ from runtime.rejection_sampler import speculative_verify
 from runtime.sampler import Sampler
 from runtime.structured_output import PendingMasks, StructuredOutputs
 from runtime.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
+from runtime.sleep_mode import Freed
 from runtime.tensor_parallel import TensorParallel
 from runtime.worker_group import WorkerGroup
 
@@ -147,6 +148,36 @@ class ModelRunner:
         except RuntimeError as exc:      # a collective whose peer died: name the worker
             raise self.workers.explain(exc) from exc
         return result, self.workers.collect()
+
+    def sleep(self) -> Freed:
+        """Free the KV cache and, on CUDA, move the weights to pinned host memory, on every
+        rank (runtime/sleep_mode.py); what was freed, summed over the ranks."""
+        def local() -> Freed:
+            kv_bytes = sum(k.nbytes + v.nbytes for k, v in self.kv_caches)   # views of one tensor
+            self.kv_caches = []
+            weights = self.model.weight_memory().total_bytes
+            if not self.device.startswith("cuda"):
+                return Freed(0, kv_bytes, weights)
+            self.model.move_weights(_to_pinned_host)
+            torch.cuda.empty_cache()          # give the freed blocks back to the device
+            return Freed(weights, kv_bytes, weights)
+        mine, theirs = self._on_every_rank(local, "sleep")
+        return sum(theirs, mine)
+
+    def wake(self) -> LoadTimings:
+        """Weights back on the device and a fresh KV cache, on every rank; rank 0's stages."""
+        def local() -> LoadTimings:
+            timings = LoadTimings()
+            since = time.perf_counter()
+            if self.device.startswith("cuda"):
+                self.model.move_weights(lambda t: t.to(self.device, non_blocking=True))
+                torch.cuda.synchronize(self.device)
+                timings.weight_bytes = self.model.weight_memory().total_bytes
+            since = timings.record("weights", since)
+            self.kv_caches = self.model.allocate_kv_cache(self.num_blocks, self.block_size)
+            timings.record("kv_cache", since)
+            return timings
+        return self._on_every_rank(local, "wake")[0]
 
     def close(self) -> None:
         if self.workers is not None:
@@ -288,6 +319,12 @@ def _first_rows(sampled: list[ScheduledChunk]) -> list[int]:
 def _padded(tables: list[list[int]]) -> torch.Tensor:
     width = max(len(t) for t in tables)
     return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+
+
+def _to_pinned_host(t: torch.Tensor) -> torch.Tensor:
+    """A copy in page-locked host memory, so that the way back runs at full bus speed."""
+    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+    return host.copy_(t)
 
 
 def _free_memory(device: str) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Sequence
 
+from runtime.sleep_mode import Freed
 from wire.sampling import SamplingParams
 
 
@@ -29,6 +30,12 @@ class Proposer(Protocol):
     def propose(self, asks: list[ProposalRequest]) -> dict[str, Proposal]: ...
 
     def release(self, request_ids: list[str]) -> None: ...
+
+    def sleep(self) -> Freed:
+        """Release the device memory it holds (runtime/sleep_mode.py); no request is held."""
+        ...
+
+    def wake(self) -> None: ...
 
 
 def ngram_lookup(tokens: Sequence[int], k: int, n: int) -> list[int]:
@@ -62,3 +69,9 @@ class NgramProposer:
 
     def release(self, request_ids: list[str]) -> None:
         pass                                                 # keeps no per-request state
+
+    def sleep(self) -> Freed:
+        return Freed()                                       # holds no device memory
+
+    def wake(self) -> None:
+        pass

@@ -3,7 +3,8 @@
 Routes: /v1/completions, /v1/chat/completions (SSE when stream=true), /v1/embeddings
 (a model whose engine task is "embed"),
 /v1/models, /health, /metrics, /stats (what the replica served, as JSON, for
-the pool), and /admin/load for a `--standby` replica.
+the pool), /admin/load for a `--standby` replica, and /sleep and /wake (the pool's
+sleep tier: runtime/sleep_mode.py; the replica refuses requests with 503 while asleep).
 This module is the settings (parsed once, in `main`) and thin routes: a
 completion is parsed by wire's rules and handed to the loaded model's
 `OpenAIServing` (runtime/openai_serving.py), where the rest of its path is.
@@ -38,7 +39,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.metrics import CONTENT_TYPE
-from runtime.model_host import LoadRequest, ModelHost, engine_kwarg_names, warm_imports
+from runtime.model_host import LoadRequest, ModelHost, Refused, engine_kwarg_names, warm_imports
 from wire.embeddings import parse_embedding_request
 from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
@@ -184,7 +185,8 @@ async def stats(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    model = _host(request).model
+    """The model, once it serves (the pool re-adopts only a replica that lists it)."""
+    model = _host(request).ready_model
     data = []
     if model is not None:
         data.append({"id": model.served_model_name, "object": "model", "owned_by": "thawpool"})
@@ -202,6 +204,32 @@ async def admin_load(request: Request) -> Response:
     host.start_loading(load)
     return JSONResponse({"status": host.status.value, "model": load.served_model_name},
                         status_code=202)
+
+
+async def sleep(request: Request) -> Response:
+    """Give the device back, keeping the weights in host memory; 409 unless the replica is
+    ready with no request in flight."""
+    try:
+        freed, seconds = await _host(request).sleep()
+    except Refused as exc:
+        return _error(409, str(exc))
+    except Exception as exc:  # noqa: BLE001 - the host is failed now; /health says so too
+        return _error(500, f"sleep failed: {type(exc).__name__}: {exc}")
+    return JSONResponse({"status": "sleeping", "sleep_s": round(seconds, 6),
+                         "freed_bytes": {"weights": freed.weight_bytes, "kv_cache": freed.kv_cache_bytes,
+                                         "total": freed.device_bytes},
+                         "host_bytes": freed.host_bytes})
+
+
+async def wake(request: Request) -> Response:
+    """Weights back on the device, a fresh KV cache; the stages it took (wake_timings)."""
+    try:
+        timings = await _host(request).wake()
+    except Refused as exc:
+        return _error(409, str(exc))
+    except Exception as exc:  # noqa: BLE001 - the host is failed now; /health says so too
+        return _error(500, f"wake failed: {type(exc).__name__}: {exc}")
+    return JSONResponse({"status": "ready", "wake_timings": timings})
 
 
 def _parse_load(body: Any) -> LoadRequest:
@@ -259,10 +287,11 @@ async def _generate(request: Request, endpoint: str) -> Union[Response, EventStr
 async def embeddings(request: Request) -> Response:
     """/v1/embeddings, on a replica whose engine task is "embed"."""
     host = _host(request)
-    if host.model is None:
+    model = host.ready_model
+    if model is None:
         return _error(503, f"model is not ready ({host.status.value})",
                       headers={"Retry-After": "1"})
-    serving = host.model.embedding
+    serving = model.embedding
     if serving is None:
         return _error(400, "model: this model generates; deploy it with engine task \"embed\" "
                            "to serve embeddings", param="model")
@@ -321,6 +350,8 @@ def build_app(settings: ServerSettings) -> Starlette:
         Route("/stats", stats, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/admin/load", admin_load, methods=["POST"]),
+        Route("/sleep", sleep, methods=["POST"]),
+        Route("/wake", wake, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),

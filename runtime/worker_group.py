@@ -30,7 +30,7 @@ from runtime.tensor_parallel import TensorParallel
 log = logging.getLogger("thawpool.runtime.workers")
 
 # Model calls whose result rank 0 wants back from the workers; the rest reply None.
-REPLIES = frozenset({"weight_memory"})
+REPLIES = frozenset({"weight_memory", "sleep"})
 
 
 class WorkerDied(RuntimeError):

@@ -178,7 +178,8 @@ function revisionsTable(d) {
 
 function replicasTable(d) {
   const rows = Object.entries(d.status || {}).flatMap(([rev, s]) => (s.replicas || []).map((r) =>
-    [r.replica_id.slice(0, 12), rev, r.state, r.since, r.in_flight, (r.slot_ids || []).join(",")]));
+    [r.replica_id.slice(0, 12), rev, r.state, r.since, r.in_flight,
+     r.state === "sleeping" ? "(given back)" : (r.slot_ids || []).join(",")]));
   return table(["replica", "revision", "state", "since", "in flight", "slots"],
                rows.length ? rows : [["-", "", "scaled to zero", "", "", ""]], { id: "replicas-table" });
 }

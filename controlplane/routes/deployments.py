@@ -107,7 +107,10 @@ SCALING = {"type": "object", "additionalProperties": False, "properties": {
     "min_replicas": {"type": "integer", "minimum": 0},
     "max_replicas": {"type": "integer", "minimum": 1},
     "target_concurrency": {"type": "integer", "minimum": 1},
-    "idle_timeout_s": {"type": "number", "minimum": 0}}}
+    "idle_timeout_s": {"type": "number", "minimum": 0},
+    "sleep_timeout_s": {"type": "number", "minimum": 0, "description":
+                        "after idle_timeout_s, replicas sleep this long (no GPU billed, a wake "
+                        "instead of a cold start) before they stop; 0: no sleep tier"}}}
 ENGINE = {"type": "object", "description": "runtime engine options; speculative.model is a "
                                            "model URI under the same sources"}
 CREATE_BODY = {"type": "object", "required": ["name", "model_uri"], "additionalProperties": False,

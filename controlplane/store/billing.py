@@ -134,15 +134,15 @@ async def gpu_rows(session: AsyncSession, tenant_id: str, window: Window,
     r = ReplicaLifetime
     found = (await session.execute(
         select(r.deployment_id, r.gpu_count, r.placed_at, r.stopped_at, r.last_seen_at,
-               Deployment.name, Revision.model_uri, Revision.number)
+               Deployment.name, Revision.model_uri, Revision.number, r.sleeps)
         .outerjoin(Deployment, Deployment.id == r.deployment_id)
         .outerjoin(Revision, Revision.id == r.revision_id)
         .where(r.tenant_id == tenant_id, r.placed_at.is_not(None), r.placed_at < window.end,
                func.coalesce(r.stopped_at, r.last_seen_at, r.placed_at) > window.start)
     )).tuples()
     lifetimes = [Lifetime(deployment_id, gpu_count, placed, stopped, seen,
-                          _gpu_label(group_by, name, model, number))
-                 for deployment_id, gpu_count, placed, stopped, seen, name, model, number in found]
+                          _gpu_label(group_by, name, model, number), tuple(sleeps or ()))
+                 for deployment_id, gpu_count, placed, stopped, seen, name, model, number, sleeps in found]
     book = await prices.rows_for_tenant(session, tenant_id)
     timelines = {d: prices.applicable(book, d) for d in {t.deployment_id for t in lifetimes}}
     return gpu_by_key(lifetimes, timelines, window, by_day=group_by == "day")

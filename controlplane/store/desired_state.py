@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -23,6 +23,7 @@ from pool.api import Heartbeat, ReplicaEvent, RevisionSpec, S3Access
 
 STOPPED_STATES = frozenset({"stopped", "failed"})
 LOST = "lost"          # closed by a heartbeat that no longer listed it
+SLEEPING, WAKING = "sleeping", "waking"     # the sleep tier: GPUs given back, and taken again
 log = logging.getLogger("thawpool.desired_state")
 
 
@@ -77,7 +78,10 @@ class PostgresReplicaEvents:
 
     A row closes once: events after its stop are ignored, except that a recorded stop
     replaces the close a heartbeat made when the replica went missing (`lost`), since
-    the pool retries the stop event in order and it may arrive after that heartbeat."""
+    the pool retries the stop event in order and it may arrive after that heartbeat.
+    A `sleeping` and a `waking` event each add their time to `sleeps` (once: a retried
+    one finds its state already recorded); a sleeper is in no heartbeat and is not
+    lost for it (it bills nothing meanwhile)."""
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession]):
         self.sessions = sessions
@@ -93,7 +97,7 @@ class PostgresReplicaEvents:
         r, ids = ReplicaLifetime, list(beat.replica_ids)
         seen = update(r).where(r.stopped_at.is_(None), r.replica_id.in_(ids)).values(
             last_seen_at=func.greatest(func.coalesce(r.last_seen_at, beat.at), beat.at))
-        lost = update(r).where(r.stopped_at.is_(None), r.placed_at.is_not(None),
+        lost = update(r).where(r.stopped_at.is_(None), r.placed_at.is_not(None), r.state != SLEEPING,
                                r.replica_id.not_in(ids)).values(
             stopped_at=func.greatest(func.coalesce(r.last_seen_at, r.placed_at), r.placed_at),
             state=LOST, reason=f"lost: not in the pool's heartbeat at {beat.at.isoformat()}")
@@ -132,12 +136,15 @@ def _upsert(event: ReplicaEvent) -> Any:
     if event.slot_ids:
         stamps["slot_ids"] = list(event.slot_ids)
         stamps["placed_at"] = func.coalesce(r.placed_at, event.at)
+    if event.state in (SLEEPING, WAKING):      # a retried event is added once
+        stamps["sleeps"] = case((r.state == event.state, r.sleeps),
+                                else_=func.array_append(r.sleeps, event.at))
     if event.reason is not None:
         stamps["reason"] = event.reason
     if event.state == "loading":
         stamps["loading_at"] = event.at
     if event.state == "ready":
-        stamps["ready_at"] = event.at
+        stamps["ready_at"] = func.coalesce(r.ready_at, event.at)   # its cold start's, not a wake's
     if stopping:
         stamps["stopped_at"] = func.greatest(func.coalesce(r.stopped_at, event.at), event.at)
     if event.prompt_tokens is not None and event.completion_tokens is not None:

@@ -57,6 +57,13 @@ class Backend(Protocol):
         differ in what they hold, which nodes_holding reports."""
         ...
 
+    @property
+    def can_sleep(self) -> bool:
+        """True: a sleeping replica (pool/sleep_tier.py) frees its GPUs for the pool to
+        place others on; False: the backend holds a replica's GPUs for its whole life (a
+        Ray actor's num_gpus), so idle replicas are stopped instead of sleeping."""
+        ...
+
     async def start(self) -> None: ...
 
     async def close(self) -> None:

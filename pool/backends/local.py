@@ -85,6 +85,7 @@ class WarmProcess:
 
 class LocalBackend:
     pulls_on_node = False            # replicas read the pool's own cache folder
+    can_sleep = True                 # a process's GPU memory is freed by its /sleep
 
     def __init__(self, settings: PoolSettings):
         self.settings = settings

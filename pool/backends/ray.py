@@ -101,6 +101,7 @@ class RayBackend:
     # Each node pulls a revision's weights into its own cache (ReplicaActor.model_folder):
     # the pool skips its local fetch and passes no model folder.
     pulls_on_node = True
+    can_sleep = False                # an actor holds its num_gpus until it ends
 
     def __init__(self, settings: PoolSettings, address: Optional[str] = None,
                  gpu_memory_gb: Optional[float] = None, bind_host: Optional[str] = None):

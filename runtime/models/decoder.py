@@ -35,7 +35,7 @@ from runtime.models.batch import ForwardBatch
 from runtime.models.mlp import GatedMLP, SparseMoE
 from runtime.models.rope import make_rotary
 from runtime.parallel import parallel_map
-from runtime.quantization import Weight, WeightMemory, pack_layer, quantize_layer, weight_memory
+from runtime.quantization import Int8Weight, Weight, WeightMemory, pack_layer, quantize_layer, weight_memory
 from runtime.tensor_parallel import TensorParallel
 
 KVCache = tuple[torch.Tensor, torch.Tensor]        # one layer's k_cache, v_cache
@@ -146,6 +146,26 @@ class DecoderModel:
 
     def weight_memory(self) -> WeightMemory:
         return weight_memory(self.layers, (self.embed, self.norm, self.lm_head))
+
+    def move_weights(self, move: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Replace every weight tensor t by move(t) (a sleeping replica's weights go to host
+        memory and back); a tensor shared by two fields (a tied head) stays shared."""
+        moved: dict[int, torch.Tensor] = {}
+
+        def one(t: torch.Tensor) -> torch.Tensor:
+            if id(t) not in moved:
+                moved[id(t)] = move(t)
+            return moved[id(t)]
+
+        def field(value):
+            if isinstance(value, Int8Weight):
+                return Int8Weight(one(value.qweight), one(value.scale))
+            return one(value) if isinstance(value, torch.Tensor) else value
+
+        self.layers = [dataclasses.replace(layer, **{f.name: field(getattr(layer, f.name))
+                                                     for f in dataclasses.fields(layer)})
+                       for layer in self.layers]
+        self.embed, self.norm, self.lm_head = (field(t) for t in (self.embed, self.norm, self.lm_head))
 
     # ---- the KV cache
 

@@ -162,3 +162,30 @@ async def test_the_replicas_own_counters_are_kept_for_reconciliation(sink, sessi
                                             completion_tokens=55, **tenant.ids))
     row = await tenant.row(sessions, "r")
     assert (row.served_prompt_tokens, row.served_completion_tokens) == (130, 55)
+
+
+async def test_a_sleeper_bills_nothing_asleep_is_not_lost_to_heartbeats_and_bills_again_awake(sink, sessions):
+    """ready -> draining -> sleeping (no slots) -> waking (slots) -> ready -> stopped:
+    billed from placement to the sleep and from the wake to the stop; a retried event is
+    counted once."""
+    tenant = Tenant(sink)
+    await tenant.event("s", "pulling", 0)
+    await tenant.event("s", "ready", 1)
+    await tenant.event("s", "draining", 10)
+    await tenant.event("s", "sleeping", 11, placed=False)
+    await tenant.event("s", "sleeping", 11, placed=False)       # the pool retried it
+    await tenant.beat(30)                                        # a sleeper is in no heartbeat
+    row = await tenant.row(sessions, "s")
+    assert (row.state, row.stopped_at, row.sleeps) == ("sleeping", None, [at(11)])
+    assert await tenant.gpu_seconds(sessions) == 2 * 11 * 60
+    await tenant.event("s", "waking", 40)
+    await tenant.event("s", "ready", 41)
+    await tenant.beat(45, "s")
+    assert await tenant.gpu_seconds(sessions) == 2 * (11 + 5) * 60
+    await tenant.event("s", "draining", 50)
+    await tenant.event("s", "sleeping", 51, placed=False)
+    await tenant.event("s", "stopped", 90, placed=False)
+    row = await tenant.row(sessions, "s")
+    assert row.sleeps == [at(11), at(40), at(51)] and row.stopped_at == at(90)
+    assert row.ready_at == at(1), "its cold start's ready, not the wake's"
+    assert await tenant.gpu_seconds(sessions) == 2 * (11 + 11) * 60

@@ -70,3 +70,22 @@ def test_only_the_window_is_billed():
     rows = gpu_by_key([life(placed=at(0), stopped=at(120))], {"dep": PRICES},
                       Window(at(30), at(60)), by_day=False)
     assert rows == {"d": GpuUse(Decimal(1800), Decimal(18))}
+
+
+def test_a_sleeping_replica_bills_only_its_awake_spans():
+    from controlplane.lifetimes import billed
+
+    def asleep(*marks, stopped=None, seen=None):
+        return Lifetime("dep", 2, at(0), stopped, seen, "d", tuple(at(m) for m in marks))
+    assert billed(asleep(10, 30, stopped=at(50))) == [(at(0), at(10)), (at(30), at(50))]
+    assert billed(asleep(10, seen=at(10))) == [(at(0), at(10))], "asleep now: nothing since"
+    assert billed(asleep(10, stopped=at(90))) == [(at(0), at(10))], "stopped in its sleep"
+    assert billed(asleep(10, 30, 40, 41, 60, stopped=at(100))) == [
+        (at(0), at(10)), (at(30), at(40)), (at(41), at(60))]
+    assert billed(asleep(stopped=at(5))) == [(at(0), at(5))], "no sleep: the held span"
+    assert billed(Lifetime("dep", 1, None, None, None)) == []
+    use = gpu_by_key([asleep(10, 30, stopped=at(90))], {"dep": PRICES}, WIDE, by_day=True)
+    assert use["2026-03-01"].seconds == 2 * 10 * 60 + 2 * 30 * 60       # 23:00..23:10, 23:30..24:00
+    assert use["2026-03-02"].seconds == 2 * 30 * 60                     # 00:00..00:30
+    assert sum(u.seconds for u in gpu_by_key([asleep(10, 30, stopped=at(50))], {"dep": PRICES},
+                                             Window(at(5), at(35)), by_day=False).values()) == 2 * 10 * 60

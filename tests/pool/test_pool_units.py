@@ -173,6 +173,7 @@ class FakeBackend:
     """A whole Backend (pool.backends.base) that starts nothing: inventory() answers
     whatever `slots` holds now, as a cluster's would while nodes come and go."""
     pulls_on_node = True
+    can_sleep = False
 
     def __init__(self, slots: Sequence[Slot]):
         self.slots = list(slots)

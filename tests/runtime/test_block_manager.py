@@ -161,3 +161,22 @@ def test_sliding_window_revives_only_live_cached_blocks():
     assert bm.block_table("b") == [NULL_BLOCK, NULL_BLOCK, NULL_BLOCK, 4, 3]   # 3: least recently freed
     assert bm.cached_prefix(tokens) == [1, 2]
     bm.check_invariants()
+
+
+def test_dropping_the_prefix_cache_frees_every_cached_block_and_forgets_their_hashes():
+    bm = BlockManager(num_blocks=6, block_size=4)
+    bm.allocate("a", [], len(A))
+    bm.commit("a", A, len(A))
+    try:
+        bm.drop_prefix_cache()
+        raise AssertionError("dropped while a request holds blocks")
+    except RuntimeError as exc:
+        assert "1 request(s)" in str(exc)
+    bm.deallocate("a")
+    assert bm.cached_prefix(A) == [0, 1]
+    assert bm.drop_prefix_cache() == 2
+    assert bm.cached_prefix(A) == [] and bm.num_free_blocks == 6
+    bm.allocate("b", [], 24)                           # every block, none of them stale
+    assert sorted(bm.block_table("b")) == list(range(6))
+    bm.deallocate("b")
+    bm.check_invariants()

@@ -7,7 +7,8 @@ import httpx
 from tests.runtime_server.conftest import STANDBY_SECRET
 
 PATHS = [("GET", "/v1/models"), ("GET", "/metrics"), ("POST", "/v1/completions"),
-         ("POST", "/v1/chat/completions"), ("POST", "/admin/load"), ("GET", "/no/such/path")]
+         ("POST", "/v1/chat/completions"), ("POST", "/admin/load"), ("POST", "/sleep"), ("POST", "/wake"),
+         ("GET", "/no/such/path")]
 
 
 def test_a_replica_with_a_secret_refuses_every_call_without_it_but_health(standby):
