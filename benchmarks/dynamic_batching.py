@@ -1,22 +1,24 @@
 """Dynamic batching on vs off: the example function under closed-loop load, through the
 real control plane.
 
-    .venv/bin/python benchmarks/dynamic_batching.py [--hidden 2048] [--requests 256]
-                                                    [--concurrency 1 8 32]
+    .venv/bin/python benchmarks/dynamic_batching.py [--hidden 4096] [--layers 5]
+                                                    [--requests 256] [--concurrency 1 8 32]
 
 Starts its own Postgres (pgserver) and S3 (SeaweedFS), the control plane with the real
 pool (two CPU slots, one-thread replicas), builds the example text classifier
-(examples/functions/text-classifier) with a wider MLP (`--hidden`, untrained: only
-its cost matters here) and deploys it twice from S3: `batched` with the example's
-batching (max_batch_size 32, max_wait_ms 5) and `unbatched` with max_batch_size 1,
-its peer in the same run. At each concurrency, that many clients each send one
-text per call, back to back, until `--requests` calls are answered; the two
-deployments take turns. Printed: throughput (calls/s), p50/p99 latency and the
-items per predict call the replica saw, and the ratio batched / unbatched; first
-through the control plane (what a tenant gets), then straight to each replica with
-its secret (the batching alone: on a small shared machine the control plane's own
-CPU, in this process, can cap the rate before the replica sees concurrency). The report is also written to
-benchmarks/results/dynamic_batching.txt.
+(examples/functions/text-classifier) with a wider, deeper MLP (untrained: only its
+cost matters here; by default 67M weights, 268 MB, the size of a small BERT-class
+encoder, whose one-item forward pass reads every weight, as a GPU's does at batch 1)
+and deploys it twice from S3: `batched` with the example's batching (max_batch_size
+32, max_wait_ms 5) and `unbatched` with max_batch_size 1, its peer in the same run.
+At each concurrency, that many clients each send one text per call, back to back,
+until `--requests` calls are answered; the two deployments take turns. The clients
+run in a process of their own (aiohttp), as a tenant's would be elsewhere: in the
+control plane's process they would spend its CPU. Printed: throughput (calls/s),
+p50/p99 latency and the items per predict call the replica saw, and the ratio batched
+/ unbatched; first through the control plane (what a tenant gets), then straight to
+each replica with its secret (the batching alone); then issue 21's targets through
+the control plane. The report is also written to benchmarks/results/dynamic_batching.txt.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tomllib
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -101,8 +104,11 @@ class Clients:
             self.pool, closed_loop, url, headers, concurrency, requests)
 
 
+Figures = dict[str, tuple[float, float, float]]      # mode -> (calls/s, p50 ms, p99 ms)
+
+
 async def level(clients: Clients, via: str, route, stats: dict, concurrency: int,
-                requests: int) -> None:
+                requests: int) -> Figures:
     """Both deployments at one concurrency, then their ratio."""
     figures = {}
     for name in ("unbatched", "batched"):
@@ -116,6 +122,21 @@ async def level(clients: Clients, via: str, route, stats: dict, concurrency: int
     on, off = figures["batched"], figures["unbatched"]
     print(f"{via:>13} {concurrency:>5}  ratio: throughput {on[0] / off[0]:.2f}x, "
           f"p50 {on[1] / off[1]:.2f}x, p99 {on[2] / off[2]:.2f}x (batched / unbatched)", flush=True)
+    return figures
+
+
+def targets(levels: dict[int, Figures], max_wait_ms: float) -> None:
+    """Issue 21's targets, through the control plane: at concurrency 32 at least 3x the
+    throughput with p99 no worse; at concurrency 1 at most max_wait_ms added (p50)."""
+    if 32 in levels:
+        on, off = levels[32]["batched"], levels[32]["unbatched"]
+        met = on[0] / off[0] >= 3 and on[2] <= off[2]
+        print(f"target at concurrency 32: throughput >= 3x with p99 no worse: {on[0] / off[0]:.2f}x, "
+              f"p99 {on[2]:.1f} vs {off[2]:.1f} ms: {'met' if met else 'NOT met'}")
+    if 1 in levels:
+        added = levels[1]["batched"][1] - levels[1]["unbatched"][1]
+        print(f"target at concurrency 1: added p50 <= max_wait_ms ({max_wait_ms:g} ms): "
+              f"{added:+.1f} ms: {'met' if added <= max_wait_ms else 'NOT met'}")
 
 
 def pct(values: list[float], q: int) -> float:
@@ -139,7 +160,10 @@ async def run(args, work: Path) -> None:
             client = plane.client(await plane.tenant_key("bench"))
             revisions = {}
             clients = Clients()
-            for name, folder in packages(work, args.hidden, args.layers).items():
+            folders = packages(work, args.hidden, args.layers)
+            max_wait_ms = tomllib.loads((folders["batched"] / "thawpool.toml").read_text())[
+                "batching"]["max_wait_ms"]
+            for name, folder in folders.items():
                 uri = upload(folder, s3, MODELS_BUCKET, f"bench/{name}")
                 made = await client.post("/v1/deployments", json={
                     "name": name, "kind": "function", "model_uri": uri,
@@ -162,8 +186,11 @@ async def run(args, work: Path) -> None:
                   f"{'items/batch':>12}")
             try:
                 for via, route in routes.items():
-                    for concurrency in args.concurrency:
-                        await level(clients, via, route, stats, concurrency, args.requests)
+                    levels = {c: await level(clients, via, route, stats, c, args.requests)
+                              for c in args.concurrency}
+                    if via == "control plane":
+                        through_plane_levels = levels
+                targets(through_plane_levels, max_wait_ms)
             finally:
                 clients.pool.shutdown()
                 for http in stats.values():
@@ -175,8 +202,8 @@ async def run(args, work: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--layers", type=int, default=5)
     p.add_argument("--requests", type=int, default=256)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     args = p.parse_args()

@@ -19,6 +19,12 @@ from typing import Any
 from runtime.architectures import ARCHITECTURES
 
 
+def import_all() -> None:
+    """Every family's module: a warm standby does not yet know which one its load needs."""
+    for module in sorted({spec.model.split(":")[0] for spec in ARCHITECTURES.values()}):
+        importlib.import_module(f"runtime.models.{module}")
+
+
 def model_class(architecture: str) -> Any:
     """The DecoderModel subclass that serves `architecture` (a name config.py accepted)."""
     module, name = ARCHITECTURES[architecture].model.split(":")
