@@ -75,7 +75,8 @@ def run_thawpool(model_dir: Path, work: Workload, args) -> dict:
     produced = sum(len(o.token_ids) for o in outs)
     assert produced == work.output_tokens, (produced, work.output_tokens)
     step_s, fwd_s = engine.step_s - step0, engine.forward_s - fwd0
-    return {"wall_s": wall, "tok_s": produced / wall, "tok_cpu_s": produced / cpu, "overhead": (wall - fwd_s) / wall,
+    return {"wall_s": wall, "cpu_s": cpu, "tok_s": produced / wall, "tok_cpu_s": produced / cpu,
+            "overhead": (wall - fwd_s) / wall,
             "step_overhead": (step_s - fwd_s) / wall, "preemptions": engine.stats().num_preemptions}
 
 
@@ -101,6 +102,23 @@ def run_transformers(model_dir: Path, work: Workload, batch_size: int) -> dict:
                            do_sample=False, pad_token_id=0)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     return {"wall_s": wall, "tok_s": work.output_tokens / wall, "tok_cpu_s": work.output_tokens / cpu}
+
+
+def print_roofline(model_dir: Path, work: Workload, ours: dict, threads: int) -> None:
+    """The share of the compute roofline the run reached (benchmarks/roofline.py): by wall
+    time, and by CPU time (the GEMM rate per thread times the CPU-seconds the run used:
+    robust to a busy machine)."""
+    from benchmarks.roofline import DecoderShape, gemm_flops_per_s, workload_flops
+    from runtime.config import ModelConfig
+
+    shape = DecoderShape.of(ModelConfig.from_dir(model_dir))
+    flops = workload_flops(shape, [len(p) for p in work.prompts], work.output_lens)
+    rate = gemm_flops_per_s(shape.hidden, shape.intermediate)
+    floor_s = flops / rate
+    print(f"roofline: {flops / 1e9:.1f} GFLOP of GEMMs at the measured fp32 rate of "
+          f"{rate / 1e9:.1f} GFLOP/s = {floor_s:.1f} s; the run took {ours['wall_s']:.1f} s: "
+          f"{100 * floor_s / ours['wall_s']:.1f}% of the roofline (issue 20's target: 65%); "
+          f"by CPU time {100 * floor_s * threads / ours['cpu_s']:.1f}%")
 
 
 def main() -> None:
@@ -143,6 +161,7 @@ def main() -> None:
           f"{ours['preemptions']} preemptions; {ours['tok_cpu_s']:.1f} tok per CPU-second)")
     print(f"  step-loop overhead (outside model forward): {100 * ours['overhead']:.1f}% of wall "
           f"({100 * ours['step_overhead']:.1f}% inside engine.step)")
+    print_roofline(model_dir, work, ours, args.threads)
     if args.skip_transformers:
         return
     tried = {}

@@ -9,7 +9,9 @@ the load timings, and nothing later waits on I/O. A tensor stored in another dty
 the engine's is converted (one copy); a tensor-parallel shard is a view of its rows or
 columns.
 
-Elsewhere (CUDA) safetensors reads each tensor, or only its shard, onto the device.
+On CUDA the same mapped views are streamed to the device through pinned staging
+buffers by several threads (runtime/device_loader.py); `iter_weights`, safetensors'
+own read onto the device, is the reference it is checked against.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Callable, Iterator, Optional
 import torch
 from safetensors import safe_open
 
+from runtime.device_loader import stream_to_device
 from runtime.load_timings import LoadTimings
 from runtime.parallel import parallel_map
 from runtime.safetensors_layout import PREFIX_BYTES, TensorEntry, chunks, header_length, parse_header
@@ -58,8 +61,8 @@ def read_weights(model_dir: str | Path, dtype: torch.dtype, device: str, timings
     if torch.device(device).type == "cpu":
         tensors, moved = mapped_weights(model_dir, dtype, shard_of)
     else:
-        tensors = dict(iter_weights(model_dir, dtype, device, shard_of))
-        moved = sum(t.numel() * t.element_size() for t in tensors.values())
+        views, _ = host_views(model_dir, shard_of, populate_pages=False)
+        tensors, moved = stream_to_device(views, device, dtype)
     timings.weight_bytes += moved
     timings.record("weights", since)
     return tensors
@@ -68,14 +71,24 @@ def read_weights(model_dir: str | Path, dtype: torch.dtype, device: str, timings
 def mapped_weights(model_dir: str | Path, dtype: torch.dtype,
                    shard_of: Optional[ShardOf] = None) -> tuple[dict[str, torch.Tensor], int]:
     """(name -> CPU tensor viewing the mapped file, bytes populated)."""
+    views, moved = host_views(model_dir, shard_of)
+    return {name: tensor.to(dtype=dtype) for name, tensor in views.items()}, moved
+
+
+def host_views(model_dir: str | Path, shard_of: Optional[ShardOf] = None,
+               populate_pages: bool = True) -> tuple[dict[str, torch.Tensor], int]:
+    """(name -> tensor in its stored dtype viewing the mapped file, bytes populated); with
+    populate_pages False the pages are faulted in by whoever reads them (the device
+    loader's staging copies)."""
     tensors: dict[str, torch.Tensor] = {}
     moved = 0
     for path in weight_files(model_dir):
         mapping, entries = map_file(path)
-        moved += populate(mapping)
+        if populate_pages:
+            moved += populate(mapping)
         for entry in entries:
-            tensor = _sharded(tensor_view(mapping, entry), shard_of(entry.name) if shard_of else None)
-            tensors[entry.name] = tensor.to(dtype=dtype)
+            tensors[entry.name] = _sharded(tensor_view(mapping, entry),
+                                           shard_of(entry.name) if shard_of else None)
     return tensors, moved
 
 

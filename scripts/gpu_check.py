@@ -9,6 +9,8 @@ figures (the checks themselves are in scripts/gpu_checks.py):
 - random_models:      the random Llamas the others run (see scripts/gpu_checks.py):
                       exactness, int8 and throughput run the trained SmolLM2 instead
                       when `make model` has imported it (or --model DIR; --random: never);
+- weight_loader:      runtime/device_loader.py (pinned staging, overlapped copies) against
+                      safetensors' own read onto the GPU: equal tensors, and each GB/s;
 - triton_kernels:     tests/kernels/test_triton_*.py compiled for and run on the GPU
                       against the torch references, and the engine's dispatch picks them;
 - exactness_fp16/bf16: the engine on CUDA (continuous batching, chunked prefill,
@@ -77,7 +79,8 @@ class Result:
 # On one GPU the limits add up to TOTAL_S; tensor parallelism (2+ GPUs) has what is left.
 CHECKS = (
     Check("random_models", 40, needs_models=False),
-    Check("triton_kernels", 150),
+    Check("weight_loader", 25),
+    Check("triton_kernels", 125),
     Check("exactness_fp16", 50),
     Check("exactness_bf16", 50),
     Check("int8_vs_bf16_batch1", 50),

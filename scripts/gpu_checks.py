@@ -316,8 +316,24 @@ def transformers_static(model_dir: Path, device: str, prompts: list[list[int]], 
     return _timed(run_all)[1]
 
 
+def weight_loader(models: Models, device: str) -> Outcome:
+    """runtime/device_loader.py (pinned staging, 4 threads) against safetensors' own read
+    onto the device: the same bytes, and each one's GB/s."""
+    from runtime.device_loader import stream_to_device
+    from runtime.loader import host_views, iter_weights
+
+    model = models.bench
+    reference, peer_s = _timed(lambda: dict(iter_weights(model, torch.float32, device)))
+    (ours, moved), ours_s = _timed(lambda: stream_to_device(host_views(model)[0], device, torch.float32))
+    equal = ours.keys() == reference.keys() and all(torch.equal(ours[k], reference[k]) for k in ours)
+    return equal, (f"{moved / 1e6:.0f} MB: pinned staging {moved / ours_s / 1e9:.2f} GB/s, safetensors "
+                   f"{moved / peer_s / 1e9:.2f} GB/s ({peer_s / ours_s:.2f}x); "
+                   f"{'every tensor equal' if equal else 'TENSORS DIFFER'}")
+
+
 CHECKS: dict[str, Callable[[Models, str], Outcome]] = {
     "random_models": random_models,
+    "weight_loader": weight_loader,
     "triton_kernels": triton_kernels,
     "exactness_fp16": lambda model, device: exactness(model, device, "float16"),
     "exactness_bf16": lambda model, device: exactness(model, device, "bfloat16"),
