@@ -26,6 +26,8 @@ def register(commands: Subcommands, flags: argparse.ArgumentParser) -> None:
     deploy.add_argument("--gpu-memory-gb", type=float, default=None, help="memory per replica")
     for name, flag in SCALING_FLAGS.items():
         deploy.add_argument(flag, dest=name, type=float if name in SECONDS else int, default=None)
+    deploy.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=None,
+                        help="pull the weights into the node cache on deploy and scale-up")
     deploy.add_argument("--engine", nargs="*", default=[], metavar="KEY=VALUE",
                         help="engine options, values as JSON (kv_cache_tokens=4096)")
     deploy.add_argument("--no-promote", action="store_true",
@@ -62,7 +64,7 @@ def _body(args: argparse.Namespace, client: Client) -> JSON:
         body["model_uri"] = model_uri(client, args.model)
     resources = {k: v for k, v in (("gpu_count", args.gpus),
                                    ("gpu_memory_gb", args.gpu_memory_gb)) if v is not None}
-    scaling = {k: getattr(args, k) for k in SCALING_FLAGS if getattr(args, k) is not None}
+    scaling = {k: getattr(args, k) for k in (*SCALING_FLAGS, "prefetch") if getattr(args, k) is not None}
     engine = {k: _json_value(v) for k, v in parse_pairs(args.engine, "--engine").items()}
     body.update({k: v for k, v in (("resources", resources), ("scaling", scaling),
                                    ("engine", engine)) if v})

@@ -12,12 +12,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from controlplane.fields import integer, number, obj, storable_json
+from controlplane.fields import boolean, integer, number, obj, storable_json
 from controlplane.model_sources import parse_s3_uri
 from controlplane.store.errors import Forbidden, InvalidField
 from pool.api import FUNCTION_ARCHITECTURE, ModelInfo
 from runtime.architectures import (SUPPORTED_ARCHITECTURES,   # torch-free: the runtime's own list
                                    engine_option_refusal)
+from runtime.tensor_parallel import kv_heads_refusal   # torch-free arithmetic
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENGINE_FIELDS = frozenset({"dtype", "kv_cache_tokens", "enable_prefix_caching", "speculative",
@@ -48,6 +49,9 @@ class Scaling:
     # the sleep tier: idle replicas sleep this long (GPU released, weights in host memory)
     # before they stop; 0: they stop at once (a function's replicas always do)
     sleep_timeout_s: float = 0.0
+    # the pool pulls a revision's weights into its node cache when it is deployed and on
+    # each scale-up, before a request needs them: a cold start then downloads nothing
+    prefetch: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,8 @@ def parse_scaling(value: Any, base: Scaling) -> Scaling:
         idle_timeout_s=number("scaling.idle_timeout_s",
                               value.get("idle_timeout_s", base.idle_timeout_s), minimum=0.0),
         sleep_timeout_s=number("scaling.sleep_timeout_s",
-                               value.get("sleep_timeout_s", base.sleep_timeout_s), minimum=0.0))
+                               value.get("sleep_timeout_s", base.sleep_timeout_s), minimum=0.0),
+        prefetch=boolean("scaling.prefetch", value.get("prefetch", base.prefetch)))
     if scaling.min_replicas > scaling.max_replicas:
         raise InvalidField("scaling.min_replicas", "must not exceed scaling.max_replicas")
     return scaling
@@ -253,14 +258,16 @@ def check_model(info: ModelInfo, resources: Resources, field_name: str = "model_
 
 
 def _check_heads(info: ModelInfo, gpu_count: int) -> None:
-    """Tensor parallelism splits attention heads whole, gpu_count ways (0: config.json
-    does not say, which cannot be split either)."""
+    """Tensor parallelism splits attention heads whole, gpu_count ways, and splits the KV
+    heads or replicates one on each rank (runtime/tensor_parallel.py); 0: config.json does
+    not say, which cannot be split either."""
     if gpu_count == 1:
         return
-    counts = {"num_attention_heads": info.num_attention_heads,
-              "num_key_value_heads": info.num_key_value_heads}
-    for name, value in counts.items():
-        if value <= 0 or value % gpu_count:
-            raise InvalidField("resources.gpu_count",
-                               f"{gpu_count} does not divide the model's {name} ({value}); "
-                               "a replica on several GPUs splits the heads between them")
+    heads = info.num_attention_heads
+    if heads <= 0 or heads % gpu_count:
+        raise InvalidField("resources.gpu_count",
+                           f"{gpu_count} does not divide the model's num_attention_heads ({heads}); "
+                           "a replica on several GPUs splits the heads between them")
+    refusal = kv_heads_refusal(info.num_key_value_heads, gpu_count)
+    if refusal is not None:
+        raise InvalidField("resources.gpu_count", refusal)

@@ -51,6 +51,12 @@ def number(name: str, value: Any, minimum: float, exclusive: bool = False) -> fl
     return float(value)
 
 
+def boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidField(name, "must be true or false")
+    return value
+
+
 def text(name: str, value: Any, max_length: int = 200) -> str:
     if not isinstance(value, str):
         raise InvalidField(name, "must be a string")

@@ -72,6 +72,7 @@ class Deployment(Base):
     target_concurrency: Mapped[int] = mapped_column(Integer)
     idle_timeout_s: Mapped[float] = mapped_column(Float)
     sleep_timeout_s: Mapped[float] = mapped_column(Float, server_default=text("0"))   # 0010
+    prefetch: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))     # 0011
     traffic: Mapped[dict[str, Any]] = mapped_column(JSONB)   # {"r1": 90, "r2": 10}
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)

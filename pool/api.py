@@ -59,6 +59,9 @@ class RevisionSpec:
     # The sleep tier: an idle replica sleeps (process and host-memory weights kept, GPU
     # slots released, no GPU seconds) for this long before it stops; 0: it stops at once.
     sleep_timeout_s: float = 0.0
+    # Prefetch (pool/prefetch.py): the pool pulls the revision's weights into its cache
+    # when the revision appears or changes, and on each scale-up, in the background.
+    prefetch: bool = False
 
     @property
     def shape(self) -> "ReplicaShape":
@@ -106,6 +109,7 @@ class ColdStartTimings:
     queue_s: float = 0.0
     placement_s: float = 0.0
     download_s: float = 0.0
+    downloaded_bytes: int = 0      # what its pull fetched from S3 (0: all in the cache)
     env_s: float = 0.0             # a function's per-revision venv (0 when cached or a model)
     load_s: float = 0.0
     total_s: float = 0.0
@@ -215,6 +219,10 @@ class RevisionStatus:
     queued_requests: int = 0
     desired_replicas: int = 0
     last_error: Optional[str] = None
+    # every file of its weights (and a draft model's) is in the pool's cache now, as its
+    # latest prefetch or a live replica's pull left them; a prefetch that failed says why
+    weights_cached: bool = False
+    prefetch_error: Optional[str] = None
 
 
 class DesiredStateSource(Protocol):

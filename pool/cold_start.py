@@ -177,6 +177,7 @@ class ColdStart:
         store = await self.stores.store_for(managed.spec.tenant_id, model_uri)
         files = await stage(store.fetch_model(model_uri), self.settings.pull_timeout_s, "pulling")
         managed.files += (files,)
+        managed.replica.downloaded_bytes += files.downloaded_bytes
         return files.model_dir
 
 
@@ -199,7 +200,7 @@ def cold_start_timings(replica: Replica, queue_s: float) -> ColdStartTimings:
     ready_at = replica.entered(ReplicaState.READY) or replica.created_mono
     return ColdStartTimings(queue_s=queue_s, placement_s=replica.seconds_in(ReplicaState.PENDING),
                             download_s=replica.seconds_in(ReplicaState.PULLING) - replica.env_s,
-                            env_s=replica.env_s,
+                            downloaded_bytes=replica.downloaded_bytes, env_s=replica.env_s,
                             load_s=replica.seconds_in(ReplicaState.LOADING),
                             total_s=ready_at - replica.created_mono,
                             load_stages=dict(replica.load_stages))

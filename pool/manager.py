@@ -27,6 +27,11 @@ sleepers before it starts new replicas; sleepers stop after their timeout or to 
 room in their node's host-memory budget (pool/sleep_budget.py), and a sleeper that
 cannot have its slots back or fails to wake is stopped for a cold start.
 
+Prefetch (pool/prefetch.py decides, pool/prefetcher.py pulls): a revision whose spec
+has `prefetch` gets its weights pulled into the cache in the background when it appears
+in the desired state and on each scale-up, holding no slot; its status says whether its
+weights are cached (`weights_cached`).
+
 The backend comes from the settings (`pool.backends.build_backend`) unless one
 is injected.
 """
@@ -58,9 +63,11 @@ from pool.health import served_tokens, serves, why_unhealthy
 from pool.inventory import Slot
 from pool.lease import ReplicaLease
 from pool.registry import (ManagedReplica, Registry, RevisionState, holding_slots, revision_status,
-                           scale_down_order, scaling_snapshot, waits)
+                           scale_down_order, scaling_snapshot, waits, weight_keys)
 from pool.replica import LIVE, STARTING, Replica, ReplicaState
 from pool.replica_events import ReplicaEvents
+from pool.prefetch import to_prefetch
+from pool.prefetcher import Prefetcher
 from pool.sleep_budget import Sleeper, make_room
 from pool.sleep_tier import SleepFailed, SleepTier
 from pool.router import Candidate, choose
@@ -81,6 +88,7 @@ class Running:
     http: httpx.AsyncClient
     cold_start: ColdStart
     sleep_tier: SleepTier
+    prefetcher: Prefetcher
 
 
 class PoolManager:
@@ -117,7 +125,8 @@ class PoolManager:
         stores = SourceStores(weights, self.desired, self._stack)
         cold_start = ColdStart(self.settings, self.backend, self.capacity, self._events, stores, http)
         sleep_tier = SleepTier(self.settings, self.backend, self.capacity, self._events, http, self.clock)
-        self._opened = Running(weights, http, cold_start, sleep_tier)
+        self._opened = Running(weights, http, cold_start, sleep_tier,
+                               Prefetcher(stores, self.settings.pull_timeout_s))
         await self.backend.start()
         self.started = True                      # from here on, stop() undoes what start() did
         await self.capacity.update(await self.backend.inventory())
@@ -136,6 +145,7 @@ class PoolManager:
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
+        await self._running.prefetcher.close()
         await self._stop_replicas()
         await self.backend.close()
         self._events.beat(self._heartbeat_now({}))         # nothing holds slots any more
@@ -210,7 +220,10 @@ class PoolManager:
 
     def revision_status(self, revision_id: str) -> RevisionStatus:
         rev = self._registry.get(revision_id)
-        return RevisionStatus(revision_id, "unknown") if rev is None else revision_status(rev)
+        if rev is None:
+            return RevisionStatus(revision_id, "unknown")
+        keys = weight_keys(rev)
+        return revision_status(rev, weights_cached=bool(keys) and self._running.weights.cache.holds(keys))
 
     async def refresh(self) -> None:
         await self._read_desired()
@@ -302,6 +315,16 @@ class PoolManager:
     def _reconcile_all(self) -> None:
         for rev in self._registry.all():
             self._reconcile(rev)
+        self._start_prefetches()
+
+    def _start_prefetches(self) -> None:
+        """Weights into the cache, in the background, for the revisions due one (pool/prefetch.py)."""
+        prefetcher = self._running.prefetcher
+        views = {rev.spec.revision_id: (rev, prefetcher.view(rev, not self.backend.pulls_on_node))
+                 for rev in self._registry.all()}
+        for revision_id in to_prefetch(view for _, view in views.values()):
+            rev, view = views[revision_id]
+            prefetcher.start(rev, view.target)
 
     def _reconcile(self, rev: RevisionState) -> None:
         if rev.retired:                          # no longer deployed: drain everything now
@@ -313,6 +336,7 @@ class PoolManager:
         rev.desired = decision.desired
         live = rev.in_state(*STARTING, WAKING, READY)
         if rev.desired > len(live) and may_start(rev.backoff, self.clock.mono()):
+            rev.scale_ups += 1                   # a prefetch joins the pulls (pool/prefetch.py)
             for _ in range(rev.desired - len(live)):
                 self._wake_or_start(rev)
         elif rev.desired < len(live):
@@ -481,6 +505,7 @@ class PoolManager:
             self._notice_crashes(rev)
             self._expire_drains(rev)
             self._reconcile(rev)
+        self._start_prefetches()
         self._registry.drop_finished()
         if self.clock.mono() - self._last_beat >= self.settings.heartbeat_s and \
                 (self._beating is None or self._beating.done()):

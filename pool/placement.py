@@ -126,9 +126,12 @@ def weights_of(info: ModelInfo, engine: Mapping[str, Any]) -> int:
     return weight_bytes(info, engine.get("dtype") or RUNTIME_DEFAULT_DTYPE, engine.get("quantization"))
 
 
-def kv_bytes(info: ModelInfo, dtype: Optional[str], tokens: int) -> int:
+def kv_bytes(info: ModelInfo, dtype: Optional[str], tokens: int, gpu_count: int = 1) -> int:
+    """The KV cache of the whole replica: with more ranks than KV heads each rank caches
+    its own copy of one (runtime/tensor_parallel.py), so there are gpu_count of them."""
     width = DTYPE_BYTES.get(dtype or "", 0) or _checkpoint_width(info)
-    return 2 * info.num_hidden_layers * info.num_key_value_heads * info.head_dim * width * tokens
+    heads = max(info.num_key_value_heads, gpu_count)
+    return 2 * info.num_hidden_layers * heads * info.head_dim * width * tokens
 
 
 def request_for(info: ModelInfo, gpu_memory_gb: float, gpu_count: int,
@@ -142,7 +145,7 @@ def request_for(info: ModelInfo, gpu_memory_gb: float, gpu_count: int,
     # whatever width the checkpoint was saved in.
     dtype = engine.get("dtype") or RUNTIME_DEFAULT_DTYPE
     tokens = engine.get("kv_cache_tokens") or kv_tokens_default
-    need = weight_bytes(info, dtype, engine.get("quantization")) + kv_bytes(info, dtype, tokens)
+    need = weight_bytes(info, dtype, engine.get("quantization")) + kv_bytes(info, dtype, tokens, gpu_count)
     if draft is not None:
         need += weight_bytes(draft, dtype, None) + kv_bytes(draft, dtype, tokens)
     count = max(1, int(gpu_count))

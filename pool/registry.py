@@ -26,6 +26,7 @@ from pool.autoscaler import PolicyState, ScalingConfig, Snapshot
 from pool.backends.base import ReplicaHandle
 from pool.backoff import Backoff
 from pool.placement import Placed
+from pool.prefetch import Prefetched
 from pool.replica import LIVE, STARTING, Replica, ReplicaState
 from pool.settings import PoolSettings
 from pool.weights import ModelFiles
@@ -82,6 +83,8 @@ class RevisionState:
     last_error: Optional[str] = None
     desired: int = 0
     retired: bool = False
+    scale_ups: int = 0                  # scale-up decisions so far: each one prefetches again
+    prefetched: Optional[Prefetched] = None   # its latest prefetch (pool/prefetch.py)
 
     def in_state(self, *states: ReplicaState) -> list[ManagedReplica]:
         return [r for r in self.replicas.values() if r.state in states]
@@ -181,14 +184,24 @@ def scale_down_order(live: list[ManagedReplica]) -> list[ManagedReplica]:
     return sorted(live, key=key)
 
 
-def revision_status(rev: RevisionState) -> RevisionStatus:
+def weight_keys(rev: RevisionState) -> tuple[str, ...]:
+    """The cache entries of the revision's weights, as its latest prefetch filled them or,
+    without one, as a live replica pinned them; empty when neither is known."""
+    if rev.prefetched is not None and rev.prefetched.keys:
+        return rev.prefetched.keys
+    pinned = next((r.files for r in rev.replicas.values() if r.state in LIVE and r.files), ())
+    return tuple(key for files in pinned for key in files.keys)
+
+
+def revision_status(rev: RevisionState, weights_cached: bool = False) -> RevisionStatus:
     replicas = tuple(ReplicaStatus(
         r.replica_id, r.state.value, r.replica.slot_ids,
         r.handle.base_url if r.handle else None, r.in_flight, r.replica.since,
         r.waiting.reason if r.state is ReplicaState.PENDING and r.waiting else r.replica.reason)
         for r in rev.replicas.values())
     return RevisionStatus(rev.spec.revision_id, summarize_state(rev), replicas, len(rev.queue),
-                          rev.desired, rev.last_error)
+                          rev.desired, rev.last_error, weights_cached,
+                          rev.prefetched.error if rev.prefetched is not None else None)
 
 
 def summarize_state(rev: RevisionState) -> str:

@@ -66,6 +66,7 @@ class Replica:
     reason: Optional[str] = None
     history: list[Transition] = field(default_factory=list)
     env_s: float = 0.0                 # a function's venv stage, inside its time in PULLING
+    downloaded_bytes: int = 0          # what its pull fetched from S3, not found in the cache
     load_stages: dict[str, float] = field(default_factory=dict)   # its /health load_timings once ready
     wake_stages: dict[str, float] = field(default_factory=dict)   # its /wake timings, of the latest wake
 

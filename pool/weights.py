@@ -53,6 +53,13 @@ class ModelFiles:
     seconds: float
 
 
+@dataclass(frozen=True)
+class CachedModel:
+    """A model put into the cache with no folder made and nothing pinned (a prefetch)."""
+    keys: tuple[str, ...]           # the cache entries it is made of
+    downloaded_bytes: int
+
+
 def entry_key(obj: S3Object) -> str:
     """Named by where the bytes came from and their ETag; the platform's objects
     (origin "") keep the names they had before tenants could bring their own bucket."""
@@ -179,6 +186,10 @@ class WeightCache:
     def __contains__(self, obj: S3Object) -> bool:
         return entry_key(obj) in self._lru
 
+    def holds(self, keys: Iterable[str]) -> bool:
+        """Every entry is in the cache now (a read, not a use: LRU order unchanged)."""
+        return all(key in self._lru for key in keys)
+
 
 class WeightStore:
     """Fetches model folders from S3 through the cache; dedupes concurrent fetches."""
@@ -232,6 +243,24 @@ class WeightStore:
         downloaded = sum(o.size for o in fresh)
         return ModelFiles(model_dir, keys, downloaded, sum(o.size for o in objects) - downloaded,
                           time.monotonic() - started)
+
+    async def cache_model(self, model_uri: str) -> CachedModel:
+        """Every file of the model into the cache, the way fetch_model gets them (a
+        download in flight for a cold start is joined, not repeated), but with no model
+        folder made and nothing left pinned: evictable like any idle entry."""
+        if is_gguf_uri(model_uri):
+            files = await self._fetch_gguf(model_uri)
+            self.release(files)
+            return CachedModel(files.keys, files.downloaded_bytes)
+        objects = await self.list_model(model_uri)
+        keys = tuple(entry_key(o) for o in objects)
+        fresh = sum(o.size for o in objects if o not in self.cache)
+        self.cache.pin(keys)                # the first files stay while the rest download
+        try:
+            await settle_all([self.fetch_object(o) for o in objects])
+        finally:
+            self.cache.unpin(keys)
+        return CachedModel(keys, fresh)
 
     def release(self, files: ModelFiles) -> None:
         self.cache.unpin(files.keys)

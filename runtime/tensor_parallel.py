@@ -3,7 +3,8 @@ the collectives that put the slices back together. The slicing is plain arithmet
 (no torch); torch.distributed is imported only by the collectives.
 
 Per decoder layer: q/k/v and gate/up are column-parallel (each rank holds a contiguous
-group of heads, or of MLP columns, and computes them alone); o and down are
+group of heads, or of MLP columns, and computes them alone; with more ranks than KV
+heads each rank keeps the one KV head its query heads read, as vLLM does); o and down are
 row-parallel (each rank multiplies its slice of the input features, then one
 all-reduce sums the partial outputs). The embedding and the lm head are split by
 vocabulary rows: a rank embeds only the ids it holds (the rest are zero, the
@@ -47,6 +48,15 @@ class TensorParallel:
         start = self.rank * base + min(self.rank, extra)
         return start, start + base + (1 if self.rank < extra else 0)
 
+    def kv_heads(self, num_kv_heads: int) -> tuple[int, int]:
+        """[start, stop) of the KV heads this rank holds: its share when they are at least as
+        many as the ranks; else (MQA, or GQA with few KV heads) the one head that all of its
+        query heads read, replicated on size // num_kv_heads ranks (check_divisible)."""
+        if num_kv_heads >= self.size:
+            return self.split(num_kv_heads)
+        head = self.rank * num_kv_heads // self.size
+        return head, head + 1
+
     def vocab_rows(self, vocab_size: int) -> tuple[int, int, int]:
         """(start, stop, padded): equal-sized vocab slices so that the logits all-gather
         is even; the last rank's slice is padded with zero rows past the vocabulary."""
@@ -64,7 +74,7 @@ class TensorParallel:
             start, stop = self.split(config.num_attention_heads)
             return Shard(0, start * d, stop * d)
         if kind in ("k_proj", "v_proj"):
-            start, stop = self.split(config.num_key_value_heads)
+            start, stop = self.kv_heads(config.num_key_value_heads)
             return Shard(0, start * d, stop * d)
         if kind == "o_proj":
             start, stop = self.split(config.num_attention_heads)
@@ -140,11 +150,22 @@ def check_divisible(config: ModelConfig, size: int) -> None:
     """Heads are split whole: refuse, by name, a model that does not divide."""
     if size == 1:
         return
-    for name in ("num_attention_heads", "num_key_value_heads"):
-        value = getattr(config, name)
-        if value % size:
-            raise ValueError(f"tensor_parallel_size: {size} does not divide the model's "
-                             f"{name} ({value})")
+    if config.num_attention_heads % size:
+        raise ValueError(f"tensor_parallel_size: {size} does not divide the model's "
+                         f"num_attention_heads ({config.num_attention_heads})")
+    refusal = kv_heads_refusal(config.num_key_value_heads, size)
+    if refusal is not None:
+        raise ValueError(f"tensor_parallel_size: {refusal}")
     if config.intermediate_size < size:
         raise ValueError(f"tensor_parallel_size: {size} exceeds the model's intermediate_size "
                          f"({config.intermediate_size})")
+
+
+def kv_heads_refusal(num_kv_heads: int, size: int) -> Optional[str]:
+    """Why `size` ranks cannot share num_kv_heads KV heads, or None: the ranks split them
+    evenly, or replicate each on the same number of ranks; neither is possible unless one
+    count divides the other."""
+    if num_kv_heads % size == 0 or size % num_kv_heads == 0:
+        return None
+    return (f"{size} and the model's num_key_value_heads ({num_kv_heads}): neither divides the "
+            "other; the ranks must split the KV heads evenly or each replicate one")

@@ -110,7 +110,10 @@ SCALING = {"type": "object", "additionalProperties": False, "properties": {
     "idle_timeout_s": {"type": "number", "minimum": 0},
     "sleep_timeout_s": {"type": "number", "minimum": 0, "description":
                         "after idle_timeout_s, replicas sleep this long (no GPU billed, a wake "
-                        "instead of a cold start) before they stop; 0: no sleep tier"}}}
+                        "instead of a cold start) before they stop; 0: no sleep tier"},
+    "prefetch": {"type": "boolean", "description":
+                 "pull the weights into the node cache on deploy and on each scale-up, before a "
+                 "request needs them (status: weights_cached)"}}}
 ENGINE = {"type": "object", "description": "runtime engine options; speculative.model is a "
                                            "model URI under the same sources"}
 CREATE_BODY = {"type": "object", "required": ["name", "model_uri"], "additionalProperties": False,

@@ -130,7 +130,7 @@ def kind_of(revision: Revision) -> str:
 def scaling_of(deployment: Deployment) -> Scaling:
     return Scaling(deployment.min_replicas, deployment.max_replicas,
                    deployment.target_concurrency, deployment.idle_timeout_s,
-                   deployment.sleep_timeout_s)
+                   deployment.sleep_timeout_s, deployment.prefetch)
 
 
 def revision_spec(deployment: Deployment, revision: Revision, quota: TenantQuota) -> RevisionSpec:
@@ -142,7 +142,8 @@ def revision_spec(deployment: Deployment, revision: Revision, quota: TenantQuota
         max_replicas=deployment.max_replicas,
         target_concurrency=deployment.target_concurrency,
         idle_timeout_s=deployment.idle_timeout_s, engine=dict(revision.engine), quota=quota,
-        kind=kind_of(revision), sleep_timeout_s=deployment.sleep_timeout_s)
+        kind=kind_of(revision), sleep_timeout_s=deployment.sleep_timeout_s,
+        prefetch=deployment.prefetch)
 
 
 async def names_of(session: AsyncSession, tenant_id: str) -> dict[str, str]:

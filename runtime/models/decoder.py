@@ -76,7 +76,8 @@ class DecoderModel:
         self.tp = tp = tp or TensorParallel()          # a single rank unless given
         self.config, self.dtype, self.device = config, dtype, device
         self.quantization = quantization       # None or "int8" (EngineConfig validated it)
-        self.num_kv_heads = config.num_key_value_heads // tp.size   # this rank's share
+        kv_start, kv_stop = tp.kv_heads(config.num_key_value_heads)
+        self.num_kv_heads = kv_stop - kv_start      # this rank's share, or its one replicated head
         self.vocab_start, _, self.vocab_rows = tp.vocab_rows(config.vocab_size)
         self.ops = get_kernels(device)     # Triton on CUDA when available, C on the CPU, else references
         scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5

@@ -75,7 +75,7 @@ async def test_create_get_list_delete(plane, model_uri):
     ({"engine": {"quantization": "int4"}}, "engine.quantization"),
     ({"engine": {"dtype": "auto"}}, "engine.dtype"),
     ({"engine": {"tensor_parallel_size": 2}}, "engine.tensor_parallel_size"),   # != gpu_count
-    ({"resources": {"gpu_count": 4}}, "resources.gpu_count"),     # 2 kv heads do not split 4 ways
+    ({"resources": {"gpu_count": 3}}, "resources.gpu_count"),     # 4 heads do not split 3 ways
     ({"resources": {"gpu_memory_gb": 4096}}, "resources"),        # no slot could ever hold it
     ({"name": "Has Spaces"}, "name"),
 ])

@@ -60,6 +60,8 @@ def test_weight_bytes_per_dtype_and_int8():
 
 def test_kv_bytes_and_request_sizing():
     assert kv_bytes(INFO, None, 10) == 2 * 2 * 2 * 16 * 4 * 10
+    assert kv_bytes(INFO, None, 10, gpu_count=2) == kv_bytes(INFO, None, 10)   # 2 KV heads split
+    assert kv_bytes(INFO, None, 10, gpu_count=4) == 2 * kv_bytes(INFO, None, 10)   # replicated
     req = request_for(INFO, gpu_memory_gb=0, gpu_count=2, engine={"kv_cache_tokens": 10},
                       kv_tokens_default=4096, overhead_fraction=0.0)
     assert req == PlacementRequest((4_000 + 5120) // 2, 2)

@@ -1,0 +1,91 @@
+"""Prefetches run: a revision's weights pulled into the pool's cache in the background.
+
+The manager asks which revisions are due (pool/prefetch.py) after it reconciles them
+and starts those here. A prefetch reads S3 exactly as a cold start does: through
+SourceStores, with the credentials an admin granted the revision's own tenant for the
+bucket (else the platform's), into the one cache; a download a cold start already runs
+for the same object is joined (WeightStore.fetch_object), and nothing stays pinned
+once it is done. It holds no GPU slot and blocks nothing: a failure is logged and kept
+on the revision (its status's prefetch_error), never raised.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from pool.api import ModelUnavailable, RevisionSpec
+from pool.backends.runtime_args import draft_model_uri
+from pool.cold_start import failure_reason
+from pool.prefetch import Prefetched, PrefetchView, Target
+from pool.registry import RevisionState
+from pool.sources import SourceStores
+
+log = logging.getLogger(__name__)
+
+
+class Prefetcher:
+    def __init__(self, stores: SourceStores, timeout_s: float):
+        self.stores = stores
+        self.timeout_s = timeout_s
+        self._running: dict[str, asyncio.Task[None]] = {}   # revision id -> its prefetch
+
+    def view(self, rev: RevisionState, reads_pool_cache: bool) -> PrefetchView:
+        """What pool.prefetch.to_prefetch sees of the revision. A backend whose nodes pull
+        for themselves has no pool cache to fill: nothing is wanted there."""
+        spec = rev.spec
+        return PrefetchView(spec.revision_id, spec.prefetch and reads_pool_cache and not rev.retired,
+                            Target(weight_uris(spec), rev.scale_ups),
+                            rev.prefetched.target if rev.prefetched is not None else None,
+                            spec.revision_id in self._running)
+
+    def start(self, rev: RevisionState, target: Target) -> None:
+        revision_id = rev.spec.revision_id
+        rev.prefetched = Prefetched(target)          # tried: not again for this target
+        task = asyncio.ensure_future(self._run(rev, target))
+        self._running[revision_id] = task
+        task.add_done_callback(lambda _done: self._running.pop(revision_id, None))
+
+    async def close(self) -> None:
+        """Cancel the prefetches under way (the pool is stopping)."""
+        tasks = list(self._running.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run(self, rev: RevisionState, target: Target) -> None:
+        revision_id = rev.spec.revision_id
+        try:
+            keys, downloaded = await asyncio.wait_for(self._pull(rev.spec.tenant_id, target.uris),
+                                                      self.timeout_s)
+        except asyncio.TimeoutError:
+            self._failed(rev, target, f"timed out after {self.timeout_s:g}s")
+            return
+        except Exception as exc:  # noqa: BLE001 - never fatal: a cold start pulls for itself
+            self._failed(rev, target, failure_reason(exc))
+            return
+        rev.prefetched = Prefetched(target, keys)
+        log.info("prefetched %s (%s): %d bytes downloaded", revision_id, " ".join(target.uris), downloaded)
+
+    async def _pull(self, tenant_id: str, uris: tuple[str, ...]) -> tuple[tuple[str, ...], int]:
+        keys: tuple[str, ...] = ()
+        downloaded = 0
+        for uri in uris:
+            store = await self.stores.store_for(tenant_id, uri)
+            cached = await store.cache_model(uri)
+            keys += cached.keys
+            downloaded += cached.downloaded_bytes
+        return keys, downloaded
+
+    def _failed(self, rev: RevisionState, target: Target, reason: str) -> None:
+        log.warning("prefetch of %s failed: %s", rev.spec.revision_id, reason)
+        rev.prefetched = Prefetched(target, error=reason)
+
+
+def weight_uris(spec: RevisionSpec) -> tuple[str, ...]:
+    """The model's URI, then its draft model's (a draft that is no URI fails its cold
+    start, and is not prefetched)."""
+    try:
+        draft = draft_model_uri(spec.engine)
+    except ModelUnavailable:
+        draft = None
+    return (spec.model_uri,) if draft is None else (spec.model_uri, draft)

@@ -1,0 +1,148 @@
+"""Prefetch with the real pool and real SeaweedFS: a revision with `prefetch` has its
+weights in the cache with no replica and no request, and its first cold start then
+downloads nothing; a prefetch joins a pull already under way instead of repeating it;
+one that fails is recorded, not fatal; it reads S3 as its own tenant.
+
+Assertions are on bytes and GET counts, never on time; waits are bounded polls.
+"""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+
+import pytest
+
+from pool.api import RevisionSpec
+from pool.desired import EventLog, InMemoryDesiredState
+from pool.manager import PoolManager
+from pool.prefetch import Target
+from pool.prefetcher import Prefetcher
+from pool.registry import RevisionState
+from pool.weights import CachedModel, WeightCache, WeightStore
+from tests.pool.conftest import FlakyS3, make_settings
+from tests.support.clock import SteppedClock
+from tests.support.model_factory import upload_model
+from tests.support.waiting import eventually
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="session")]
+
+
+def spec_for(uri: str, **changes) -> RevisionSpec:
+    base = dict(revision_id=f"rev-{uuid.uuid4().hex[:8]}", deployment_id="dep-p", tenant_id="ten-p",
+                model_uri=uri, gpu_memory_gb=0.25, min_replicas=0, max_replicas=1,
+                idle_timeout_s=600.0, engine={"kv_cache_tokens": 512}, prefetch=True)
+    base.update(changes)
+    return RevisionSpec(**base)
+
+
+@pytest.fixture(scope="module")
+async def pool(s3_server, tmp_path_factory):
+    from pool.s3 import open_client
+
+    settings = make_settings(s3_server, tmp_path_factory.mktemp("prefetch-pool"), cpu_slots=1,
+                             slot_memory_gb=1, warm_pool_size=0, tick_s=0.2, runtime_threads=1,
+                             kv_cache_tokens_default=512, load_timeout_s=120, pull_timeout_s=60)
+    desired = InMemoryDesiredState()
+    async with AsyncExitStack() as stack:
+        manager = PoolManager(settings, desired, EventLog(), s3_client=await open_client(settings, stack),
+                              clock=SteppedClock())
+        try:
+            await manager.start()
+            yield manager, desired
+        finally:
+            await manager.stop()
+
+
+async def test_a_prefetched_revision_is_cached_without_a_replica_and_its_cold_start_downloads_nothing(
+        pool, s3_server, pool_bucket, fresh_prefix, tiny_model):
+    manager, desired = pool
+    spec = spec_for(upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny"))
+    desired.put(spec)
+    await manager.refresh()
+    status = await eventually(lambda: _cached(manager, spec.revision_id), timeout_s=60,
+                              what="the prefetched weights in the cache")
+    assert status.replicas == () and status.state == "scaled_to_zero", "no replica was started for it"
+    assert status.prefetch_error is None
+
+    async with await manager.acquire(spec, request_id="p1", prefix_key=None, prompt_tokens=4,
+                                     timeout_s=120) as lease:
+        assert lease.cold_start is not None
+        assert lease.cold_start.downloaded_bytes == 0, "every file came from the cache"
+    desired.remove(spec.revision_id)
+    await manager.refresh()
+
+
+async def test_without_prefetch_nothing_is_pulled_before_a_request(pool, s3_server, pool_bucket,
+                                                                  fresh_prefix, tiny_model):
+    manager, desired = pool
+    spec = spec_for(upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny"),
+                    prefetch=False)
+    desired.put(spec)
+    await manager.refresh()
+    await manager.tick()
+    status = manager.revision_status(spec.revision_id)
+    assert not status.weights_cached and status.state == "scaled_to_zero"
+    desired.remove(spec.revision_id)
+    await manager.refresh()
+
+
+async def test_a_failed_prefetch_is_recorded_and_not_fatal(pool, pool_bucket, fresh_prefix):
+    manager, desired = pool
+    spec = spec_for(f"s3://{pool_bucket}/{fresh_prefix}/nothing-here/")
+    desired.put(spec)
+    await manager.refresh()
+    status = await eventually(lambda: manager.revision_status(spec.revision_id).prefetch_error,
+                              timeout_s=60, what="the prefetch's failure on the revision's status")
+    assert "config.json" in status
+    await manager.tick()                                   # the pool goes on
+    assert not manager.revision_status(spec.revision_id).weights_cached
+    desired.remove(spec.revision_id)
+    await manager.refresh()
+
+
+async def test_a_prefetch_and_a_cold_start_pull_download_each_file_once(s3, s3_server, pool_bucket,
+                                                                       fresh_prefix, settings, tiny_model):
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    counting = FlakyS3(s3)
+    store = WeightStore(counting, WeightCache(settings.cache_dir, settings.cache_budget_bytes), settings)
+    prefetched, pulled = await asyncio.gather(store.cache_model(uri), store.fetch_model(uri))
+    files = sum(1 for f in tiny_model.iterdir() if f.is_file())
+    assert counting.calls == files, "one GET per file (each under the part size), not two"
+    assert store.cache.holds(prefetched.keys) and set(prefetched.keys) == set(pulled.keys)
+    store.release(pulled)
+
+
+async def test_a_prefetch_reads_s3_as_the_revisions_own_tenant():
+    stores = RecordingStores()
+    prefetcher = Prefetcher(stores, timeout_s=30)
+    spec = spec_for("s3://acme-own/m/", tenant_id="ten-acme",
+                    engine={"speculative": {"method": "draft", "model": "s3://acme-own/draft/"}})
+    rev = RevisionState(spec, queue=None)  # type: ignore[arg-type] - the queue is not used here
+    view = prefetcher.view(rev, reads_pool_cache=True)
+    assert view.target == Target(("s3://acme-own/m/", "s3://acme-own/draft/"), 0) and view.wanted
+    prefetcher.start(rev, view.target)
+    assert prefetcher.view(rev, reads_pool_cache=True).running
+    await eventually(lambda: rev.prefetched is not None and rev.prefetched.keys, timeout_s=10,
+                     what="the prefetch finished")
+    assert stores.asked == [("ten-acme", "s3://acme-own/m/"), ("ten-acme", "s3://acme-own/draft/")]
+    assert not prefetcher.view(rev, reads_pool_cache=False).wanted, "a backend pulling on its nodes"
+
+
+@dataclass
+class RecordingStores:
+    """SourceStores as the prefetcher uses it: which tenant asked for which URI."""
+    asked: list[tuple[str, str]] = field(default_factory=list)
+
+    async def store_for(self, tenant_id: str, uri: str) -> "RecordingStores":
+        self.asked.append((tenant_id, uri))
+        return self
+
+    async def cache_model(self, uri: str) -> CachedModel:
+        return CachedModel((f"key-of-{uri}",), 1)
+
+
+def _cached(manager, revision_id):
+    status = manager.revision_status(revision_id)
+    return status if status.weights_cached else None
