@@ -163,15 +163,22 @@ def _slots(replica: JSON) -> str:
 def _revisions(deployment: JSON) -> Table:
     status: dict[str, Any] = deployment.get("status") or {}
     table = Table("revision", "traffic", "state", "replicas", "queued", "model",
-                  "gpus", "memory", "last error", title="revisions", title_justify="left")
+                  "gpus", "memory", "weights", "last error", title="revisions", title_justify="left")
     for revision in deployment["revisions"]:
         rs = status.get(revision["name"], {})
         table.add_row(revision["name"], f"{deployment['traffic'].get(revision['name'], 0)}%",
                       rs.get("state", "?"), str(len(rs.get("replicas", []))),
                       str(rs.get("queued_requests", 0)), revision["model_uri"],
                       str(revision["resources"]["gpu_count"]),
-                      f"{revision['resources']['gpu_memory_gb']} GB", rs.get("last_error") or "")
+                      f"{revision['resources']['gpu_memory_gb']} GB",
+                      "cached" if rs.get("weights_cached") else "-", _last_error(rs))
     return table
+
+
+def _last_error(revision_status: JSON) -> str:
+    """The revision's last error, or its failed prefetch's (never fatal, but worth seeing)."""
+    prefetch = revision_status.get("prefetch_error")
+    return revision_status.get("last_error") or (f"prefetch: {prefetch}" if prefetch else "")
 
 
 def _replicas(deployment: JSON, log: StageLog) -> Table:

@@ -16,6 +16,7 @@ own read onto the device, is the reference it is checked against.
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 import os
 import time
@@ -31,6 +32,7 @@ from runtime.parallel import parallel_map
 from runtime.safetensors_layout import PREFIX_BYTES, TensorEntry, chunks, header_length, parse_header
 from runtime.tensor_parallel import Shard
 
+log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PAGE = mmap.PAGESIZE
 POPULATE_CHUNK = 32 << 20          # bytes one thread faults in at a time
@@ -61,11 +63,24 @@ def read_weights(model_dir: str | Path, dtype: torch.dtype, device: str, timings
     if torch.device(device).type == "cpu":
         tensors, moved = mapped_weights(model_dir, dtype, shard_of)
     else:
-        views, _ = host_views(model_dir, shard_of, populate_pages=False)
-        tensors, moved = stream_to_device(views, device, dtype)
+        tensors, moved = _onto_device(model_dir, dtype, device, shard_of)
     timings.weight_bytes += moved
     timings.record("weights", since)
     return tensors
+
+
+def _onto_device(model_dir: str | Path, dtype: torch.dtype, device: str,
+                 shard_of: Optional[ShardOf]) -> tuple[dict[str, torch.Tensor], int]:
+    """The staged loader; safetensors' own read if it fails. The staged path has not run on
+    a GPU yet (make gpu-check compares the two), so a failure of it must not fail a load."""
+    try:
+        views, _ = host_views(model_dir, shard_of, populate_pages=False)
+        return stream_to_device(views, device, dtype)
+    except (RuntimeError, OSError) as exc:
+        log.warning("staged weight loading failed (%s: %s); reading with safetensors instead",
+                    type(exc).__name__, exc)
+        tensors = dict(iter_weights(model_dir, dtype, device, shard_of))
+        return tensors, sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def mapped_weights(model_dir: str | Path, dtype: torch.dtype,
