@@ -65,14 +65,20 @@ from tests.support.throttle_proxy import through  # noqa: E402
 MB = 1024 * 1024
 
 
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def model_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The random Llama's shape (`build_model`): ~200 MB in fp32 by default."""
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--intermediate", type=int, default=2048)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=8192)
+    return p
+
+
+def parse_args():
+    p = model_args(argparse.ArgumentParser(description=__doc__,
+                                           formatter_class=argparse.RawDescriptionHelpFormatter))
     p.add_argument("--part-size-mb", type=float, default=8.0)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--s3-rate-mbps", type=float, default=80.0,

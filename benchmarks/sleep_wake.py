@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.cold_start import build_model, first_token  # noqa: E402  (the same model, the same token)
+from benchmarks.cold_start import build_model, first_token, model_args  # noqa: E402  (the same model, the same token)
 from pool.api import RevisionSpec  # noqa: E402
 from pool.desired import EventLog, InMemoryDesiredState  # noqa: E402
 from pool.manager import PoolManager  # noqa: E402
@@ -55,13 +55,8 @@ STAGES = ("queue_s", "placement_s", "download_s", "load_s", "first_token_s", "to
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden", type=int, default=768)
-    p.add_argument("--intermediate", type=int, default=2048)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--heads", type=int, default=12)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=8192)
+    p = model_args(argparse.ArgumentParser(description=__doc__,
+                                           formatter_class=argparse.RawDescriptionHelpFormatter))
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--workdir", type=Path, default=None, help="keep files here (default: a temp dir)")
     return p.parse_args()
