@@ -7,9 +7,9 @@ condition when idle (no busy spin). Outputs of a step go back to the loop in
 one `call_soon_threadsafe`, where each lands in its request's queue.
 
 Request ids live in two places, each with one owner:
-- `AsyncEngine._requests`, on the loop: every id the engine may still hold,
-  from `add` until the engine reports it finished, with the queue of whoever
-  reads its outputs (None once the reader left and the abort is on its way).
+- `AsyncEngine._requests` (a `RequestTable`), on the loop: every id the engine may
+  still hold, from `add` until the engine reports it finished, with the queue of
+  whoever reads its outputs (None once the reader left and the abort is on its way).
   A repeated id gets a suffix while the first one is in here.
 - the LLMEngine's scheduler, on the engine thread: the requests it runs.
 """
@@ -66,12 +66,22 @@ class _Call:
 _Op = Union[_Add, _Abort, _Call]
 
 
+class EngineFrontend(Protocol):
+    """What the serving code (openai_serving, embedding_serving) calls: AsyncEngine over
+    an engine in this process, or runtime.engine_client.EngineClient over an engine-core
+    process."""
+    async def add(self, request_id: str, prompt_token_ids: list[int],
+                  params: SamplingParams) -> "RequestStream": ...
+    async def add_samples(self, request_id: str, prompt_token_ids: list[int],
+                          params: SamplingParams) -> list["RequestStream"]: ...
+
+
 @dataclass
 class RequestStream:
     """The per-step deltas of one request. Leaving the `async with` early aborts it."""
     request_id: str
     _queue: "asyncio.Queue[Delivery]"
-    _owner: "AsyncEngine"
+    _owner: "RequestTable"
     finished: bool = False
 
     async def __aenter__(self) -> "RequestStream":
@@ -84,6 +94,11 @@ class RequestStream:
         """Abort the request unless the engine already finished it."""
         if not self.finished:
             self._owner.abort(self.request_id)
+
+    @property
+    def backlog(self) -> int:
+        """Outputs that arrived and wait for the reader."""
+        return self._queue.qsize()
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
         while not self.finished:
@@ -109,6 +124,80 @@ class RequestStream:
                 return output
 
 
+class RequestTable:
+    """The loop's record of every id the engine may still hold, from `open` until the
+    engine reports it finished, with the queue of whoever reads its outputs (None once
+    the reader left and the abort is on its way). Loop-only; shared by both front ends,
+    each of which hands the engine an abort its own way (`send_abort`)."""
+
+    def __init__(self, send_abort: Callable[[str], None]) -> None:
+        self._send_abort = send_abort
+        self._queues: dict[str, Optional[asyncio.Queue[Delivery]]] = {}
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests someone is still reading."""
+        return sum(queue is not None for queue in self._queues.values())
+
+    @property
+    def num_undelivered(self) -> int:
+        """Outputs waiting in queues for their readers."""
+        return sum(queue.qsize() for queue in self._queues.values() if queue is not None)
+
+    def open(self, wanted: str, num_samples: int) -> list[RequestStream]:
+        """Streams for a request's samples, under ids distinct from every id the engine may
+        hold (even aborted ones not yet freed): a repeat gets a suffix. The ids of a
+        request's samples follow from its own."""
+        candidate, n = wanted, 1
+        while any(i in self._queues for i in sample_ids(candidate, num_samples)):
+            candidate, n = f"{wanted}-{n}", n + 1
+        ids = sample_ids(candidate, num_samples)
+        queues: list[asyncio.Queue[Delivery]] = [asyncio.Queue() for _ in ids]
+        self._queues.update(zip(ids, queues))
+        return [RequestStream(i, q, self) for i, q in zip(ids, queues)]
+
+    def abort(self, request_id: str) -> None:
+        """Stop reading the request; the engine ends it and frees its blocks at its next step."""
+        if self.stop_reading(request_id):
+            self._send_abort(request_id)
+
+    def abort_keeping_stream(self, request_id: str) -> None:
+        """End it in the engine, still reading its last output (which carries its metrics)."""
+        if self.is_read(request_id):
+            self._send_abort(request_id)
+
+    def is_read(self, request_id: str) -> bool:
+        return self._queues.get(request_id) is not None
+
+    def stop_reading(self, request_id: str) -> bool:
+        """True if someone was reading it (the engine must hear of the abort)."""
+        if not self.is_read(request_id):
+            return False
+        self._queues[request_id] = None
+        return True
+
+    def forget(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self._queues.pop(request_id, None)
+
+    def deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            queue = self._queues.get(output.request_id)
+            if output.finished:
+                self._queues.pop(output.request_id, None)
+            if queue is not None:   # None: aborted on our side, nobody reads it
+                queue.put_nowait(output)
+
+    def fail(self, request_ids: list[str], error: BaseException) -> None:
+        for request_id in request_ids:
+            queue = self._queues.pop(request_id, None)
+            if queue is not None:
+                queue.put_nowait(error)
+
+    def fail_all(self, error: BaseException) -> None:
+        self.fail(list(self._queues), error)
+
+
 @dataclass
 class _Handoff:
     """State shared between the loop and the engine thread, always under `cond`."""
@@ -122,7 +211,7 @@ class AsyncEngine:
         self.llm_engine = llm_engine
         self.error: Optional[BaseException] = None   # set by the engine thread on a failed step
         self._handoff = _Handoff()
-        self._requests: dict[str, Optional[asyncio.Queue[Delivery]]] = {}   # the loop's only
+        self._requests = RequestTable(lambda request_id: self._submit(_Abort(request_id)))
         self._stats: EngineStats = llm_engine.stats()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
@@ -149,7 +238,7 @@ class AsyncEngine:
     @property
     def num_in_flight(self) -> int:
         """Requests someone is still reading."""
-        return sum(queue is not None for queue in self._requests.values())
+        return self._requests.num_in_flight
 
     async def add(self, request_id: str, prompt_token_ids: list[int],
                   params: SamplingParams) -> RequestStream:
@@ -159,20 +248,11 @@ class AsyncEngine:
     async def add_samples(self, request_id: str, prompt_token_ids: list[int],
                           params: SamplingParams) -> list[RequestStream]:
         """Like `add`, with one stream per sample (params.n of them, the first the leader's)."""
-        ids = self._unique_ids(request_id, params.n)
-        queues: list[asyncio.Queue[Delivery]] = [asyncio.Queue() for _ in ids]
-        self._requests.update(zip(ids, queues))
+        streams = self._requests.open(request_id, params.n)
         done: asyncio.Future[None] = self._running_loop().create_future()
-        self._submit(_Add(ids[0], prompt_token_ids, params, done))
-        try:
-            await asyncio.shield(done)
-        except ValueError:
-            raise   # `_added` already forgot them
-        except BaseException:
-            for sample_id in ids:
-                self.abort(sample_id)   # the client left while we waited
-            raise
-        return [RequestStream(i, q, self) for i, q in zip(ids, queues)]
+        self._submit(_Add(streams[0].request_id, prompt_token_ids, params, done))
+        await added(done, streams)
+        return streams
 
     async def call(self, work: Callable[[], T]) -> T:
         """Run `work` on the engine thread between two steps (nothing else touches the
@@ -180,24 +260,6 @@ class AsyncEngine:
         done: asyncio.Future[T] = self._running_loop().create_future()
         self._submit(_Call(work, done))
         return await done
-
-    def abort(self, request_id: str) -> None:
-        """Stop reading the request; the engine ends it and frees its blocks at its next step."""
-        if self._requests.get(request_id) is not None:
-            self._requests[request_id] = None
-            self._submit(_Abort(request_id))
-
-    def abort_keeping_stream(self, request_id: str) -> None:
-        if self._requests.get(request_id) is not None:
-            self._submit(_Abort(request_id))
-
-    def _unique_ids(self, wanted: str, num_samples: int) -> list[str]:
-        """Ids must be distinct in the engine, even from aborted ones not yet freed;
-        a repeat gets a suffix. The ids of a request's samples follow from its own."""
-        candidate, n = wanted, 1
-        while any(i in self._requests for i in sample_ids(candidate, num_samples)):
-            candidate, n = f"{wanted}-{n}", n + 1
-        return sample_ids(candidate, num_samples)
 
     def _submit(self, op: _Op) -> None:
         with self._handoff.cond:
@@ -211,28 +273,8 @@ class AsyncEngine:
 
     def _added(self, op: _Add, error: Optional[ValueError]) -> None:
         if error is not None:   # refused: the engine never held it, nor its samples
-            for sample_id in sample_ids(op.request_id, op.params.n):
-                self._requests.pop(sample_id, None)
-        if op.done.done():
-            return
-        if error is None:
-            op.done.set_result(None)
-        else:
-            op.done.set_exception(error)
-
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
-        for output in outputs:
-            queue = self._requests.get(output.request_id)
-            if output.finished:
-                self._requests.pop(output.request_id, None)
-            if queue is not None:   # None: aborted on our side, nobody reads it
-                queue.put_nowait(output)
-
-    def _fail(self, request_ids: list[str], error: BaseException) -> None:
-        for request_id in request_ids:
-            queue = self._requests.pop(request_id, None)
-            if queue is not None:
-                queue.put_nowait(error)
+            self._requests.forget(sample_ids(op.request_id, op.params.n))
+        settle(op.done, None, error)
 
     # ---------------------------------------------------------- engine thread
 
@@ -274,7 +316,7 @@ class AsyncEngine:
             result, error = op.work(), None
         except Exception as exc:  # noqa: BLE001 - handed to whoever awaits the call
             result, error = None, exc
-        self._running_loop().call_soon_threadsafe(_settle, op.done, result, error)
+        self._running_loop().call_soon_threadsafe(settle, op.done, result, error)
 
     def _step(self) -> None:
         try:
@@ -283,7 +325,7 @@ class AsyncEngine:
             self._fail_everything(exc)
             return
         if outputs:
-            self._running_loop().call_soon_threadsafe(self._deliver, outputs)
+            self._running_loop().call_soon_threadsafe(self._requests.deliver, outputs)
 
     def _fail_everything(self, exc: Exception) -> None:
         self.error = exc
@@ -291,10 +333,23 @@ class AsyncEngine:
         for request_id in failed:
             self.llm_engine.abort_request(request_id)
         error = EngineDead(f"engine step failed: {exc!r}")
-        self._running_loop().call_soon_threadsafe(self._fail, failed, error)
+        self._running_loop().call_soon_threadsafe(self._requests.fail, failed, error)
 
 
-def _settle(done: "asyncio.Future[Any]", result: Any, error: Optional[BaseException]) -> None:
+async def added(done: "asyncio.Future[None]", streams: list[RequestStream]) -> None:
+    """Wait for the engine to take a request: its ValueError (the table already forgot the
+    ids), or, if the caller leaves meanwhile, every sample aborted."""
+    try:
+        await asyncio.shield(done)
+    except ValueError:
+        raise
+    except BaseException:
+        for stream in streams:
+            stream.close()   # the client left while we waited
+        raise
+
+
+def settle(done: "asyncio.Future[Any]", result: Any, error: Optional[BaseException]) -> None:
     if done.done():               # its caller left
         return
     if error is None:

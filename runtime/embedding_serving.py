@@ -14,7 +14,7 @@ from typing import Optional
 
 from starlette.responses import JSONResponse, Response
 
-from runtime.async_engine import AsyncEngine, EngineDead, RequestStream
+from runtime.async_engine import EngineDead, EngineFrontend, RequestStream
 from runtime.metrics import ServerMetrics
 from runtime.tokenizer import Tokenizer
 from wire.disconnect import until_disconnect
@@ -27,7 +27,7 @@ PREFILL_ONLY = SamplingParams(max_tokens=1)   # an embedding request samples not
 
 
 class EmbeddingServing:
-    def __init__(self, served_model_name: str, async_engine: AsyncEngine, tokenizer: Tokenizer,
+    def __init__(self, served_model_name: str, async_engine: EngineFrontend, tokenizer: Tokenizer,
                  metrics: ServerMetrics):
         self.served_model_name = served_model_name
         self.async_engine = async_engine

@@ -4,8 +4,11 @@ and ready -> sleeping -> waking -> ready (runtime/sleep_mode.py).
 A replica started with `--model` begins loading at once; one started with
 `--standby` waits with torch already imported until `/admin/load` names a
 model, so the pool can keep warm processes and skip the interpreter start.
-Loading runs in a worker thread so `/health` keeps answering meanwhile. Sleep and
-wake run on the engine's own thread between steps (AsyncEngine.call); a replica is
+Loading runs in a worker thread so `/health` keeps answering meanwhile. The engine runs
+in a thread of this process (AsyncEngine) or, with `engine_process`, in an engine-core
+process of its own (runtime/engine_core.py, runtime/engine_client.py); a core that dies
+fails its requests, /health reports failed, and the replica exits like one whose
+tensor-parallel worker died. Sleep and wake run on the engine between steps; a replica is
 put to sleep only when no request is in flight (`Refused` otherwise: the pool sends
 only idle replicas to sleep, so it never drains), and from then on until it is
 ready again it refuses requests with 503.
@@ -21,19 +24,24 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Optional
 
-from runtime.async_engine import AsyncEngine
+from runtime.async_engine import AsyncEngine, EngineFrontend
 from runtime.embedding_serving import EmbeddingServing
+from runtime.engine_client import CoreProcess, EngineClient
+from runtime.engine_control import EngineControl, EngineInfo, InThreadControl
 from runtime.load_timings import LoadTimings, process_age_s
 from runtime.metrics import ServerMetrics
 from runtime.openai_serving import OpenAIServing
 from runtime.outputs import EngineStats
 from runtime.sleep_mode import Freed, NotIdle
+from runtime.tokenizer import Tokenizer
 
 if TYPE_CHECKING:   # importing the engine imports torch: that happens in the load thread
     from runtime.engine import LLMEngine
 
 log = logging.getLogger("thawpool.runtime")
-EXIT_WORKER_DIED = 3      # exit status of a replica whose tensor-parallel worker died
+EXIT_WORKER_DIED = 3      # exit status of a replica whose tensor-parallel worker (or core) died
+# A dead engine core's requests get their error event and /health says failed meanwhile.
+EXIT_GRACE_S = 2.0
 
 
 class Status(str, enum.Enum):
@@ -60,10 +68,17 @@ class LoadRequest:
 class LoadedModel:
     """The model once its weights are in memory, and what serves it."""
     served_model_name: str
-    llm_engine: "LLMEngine"
-    async_engine: AsyncEngine     # the one thread that drives llm_engine
+    engine: EngineControl         # its lifecycle: stats, sleep, wake, stop
     serving: OpenAIServing
     embedding: Optional[EmbeddingServing] = None   # engine task "embed": /v1/embeddings
+
+
+@dataclass
+class StartedEngine:
+    frontend: EngineFrontend      # what the serving code calls
+    control: EngineControl
+    info: EngineInfo
+    tokenizer: Tokenizer
 
 
 def warm_imports(device: Optional[str] = None) -> float:
@@ -126,7 +141,9 @@ class ModelHost:
     """The replica's one model through its lifecycle, and the metrics of everything it served
     (a replica that loads no model still answers /metrics)."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine_process: bool = False) -> None:
+        self.engine_process = engine_process   # the engine in a process of its own
+        self._spare_core: Optional[CoreProcess] = None   # a standby's, warm, loading nothing yet
         self.status = Status.STANDBY
         self.error: Optional[str] = None
         self.load_timings: dict[str, float] = {}
@@ -147,7 +164,7 @@ class ModelHost:
         return model.serving if model is not None else None
 
     def stats(self) -> Optional[EngineStats]:
-        return self.model.async_engine.stats if self.model else None
+        return self.model.engine.stats if self.model else None
 
     def start_loading(self, request: LoadRequest) -> None:
         """Begin loading in the background; callers check `can_load` first."""
@@ -161,33 +178,54 @@ class ModelHost:
     async def _load(self, request: LoadRequest) -> None:
         start = time.perf_counter()
         try:
-            llm_engine, timings = await asyncio.to_thread(build_llm_engine, request)
+            started = await (self._start_core(request) if self.engine_process
+                             else _start_in_thread(request))
         except Exception as exc:   # noqa: BLE001 - any failure is reported on /health
             self.status, self.error = Status.FAILED, f"{type(exc).__name__}: {exc}"
             self.load_timings = {"total_s": round(time.perf_counter() - start, 6)}
             return
-        async_engine = AsyncEngine(llm_engine)
-        async_engine.start()
-        serving = OpenAIServing(request.served_model_name, async_engine, llm_engine.tokenizer,
-                                llm_engine.max_model_len, self.metrics)
-        embedding = EmbeddingServing(request.served_model_name, async_engine, llm_engine.tokenizer,
-                                     self.metrics) if llm_engine.config.task == "embed" else None
-        self.model = LoadedModel(request.served_model_name, llm_engine, async_engine, serving,
-                                 embedding)
-        self.load_timings = timings
+        name, info = request.served_model_name, started.info
+        serving = OpenAIServing(name, started.frontend, started.tokenizer, info.max_model_len,
+                                self.metrics)
+        embedding = EmbeddingServing(name, started.frontend, started.tokenizer, self.metrics) \
+            if info.task == "embed" else None
+        self.model = LoadedModel(name, started.control, serving, embedding)
+        self.load_timings = info.load_timings
         self.status = Status.READY
+
+    async def warm(self) -> float:
+        """A standby's preparation (warm_imports), done where the engine will run: with
+        `engine_process`, in a core process started now, which the load then uses."""
+        if not self.engine_process:
+            return await asyncio.to_thread(warm_imports)
+        core = CoreProcess.spawn(warm=True)
+        seconds = await core.warmed()
+        self._spare_core = core
+        return seconds
+
+    async def _start_core(self, request: LoadRequest) -> StartedEngine:
+        core, self._spare_core = self._spare_core, None
+        client = await EngineClient.start(request, on_death=self._engine_died, core=core)
+        tokenizer = await asyncio.to_thread(Tokenizer, request.model, client.info.eos_token_ids)
+        return StartedEngine(client, client, client.info, tokenizer)
+
+    def _engine_died(self, reason: str) -> None:
+        """The engine-core process is gone (killed, out of memory, a dead tensor-parallel
+        worker): its requests have failed; /health says failed until the replica exits."""
+        self.status, self.error = Status.FAILED, f"engine: {reason}"
+        asyncio.get_running_loop().call_later(EXIT_GRACE_S, _end_replica, reason)
 
     async def sleep(self) -> tuple[Freed, float]:
         """Give the device back (what was freed, and the seconds it took); Refused unless
         ready with no request in flight."""
         model = self.ready_model
-        if model is None or model.async_engine.num_in_flight:
+        if model is None or model.engine.num_in_flight:
             raise Refused(f"replica is {self.status.value} with "
-                          f"{model.async_engine.num_in_flight if model else 0} request(s) in flight")
+                          f"{model.engine.num_in_flight if model else 0} request(s) in flight")
         self.status = Status.SLEEPING          # refused from now on: no request can slip in
         start = time.perf_counter()
         try:
-            freed = await model.async_engine.call(model.llm_engine.sleep)
+            freed = await model.engine.sleep()
         except NotIdle as exc:                 # one arrived before the status changed
             self.status = Status.READY
             raise Refused(f"replica is busy: {exc}") from None
@@ -203,7 +241,7 @@ class ModelHost:
         model, self.status = self.model, Status.WAKING
         start = time.perf_counter()
         try:
-            timings = await model.async_engine.call(model.llm_engine.wake)
+            timings = await model.engine.wake()
         except Exception as exc:
             self._broken("wake", exc)
             raise
@@ -222,10 +260,13 @@ class ModelHost:
             body["model"] = self.pending.served_model_name
         if self.load_timings:
             body["load_timings"] = self.load_timings
-        worker_pids = self.model.llm_engine.worker_pids if self.model else []
+        worker_pids = self.model.engine.worker_pids if self.model else []
         if worker_pids:
             body["tensor_parallel"] = {"size": 1 + len(worker_pids), "worker_pids": worker_pids}
-        engine_error = self.model.async_engine.error if self.model else None
+        core_pid = self.model.engine.core_pid if self.model else None
+        if core_pid is not None:
+            body["engine_core"] = {"pid": core_pid}
+        engine_error = self.model.engine.error if self.model else None
         if self.status is Status.READY and engine_error is not None:
             body["status"], body["error"] = Status.FAILED.value, f"engine: {engine_error!r}"
             return 500, body
@@ -239,5 +280,14 @@ class ModelHost:
             # The load thread cannot be interrupted; let it finish so the process exits cleanly.
             await asyncio.gather(self._task, return_exceptions=True)
         if self.model is not None:
-            await self.model.async_engine.stop()
-            self.model.llm_engine.close()      # tensor-parallel workers, if any
+            await self.model.engine.stop()
+        if self._spare_core is not None:
+            await asyncio.to_thread(self._spare_core.kill)
+
+
+async def _start_in_thread(request: LoadRequest) -> StartedEngine:
+    llm_engine, timings = await asyncio.to_thread(build_llm_engine, request)
+    async_engine = AsyncEngine(llm_engine)
+    async_engine.start()
+    return StartedEngine(async_engine, InThreadControl(async_engine, llm_engine),
+                         EngineInfo.of(llm_engine, timings), llm_engine.tokenizer)

@@ -32,7 +32,7 @@ from typing import Any, AsyncGenerator, AsyncIterator, Optional, Sequence, Union
 
 from starlette.responses import JSONResponse, Response
 
-from runtime.async_engine import AsyncEngine, EngineDead, RequestStream
+from runtime.async_engine import EngineDead, EngineFrontend, RequestStream
 from runtime.choices import Choice, close_all, merged, per_prompt, total_usage
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.metrics import ServerMetrics
@@ -55,7 +55,7 @@ ID_PREFIX = {"completion": "cmpl", "chat": "chatcmpl"}   # the response id: PREF
 class OpenAIServing:
     """Answers /v1/completions and /v1/chat/completions for the one loaded model."""
 
-    def __init__(self, served_model_name: str, async_engine: AsyncEngine, tokenizer: Tokenizer,
+    def __init__(self, served_model_name: str, async_engine: EngineFrontend, tokenizer: Tokenizer,
                  max_model_len: int, metrics: ServerMetrics):
         self.served_model_name = served_model_name
         self.async_engine = async_engine

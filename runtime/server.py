@@ -20,7 +20,6 @@ Without one the server is open, like `vllm serve`, and says so at start.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hmac
 import json
 import logging
@@ -39,7 +38,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.metrics import CONTENT_TYPE
-from runtime.model_host import LoadRequest, ModelHost, Refused, engine_kwarg_names, warm_imports
+from runtime.model_host import LoadRequest, ModelHost, Refused, engine_kwarg_names
 from wire.embeddings import parse_embedding_request
 from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
@@ -51,6 +50,9 @@ log = logging.getLogger("thawpool.runtime")
 SECRET_ENV = "THAWPOOL_REPLICA_SECRET"             # the secret itself
 SECRET_FILE_ENV = "THAWPOOL_REPLICA_SECRET_FILE"   # or a file (mode 0600) that holds it
 OPEN_PATHS = frozenset({"/health"})                # answered without the secret
+# The default of --engine-process; lets a test run turn the engine-core process on
+# for every server it starts.
+ENGINE_PROCESS_ENV = "THAWPOOL_ENGINE_PROCESS"
 
 # ---------------------------------------------------------------- settings
 
@@ -64,6 +66,7 @@ class ServerSettings:
     log_level: str = "warning"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs given
     secret: Optional[str] = field(default=None, repr=False)       # None: open to every caller
+    engine_process: bool = False   # the engine in a process of its own (runtime/engine_core.py)
 
     def load_request(self) -> LoadRequest:
         assert self.model is not None, "a --standby replica loads what /admin/load names"
@@ -107,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(flag, dest=dest, type=kind, default=None)
     parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching",
                         action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
+                        help="run the engine's step loop in a process of its own, away from "
+                             f"the server's GIL (default: off, or ${ENGINE_PROCESS_ENV}=1)")
     return parser
 
 
@@ -122,9 +128,13 @@ def parse_settings(argv: Optional[Sequence[str]] = None,
         secret = read_secret(env)
     except ValueError as exc:
         parser.error(str(exc))
+    engine_process = args.engine_process
+    if engine_process is None:
+        engine_process = env.get(ENGINE_PROCESS_ENV, "") == "1"
     return ServerSettings(host=args.host, port=args.port, model=args.model,
                           served_model_name=args.served_model_name, standby=args.standby,
-                          log_level=args.log_level, engine_kwargs=engine_kwargs, secret=secret)
+                          log_level=args.log_level, engine_kwargs=engine_kwargs, secret=secret,
+                          engine_process=engine_process)
 
 
 def read_secret(env: Mapping[str, str]) -> Optional[str]:
@@ -333,10 +343,10 @@ class RequireSecret:
 def build_app(settings: ServerSettings) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        host = ModelHost()
+        host = ModelHost(engine_process=settings.engine_process)
         app.state.host = host
         if settings.standby:
-            await asyncio.to_thread(warm_imports)   # the point of standby: torch is in memory
+            await host.warm()   # the point of standby: torch is in memory where the engine runs
         else:
             host.start_loading(settings.load_request())
         try:

@@ -2,7 +2,8 @@
 
 The tiny model makes a token in about a millisecond, so "the client left before the
 request finished" must not depend on the machine's speed: the server process is frozen
-(SIGSTOP) while the client goes, and thawed (SIGCONT) once it has gone.
+(SIGSTOP) while the client goes, and thawed (SIGCONT) once it has gone; with
+`--engine-process` its engine core too.
 """
 from __future__ import annotations
 
@@ -34,13 +35,19 @@ def wait_idle(base_url: str, timeout_s: float = 60) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def frozen(process):
-    """The server process stopped for the duration of the block, resumed whatever happens."""
-    os.kill(process.pid, signal.SIGSTOP)
+def frozen(server):
+    """The replica stopped for the duration of the block, resumed whatever happens: its
+    engine core first (when it has one, `--engine-process`), then the server; thawed the
+    other way round, so the server is running again before the core steps on."""
+    core = httpx.get(f"{server.base_url}/health", timeout=10).json().get("engine_core")
+    pids = ([core["pid"]] if core else []) + [server.process.pid]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
     try:
         yield
     finally:
-        os.kill(process.pid, signal.SIGCONT)
+        for pid in reversed(pids):
+            os.kill(pid, signal.SIGCONT)
 
 
 def assert_aborted_once(before: dict, after: dict, max_tokens: int) -> None:
@@ -59,7 +66,7 @@ def test_closing_a_stream_aborts_and_frees_blocks(server):
             assert next(lines).startswith("data: ")
             busy = scrape(server.base_url)
             assert busy["thawpool_num_requests_running"] == 1
-            with frozen(server.process):
+            with frozen(server):
                 resp.close()             # the client goes while the server cannot finish
     after = wait_idle(server.base_url)
     assert_aborted_once(before, after, LONG["max_tokens"])
@@ -85,7 +92,7 @@ def test_a_non_streaming_client_that_times_out_is_aborted(server):
     client.start()
     eventually_sync(lambda: scrape(server.base_url)["thawpool_num_requests_running"] == 1,
                     timeout_s=30, what="the request running in the engine")
-    with frozen(server.process):         # the client's read timeout passes meanwhile
+    with frozen(server):         # the client's read timeout passes meanwhile
         client.join(timeout=30)
     assert not client.is_alive() and outcome == ["timed out"]
     after = wait_idle(server.base_url)
