@@ -95,6 +95,27 @@ def cases(ref: KernelSet, fast: KernelSet, dev: str, dtype: torch.dtype, batch: 
                    partial(fast.int8_linear, xt, qweight, scale))
 
 
+def prefill_cases(ref: KernelSet, fast: KernelSet, prompts: list[int], prefix: int,
+                  heads: int = 9, kv_heads: int = 3, dim: int = 64):
+    """(name, reference call, fast call) for prefill attention, SmolLM2-135M's heads by default:
+    whole prompts with nothing cached (k and v read directly), then the same prompts as
+    chunks after a cached prefix of `prefix` tokens (the paged cache: gathered, or in place)."""
+    block, scale, total = 16, dim ** -0.5, sum(prompts)
+    q = torch.randn(total, heads, dim)
+    k, v = torch.randn(total, kv_heads, dim), torch.randn(total, kv_heads, dim)
+    name = f"prefill_attention {len(prompts)}x{'/'.join(map(str, sorted(set(prompts))))}"
+    yield name, partial(ref.prefill_attention, q, k, v, prompts, scale), \
+        partial(fast.prefill_attention, q, k, v, prompts, scale)
+    contexts = [n + prefix for n in prompts]
+    width = -(-max(contexts) // block)
+    k_cache = torch.randn(len(prompts) * width, block, kv_heads, dim)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(len(prompts) * width).view(len(prompts), width).int()
+    args = (q, k_cache, v_cache, tables, prompts, contexts, scale)
+    yield f"paged_prefill_attention +{prefix} cached", partial(ref.paged_prefill_attention, *args), \
+        partial(fast.paged_prefill_attention, *args)
+
+
 def report(title: str, rows, timer) -> None:
     print(title)
     print(f"{'kernel':<36} {'ref ms':>10} {'fast ms':>10} {'speedup':>8}")
@@ -128,6 +149,9 @@ def main() -> None:
     rows = cases(ref, fast, "cpu", dtype, args.batch, args.context, 2048, 16, 4, 5632)
     report(f"CPU: {torch.get_num_threads()} threads  {fast.backend} vs torch  dtype={dtype}  "
            f"batch={args.batch} (best of 20)", rows, cpu_time_ms)
+    prefill = [row for prompts in ([128] * 8, [128, 256, 384, 512], [512] * 4)
+               for row in prefill_cases(ref, fast, prompts, prefix=256)]
+    report("\nprefill attention, SmolLM2-135M heads (9 q, 3 kv, dim 64), fp32", prefill, cpu_time_ms)
 
 
 if __name__ == "__main__":

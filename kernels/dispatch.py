@@ -31,6 +31,10 @@ class KernelSet:
     apply_rotary: Callable              # (x [T,n,D], cos [T,D/2], sin [T,D/2]) -> [T,n,D]
     paged_decode_attention: Callable    # (q [B,nh,D], k_cache, v_cache, block_tables, context_lens, scale,
                                         #  window=None, softcap=None)
+    paged_prefill_attention: Callable   # (q [T,nh,D], k_cache, v_cache, block_tables, query_lens, context_lens,
+                                        #  scale, window=None, softcap=None); kernels/attention.py
+    prefill_attention: Callable         # (q [T,nh,D], k [T,nkv,D], v, query_lens, scale, window=None,
+                                        #  softcap=None): nothing cached yet
     int8_linear: Callable               # (x [T,K], qweight [N,K] int8, scale [N], bias=None) -> [T,N]
     silu_and_mul: Callable              # (x [T,2I]) -> [T,I]
     gelu_and_mul: Callable              # (x [T,2I]) -> [T,I]  (GeGLU; the reference everywhere)
@@ -54,6 +58,8 @@ def reference_kernels() -> KernelSet:
                      fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
                      apply_rotary=rotary.apply_rotary,
                      paged_decode_attention=attention.paged_decode_attention,
+                     paged_prefill_attention=attention.paged_prefill_attention,
+                     prefill_attention=attention.prefill_attention,
                      int8_linear=int8.int8_linear,
                      silu_and_mul=activation.silu_and_mul,
                      gelu_and_mul=activation.gelu_and_mul,
@@ -75,6 +81,8 @@ def _cpu_kernels() -> KernelSet:
                                fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
                                apply_rotary=rotary.apply_rotary,
                                paged_decode_attention=paged_attention.paged_decode_attention,
+                               paged_prefill_attention=paged_attention.paged_prefill_attention,
+                               prefill_attention=paged_attention.prefill_attention,
                                int8_linear=int8_matmul.int8_linear,
                                silu_and_mul=activation.silu_and_mul)
 

@@ -1,7 +1,8 @@
 """C kernels for the CPU, each with the signature of its pure-torch reference in kernels/:
 
-- paged_attention.py: paged_decode_attention   (kernels/attention.py), the paged cache read in place,
-                      sliding window and soft cap included
+- paged_attention.py: paged_decode_attention, paged_prefill_attention, prefill_attention
+                      (kernels/attention.py), the paged cache read in place, sliding window and
+                      soft cap included; prefill flash-style (key tiles, online softmax)
 - rmsnorm.py:         rms_norm, fused_add_rms_norm (kernels/rmsnorm.py)
 - rotary.py:          apply_rotary              (kernels/rotary.py)
 - activation.py:      silu_and_mul              (kernels/activation.py)

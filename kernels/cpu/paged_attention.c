@@ -215,3 +215,269 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
     free(scratch);
     return 0;
 }
+
+/* ---- Prefill: chunked, causal attention of many query tokens, flash-style ----
+ *
+ * The contract of kernels/attention.py:paged_prefill_attention:
+ *   q             [T, nh, D]: sequence s owns rows query_starts[s] .. query_starts[s + 1] - 1,
+ *                 the last tokens of its context of context_lens[s] (cached prefix + this chunk,
+ *                 all already written to the cache)
+ *   out           [T, nh, D]
+ *   block_tables, k/v_cache, window, softcap: as for decode above
+ * Work items are (sequence, kv head, tile of QT query tokens), the g query heads of the kv
+ * head riding along as rows, spread over OpenMP threads dynamically, the costliest (the
+ * last tiles of each sequence: they see the most keys) first. An item walks its visible
+ * keys KT at a time with an online softmax: scores of all rows against the tile's keys
+ * (k rows transposed into a [D, KT] scratch so each score row is a vector FMA chain over d,
+ * no horizontal sums), then per row the running max and sum are updated, and the fp32
+ * output rows rescaled and the tile's v rows added. Key tiles start where the item's
+ * first query's window does, so blocks wholly before every window are never read.
+ *
+ * Rows go two at a time through the score and the v loops, so every k or v vector loaded
+ * feeds two FMAs, their sums held in registers: 8-float vectors (one AVX2 register; 16-float
+ * ones were lowered through the stack here). An odd row count gets a padding row of zeros.
+ */
+#define QT 16      /* query tokens per item */
+#define KT 32      /* keys per tile: four 8-float score vectors per row */
+#define NO_SCORE -1e30f   /* the running max before any key; finite: -ffast-math has no inf */
+
+typedef float vf8 __attribute__((vector_size(32), aligned(4)));
+
+struct prefill_item {
+    const float *q;          /* the item's first query token, first query head of its kv head */
+    const float *k, *v;      /* k_cache / v_cache offset to the item's kv head */
+    float *out;              /* same layout as q */
+    int64_t q_stride;        /* floats between consecutive tokens' rows of q and out: nh * D */
+    int64_t nq, g, dim;      /* query tokens, query heads per kv head, head dim */
+    int64_t pos0;            /* position of the first query token */
+    int64_t kfirst;          /* first key position any row of the item sees */
+    int64_t window;          /* 0: none */
+    float scale, softcap;
+};
+
+struct prefill_scratch {     /* per thread; rows = QT * g rounded up to even */
+    int64_t *slots;          /* [max_ctx] */
+    float *qs, *o;           /* [rows, D]: scaled queries, unnormalized outputs */
+    float *s;                /* [rows, KT] scores, then weights */
+    float *m, *l, *alpha;    /* [rows] running max and sum; this tile's rescale of o */
+    float *kt;               /* [D, KT]: the tile's keys, transposed */
+};
+
+/* kt[d, c] = k rows of keys 0..n-1 at dim d, zero past n: the tile's keys transposed */
+static void transpose_keys(const float *k, const int64_t *slots, int64_t n, int64_t dim, float *dst) {
+    for (int64_t c = 0; c < KT; ++c) {
+        const float *row = c < n ? k + slots[c] : NULL;
+        for (int64_t d = 0; d < dim; ++d) dst[d * KT + c] = row ? row[d] : 0.0f;
+    }
+}
+
+/* s[r, 0..KT) and s[r + 1, 0..KT) = the two rows' scores against the tile's keys */
+static void pair_scores(const float *q0, const float *q1, const float *kt, float *s, int64_t dim) {
+    vf8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+    for (int64_t d = 0; d < dim; ++d) {
+        const vf8 *k = (const vf8 *)(kt + d * KT);
+        const float x = q0[d], y = q1[d];
+        a0 += x * k[0]; a1 += x * k[1]; a2 += x * k[2]; a3 += x * k[3];
+        b0 += y * k[0]; b1 += y * k[1]; b2 += y * k[2]; b3 += y * k[3];
+    }
+    vf8 *out = (vf8 *)s;
+    out[0] = a0; out[1] = a1; out[2] = a2; out[3] = a3;
+    out[4] = b0; out[5] = b1; out[6] = b2; out[7] = b3;
+}
+
+/* The online-softmax step of one row whose visible keys are c0..c1-1 of the tile: s becomes
+   the weights (zero outside), and the factor its earlier output is to be scaled by. */
+static float row_weights(float *s, float *m, float *l, int64_t c0, int64_t c1, float softcap) {
+    if (c0 >= c1) {
+        memset(s, 0, sizeof(float) * KT);
+        return 1.0f;
+    }
+    if (softcap > 0.0f) softcap_rows(s + c0, c1 - c0, softcap);
+    float mx = *m;
+#pragma omp simd reduction(max : mx)
+    for (int64_t c = c0; c < c1; ++c) mx = s[c] > mx ? s[c] : mx;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < KT; ++c) {
+        s[c] = c >= c0 && c < c1 ? expf(s[c] - mx) : 0.0f;
+        sum += s[c];
+    }
+    const float alpha = expf(*m - mx);
+    *m = mx;
+    *l = *l * alpha + sum;
+    return alpha;
+}
+
+/* o0/o1[d0 .. d0 + 8 * NV) = alpha * o + sum_t w[t] * v row t, for two rows; NV is a
+   constant at each call, so the sums stay in registers */
+static inline __attribute__((always_inline)) void pair_values(
+        float *o0, float *o1, float al0, float al1, const float *w0, const float *w1,
+        const float *v, const int64_t *slots, int64_t n, int64_t d0, const int nv) {
+    vf8 a[4], b[4];
+    for (int i = 0; i < nv; ++i) {
+        a[i] = al0 * *(const vf8 *)(o0 + d0 + 8 * i);
+        b[i] = al1 * *(const vf8 *)(o1 + d0 + 8 * i);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+        const vf8 *vt = (const vf8 *)(v + slots[t] + d0);
+        const float x = w0[t], y = w1[t];
+        for (int i = 0; i < nv; ++i) {
+            a[i] += x * vt[i];
+            b[i] += y * vt[i];
+        }
+    }
+    for (int i = 0; i < nv; ++i) {
+        *(vf8 *)(o0 + d0 + 8 * i) = a[i];
+        *(vf8 *)(o1 + d0 + 8 * i) = b[i];
+    }
+}
+
+/* The same over every column: 32 at a time, then 8, then one (head dims not a multiple of 8) */
+static void pair_all_values(float *o0, float *o1, float al0, float al1, const float *w0,
+                            const float *w1, const float *v, const int64_t *slots, int64_t n,
+                            int64_t dim) {
+    int64_t d = 0;
+    for (; d + 32 <= dim; d += 32) pair_values(o0, o1, al0, al1, w0, w1, v, slots, n, d, 4);
+    for (; d + 8 <= dim; d += 8) pair_values(o0, o1, al0, al1, w0, w1, v, slots, n, d, 1);
+    for (; d < dim; ++d) {
+        float x = al0 * o0[d], y = al1 * o1[d];
+        for (int64_t t = 0; t < n; ++t) {
+            x += w0[t] * v[slots[t] + d];
+            y += w1[t] * v[slots[t] + d];
+        }
+        o0[d] = x;
+        o1[d] = y;
+    }
+}
+
+/* One key tile of n keys at position k0 for all rows. */
+static void prefill_tile(const struct prefill_item *it, const struct prefill_scratch *sc,
+                         int64_t rows, const int64_t *slots, int64_t k0, int64_t n) {
+    const int64_t dim = it->dim, real = it->nq * it->g;
+    transpose_keys(it->k, slots, n, dim, sc->kt);
+    for (int64_t r = 0; r < rows; r += 2)
+        pair_scores(sc->qs + r * dim, sc->qs + (r + 1) * dim, sc->kt, sc->s + r * KT, dim);
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t pos = it->pos0 + r / it->g;
+        int64_t lo = it->window > 0 ? pos - it->window + 1 : 0, hi = pos + 1;
+        lo = lo > k0 ? lo : k0;
+        hi = hi < k0 + n ? hi : k0 + n;
+        if (r >= real) hi = lo;                   /* the padding row sees nothing */
+        sc->alpha[r] = row_weights(sc->s + r * KT, sc->m + r, sc->l + r, lo - k0, hi - k0, it->softcap);
+    }
+    for (int64_t r = 0; r < rows; r += 2)
+        pair_all_values(sc->o + r * dim, sc->o + (r + 1) * dim, sc->alpha[r], sc->alpha[r + 1],
+                        sc->s + r * KT, sc->s + (r + 1) * KT, it->v, slots, n, dim);
+}
+
+/* Scaled query rows in (zeros for the padding row), running state reset. Row r is query
+   token r / g, head r % g. */
+static void prefill_start(const struct prefill_item *it, const struct prefill_scratch *sc, int64_t rows) {
+    const int64_t real = it->nq * it->g, dim = it->dim;
+    for (int64_t r = 0; r < rows; ++r) {
+        if (r < real) {
+            const float *src = it->q + (r / it->g) * it->q_stride + (r % it->g) * dim;
+            for (int64_t d = 0; d < dim; ++d) sc->qs[r * dim + d] = src[d] * it->scale;
+        } else {
+            memset(sc->qs + r * dim, 0, sizeof(float) * dim);
+        }
+        sc->m[r] = NO_SCORE;
+        sc->l[r] = 0.0f;
+    }
+    memset(sc->o, 0, sizeof(float) * rows * dim);
+}
+
+static void prefill_finish(const struct prefill_item *it, const struct prefill_scratch *sc) {
+    const int64_t dim = it->dim;
+    for (int64_t r = 0; r < it->nq * it->g; ++r) {
+        float *dst = it->out + (r / it->g) * it->q_stride + (r % it->g) * dim;
+        const float inv = 1.0f / sc->l[r];   /* every row sees at least its own key */
+        for (int64_t d = 0; d < dim; ++d) dst[d] = sc->o[r * dim + d] * inv;
+    }
+}
+
+/* Keys kfirst .. pos0 + nq - 1, sc->slots[t - kfirst] their rows. */
+static void prefill_run(const struct prefill_item *it, const struct prefill_scratch *sc) {
+    const int64_t rows = (it->nq * it->g + 1) / 2 * 2, kend = it->pos0 + it->nq;
+    prefill_start(it, sc, rows);
+    for (int64_t k0 = it->kfirst; k0 < kend; k0 += KT)
+        prefill_tile(it, sc, rows, sc->slots + (k0 - it->kfirst), k0, kend - k0 < KT ? kend - k0 : KT);
+    prefill_finish(it, sc);
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Per-thread scratch: slots, then the floats of struct prefill_scratch, rows rows. */
+static int64_t prefill_scratch_bytes(int64_t max_ctx, int64_t rows, int64_t dim) {
+    const int64_t floats = 2 * rows * dim + rows * KT + 3 * rows + dim * KT;
+    /* rounded to a cache line: every thread's scratch starts aligned, none shares a line */
+    return ceil_div(sizeof(int64_t) * max_ctx + sizeof(float) * floats, 64) * 64;
+}
+
+static struct prefill_scratch prefill_scratch_at(char *mine, int64_t max_ctx, int64_t rows, int64_t dim) {
+    struct prefill_scratch sc = {.slots = (int64_t *)mine};
+    sc.qs = (float *)(sc.slots + max_ctx);
+    sc.o = sc.qs + rows * dim;
+    sc.s = sc.o + rows * dim;
+    sc.m = sc.s + rows * KT;
+    sc.l = sc.m + rows;
+    sc.alpha = sc.l + rows;
+    sc.kt = sc.alpha + rows;
+    return sc;
+}
+
+/* Returns 0, or -1 when the scratch memory is not there. */
+int paged_prefill_attention_f32(const float *q, const float *k_cache, const float *v_cache,
+                                const int32_t *block_tables, const int32_t *query_starts,
+                                const int32_t *context_lens, float *out, int64_t num_seqs,
+                                int64_t num_heads, int64_t num_kv_heads, int64_t dim,
+                                int64_t block_size, int64_t max_blocks, float scale,
+                                int64_t window, float softcap, int num_threads) {
+    const int64_t g = num_heads / num_kv_heads, rows = (QT * g + 1) / 2 * 2;
+    int64_t max_ctx = 1, tiles = 0;
+    for (int64_t s = 0; s < num_seqs; ++s) {
+        max_ctx = context_lens[s] > max_ctx ? context_lens[s] : max_ctx;
+        tiles += ceil_div(query_starts[s + 1] - query_starts[s], QT);
+    }
+    /* tile_seq[i], tile_first[i]: the sequence and first query row of tile i */
+    int64_t *tile_seq = malloc(sizeof(int64_t) * 2 * (tiles + 1));
+    const int64_t per_thread = prefill_scratch_bytes(max_ctx, rows, dim);
+    char *scratch = malloc(per_thread * num_threads);
+    if (tile_seq == NULL || scratch == NULL) {
+        free(tile_seq);
+        free(scratch);
+        return -1;
+    }
+    int64_t *tile_first = tile_seq + tiles + 1;
+    for (int64_t s = 0, i = 0; s < num_seqs; ++s)
+        for (int64_t first = 0; first < query_starts[s + 1] - query_starts[s]; first += QT, ++i) {
+            tile_seq[i] = s;
+            tile_first[i] = first;
+        }
+#pragma omp parallel num_threads(num_threads)
+    {
+        const struct prefill_scratch sc =
+            prefill_scratch_at(scratch + per_thread * omp_get_thread_num(), max_ctx, rows, dim);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t j = 0; j < tiles * num_kv_heads; ++j) {
+            const int64_t i = tiles - 1 - j / num_kv_heads, h = j % num_kv_heads;  /* costliest first */
+            const int64_t s = tile_seq[i], qlen = query_starts[s + 1] - query_starts[s];
+            const int64_t nq = qlen - tile_first[i] < QT ? qlen - tile_first[i] : QT;
+            const int64_t pos0 = context_lens[s] - qlen + tile_first[i];
+            const int64_t kfirst = window > 0 && pos0 >= window ? pos0 - window + 1 : 0;
+            slot_offsets(block_tables + s * max_blocks, kfirst, pos0 + nq, block_size,
+                         num_kv_heads * dim, sc.slots);
+            const int64_t row0 = (query_starts[s] + tile_first[i]) * num_heads + h * g;
+            const struct prefill_item it = {
+                .q = q + row0 * dim, .k = k_cache + h * dim, .v = v_cache + h * dim,
+                .out = out + row0 * dim, .q_stride = num_heads * dim, .nq = nq, .g = g,
+                .dim = dim, .pos0 = pos0, .kfirst = kfirst, .window = window, .scale = scale,
+                .softcap = softcap,
+            };
+            prefill_run(&it, &sc);
+        }
+    }
+    free(tile_seq);
+    free(scratch);
+    return 0;
+}

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import torch
 
-from kernels.attention import paged_prefill_attention, prefill_attention, write_kv
+from kernels.attention import write_kv
 from runtime.models.batch import ForwardBatch, PrefillMeta
 from runtime.models.rope import Rotary
 from runtime.quantization import linear
@@ -66,6 +66,6 @@ class Attention:
     def _prefill(self, q, k, v, meta: PrefillMeta, k_cache, v_cache, window: Optional[int]) -> torch.Tensor:
         n, opts = meta.num_tokens, dict(window=window, softcap=self.softcap)
         if meta.block_tables is None:
-            return prefill_attention(q[:n], k[:n], v[:n], meta.query_lens, self.scale, **opts)
-        return paged_prefill_attention(q[:n], k_cache, v_cache, meta.block_tables,
-                                       meta.query_lens, meta.context_lens, self.scale, **opts)
+            return self.ops.prefill_attention(q[:n], k[:n], v[:n], meta.query_lens, self.scale, **opts)
+        return self.ops.paged_prefill_attention(q[:n], k_cache, v_cache, meta.block_tables,
+                                                meta.query_lens, meta.context_lens, self.scale, **opts)

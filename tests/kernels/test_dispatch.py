@@ -15,6 +15,8 @@ def test_the_reference_set():
                                          fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
                                          apply_rotary=rotary.apply_rotary,
                                          paged_decode_attention=attention.paged_decode_attention,
+                                         paged_prefill_attention=attention.paged_prefill_attention,
+                                         prefill_attention=attention.prefill_attention,
                                          int8_linear=int8.int8_linear,
                                          silu_and_mul=activation.silu_and_mul,
                                          gelu_and_mul=activation.gelu_and_mul,
@@ -65,6 +67,8 @@ def test_cpu_gets_the_c_kernels_and_onednn():
     ks = get_kernels("cpu")
     assert ks.backend == "cpu"
     assert ks.paged_decode_attention is paged_attention.paged_decode_attention
+    assert ks.paged_prefill_attention is paged_attention.paged_prefill_attention
+    assert ks.prefill_attention is paged_attention.prefill_attention
     assert ks.rms_norm is rmsnorm.rms_norm
     assert ks.fused_add_rms_norm is rmsnorm.fused_add_rms_norm
     assert ks.apply_rotary is rotary.apply_rotary
