@@ -59,12 +59,14 @@ def make_workload(args) -> Workload:
     return Workload(prompts, outs)
 
 
-def run_thawpool(model_dir: Path, work: Workload, args) -> dict:
+def run_thawpool(model_dir: Path, work: Workload, args, **options) -> dict:
+    """options: more engine options (e.g. batch_invariant=True)."""
     from runtime import LLM, SamplingParams
 
     limits = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
                                  ("max_num_batched_tokens", args.max_num_batched_tokens)) if v is not None}
-    llm = LLM(str(model_dir), kv_cache_tokens=args.kv_cache_tokens, enable_prefix_caching=True, **limits)
+    llm = LLM(str(model_dir), kv_cache_tokens=args.kv_cache_tokens, enable_prefix_caching=True, **limits,
+              **options)
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in work.output_lens]
     llm.generate([work.prompts[0][:16]], SamplingParams(max_tokens=2, temperature=0.0))   # warm-up
     engine = llm.engine
@@ -75,6 +77,7 @@ def run_thawpool(model_dir: Path, work: Workload, args) -> dict:
     produced = sum(len(o.token_ids) for o in outs)
     assert produced == work.output_tokens, (produced, work.output_tokens)
     step_s, fwd_s = engine.step_s - step0, engine.forward_s - fwd0
+    llm.close()
     return {"wall_s": wall, "cpu_s": cpu, "tok_s": produced / wall, "tok_cpu_s": produced / cpu,
             "overhead": (wall - fwd_s) / wall,
             "step_overhead": (step_s - fwd_s) / wall, "preemptions": engine.stats().num_preemptions}

@@ -24,7 +24,8 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENGINE_FIELDS = frozenset({"dtype", "kv_cache_tokens", "enable_prefix_caching", "speculative",
                            "quantization", "tensor_parallel_size", "max_num_seqs",
                            "max_num_batched_tokens", "max_model_len", "block_size", "seed",
-                           "task", "pooling"})   # task "embed": /v1/embeddings, "last"|"mean" pooling
+                           "task", "pooling",   # task "embed": /v1/embeddings, "last"|"mean" pooling
+                           "kv_cache_dtype", "batch_invariant"})
 SPECULATIVE_FIELDS = frozenset({"method", "k", "n", "model", "max_batch", "min_acceptance"})
 CREATE_FIELDS = frozenset({"name", "kind", "model_uri", "resources", "scaling", "engine", "pricing"})
 KINDS = ("model", "function")
@@ -178,8 +179,11 @@ def parse_engine(raw: Any, kind: str = "model") -> dict[str, Any]:
             raise InvalidField(f"engine.{name}", " or ".join(repr(a) for a in allowed))
     if value.get("quantization") not in (None, "int8"):
         raise InvalidField("engine.quantization", "null or 'int8'")
-    if "enable_prefix_caching" in value and not isinstance(value["enable_prefix_caching"], bool):
-        raise InvalidField("engine.enable_prefix_caching", "must be true or false")
+    for name in ("enable_prefix_caching", "batch_invariant"):
+        if name in value and not isinstance(value[name], bool):
+            raise InvalidField(f"engine.{name}", "must be true or false")
+    if value.get("kv_cache_dtype", "auto") not in ("auto", "bfloat16"):
+        raise InvalidField("engine.kv_cache_dtype", "'auto' (the model's dtype) or 'bfloat16'")
     if value.get("speculative") is not None:
         value["speculative"] = parse_speculative(value["speculative"])
     for name in ("kv_cache_tokens", "tensor_parallel_size", "max_num_seqs",

@@ -98,3 +98,16 @@ def _triton_kernels() -> KernelSet | None:
                                paged_decode_attention=paged_attention.paged_decode_attention,
                                int8_linear=int8_matmul.int8_linear,
                                silu_and_mul=activation.silu_and_mul)
+
+
+def batch_invariant_kernels(kernels: KernelSet) -> KernelSet:
+    """`kernels` with its linear layers summed in one fixed order whatever the batch
+    (kernels/cpu/invariant_linear.c), for the engine's batch-invariant mode. The other CPU
+    kernels already are: norms, rotary and activations work row by row, and attention sums
+    each query's keys in tiles fixed by position (the engine sends every row through the
+    prefill kernel in that mode). Needs the C kernels: without them there is no such mode."""
+    if kernels.backend != "cpu":
+        raise ValueError(f"batch_invariant: needs the CPU's C kernels, not the {kernels.backend!r} set")
+    from kernels.cpu import invariant_linear
+
+    return dataclasses.replace(kernels, pack_linear=invariant_linear.pack, linear=invariant_linear.linear)

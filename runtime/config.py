@@ -225,6 +225,8 @@ class EngineConfig:
     seed: int = 0
     task: str = "generate"                       # or "embed": pooled hidden states (runtime/embedding.py)
     pooling: str = "last"                        # embed: "last" token or "mean" over the prompt
+    kv_cache_dtype: str = "auto"                 # "auto": the model's dtype; "bfloat16": half the bytes
+    batch_invariant: bool = False                # a request's logprobs the same bits in any batch (CPU)
 
     def validate(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -237,10 +239,16 @@ class EngineConfig:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be a positive integer")
         check_task(self.task, self.pooling, self.speculative)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: {self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+        if self.batch_invariant and not self.device.startswith("cpu"):
+            raise ValueError("batch_invariant: the batch-invariant kernels are the CPU's; "
+                             f"device {self.device!r} has none yet")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:
             raise ValueError(f"kv_cache_tokens: must be at least block_size ({self.block_size})")
 
 
+KV_CACHE_DTYPES = ("auto", "bfloat16")
 TASKS = ("generate", "embed")
 POOLINGS = ("last", "mean")
 

@@ -53,7 +53,7 @@ class ModelRunner:
         timings.record("kernels", since)
         self.model = model_class(model_config.architecture)(
             model_config, DTYPES[config.dtype], self.device, quantization=config.quantization, tp=tp,
-            context_len=self.max_len)
+            context_len=self.max_len, batch_invariant=config.batch_invariant)
         self.model.load(config.model, timings)
         since = time.perf_counter()
         self.num_blocks = self._num_blocks(model_config)
@@ -251,12 +251,15 @@ class ModelRunner:
         return self._on_every_rank(local, "prompt_logits", ids)[0]
 
     def _prepare(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, ForwardBatch]:
-        prefills = [c for c in chunks if _num_rows(c) > 1]
+        # batch-invariant: a token's attention always by the prefill kernel, read from the
+        # cache, never by the decode kernel (another order of sums) or from fresh k and v
+        invariant = self.config.batch_invariant
+        prefills = chunks if invariant else [c for c in chunks if _num_rows(c) > 1]
         decodes = chunks[len(prefills):]
         ids, positions, slots = [], [], []
         for c in chunks:
             ids.extend(c.token_ids + c.draft_token_ids)
-        prefill = self._prefill_meta(prefills, positions, slots) if prefills else None
+        prefill = self._prefill_meta(prefills, positions, slots, invariant) if prefills else None
         decode = self._decode_meta(decodes, positions, slots) if decodes else None
         ends, row = [], 0
         for c in chunks:
@@ -271,7 +274,7 @@ class ModelRunner:
             prefill=prefill, decode=decode)
         return torch.tensor(ids, dtype=torch.long, device=dev), fwd
 
-    def _prefill_meta(self, chunks, positions: list, slots: list) -> PrefillMeta:
+    def _prefill_meta(self, chunks, positions: list, slots: list, paged: bool = False) -> PrefillMeta:
         bs = self.block_size
         q_lens = [_num_rows(c) for c in chunks]
         ctx_lens = [c.start + n for c, n in zip(chunks, q_lens)]
@@ -283,9 +286,9 @@ class ModelRunner:
         pos = starts[seq] + offsets
         positions.append(pos)
         slots.append(tables[seq, pos // bs].long() * bs + pos % bs)
-        any_cached = any(c.start > 0 for c in chunks)
+        paged = paged or any(c.start > 0 for c in chunks)
         return PrefillMeta(num_tokens=len(seq), query_lens=q_lens, context_lens=ctx_lens,
-                           block_tables=tables.to(self.device) if any_cached else None)
+                           block_tables=tables.to(self.device) if paged else None)
 
     def _decode_meta(self, chunks, positions: list, slots: list) -> DecodeMeta:
         bs = self.block_size

@@ -230,8 +230,9 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
  * keys KT at a time with an online softmax: scores of all rows against the tile's keys
  * (k rows transposed into a [D, KT] scratch so each score row is a vector FMA chain over d,
  * no horizontal sums), then per row the running max and sum are updated, and the fp32
- * output rows rescaled and the tile's v rows added. Key tiles start where the item's
- * first query's window does, so blocks wholly before every window are never read.
+ * output rows rescaled and the tile's v rows added. Key tiles start at the multiple of KT
+ * at or before where the item's first query's window does, so blocks wholly before every
+ * window are never read.
  *
  * Rows go two at a time through the score and the v loops, so every k or v vector loaded
  * feeds two FMAs, their sums held in registers: 8-float vectors (one AVX2 register; 16-float
@@ -464,7 +465,10 @@ int paged_prefill_attention_f32(const float *q, const float *k_cache, const floa
             const int64_t s = tile_seq[i], qlen = query_starts[s + 1] - query_starts[s];
             const int64_t nq = qlen - tile_first[i] < QT ? qlen - tile_first[i] : QT;
             const int64_t pos0 = context_lens[s] - qlen + tile_first[i];
-            const int64_t kfirst = window > 0 && pos0 >= window ? pos0 - window + 1 : 0;
+            /* key tiles start at multiples of KT, wherever the item's queries start: a row's
+               sums then run over the same tiles however its sequence was chunked, which the
+               batch-invariant mode needs (rows mask the keys left of their window) */
+            const int64_t kfirst = window > 0 && pos0 >= window ? (pos0 - window + 1) / KT * KT : 0;
             slot_offsets(block_tables + s * max_blocks, kfirst, pos0 + nq, block_size,
                          num_kv_heads * dim, sc.slots);
             const int64_t row0 = (query_starts[s] + tile_first[i]) * num_heads + h * g;

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from kernels.dispatch import get_kernels
+from kernels.dispatch import batch_invariant_kernels, get_kernels
 from runtime.config import ModelConfig
 from runtime.load_timings import LoadTimings
 from runtime.kv_memory import zeros_untouched
@@ -72,7 +72,7 @@ class DecoderModel:
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: str,
                  quantization: Optional[str] = None, tp: Optional[TensorParallel] = None,
-                 context_len: Optional[int] = None):
+                 context_len: Optional[int] = None, batch_invariant: bool = False):
         self.tp = tp = tp or TensorParallel()          # a single rank unless given
         self.config, self.dtype, self.device = config, dtype, device
         self.quantization = quantization       # None or "int8" (EngineConfig validated it)
@@ -80,6 +80,10 @@ class DecoderModel:
         self.num_kv_heads = kv_stop - kv_start      # this rank's share, or its one replicated head
         self.vocab_start, _, self.vocab_rows = tp.vocab_rows(config.vocab_size)
         self.ops = get_kernels(device)     # Triton on CUDA when available, C on the CPU, else references
+        if batch_invariant:
+            if config.moe is not None or quantization is not None or dtype != torch.float32:
+                raise ValueError("batch_invariant: float32 dense models only (no int8, no MoE)")
+            self.ops = batch_invariant_kernels(self.ops)
         scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
         self.attention = Attention(config.num_attention_heads // tp.size, self.num_kv_heads, config.head_dim,
                                    scale, config.attn_logit_softcap, config.rms_norm_eps, self.ops, tp)

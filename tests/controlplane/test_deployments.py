@@ -74,6 +74,8 @@ async def test_create_get_list_delete(plane, model_uri):
     ({"engine": {"turbo": True}}, "engine.turbo"),
     ({"engine": {"quantization": "int4"}}, "engine.quantization"),
     ({"engine": {"dtype": "auto"}}, "engine.dtype"),
+    ({"engine": {"kv_cache_dtype": "fp8"}}, "engine.kv_cache_dtype"),
+    ({"engine": {"batch_invariant": "yes"}}, "engine.batch_invariant"),
     ({"engine": {"tensor_parallel_size": 2}}, "engine.tensor_parallel_size"),   # != gpu_count
     ({"resources": {"gpu_count": 3}}, "resources.gpu_count"),     # 4 heads do not split 3 ways
     ({"resources": {"gpu_memory_gb": 4096}}, "resources"),        # no slot could ever hold it

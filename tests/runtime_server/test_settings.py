@@ -12,13 +12,15 @@ def test_engine_flags_become_llm_kwargs():
                         "--kv-cache-tokens", "4096", "--block-size", "32", "--max-num-seqs", "8",
                         "--max-num-batched-tokens", "512", "--no-enable-prefix-caching",
                         "--speculative", '{"method": "ngram", "k": 4}', "--quantization", "int8",
-                        "--tensor-parallel-size", "2", "--served-model-name", "m1"])
+                        "--tensor-parallel-size", "2", "--served-model-name", "m1",
+                        "--kv-cache-dtype", "bfloat16", "--batch-invariant"])
     assert (s.model, s.port, s.served_model_name, s.standby) == ("/m", 9000, "m1", False)
     assert s.engine_kwargs == {"dtype": "bfloat16", "kv_cache_tokens": 4096, "block_size": 32,
                                "max_num_seqs": 8, "max_num_batched_tokens": 512,
                                "enable_prefix_caching": False,
                                "speculative": {"method": "ngram", "k": 4},
-                               "quantization": "int8", "tensor_parallel_size": 2}
+                               "quantization": "int8", "tensor_parallel_size": 2,
+                               "kv_cache_dtype": "bfloat16", "batch_invariant": True}
     assert s.load_request().served_model_name == "m1"
 
 
