@@ -8,6 +8,9 @@ trial starts a fresh Python process per case and measures in it:
   fresh     process start -> import -> kernels -> ... -> ready, as `runtime.server --model`
   standby   the same load in a process that already ran the standby warm-up (imports,
             kernels): what a pool with a warm standby pays once a load is asked for
+  packed    a standby whose node has loaded the model before: its layers are mapped from
+            the node's packed-layer cache (runtime/packed_weights.py) instead of packed
+            (the cache is filled by one load before the trials)
 
 then one greedy token (first_token). The peer, measured in the same run and between the
 cases: reading the weight files into memory with plain `read()` from the page cache (warm:
@@ -21,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,17 +36,22 @@ sys.path.insert(0, str(ROOT))
 
 CHILD = """
 import json, sys, time
-model, mode = sys.argv[1], sys.argv[2]
+model, mode, packed_dir = sys.argv[1], sys.argv[2], sys.argv[3]
 from runtime.model_host import LoadRequest, build_llm_engine, warm_imports
-if mode == "standby":
+if mode != "fresh":
     warm_imports("cpu")
-engine, timings = build_llm_engine(LoadRequest(model, "bench", {}))
+options = {"packed_cache_dir": packed_dir} if mode == "packed" else {}
+engine, timings = build_llm_engine(LoadRequest(model, "bench", options))
 from wire.sampling import SamplingParams
 since = time.perf_counter()
 engine.add_request("0", engine.tokenizer.encode("Hello"), SamplingParams(max_tokens=1))
 while engine.has_unfinished_requests():
     engine.step()
-print(json.dumps({"timings": timings, "first_token_s": time.perf_counter() - since}))
+first_token_s = time.perf_counter() - since
+writer = engine.runner.model.packed_writer
+if writer is not None:
+    writer.result()          # a load that packed fills the cache for the next
+print(json.dumps({"timings": timings, "first_token_s": first_token_s}))
 """
 
 
@@ -65,8 +75,8 @@ def read_seconds(paths: list[Path]) -> float:
     return time.perf_counter() - start
 
 
-def run_case(model: Path, mode: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHILD, str(model), mode],
+def run_case(model: Path, mode: str, packed_dir: Path) -> dict:
+    done = subprocess.run([sys.executable, "-c", CHILD, str(model), mode, str(packed_dir)],
                           cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -110,12 +120,15 @@ def main() -> None:
     size = sum(p.stat().st_size for p in paths)
     reads = [read_seconds(paths)]                 # the first also warms the page cache
     cases: dict[str, dict] = {}
+    packed_dir = Path(tempfile.mkdtemp(prefix="thawpool-packed-"))
+    run_case(args.model, "packed", packed_dir)   # fills the node's packed-layer cache
     for _ in range(args.trials):
-        for mode in ("fresh", "standby"):
-            result = run_case(args.model, mode)
+        for mode in ("fresh", "standby", "packed"):
+            result = run_case(args.model, mode, packed_dir)
             reads.append(read_seconds(paths))
             if mode not in cases or ready_s(result) < ready_s(cases[mode]):
                 cases[mode] = result
+    shutil.rmtree(packed_dir, ignore_errors=True)
     report(min(reads[1:]), size, cases)
 
 

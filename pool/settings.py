@@ -34,6 +34,8 @@ class PoolSettings:
     aws_secret_access_key: Optional[str] = None
     cache_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "thawpool-cache")
     cache_disk_budget_gb: float = 50.0
+    # CPU replicas' packed layers (runtime/packed_weights.py) under cache_dir / "packed"; 0: none
+    packed_cache_gb: float = 16.0
     part_size_mb: float = 8.0
     download_concurrency: int = 16
     verify_md5: bool = True
@@ -93,6 +95,10 @@ class PoolSettings:
     @property
     def sleep_host_memory_bytes(self) -> int:
         return int(self.sleep_host_memory_gb * GB)
+
+    @property
+    def packed_dir(self) -> Path:
+        return Path(self.cache_dir) / "packed"
 
     @property
     def logs(self) -> Path:

@@ -227,6 +227,8 @@ class EngineConfig:
     pooling: str = "last"                        # embed: "last" token or "mean" over the prompt
     kv_cache_dtype: str = "auto"                 # "auto": the model's dtype; "bfloat16": half the bytes
     batch_invariant: bool = False                # a request's logprobs the same bits in any batch (CPU)
+    packed_cache_dir: Optional[str] = None       # CPU: the node's cache of packed layers (runtime/packed_weights.py)
+    packed_cache_gb: float = 16.0                # ... and its size, least recently used evicted
 
     def validate(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):

@@ -8,6 +8,7 @@ scored at every row and verified by runtime/rejection_sampler.py.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from typing import Any, Callable, Optional, TypeVar
@@ -21,6 +22,8 @@ from runtime.load_timings import LoadTimings
 from runtime.loader import DTYPES
 from runtime.models import model_class
 from runtime.models.batch import DecodeMeta, ForwardBatch, PrefillMeta
+from runtime.packed_weights import PackedWeightCache
+from runtime.packed_weights import available as packed_weights_available
 from runtime.rejection_sampler import speculative_verify
 from runtime.sampler import Sampler
 from runtime.structured_output import PendingMasks, StructuredOutputs
@@ -28,6 +31,8 @@ from runtime.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
 from runtime.sleep_mode import Freed
 from runtime.tensor_parallel import TensorParallel
 from runtime.worker_group import WorkerGroup
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -54,7 +59,7 @@ class ModelRunner:
         self.model = model_class(model_config.architecture)(
             model_config, DTYPES[config.dtype], self.device, quantization=config.quantization, tp=tp,
             context_len=self.max_len, batch_invariant=config.batch_invariant)
-        self.model.load(config.model, timings)
+        self.model.load(config.model, timings, self._packed_cache())
         since = time.perf_counter()
         self.num_blocks = self._num_blocks(model_config)
         self.kv_caches = self.model.allocate_kv_cache(self.num_blocks, self.block_size)
@@ -63,6 +68,17 @@ class ModelRunner:
         self.pooler = Pooler(config.pooling) if config.task == "embed" else None
         self.structured: Optional[StructuredOutputs] = None   # the engine's, when it has one
         self.forward_s = 0.0                  # time inside the model forward (incl. logits)
+
+    def _packed_cache(self) -> Optional[PackedWeightCache]:
+        """The node's packed-layer cache, where there is one to use: packed layers are the
+        CPU's (batch-invariant mode keeps its weights plain)."""
+        config = self.config
+        if config.packed_cache_dir is None or self.device != "cpu" or config.batch_invariant:
+            return None
+        if not packed_weights_available():
+            log.warning("packed weights cache: this torch cannot rebuild packed tensors; packing each load")
+            return None
+        return PackedWeightCache(config.packed_cache_dir, int(config.packed_cache_gb * (1 << 30)))
 
     def _num_blocks(self, model_config: ModelConfig) -> int:
         if self.config.kv_cache_tokens is not None:

@@ -94,6 +94,8 @@ _ENGINE_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--task": ("task", str),
     "--pooling": ("pooling", str),
     "--kv-cache-dtype": ("kv_cache_dtype", str),
+    "--packed-cache-dir": ("packed_cache_dir", str),
+    "--packed-cache-gb": ("packed_cache_gb", float),
 }
 
 

@@ -74,11 +74,11 @@ def function(name: str, symbol: str, argtypes: list, restype=None) -> ctypes._CF
 def _build_key(source: Path, cc: str) -> str:
     digest = hashlib.sha256(source.read_bytes())
     digest.update(" ".join((cc, *COMPILE_FLAGS, *LINK_FLAGS, platform.machine(),
-                            _cpu_model())).encode())
+                            cpu_identity())).encode())
     return digest.hexdigest()[:16]
 
 
-def _cpu_model() -> str:
+def cpu_identity() -> str:
     """-march=native code is only good on the CPU it was built on."""
     try:
         with open("/proc/cpuinfo") as f:

@@ -157,7 +157,8 @@ class LocalBackend:
             self._replicas[replica_id] = replica
             self._register(replica, spec, slots, registration)
             return replica
-        engine = engine_for(spec, slots, self.settings.kv_cache_tokens_default, isolated=False)
+        engine = engine_for(spec, slots, self.settings.kv_cache_tokens_default, isolated=False,
+                            packed=(self.settings.packed_dir, self.settings.packed_cache_gb))
         warm = None if needs_own_process(slots) else await self._take_warm()
         if warm is None:
             replica = self._start_direct(spec, slots, model_dir, engine, replica_id)

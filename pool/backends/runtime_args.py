@@ -39,14 +39,15 @@ def auth_headers(secret: str) -> dict[str, str]:
 
 
 def engine_for(spec: RevisionSpec, slots: Sequence[Slot], kv_tokens_default: int, *,
-               isolated: bool) -> dict[str, Any]:
+               isolated: bool, packed: Optional[tuple[Path, float]] = None) -> dict[str, Any]:
     """The revision's engine kwargs plus what the slots imply: a KV budget when it
     gives none, the device, and tensor parallelism across more than one slot.
 
     isolated: the process sees only its slots' GPUs (Ray sets CUDA_VISIBLE_DEVICES
     for an actor), so "cuda" is its own device; otherwise one GPU is named by
     index, and several get "cuda" because the local backend then narrows
-    CUDA_VISIBLE_DEVICES to them.
+    CUDA_VISIBLE_DEVICES to them. packed: the node's packed-layer cache (folder, GB) for
+    CPU replicas.
     """
     engine = dict(spec.engine)
     engine.setdefault("kv_cache_tokens", kv_tokens_default)
@@ -56,6 +57,9 @@ def engine_for(spec: RevisionSpec, slots: Sequence[Slot], kv_tokens_default: int
         engine["device"] = f"cuda:{cuda[0].device_index}" if own_index else "cuda"
     if len(slots) > 1:
         engine.setdefault("tensor_parallel_size", len(slots))
+    if packed is not None and not cuda and packed[1] > 0:
+        # the node's packed layers: a CPU replica of a model packed here before maps them
+        engine["packed_cache_dir"], engine["packed_cache_gb"] = str(packed[0]), packed[1]
     return engine
 
 

@@ -18,13 +18,16 @@ final logit cap. The model reads everything about the batch from an explicit For
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu.linear import BATCH_HINT
 from kernels.dispatch import batch_invariant_kernels, get_kernels
 from runtime.config import ModelConfig
 from runtime.load_timings import LoadTimings
@@ -34,7 +37,8 @@ from runtime.models.attention import Attention
 from runtime.models.batch import ForwardBatch
 from runtime.models.mlp import GatedMLP, SparseMoE
 from runtime.models.rope import make_rotary
-from runtime.parallel import parallel_map
+from runtime.packed_weights import PackedWeightCache, cache_key
+from runtime.parallel import in_background, parallel_map
 from runtime.quantization import Int8Weight, Weight, WeightMemory, pack_layer, quantize_layer, weight_memory
 from runtime.tensor_parallel import TensorParallel
 
@@ -98,10 +102,13 @@ class DecoderModel:
         self.embed: Optional[torch.Tensor] = None
         self.norm: Optional[torch.Tensor] = None
         self.lm_head: Optional[torch.Tensor] = None
+        self.packed_mapping: Optional[mmap.mmap] = None     # the cache file the layers live in
+        self.packed_writer: Optional[Future[int]] = None    # the cache file being written
 
     # ---- loading
 
-    def load(self, model_dir: str, timings: LoadTimings) -> None:
+    def load(self, model_dir: str, timings: LoadTimings, packed: Optional[PackedWeightCache] = None) -> None:
+        """packed: the node's cache of packed layers (CPU), read from and filled."""
         # int8: read the floats into host memory so that the device only ever holds
         # the float matrices of the layers being quantized, not the whole model
         where = "cpu" if self.quantization else self.device
@@ -110,11 +117,26 @@ class DecoderModel:
         since = time.perf_counter()
         self._assemble(raw)
         since = timings.record("assemble", since)
+        key = cache_key(model_dir, self._packing_identity()) if packed is not None else None
+        mapped = packed.load(key, LayerWeights) if packed is not None and key is not None else None
+        if mapped is not None:
+            self.layers, self.packed_mapping = mapped.layers, mapped.mapping
+            timings.record("pack", since)
+            return
         # layers are independent, and fusing, packing or quantizing one lets go of the
         # GIL: one thread per CPU; each layer's float copies are freed as it is placed
         self.layers = parallel_map(lambda i: self._placed(self._layer(raw, i)),
                                    range(self.config.num_hidden_layers))
         timings.record("pack", since)
+        if packed is not None and key is not None:
+            # written after the load, beside the first requests: a cold start never waits on it
+            self.packed_writer = in_background(packed.store, key, list(self.layers))
+
+    def _packing_identity(self) -> dict:
+        """What, besides the weight files, the torch build and the CPU, decides the packed bytes."""
+        return {"model": type(self).__name__, "dtype": str(self.dtype), "quantization": self.quantization,
+                "rank": self.tp.rank, "ranks": self.tp.size, "kernels": self.ops.backend,
+                "batch_hint": BATCH_HINT}
 
     def _layer(self, raw: dict[str, torch.Tensor], i: int) -> LayerWeights:
         """Layer i's weights, popped from the checkpoint's tensors (per architecture)."""

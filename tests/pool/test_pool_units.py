@@ -56,6 +56,15 @@ def test_one_engine_for_both_backends():
     assert engine_for(pinned, one, 64, isolated=False) == {"device": "cpu", "kv_cache_tokens": 8}
 
 
+def test_cpu_replicas_are_given_the_nodes_packed_layer_cache():
+    packed = (PoolSettings(cache_dir=Path("/c")).packed_dir, 4.0)
+    cpu, cuda = cpu_slots(PoolSettings(cpu_slots=1))[:1], [Slot("n/cuda0", "n", "cuda", GB, 0)]
+    assert engine_for(SPEC, cpu, 64, isolated=False, packed=packed) == {
+        "kv_cache_tokens": 64, "packed_cache_dir": "/c/packed", "packed_cache_gb": 4.0}
+    assert "packed_cache_dir" not in engine_for(SPEC, cuda, 64, isolated=False, packed=packed)
+    assert "packed_cache_dir" not in engine_for(SPEC, cpu, 64, isolated=False, packed=(Path("/c"), 0.0))
+
+
 def test_each_replica_gets_its_secret_in_its_environment_and_sends_it_as_a_bearer_header():
     from pool.backends.runtime_args import SECRET_ENV, auth_headers, new_secret, runtime_env
     from runtime.server import SECRET_ENV as SERVER_READS
