@@ -229,6 +229,7 @@ class EngineConfig:
     batch_invariant: bool = False                # a request's logprobs the same bits in any batch (CPU)
     packed_cache_dir: Optional[str] = None       # CPU: the node's cache of packed layers (runtime/packed_weights.py)
     packed_cache_gb: float = 16.0                # ... and its size, least recently used evicted
+    cuda_graphs: bool = False                    # decode steps replayed as CUDA graphs (runtime/cuda_graphs.py)
 
     def validate(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -243,6 +244,9 @@ class EngineConfig:
         check_task(self.task, self.pooling, self.speculative)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype: {self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+        if self.cuda_graphs and not (self.device.startswith("cuda") and self.tensor_parallel_size == 1):
+            raise ValueError("cuda_graphs: decode graphs need a CUDA device and one rank "
+                             f"(device {self.device!r}, tensor_parallel_size {self.tensor_parallel_size})")
         if self.batch_invariant and not self.device.startswith("cpu"):
             raise ValueError("batch_invariant: the batch-invariant kernels are the CPU's; "
                              f"device {self.device!r} has none yet")

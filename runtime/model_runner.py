@@ -17,6 +17,7 @@ import torch
 
 from kernels.dispatch import get_kernels
 from runtime.config import EngineConfig, ModelConfig
+from runtime.cuda_graphs import DecodeGraphs, capture_sizes
 from runtime.embedding import Pooler
 from runtime.load_timings import LoadTimings
 from runtime.loader import DTYPES
@@ -62,12 +63,28 @@ class ModelRunner:
         self.model.load(config.model, timings, self._packed_cache())
         since = time.perf_counter()
         self.num_blocks = self._num_blocks(model_config)
-        self.kv_caches = self.model.allocate_kv_cache(self.num_blocks, self.block_size)
+        self.kv_caches = self._allocate_kv_cache()
         timings.record("kv_cache", since)
+        self.graphs = self._capture_graphs()
         self.sampler = Sampler(self.device, config.seed)
         self.pooler = Pooler(config.pooling) if config.task == "embed" else None
         self.structured: Optional[StructuredOutputs] = None   # the engine's, when it has one
         self.forward_s = 0.0                  # time inside the model forward (incl. logits)
+
+    def _allocate_kv_cache(self) -> list:
+        """The paged KV cache: the block manager's blocks, then (CUDA graphs) one scratch
+        block the padding rows of a graph write into, never handed out."""
+        scratch = 1 if self.config.cuda_graphs else 0
+        return self.model.allocate_kv_cache(self.num_blocks + scratch, self.block_size)
+
+    def _capture_graphs(self) -> Optional[DecodeGraphs]:
+        if not self.config.cuda_graphs:
+            return None
+        graphs = DecodeGraphs(self.model, self.kv_caches, self.device, capture_sizes(self.config.max_num_seqs),
+                              max_blocks=-(-self.max_len // self.block_size), scratch_block=self.num_blocks,
+                              block_size=self.block_size)
+        graphs.capture()
+        return graphs
 
     def _packed_cache(self) -> Optional[PackedWeightCache]:
         """The node's packed-layer cache, where there is one to use: packed layers are the
@@ -142,8 +159,9 @@ class ModelRunner:
         def local() -> torch.Tensor:
             input_ids, fwd = self._prepare(chunks)
             started = time.perf_counter()
-            hidden = self.model.forward(input_ids, fwd, self.kv_caches)
-            logits = self.model.logits(hidden)
+            logits = self.graphs.run(input_ids, fwd) if self.graphs is not None else None
+            if logits is None:
+                logits = self.model.logits(self.model.forward(input_ids, fwd, self.kv_caches))
             self.forward_s += time.perf_counter() - started
             return logits
         return self._on_every_rank(local, "compute_logits", chunks)[0]
@@ -170,7 +188,7 @@ class ModelRunner:
         rank (runtime/sleep_mode.py); what was freed, summed over the ranks."""
         def local() -> Freed:
             kv_bytes = sum(k.nbytes + v.nbytes for k, v in self.kv_caches)   # views of one tensor
-            self.kv_caches = []
+            self.kv_caches, self.graphs = [], None
             weights = self.model.weight_memory().total_bytes
             if not self.device.startswith("cuda"):
                 return Freed(0, kv_bytes, weights)
@@ -190,8 +208,9 @@ class ModelRunner:
                 torch.cuda.synchronize(self.device)
                 timings.weight_bytes = self.model.weight_memory().total_bytes
             since = timings.record("weights", since)
-            self.kv_caches = self.model.allocate_kv_cache(self.num_blocks, self.block_size)
+            self.kv_caches = self._allocate_kv_cache()
             timings.record("kv_cache", since)
+            self.graphs = self._capture_graphs()     # the weights and the cache moved
             return timings
         return self._on_every_rank(local, "wake")[0]
 

@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="start warm with no model; load one with POST /admin/load")
     for flag, (dest, kind) in _ENGINE_FLAGS.items():
         parser.add_argument(flag, dest=dest, type=kind, default=None)
-    for flag in ("--enable-prefix-caching", "--batch-invariant"):
+    for flag in ("--enable-prefix-caching", "--batch-invariant", "--cuda-graphs"):
         parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
                         help="run the engine's step loop in a process of its own, away from "
@@ -125,7 +125,7 @@ def parse_settings(argv: Optional[Sequence[str]] = None,
     args = parser.parse_args(argv)
     if bool(args.model) == args.standby:
         parser.error("give exactly one of --model DIR or --standby")
-    names = [dest for dest, _ in _ENGINE_FLAGS.values()] + ["enable_prefix_caching", "batch_invariant"]
+    names = [dest for dest, _ in _ENGINE_FLAGS.values()] + ["enable_prefix_caching", "batch_invariant", "cuda_graphs"]
     engine_kwargs = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     try:
         secret = read_secret(env)

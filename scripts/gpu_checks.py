@@ -331,6 +331,35 @@ def weight_loader(models: Models, device: str) -> Outcome:
                    f"{'every tensor equal' if equal else 'TENSORS DIFFER'}")
 
 
+def cuda_graphs(models: Models, device: str) -> Outcome:
+    """Decode through CUDA graphs against the same engine eager: the same greedy tokens,
+    logprobs within bf16's noise (a padded graph batch may pick other GEMM kernels), and
+    the decode speed of each at batch 1 and 16."""
+    from tests.runtime.exactness import prompts
+
+    model_dir, new = models.small, 64
+    batch = prompts(4, [24] * 16)
+    runs = {}
+    for graphs in (False, True):
+        llm = _llm(model_dir, device, dtype="bfloat16", cuda_graphs=graphs, max_num_seqs=16,
+                   enable_prefix_caching=False)
+        llm.generate([batch[0]], _greedy(4))                        # warm-up
+        (one,), one_s = _timed(llm.generate, [batch[0]], _greedy(new, logprobs=1))
+        many, many_s = _timed(llm.generate, batch, _greedy(new, logprobs=1))
+        runs[graphs] = ([one, *many], new / one_s, 16 * new / many_s)
+        del llm
+        _free(device)
+    (eager, e1, e16), (graphed, g1, g16) = runs[False], runs[True]
+    same = sum(a.token_ids == b.token_ids for a, b in zip(eager, graphed))
+    worst = max(abs(x[0] - y[0]) for a, b in zip(eager, graphed) if a.token_ids == b.token_ids
+                for x, y in zip(a.logprobs, b.logprobs))
+    passed = same >= len(eager) - 1 and worst <= 0.05
+    return passed, (f"{model_dir.name} bf16, {new} tokens: greedy equal to eager for {same}/{len(eager)} "
+                    f"requests, logprobs max diff {worst:.4f} (pass: all but one equal, diff <= 0.05); "
+                    f"graphs / eager decode: {g1 / e1:.2f}x at batch 1 ({g1:.0f} vs {e1:.0f} tok/s), "
+                    f"{g16 / e16:.2f}x at batch 16")
+
+
 CHECKS: dict[str, Callable[[Models, str], Outcome]] = {
     "random_models": random_models,
     "weight_loader": weight_loader,
@@ -339,5 +368,6 @@ CHECKS: dict[str, Callable[[Models, str], Outcome]] = {
     "exactness_bf16": lambda model, device: exactness(model, device, "bfloat16"),
     "int8_vs_bf16_batch1": int8_vs_bf16,
     "throughput_vs_transformers": throughput,
+    "cuda_graphs_decode": cuda_graphs,
     "tensor_parallel_nccl": tensor_parallel,
 }

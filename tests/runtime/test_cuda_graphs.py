@@ -1,0 +1,29 @@
+"""The CUDA-graph decode path's pure parts (runtime/cuda_graphs.py) and its option's
+limits; the graphs themselves run in `make gpu-check` (cuda_graphs_decode)."""
+from __future__ import annotations
+
+import pytest
+
+from runtime.config import EngineConfig
+from runtime.cuda_graphs import CAPTURE_SIZES, capture_sizes, graph_batch_size
+
+
+def test_each_batch_runs_the_smallest_graph_that_holds_it():
+    sizes = capture_sizes(48)
+    assert sizes == (1, 2, 4, 8, 16, 24, 32, 48)
+    assert [graph_batch_size(n, sizes) for n in (1, 2, 3, 5, 17, 24, 25, 48)] == [1, 2, 4, 8, 24, 24, 32, 48]
+    assert graph_batch_size(49, sizes) is None and graph_batch_size(0, sizes) is None
+
+
+def test_capture_sizes_end_at_max_num_seqs_or_the_largest():
+    assert capture_sizes(1) == (1,)
+    assert capture_sizes(20) == (1, 2, 4, 8, 16, 24)
+    assert capture_sizes(10_000) == CAPTURE_SIZES
+
+
+@pytest.mark.parametrize("device, tp", [("cpu", 1), ("cuda", 2)])
+def test_graphs_need_a_gpu_and_one_rank(device, tp):
+    config = EngineConfig(model="m", device=device, tensor_parallel_size=tp, cuda_graphs=True)
+    with pytest.raises(ValueError, match="^cuda_graphs"):
+        config.validate()
+    EngineConfig(model="m", device="cuda:0", cuda_graphs=True).validate()
