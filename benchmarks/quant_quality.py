@@ -39,17 +39,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_quality_args(p: argparse.ArgumentParser) -> None:
+    """The model, the held-out text, perplexity's windows and the greedy prompts (shared
+    with benchmarks/kv_cache_dtype.py)."""
     p.add_argument("--model", default=None, help="a model folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--heldout", default=None, help="text file (default: this repository's docs)")
-    p.add_argument("--dtype", default="float32", help="full-precision engine dtype")
     p.add_argument("--ppl-tokens", type=int, default=4096)
     p.add_argument("--window", type=int, default=256, help="<= max_position_embeddings")
     p.add_argument("--stride", type=int, default=128)
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--gen-tokens", type=int, default=1000, help="in total, over all prompts")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_quality_args(p)
+    p.add_argument("--dtype", default="float32", help="full-precision engine dtype")
     p.add_argument("--speed-tokens", type=int, default=64)
     p.add_argument("--speed-repeats", type=int, default=9)
     p.add_argument("--threads", type=int, default=2)
@@ -79,6 +85,12 @@ def perplexity(engine, ids: list[int], window: int, stride: int) -> float:
     return math.exp(nll / count)
 
 
+def perplexities(llms: dict, ids: list[int], args) -> dict[str, float]:
+    """Each engine's perplexity over the first --ppl-tokens of ids, --window and --stride."""
+    return {name: perplexity(llm.engine, ids[:args.ppl_tokens], args.window, args.stride)
+            for name, llm in llms.items()}
+
+
 def held_out_prompts(ids: list[int], count: int, length: int) -> list[list[int]]:
     """`count` prompts spread evenly over the held-out tokens."""
     step = (len(ids) - length) // count
@@ -106,6 +118,14 @@ def teacher_forced_agreement(engine, prompts, continuations) -> float:
         hits += sum(g == t for g, t in zip(guess, cont))
         total += len(cont)
     return hits / total
+
+
+def greedy_agreement(full, other, ids: list[int], args) -> tuple[float, float]:
+    """`other`'s free-running and teacher-forced agreement with `full`'s greedy tokens after
+    --prompts held-out prompts, --gen-tokens in all."""
+    prompts = held_out_prompts(ids, args.prompts, args.prompt_len)
+    outs = [generate(llm, prompts, args.gen_tokens // args.prompts) for llm in (full, other)]
+    return free_running_agreement(*outs), teacher_forced_agreement(other.engine, prompts, outs[0])
 
 
 def decode_s_per_token(llm, prompt: list[int], n: int) -> float:
@@ -164,7 +184,7 @@ def main(argv=None) -> None:
     report_memory(llms)
 
     ppl_ids = ids[:args.ppl_tokens]
-    ppl = {name: perplexity(llm.engine, ppl_ids, args.window, args.stride) for name, llm in llms.items()}
+    ppl = perplexities(llms, ids, args)
     ppl_gap = ppl["int8"] / ppl["full"] - 1
     print(f"perplexity ({len(ppl_ids)} tokens, window {args.window}, stride {args.stride}): "
           f"full {ppl['full']:.3f}  int8 {ppl['int8']:.3f}  ({ppl_gap:+.3%}; target within 2%: "
@@ -172,9 +192,7 @@ def main(argv=None) -> None:
 
     prompts = held_out_prompts(ids, args.prompts, args.prompt_len)
     per_prompt = args.gen_tokens // args.prompts
-    outs = {name: generate(llm, prompts, per_prompt) for name, llm in llms.items()}
-    free = free_running_agreement(outs["full"], outs["int8"])
-    forced = teacher_forced_agreement(llms["int8"].engine, prompts, outs["full"])
+    free, forced = greedy_agreement(llms["full"], llms["int8"], ids, args)
     n_tokens = per_prompt * len(prompts)
     print(f"greedy agreement over {n_tokens} tokens ({len(prompts)} prompts x {per_prompt}): "
           f"free-running {free:.1%}, teacher-forced {forced:.1%} (target >= 90%: "

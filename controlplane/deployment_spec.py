@@ -25,7 +25,7 @@ ENGINE_FIELDS = frozenset({"dtype", "kv_cache_tokens", "enable_prefix_caching", 
                            "quantization", "tensor_parallel_size", "max_num_seqs",
                            "max_num_batched_tokens", "max_model_len", "block_size", "seed",
                            "task", "pooling",   # task "embed": /v1/embeddings, "last"|"mean" pooling
-                           "kv_cache_dtype", "batch_invariant"})
+                           "kv_cache_dtype", "batch_invariant", "cpu_low_precision"})
 SPECULATIVE_FIELDS = frozenset({"method", "k", "n", "model", "max_batch", "min_acceptance"})
 CREATE_FIELDS = frozenset({"name", "kind", "model_uri", "resources", "scaling", "engine", "pricing"})
 KINDS = ("model", "function")
@@ -179,7 +179,7 @@ def parse_engine(raw: Any, kind: str = "model") -> dict[str, Any]:
             raise InvalidField(f"engine.{name}", " or ".join(repr(a) for a in allowed))
     if value.get("quantization") not in (None, "int8"):
         raise InvalidField("engine.quantization", "null or 'int8'")
-    for name in ("enable_prefix_caching", "batch_invariant"):
+    for name in ("enable_prefix_caching", "batch_invariant", "cpu_low_precision"):
         if name in value and not isinstance(value[name], bool):
             raise InvalidField(f"engine.{name}", "must be true or false")
     if value.get("kv_cache_dtype", "auto") not in ("auto", "bfloat16"):

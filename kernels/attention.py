@@ -12,6 +12,10 @@ Every attention below takes two optional keywords:
 Block-table entries of blocks wholly before every query's window are never attended to
 (the block manager points them at its null block).
 
+The cache may be of a narrower dtype than q (kv_cache_dtype="bfloat16" under an fp32
+model): write_kv rounds k/v to it (to nearest, ties to even), and the attentions read it
+back widened to q's dtype, so their arithmetic is q's.
+
 write_kv(k [T,nkv,D], v [T,nkv,D], k_cache, v_cache, slot_mapping [T] long) -> None (in place)
 
 paged_decode_attention(q [B,nh,D], k_cache, v_cache, block_tables [B,max_blocks] int32,
@@ -41,8 +45,9 @@ import torch.nn.functional as F
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     num_kv, dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, num_kv, dim).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, num_kv, dim).index_copy_(0, slot_mapping, v)
+    # index_copy_ takes only the cache's own dtype; .to is a no-op when they agree
+    k_cache.view(-1, num_kv, dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv, dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
@@ -75,11 +80,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out
 
 
-def _decode_group(q, k_cache, v_cache, block_tables, context_lens, scale, window, softcap) -> torch.Tensor:
+def _decode_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                  context_lens: torch.Tensor, scale: float, window: Optional[int],
+                  softcap: Optional[float]) -> torch.Tensor:
     b, num_heads, dim = q.shape
     num_kv = k_cache.shape[2]
-    k = gather_kv(k_cache, block_tables)                      # [B, nkv, L, D]
-    v = gather_kv(v_cache, block_tables)
+    k = gather_kv(k_cache, block_tables).to(q.dtype)          # [B, nkv, L, D]
+    v = gather_kv(v_cache, block_tables).to(q.dtype)
     positions = torch.arange(k.shape[2], device=q.device)[None, :]
     lens = context_lens.to(q.device).long()[:, None]
     seen = positions < lens                                   # [B, L]
@@ -125,6 +132,7 @@ def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int, scal
             window: Optional[int], softcap: Optional[float]) -> torch.Tensor:
     """q [n, nh, D] at positions offset..offset+n-1 against k/v [1, nkv, offset+n, D]."""
     qs = q.transpose(0, 1)[None]                              # [1, nh, n, D]
+    k, v = k.to(q.dtype), v.to(q.dtype)                       # a bf16 cache under fp32 q
     if offset == 0 and window is None and softcap is None:
         out = F.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=scale,
                                              enable_gqa=True)

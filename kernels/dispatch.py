@@ -4,21 +4,29 @@ its device and gets a KernelSet back; nothing reads the environment.
 On a CUDA device with triton importable: the Triton kernels of kernels/triton/.
 On the CPU: linear layers through oneDNN with prepacked weights, and the C
 kernels of kernels/cpu/ where they build (a C compiler is on PATH), the
-pure-torch references for the rest. Anywhere else (CUDA without
-triton, a CPU with no compiler): the references, which are the definitions the
-faster kernels are tested against. A fallback is logged with its reason.
+pure-torch references for the rest; and low-precision GEMMs where the CPU's flags
+allow (kernels/cpu/features.py): bf16 linear layers with avx512_bf16 or amx_bf16, and
+W8A8 for int8 weights over many rows with avx512_vnni, avx_vnni or amx_int8. Anywhere
+else (CUDA without triton, a CPU with no compiler): the references, which are the
+definitions the faster kernels are tested against. A fallback is logged with its reason.
 
 Importing this module imports torch and the references only; triton is
-imported inside get_kernels, and only for a CUDA device.
+imported inside get_kernels, and only for a CUDA device. Low precision is the
+caller's choice: get_kernels uses the CPU capabilities it is given (`features`; the
+engine passes the CPU's own flags under cpu_low_precision, a test made-up ones), none
+by default, so an fp32 model's results do not change with the machine.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from kernels.cpu.features import CpuFeatures
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +50,18 @@ class KernelSet:
     linear: Callable                    # (x [T,K], packed weight, bias=None) -> [T,N]
 
 
-def get_kernels(device: torch.device | str) -> KernelSet:
+def get_kernels(device: torch.device | str, features: Optional[CpuFeatures] = None) -> KernelSet:
+    """features: the CPU capabilities the low-precision GEMMs may use (the engine's
+    cpu_low_precision passes this CPU's, kernels/cpu/features.py:detect); None: none,
+    so fp32 models compute in fp32 and int8 ones keep their activations in fp32."""
     if torch.device(device).type == "cuda":
         triton_set = _triton_kernels()
         if triton_set is not None:
             return triton_set
         return reference_kernels()
-    return _cpu_kernels()
+    if features is None:
+        return _cpu_kernels()
+    return _low_precision(_cpu_kernels(), features)
 
 
 def reference_kernels() -> KernelSet:
@@ -85,6 +98,24 @@ def _cpu_kernels() -> KernelSet:
                                prefill_attention=paged_attention.prefill_attention,
                                int8_linear=int8_matmul.int8_linear,
                                silu_and_mul=activation.silu_and_mul)
+
+
+def _low_precision(kernels: KernelSet, features: CpuFeatures) -> KernelSet:
+    """`kernels` with the linear layers kernels/cpu/features.py:plan picks for `features`."""
+    from kernels.cpu import bf16_linear, w8a8_linear
+    from kernels.cpu.features import CpuFeatures, LinearPath, plan
+
+    chosen = plan(features)
+    if chosen.linear is LinearPath.BF16:
+        pack = bf16_linear.pack if features.bf16_packable else bf16_linear.pack_unblocked
+        kernels = dataclasses.replace(kernels, pack_linear=pack, linear=bf16_linear.linear)
+    if chosen.w8a8_min_rows is not None and w8a8_linear.available():
+        split = w8a8_linear.RowSplit(few=kernels.int8_linear, many=w8a8_linear.w8a8_linear,
+                                     min_rows=chosen.w8a8_min_rows)
+        kernels = dataclasses.replace(kernels, int8_linear=split)
+    if chosen != plan(CpuFeatures()):
+        log.info("CPU low-precision GEMMs: %s", chosen)
+    return kernels
 
 
 def _triton_kernels() -> KernelSet | None:

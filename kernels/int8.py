@@ -3,6 +3,15 @@
 A weight `w: [N, K]` (N output channels) is stored as `qweight: [N, K] int8`
 and `scale: [N] float32` with `w ≈ qweight * scale[:, None]`. Activations stay
 in their own dtype; only the weights shrink (4x vs fp32, 2x vs bf16).
+
+W8A8 (w8a8_linear_ref) quantizes the activations too, at run time, each token (row of
+x) by its own max|x_t| / 127, so that the GEMM itself runs on int8 x int8 -> int32
+(kernels/cpu/w8a8_linear.py, on CPUs with int8 dot products). A few input channels
+carry outliers in every token (the inputs of q/k/v and gate/up have values 10-20x
+their row's rms in the same 4 or so channels of SmolLM2): scaled by them, the other
+channels would keep 3 or 4 bits. So the W8A8_OUTLIERS channels with the largest
+max|x| over the call's rows stay in fp32 against their int8 weights (LLM.int8()'s
+decomposition, with a fixed count so that its cost is bounded: 16 of K >= 576 columns).
 """
 from __future__ import annotations
 
@@ -33,6 +42,51 @@ def int8_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
     out = x.float() @ dequantize(qweight, scale).T
     if bias is not None:
         out = out + bias.float()
+    return out.to(x.dtype)
+
+
+# input channels kept in fp32 by W8A8 (see above); 0 quantizes every channel
+W8A8_OUTLIERS = 16
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [T, K] float -> (xq [T, K] int8, scale [T] float32), x ≈ xq * scale[:, None].
+
+    The weights' per-channel rule applied to rows of activations: a token's scale is its
+    own max|x_t| / 127, so one outlier token does not coarsen the others."""
+    return quantize_per_channel(x)
+
+
+def outlier_channels(x: torch.Tensor, count: int) -> torch.Tensor:
+    """x: [T, K] -> the indices of the `count` channels with the largest max|x| over T
+    (all of them when K <= count; none when T is 0)."""
+    if x.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.long, device=x.device)
+    return x.abs().amax(dim=0).topk(min(count, x.shape[1])).indices
+
+
+def split_outliers(x: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x: [T, K] -> (inliers [T, K] fp32 with the outlier channels zeroed, outliers [T, C]
+    fp32, their channel indices [C])."""
+    cols = outlier_channels(x, count)
+    x32 = x.float()
+    return x32.index_fill(1, cols, 0), x32[:, cols], cols
+
+
+def w8a8_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                    bias: torch.Tensor | None = None, outliers: int = W8A8_OUTLIERS) -> torch.Tensor:
+    """The W8A8 definition: x's `outliers` channels apart (split_outliers), the rest
+    quantized per token; the int8 products summed exactly (float64 holds any int8 dot
+    product of K < 2^37 terms), the outlier channels times their int8 weights added, and
+    the weight scale applied last. x: [T, K], qweight: [N, K] int8, scale: [N], bias: [N]
+    -> [T, N] in x's dtype."""
+    inliers, outlying, cols = split_outliers(x, outliers)
+    xq, xscale = quantize_per_token(inliers)
+    acc = (xq.double() @ qweight.double().T) * xscale.double()[:, None]
+    acc = acc + outlying.double() @ qweight[:, cols].double().T
+    out = acc * scale.double()[None, :]
+    if bias is not None:
+        out = out + bias.double()
     return out.to(x.dtype)
 
 

@@ -230,6 +230,7 @@ class EngineConfig:
     packed_cache_dir: Optional[str] = None       # CPU: the node's cache of packed layers (runtime/packed_weights.py)
     packed_cache_gb: float = 16.0                # ... and its size, least recently used evicted
     cuda_graphs: bool = False                    # decode steps replayed as CUDA graphs (runtime/cuda_graphs.py)
+    cpu_low_precision: bool = False              # bf16 / W8A8 GEMMs where the CPU has them (kernels/cpu/features.py)
 
     def validate(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):

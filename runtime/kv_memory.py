@@ -8,6 +8,11 @@ budget of gigabytes); a fresh anonymous mapping is zero by the kernel's guarante
 gets its pages one at a time, on the first write to each, so the cache is allocated in
 no time and costs memory only as sequences fill it. A GPU zeroes at hundreds of GB/s and
 has no lazy pages: there it stays `torch.zeros`.
+
+Its dtype is the model's, or bf16 when the engine asks for it (kv_cache_dtype="bfloat16"):
+half an fp32 cache's bytes, so twice the tokens in the same budget and half the bytes
+that decode attention reads; the model keeps computing in its own dtype (k/v are rounded
+as they are written, widened as they are read: kernels/attention.py).
 """
 from __future__ import annotations
 
@@ -15,6 +20,11 @@ import math
 import mmap
 
 import torch
+
+
+def kv_cache_dtype(setting: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The cache's dtype for EngineConfig.kv_cache_dtype: "auto" the model's, "bfloat16" bf16."""
+    return torch.bfloat16 if setting == "bfloat16" else model_dtype
 
 
 def zeros_untouched(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:

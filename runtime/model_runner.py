@@ -19,6 +19,7 @@ from kernels.dispatch import get_kernels
 from runtime.config import EngineConfig, ModelConfig
 from runtime.cuda_graphs import DecodeGraphs, capture_sizes
 from runtime.embedding import Pooler
+from runtime.kv_memory import kv_cache_dtype
 from runtime.load_timings import LoadTimings
 from runtime.loader import DTYPES
 from runtime.models import model_class
@@ -59,9 +60,11 @@ class ModelRunner:
         timings.record("kernels", since)
         self.model = model_class(model_config.architecture)(
             model_config, DTYPES[config.dtype], self.device, quantization=config.quantization, tp=tp,
-            context_len=self.max_len, batch_invariant=config.batch_invariant)
+            context_len=self.max_len, batch_invariant=config.batch_invariant,
+            low_precision=config.cpu_low_precision)
         self.model.load(config.model, timings, self._packed_cache())
         since = time.perf_counter()
+        self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, DTYPES[config.dtype])
         self.num_blocks = self._num_blocks(model_config)
         self.kv_caches = self._allocate_kv_cache()
         timings.record("kv_cache", since)
@@ -75,7 +78,7 @@ class ModelRunner:
         """The paged KV cache: the block manager's blocks, then (CUDA graphs) one scratch
         block the padding rows of a graph write into, never handed out."""
         scratch = 1 if self.config.cuda_graphs else 0
-        return self.model.allocate_kv_cache(self.num_blocks + scratch, self.block_size)
+        return self.model.allocate_kv_cache(self.num_blocks + scratch, self.block_size, self.kv_dtype)
 
     def _capture_graphs(self) -> Optional[DecodeGraphs]:
         if not self.config.cuda_graphs:
@@ -100,7 +103,7 @@ class ModelRunner:
     def _num_blocks(self, model_config: ModelConfig) -> int:
         if self.config.kv_cache_tokens is not None:
             return -(-self.config.kv_cache_tokens // self.block_size)
-        per_block = self.model.kv_bytes_per_token() * self.block_size
+        per_block = self.model.kv_bytes_per_token(self.kv_dtype) * self.block_size
         budget = int(_free_memory(self.device) * self.config.kv_cache_memory_fraction)
         if not self.device.startswith("cuda"):
             budget = min(budget, self.config.kv_cache_max_bytes_cpu)

@@ -97,6 +97,8 @@ _ENGINE_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--packed-cache-dir": ("packed_cache_dir", str),
     "--packed-cache-gb": ("packed_cache_gb", float),
 }
+# on/off engine options: --x and --no-x
+_ENGINE_SWITCHES = ("enable_prefix_caching", "batch_invariant", "cuda_graphs", "cpu_low_precision")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,8 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="start warm with no model; load one with POST /admin/load")
     for flag, (dest, kind) in _ENGINE_FLAGS.items():
         parser.add_argument(flag, dest=dest, type=kind, default=None)
-    for flag in ("--enable-prefix-caching", "--batch-invariant", "--cuda-graphs"):
-        parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+    for dest in _ENGINE_SWITCHES:
+        parser.add_argument("--" + dest.replace("_", "-"), dest=dest, action=argparse.BooleanOptionalAction,
+                            default=None)
     parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
                         help="run the engine's step loop in a process of its own, away from "
                              f"the server's GIL (default: off, or ${ENGINE_PROCESS_ENV}=1)")
@@ -125,7 +128,7 @@ def parse_settings(argv: Optional[Sequence[str]] = None,
     args = parser.parse_args(argv)
     if bool(args.model) == args.standby:
         parser.error("give exactly one of --model DIR or --standby")
-    names = [dest for dest, _ in _ENGINE_FLAGS.values()] + ["enable_prefix_caching", "batch_invariant", "cuda_graphs"]
+    names = [dest for dest, _ in _ENGINE_FLAGS.values()] + list(_ENGINE_SWITCHES)
     engine_kwargs = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     try:
         secret = read_secret(env)

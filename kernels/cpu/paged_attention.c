@@ -1,4 +1,5 @@
-/* Decode attention over the paged KV cache, read in place (no gather), fp32.
+/* Decode attention over the paged KV cache, read in place (no gather), fp32 arithmetic
+ * over an fp32 cache or a bf16 one (the *_bf16kv entry points: half the bytes to read).
  *
  * The same contract as kernels/attention.py:paged_decode_attention, its reference:
  *   q            [B, nh, D]
@@ -19,6 +20,12 @@
  *
  * Head dims of 32, 64 and 128 get loops over 16-float vectors of a size the compiler
  * knows, so they unroll into whole-register FMAs; any other head dim takes plain loops.
+ *
+ * A bf16 cache element is the top half of an fp32's bits: each k or v row is widened as it
+ * is loaded (zero-extend to 32 bits, shift left 16; vpmovzxwd + vpslld on AVX2), and from
+ * there the arithmetic is the fp32 path's. Every function that touches the cache takes a
+ * `bf16` flag that is a constant wherever it is inlined, so each path is compiled on its
+ * own and the fp32 one is the same code as before the bf16 one existed.
  */
 #include <math.h>
 #include <omp.h>
@@ -28,6 +35,35 @@
 
 /* 16 floats; aligned(4) so that loads from any float address are allowed */
 typedef float vf16 __attribute__((vector_size(64), aligned(4)));
+typedef float vf8 __attribute__((vector_size(32), aligned(4)));
+typedef uint16_t vh16 __attribute__((vector_size(32), aligned(2)));   /* 16 bf16 */
+typedef uint16_t vh8 __attribute__((vector_size(16), aligned(2)));    /* 8 bf16 */
+typedef uint32_t vw16 __attribute__((vector_size(64)));
+typedef uint32_t vw8 __attribute__((vector_size(32)));
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Where cache element i (counted from `base`) is. */
+INLINE const void *element(const void *base, int64_t i, const int bf16) {
+    return (const char *)base + i * (bf16 ? 2 : 4);
+}
+
+/* Cache element i (counted from `base`), or it and the 15 or 7 after it, as fp32. */
+INLINE float load1(const void *base, int64_t i, const int bf16) {
+    if (!bf16) return ((const float *)base)[i];
+    union { uint32_t u; float f; } x = {.u = (uint32_t)((const uint16_t *)base)[i] << 16};
+    return x.f;
+}
+
+INLINE vf16 load16(const void *base, int64_t i, const int bf16) {
+    if (!bf16) return *(const vf16 *)((const float *)base + i);
+    return (vf16)(__builtin_convertvector(*(const vh16 *)((const uint16_t *)base + i), vw16) << 16);
+}
+
+INLINE vf8 load8(const void *base, int64_t i, const int bf16) {
+    if (!bf16) return *(const vf8 *)((const float *)base + i);
+    return (vf8)(__builtin_convertvector(*(const vh8 *)((const uint16_t *)base + i), vw8) << 16);
+}
 
 /* Rows this many tokens ahead are asked for early: blocks are scattered, so the
    hardware prefetcher loses the stream at every block boundary. */
@@ -35,8 +71,8 @@ typedef float vf16 __attribute__((vector_size(64), aligned(4)));
 
 struct item {
     const float *q;          /* [heads * g, D]: the query rows of the item's kv heads */
-    const float *k, *v;      /* k_cache / v_cache offset to the item's first kv head */
-    const int64_t *slots;    /* [ctx] offset of attended token t's row in either cache */
+    const void *k, *v;       /* k_cache / v_cache (fp32 or bf16) offset to the item's first kv head */
+    const int64_t *slots;    /* [ctx] offset (in elements) of attended token t's row in either cache */
     float *out;              /* [heads * g, D] */
     float *scores;           /* scratch [heads * g, ctx] */
     int64_t ctx, heads, g, dim;  /* ctx: the number of attended tokens */
@@ -49,11 +85,13 @@ static inline float hsum(vf16 v) {
     return s;
 }
 
-static inline void prefetch(const float *p, int64_t n) {
-    for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i);
+/* the n elements from element i of base on */
+INLINE void prefetch(const void *base, int64_t i, int64_t n, const int bf16) {
+    const char *p = (const char *)base + i * (bf16 ? 2 : 4);
+    for (int64_t b = 0; b < n * (bf16 ? 2 : 4); b += 64) __builtin_prefetch(p + b);
 }
 
-/* slots[t - first] = offset (in floats) of token t's row in a cache, for first <= t < ctx,
+/* slots[t - first] = offset (in elements) of token t's row in a cache, for first <= t < ctx,
    from the block table; block by block, so no division per token */
 static void slot_offsets(const int32_t *table, int64_t first, int64_t ctx, int64_t block_size,
                          int64_t token_stride, int64_t *slots) {
@@ -88,57 +126,54 @@ static void softmax_rows(float *scores, int64_t rows, int64_t ctx) {
     }
 }
 
-/* One item with head dim NV * 16. Query row i = h * g + gi belongs to kv head h. */
-#define DEFINE_ITEM(NV)                                                                   \
-    static void item_##NV(const struct item *it) {                                        \
-        const int64_t ctx = it->ctx, rows = it->heads * it->g, span = it->heads * NV * 16; \
-        float *scores = it->scores;                                                       \
-        for (int64_t t = 0; t < ctx; ++t) {                                               \
-            const float *r = it->k + it->slots[t];                                        \
-            if (t + PREFETCH < ctx) prefetch(it->k + it->slots[t + PREFETCH], span);     \
-            for (int64_t h = 0, i = 0; h < it->heads; ++h) {                              \
-                const vf16 *k = (const vf16 *)(r + h * NV * 16);                          \
-                for (int64_t gi = 0; gi < it->g; ++gi, ++i) {                             \
-                    const vf16 *q = (const vf16 *)(it->q + i * NV * 16);                  \
-                    vf16 acc = q[0] * k[0];                                               \
-                    for (int j = 1; j < NV; ++j) acc += q[j] * k[j];                      \
-                    scores[i * ctx + t] = hsum(acc) * it->scale;                          \
-                }                                                                         \
-            }                                                                             \
-        }                                                                                 \
-        if (it->softcap > 0.0f) softcap_rows(scores, rows * ctx, it->softcap);            \
-        softmax_rows(scores, rows, ctx);                                                  \
-        memset(it->out, 0, sizeof(float) * rows * NV * 16);                               \
-        for (int64_t t = 0; t < ctx; ++t) {                                               \
-            const float *r = it->v + it->slots[t];                                        \
-            if (t + PREFETCH < ctx) prefetch(it->v + it->slots[t + PREFETCH], span);     \
-            for (int64_t h = 0, i = 0; h < it->heads; ++h) {                              \
-                const vf16 *v = (const vf16 *)(r + h * NV * 16);                          \
-                for (int64_t gi = 0; gi < it->g; ++gi, ++i) {                             \
-                    vf16 *o = (vf16 *)(it->out + i * NV * 16);                            \
-                    const float w = scores[i * ctx + t];                                  \
-                    for (int j = 0; j < NV; ++j) o[j] += w * v[j];                        \
-                }                                                                         \
-            }                                                                             \
-        }                                                                                 \
+/* One item with head dim nv * 16 (a constant at each call: the loops over j unroll). Query
+   row i = h * g + gi belongs to kv head h. */
+INLINE void item_fixed(const struct item *it, const int nv, const int bf16) {
+    const int64_t ctx = it->ctx, rows = it->heads * it->g, span = it->heads * nv * 16;
+    float *scores = it->scores;
+    for (int64_t t = 0; t < ctx; ++t) {
+        const int64_t r = it->slots[t];
+        if (t + PREFETCH < ctx) prefetch(it->k, it->slots[t + PREFETCH], span, bf16);
+        for (int64_t h = 0, i = 0; h < it->heads; ++h) {
+            const int64_t k = r + h * nv * 16;
+            for (int64_t gi = 0; gi < it->g; ++gi, ++i) {
+                const vf16 *q = (const vf16 *)(it->q + i * nv * 16);
+                vf16 acc = q[0] * load16(it->k, k, bf16);
+                for (int j = 1; j < nv; ++j) acc += q[j] * load16(it->k, k + 16 * j, bf16);
+                scores[i * ctx + t] = hsum(acc) * it->scale;
+            }
+        }
     }
-
-DEFINE_ITEM(2)
-DEFINE_ITEM(4)
-DEFINE_ITEM(8)
+    if (it->softcap > 0.0f) softcap_rows(scores, rows * ctx, it->softcap);
+    softmax_rows(scores, rows, ctx);
+    memset(it->out, 0, sizeof(float) * rows * nv * 16);
+    for (int64_t t = 0; t < ctx; ++t) {
+        const int64_t r = it->slots[t];
+        if (t + PREFETCH < ctx) prefetch(it->v, it->slots[t + PREFETCH], span, bf16);
+        for (int64_t h = 0, i = 0; h < it->heads; ++h) {
+            const int64_t v = r + h * nv * 16;
+            for (int64_t gi = 0; gi < it->g; ++gi, ++i) {
+                vf16 *o = (vf16 *)(it->out + i * nv * 16);
+                const float w = scores[i * ctx + t];
+                for (int j = 0; j < nv; ++j) o[j] += w * load16(it->v, v + 16 * j, bf16);
+            }
+        }
+    }
+}
 
 /* Any head dim. */
-static void item_any(const struct item *it) {
+INLINE void item_any(const struct item *it, const int bf16) {
     const int64_t ctx = it->ctx, rows = it->heads * it->g, dim = it->dim;
     float *scores = it->scores;
     for (int64_t t = 0; t < ctx; ++t) {
-        const float *r = it->k + it->slots[t];
+        const int64_t r = it->slots[t];
         for (int64_t h = 0, i = 0; h < it->heads; ++h) {
             for (int64_t gi = 0; gi < it->g; ++gi, ++i) {
-                const float *k = r + h * dim, *q = it->q + i * dim;
+                const void *k = element(it->k, r + h * dim, bf16);
+                const float *q = it->q + i * dim;
                 float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-                for (int64_t d = 0; d < dim; ++d) s += q[d] * k[d];
+                for (int64_t d = 0; d < dim; ++d) s += q[d] * load1(k, d, bf16);
                 scores[i * ctx + t] = s * it->scale;
             }
         }
@@ -147,13 +182,14 @@ static void item_any(const struct item *it) {
     softmax_rows(scores, rows, ctx);
     memset(it->out, 0, sizeof(float) * rows * dim);
     for (int64_t t = 0; t < ctx; ++t) {
-        const float *r = it->v + it->slots[t];
+        const int64_t r = it->slots[t];
         for (int64_t h = 0, i = 0; h < it->heads; ++h) {
             for (int64_t gi = 0; gi < it->g; ++gi, ++i) {
-                const float *v = r + h * dim, w = scores[i * ctx + t];
+                const void *v = element(it->v, r + h * dim, bf16);
+                const float w = scores[i * ctx + t];
                 float *o = it->out + i * dim;
 #pragma omp simd
-                for (int64_t d = 0; d < dim; ++d) o[d] += w * v[d];
+                for (int64_t d = 0; d < dim; ++d) o[d] += w * load1(v, d, bf16);
             }
         }
     }
@@ -161,27 +197,38 @@ static void item_any(const struct item *it) {
 
 typedef void (*item_fn)(const struct item *);
 
-static item_fn item_for(int64_t dim) {
+/* item_<head dim>_<cache element>: each path compiled on its own */
+#define DEFINE_ITEMS(NAME, BODY)                                         \
+    static void NAME##_f32(const struct item *it) { BODY(it, 0); }       \
+    static void NAME##_bf16(const struct item *it) { BODY(it, 1); }
+#define ITEM_32(it, bf16) item_fixed(it, 2, bf16)
+#define ITEM_64(it, bf16) item_fixed(it, 4, bf16)
+#define ITEM_128(it, bf16) item_fixed(it, 8, bf16)
+DEFINE_ITEMS(item_32, ITEM_32)
+DEFINE_ITEMS(item_64, ITEM_64)
+DEFINE_ITEMS(item_128, ITEM_128)
+DEFINE_ITEMS(item_other, item_any)
+
+static item_fn item_for(int64_t dim, int bf16) {
     switch (dim) {
-        case 32: return item_2;
-        case 64: return item_4;
-        case 128: return item_8;
-        default: return item_any;
+        case 32: return bf16 ? item_32_bf16 : item_32_f32;
+        case 64: return bf16 ? item_64_bf16 : item_64_f32;
+        case 128: return bf16 ? item_128_bf16 : item_128_f32;
+        default: return bf16 ? item_other_bf16 : item_other_f32;
     }
 }
 
 /* Returns 0, or -1 when the scratch memory (per thread: the scores and slot offsets of
-   one item at the longest context) is not there. */
-int paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
-                               const int32_t *block_tables, const int32_t *context_lens,
-                               float *out, int64_t batch, int64_t num_heads,
-                               int64_t num_kv_heads, int64_t dim, int64_t block_size,
-                               int64_t max_blocks, float scale, int64_t window, float softcap,
-                               int num_threads) {
-    const int64_t g = num_heads / num_kv_heads;
+   one item at the longest context) is not there. elem: the bytes of a cache element. */
+static int decode(const float *q, const char *k_cache, const char *v_cache,
+                  const int32_t *block_tables, const int32_t *context_lens, float *out,
+                  int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t dim,
+                  int64_t block_size, int64_t max_blocks, float scale, int64_t window,
+                  float softcap, int num_threads, int bf16) {
+    const int64_t g = num_heads / num_kv_heads, elem = bf16 ? 2 : 4;
     const int64_t heads = batch >= 2 * num_threads ? num_kv_heads : 1;   /* per item */
     const int64_t items_per_seq = num_kv_heads / heads;
-    const item_fn run = item_for(dim);
+    const item_fn run = item_for(dim, bf16);
     int64_t max_ctx = 1;
     for (int64_t b = 0; b < batch; ++b)
         if (context_lens[b] > max_ctx) max_ctx = context_lens[b];
@@ -201,8 +248,8 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
                          num_kv_heads * dim, slots);
             const struct item it = {
                 .q = q + (b * num_heads + h * g) * dim,
-                .k = k_cache + h * dim,
-                .v = v_cache + h * dim,
+                .k = k_cache + h * dim * elem,
+                .v = v_cache + h * dim * elem,
                 .slots = slots,
                 .out = out + (b * num_heads + h * g) * dim,
                 .scores = scores,
@@ -215,6 +262,21 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
     free(scratch);
     return 0;
 }
+
+/* paged_decode_attention_f32 over fp32 caches, paged_decode_attention_bf16kv over bf16 ones
+   (uint16_t: the bf16 bits); q and out are fp32 with both. */
+#define DECODE_ENTRY(NAME, ELEM, BF16)                                                        \
+    int NAME(const float *q, const ELEM *k_cache, const ELEM *v_cache,                        \
+             const int32_t *block_tables, const int32_t *context_lens, float *out,            \
+             int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t dim,             \
+             int64_t block_size, int64_t max_blocks, float scale, int64_t window,             \
+             float softcap, int num_threads) {                                                \
+        return decode(q, (const char *)k_cache, (const char *)v_cache, block_tables,          \
+                      context_lens, out, batch, num_heads, num_kv_heads, dim, block_size,     \
+                      max_blocks, scale, window, softcap, num_threads, BF16);                 \
+    }
+DECODE_ENTRY(paged_decode_attention_f32, float, 0)
+DECODE_ENTRY(paged_decode_attention_bf16kv, uint16_t, 1)
 
 /* ---- Prefill: chunked, causal attention of many query tokens, flash-style ----
  *
@@ -237,16 +299,16 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
  * Rows go two at a time through the score and the v loops, so every k or v vector loaded
  * feeds two FMAs, their sums held in registers: 8-float vectors (one AVX2 register; 16-float
  * ones were lowered through the stack here). An odd row count gets a padding row of zeros.
+ * A bf16 cache's k rows are widened as they are transposed, its v rows as they are loaded.
  */
 #define QT 16      /* query tokens per item */
 #define KT 32      /* keys per tile: four 8-float score vectors per row */
 #define NO_SCORE -1e30f   /* the running max before any key; finite: -ffast-math has no inf */
 
-typedef float vf8 __attribute__((vector_size(32), aligned(4)));
-
 struct prefill_item {
     const float *q;          /* the item's first query token, first query head of its kv head */
-    const float *k, *v;      /* k_cache / v_cache offset to the item's kv head */
+    const void *k, *v;       /* k_cache / v_cache offset to the item's kv head */
+    int bf16;                /* the caches' elements: 0 fp32, 1 bf16 */
     float *out;              /* same layout as q */
     int64_t q_stride;        /* floats between consecutive tokens' rows of q and out: nh * D */
     int64_t nq, g, dim;      /* query tokens, query heads per kv head, head dim */
@@ -265,11 +327,20 @@ struct prefill_scratch {     /* per thread; rows = QT * g rounded up to even */
 };
 
 /* kt[d, c] = k rows of keys 0..n-1 at dim d, zero past n: the tile's keys transposed */
-static void transpose_keys(const float *k, const int64_t *slots, int64_t n, int64_t dim, float *dst) {
+INLINE void transpose_keys_of(const void *k, const int64_t *slots, int64_t n, int64_t dim,
+                              float *dst, const int bf16) {
     for (int64_t c = 0; c < KT; ++c) {
-        const float *row = c < n ? k + slots[c] : NULL;
-        for (int64_t d = 0; d < dim; ++d) dst[d * KT + c] = row ? row[d] : 0.0f;
+        if (c < n)
+            for (int64_t d = 0; d < dim; ++d) dst[d * KT + c] = load1(k, slots[c] + d, bf16);
+        else
+            for (int64_t d = 0; d < dim; ++d) dst[d * KT + c] = 0.0f;
     }
+}
+
+static void transpose_keys(const void *k, const int64_t *slots, int64_t n, int64_t dim,
+                           float *dst, int bf16) {
+    if (bf16) transpose_keys_of(k, slots, n, dim, dst, 1);
+    else transpose_keys_of(k, slots, n, dim, dst, 0);
 }
 
 /* s[r, 0..KT) and s[r + 1, 0..KT) = the two rows' scores against the tile's keys */
@@ -311,20 +382,20 @@ static float row_weights(float *s, float *m, float *l, int64_t c0, int64_t c1, f
 
 /* o0/o1[d0 .. d0 + 8 * NV) = alpha * o + sum_t w[t] * v row t, for two rows; NV is a
    constant at each call, so the sums stay in registers */
-static inline __attribute__((always_inline)) void pair_values(
-        float *o0, float *o1, float al0, float al1, const float *w0, const float *w1,
-        const float *v, const int64_t *slots, int64_t n, int64_t d0, const int nv) {
+INLINE void pair_values(float *o0, float *o1, float al0, float al1, const float *w0,
+                        const float *w1, const void *v, const int64_t *slots, int64_t n,
+                        int64_t d0, const int nv, const int bf16) {
     vf8 a[4], b[4];
     for (int i = 0; i < nv; ++i) {
         a[i] = al0 * *(const vf8 *)(o0 + d0 + 8 * i);
         b[i] = al1 * *(const vf8 *)(o1 + d0 + 8 * i);
     }
     for (int64_t t = 0; t < n; ++t) {
-        const vf8 *vt = (const vf8 *)(v + slots[t] + d0);
         const float x = w0[t], y = w1[t];
         for (int i = 0; i < nv; ++i) {
-            a[i] += x * vt[i];
-            b[i] += y * vt[i];
+            const vf8 vt = load8(v, slots[t] + d0 + 8 * i, bf16);
+            a[i] += x * vt;
+            b[i] += y * vt;
         }
     }
     for (int i = 0; i < nv; ++i) {
@@ -334,28 +405,36 @@ static inline __attribute__((always_inline)) void pair_values(
 }
 
 /* The same over every column: 32 at a time, then 8, then one (head dims not a multiple of 8) */
-static void pair_all_values(float *o0, float *o1, float al0, float al1, const float *w0,
-                            const float *w1, const float *v, const int64_t *slots, int64_t n,
-                            int64_t dim) {
+INLINE void pair_all_values_of(float *o0, float *o1, float al0, float al1, const float *w0,
+                               const float *w1, const void *v, const int64_t *slots, int64_t n,
+                               int64_t dim, const int bf16) {
     int64_t d = 0;
-    for (; d + 32 <= dim; d += 32) pair_values(o0, o1, al0, al1, w0, w1, v, slots, n, d, 4);
-    for (; d + 8 <= dim; d += 8) pair_values(o0, o1, al0, al1, w0, w1, v, slots, n, d, 1);
+    for (; d + 32 <= dim; d += 32) pair_values(o0, o1, al0, al1, w0, w1, v, slots, n, d, 4, bf16);
+    for (; d + 8 <= dim; d += 8) pair_values(o0, o1, al0, al1, w0, w1, v, slots, n, d, 1, bf16);
     for (; d < dim; ++d) {
         float x = al0 * o0[d], y = al1 * o1[d];
         for (int64_t t = 0; t < n; ++t) {
-            x += w0[t] * v[slots[t] + d];
-            y += w1[t] * v[slots[t] + d];
+            const float vt = load1(v, slots[t] + d, bf16);
+            x += w0[t] * vt;
+            y += w1[t] * vt;
         }
         o0[d] = x;
         o1[d] = y;
     }
 }
 
+static void pair_all_values(float *o0, float *o1, float al0, float al1, const float *w0,
+                            const float *w1, const void *v, const int64_t *slots, int64_t n,
+                            int64_t dim, int bf16) {
+    if (bf16) pair_all_values_of(o0, o1, al0, al1, w0, w1, v, slots, n, dim, 1);
+    else pair_all_values_of(o0, o1, al0, al1, w0, w1, v, slots, n, dim, 0);
+}
+
 /* One key tile of n keys at position k0 for all rows. */
 static void prefill_tile(const struct prefill_item *it, const struct prefill_scratch *sc,
                          int64_t rows, const int64_t *slots, int64_t k0, int64_t n) {
     const int64_t dim = it->dim, real = it->nq * it->g;
-    transpose_keys(it->k, slots, n, dim, sc->kt);
+    transpose_keys(it->k, slots, n, dim, sc->kt, it->bf16);
     for (int64_t r = 0; r < rows; r += 2)
         pair_scores(sc->qs + r * dim, sc->qs + (r + 1) * dim, sc->kt, sc->s + r * KT, dim);
     for (int64_t r = 0; r < rows; ++r) {
@@ -368,7 +447,7 @@ static void prefill_tile(const struct prefill_item *it, const struct prefill_scr
     }
     for (int64_t r = 0; r < rows; r += 2)
         pair_all_values(sc->o + r * dim, sc->o + (r + 1) * dim, sc->alpha[r], sc->alpha[r + 1],
-                        sc->s + r * KT, sc->s + (r + 1) * KT, it->v, slots, n, dim);
+                        sc->s + r * KT, sc->s + (r + 1) * KT, it->v, slots, n, dim, it->bf16);
 }
 
 /* Scaled query rows in (zeros for the padding row), running state reset. Row r is query
@@ -428,13 +507,12 @@ static struct prefill_scratch prefill_scratch_at(char *mine, int64_t max_ctx, in
 }
 
 /* Returns 0, or -1 when the scratch memory is not there. */
-int paged_prefill_attention_f32(const float *q, const float *k_cache, const float *v_cache,
-                                const int32_t *block_tables, const int32_t *query_starts,
-                                const int32_t *context_lens, float *out, int64_t num_seqs,
-                                int64_t num_heads, int64_t num_kv_heads, int64_t dim,
-                                int64_t block_size, int64_t max_blocks, float scale,
-                                int64_t window, float softcap, int num_threads) {
-    const int64_t g = num_heads / num_kv_heads, rows = (QT * g + 1) / 2 * 2;
+static int prefill(const float *q, const char *k_cache, const char *v_cache,
+                   const int32_t *block_tables, const int32_t *query_starts,
+                   const int32_t *context_lens, float *out, int64_t num_seqs, int64_t num_heads,
+                   int64_t num_kv_heads, int64_t dim, int64_t block_size, int64_t max_blocks,
+                   float scale, int64_t window, float softcap, int num_threads, int bf16) {
+    const int64_t g = num_heads / num_kv_heads, rows = (QT * g + 1) / 2 * 2, elem = bf16 ? 2 : 4;
     int64_t max_ctx = 1, tiles = 0;
     for (int64_t s = 0; s < num_seqs; ++s) {
         max_ctx = context_lens[s] > max_ctx ? context_lens[s] : max_ctx;
@@ -473,8 +551,8 @@ int paged_prefill_attention_f32(const float *q, const float *k_cache, const floa
                          num_kv_heads * dim, sc.slots);
             const int64_t row0 = (query_starts[s] + tile_first[i]) * num_heads + h * g;
             const struct prefill_item it = {
-                .q = q + row0 * dim, .k = k_cache + h * dim, .v = v_cache + h * dim,
-                .out = out + row0 * dim, .q_stride = num_heads * dim, .nq = nq, .g = g,
+                .q = q + row0 * dim, .k = k_cache + h * dim * elem, .v = v_cache + h * dim * elem,
+                .bf16 = bf16, .out = out + row0 * dim, .q_stride = num_heads * dim, .nq = nq, .g = g,
                 .dim = dim, .pos0 = pos0, .kfirst = kfirst, .window = window, .scale = scale,
                 .softcap = softcap,
             };
@@ -485,3 +563,18 @@ int paged_prefill_attention_f32(const float *q, const float *k_cache, const floa
     free(scratch);
     return 0;
 }
+
+/* paged_prefill_attention_f32 over fp32 caches, paged_prefill_attention_bf16kv over bf16
+   ones (uint16_t: the bf16 bits); q and out are fp32 with both. */
+#define PREFILL_ENTRY(NAME, ELEM, BF16)                                                       \
+    int NAME(const float *q, const ELEM *k_cache, const ELEM *v_cache,                        \
+             const int32_t *block_tables, const int32_t *query_starts,                        \
+             const int32_t *context_lens, float *out, int64_t num_seqs, int64_t num_heads,    \
+             int64_t num_kv_heads, int64_t dim, int64_t block_size, int64_t max_blocks,       \
+             float scale, int64_t window, float softcap, int num_threads) {                   \
+        return prefill(q, (const char *)k_cache, (const char *)v_cache, block_tables,         \
+                       query_starts, context_lens, out, num_seqs, num_heads, num_kv_heads,    \
+                       dim, block_size, max_blocks, scale, window, softcap, num_threads, BF16); \
+    }
+PREFILL_ENTRY(paged_prefill_attention_f32, float, 0)
+PREFILL_ENTRY(paged_prefill_attention_bf16kv, uint16_t, 1)

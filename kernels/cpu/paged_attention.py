@@ -5,35 +5,41 @@ Same signatures and results as the references in kernels/attention.py, which gat
 every sequence's blocks into a contiguous copy each step; these read each k and v
 row in place instead (decode: about 7x faster at batch 64 on 2 cores). With a sliding
 window they read only the windows' rows. Prefill is flash-style: tiles of keys with an
-online softmax, so no [query, context] score matrix is built. The C kernels are fp32;
-bf16 and fp16 caches are passed to the reference.
+online softmax, so no [query, context] score matrix is built. The C kernels compute in
+fp32 over an fp32 cache, or over a bf16 one (kv_cache_dtype="bfloat16": each row widened
+as it is read, half the bytes); other dtypes go to the reference.
 """
 from __future__ import annotations
 
 import ctypes
 import itertools
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from kernels import attention
 from kernels.cpu.build import function
 
-_fn = function("paged_attention", "paged_decode_attention_f32",
-               [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6
-               + [ctypes.c_float, ctypes.c_int64, ctypes.c_float, ctypes.c_int],
-               restype=ctypes.c_int)
-_prefill_fn = function("paged_attention", "paged_prefill_attention_f32",
-                       [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6
-                       + [ctypes.c_float, ctypes.c_int64, ctypes.c_float, ctypes.c_int],
-                       restype=ctypes.c_int)
+
+def _kernels(name: str, pointers: int) -> dict[torch.dtype, Callable[..., int]]:
+    """paged_attention.c's `name`_f32 and `name`_bf16kv by the caches' dtype (q and out
+    are fp32 with either): `pointers` tensors, 6 ints, then scale, window, softcap, threads."""
+    types = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int64,
+                                                                  ctypes.c_float, ctypes.c_int]
+    return {dtype: function("paged_attention", f"{name}_{suffix}", types, restype=ctypes.c_int)
+            for dtype, suffix in ((torch.float32, "f32"), (torch.bfloat16, "bf16kv"))}
+
+
+DECODE_KERNELS = _kernels("paged_decode_attention", 6)
+PREFILL_KERNELS = _kernels("paged_prefill_attention", 7)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            scale: float, window: Optional[int] = None,
                            softcap: Optional[float] = None) -> torch.Tensor:
-    if not (q.dtype == k_cache.dtype == v_cache.dtype == torch.float32):
+    fn = c_kernel(DECODE_KERNELS, q, k_cache, v_cache)
+    if fn is None:
         return attention.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
                                                 window, softcap)
     _check_options("paged_decode_attention", k_cache, v_cache, window, softcap)
@@ -47,10 +53,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError("paged_decode_attention: context_lens must be in [1, block_tables "
                          "width * block_size]")
     out = torch.empty_like(q)
-    status = _fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-                 lens.data_ptr(), out.data_ptr(), batch, num_heads, num_kv_heads, dim,
-                 block_size, tables.shape[1], scale, window or 0, softcap or 0.0,
-                 torch.get_num_threads())
+    status = fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+                lens.data_ptr(), out.data_ptr(), batch, num_heads, num_kv_heads, dim,
+                block_size, tables.shape[1], scale, window or 0, softcap or 0.0,
+                torch.get_num_threads())
     if status != 0:
         raise MemoryError("paged_decode_attention: no memory for the attention scores")
     return out
@@ -60,7 +66,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             block_tables: torch.Tensor, query_lens: list[int],
                             context_lens: list[int], scale: float, window: Optional[int] = None,
                             softcap: Optional[float] = None) -> torch.Tensor:
-    if not (q.dtype == k_cache.dtype == v_cache.dtype == torch.float32):
+    fn = c_kernel(PREFILL_KERNELS, q, k_cache, v_cache)
+    if fn is None:
         return attention.paged_prefill_attention(q, k_cache, v_cache, block_tables, query_lens,
                                                  context_lens, scale, window, softcap)
     _check_options("paged_prefill_attention", k_cache, v_cache, window, softcap)
@@ -76,10 +83,10 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     tables = block_tables.to(torch.int32).contiguous()
     lens = torch.tensor(context_lens, dtype=torch.int32)
     out = torch.empty_like(q)
-    status = _prefill_fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-                         starts.data_ptr(), lens.data_ptr(), out.data_ptr(), len(query_lens),
-                         q.shape[1], num_kv_heads, q.shape[2], block_size, tables.shape[1], scale,
-                         window or 0, softcap or 0.0, torch.get_num_threads())
+    status = fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+                starts.data_ptr(), lens.data_ptr(), out.data_ptr(), len(query_lens),
+                q.shape[1], num_kv_heads, q.shape[2], block_size, tables.shape[1], scale,
+                window or 0, softcap or 0.0, torch.get_num_threads())
     if status != 0:
         raise MemoryError("paged_prefill_attention: no memory for the attention scratch")
     return out
@@ -89,7 +96,8 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, query_l
                       scale: float, window: Optional[int] = None,
                       softcap: Optional[float] = None) -> torch.Tensor:
     """Nothing cached yet: k/v [T, nkv, D] are read as a cache of one-token blocks, each
-    sequence's table listing its own rows, so the same kernel serves."""
+    sequence's table listing its own rows, so the same kernel serves (bf16 k/v: the
+    bf16-cache one)."""
     t, num_kv_heads, dim = k.shape
     starts = [0, *itertools.accumulate(query_lens)][:-1]
     width = max(query_lens, default=1)
@@ -99,6 +107,15 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, query_l
     as_cache = (t, 1, num_kv_heads, dim)
     return paged_prefill_attention(q, k.contiguous().view(as_cache), v.contiguous().view(as_cache),
                                    tables, query_lens, query_lens, scale, window, softcap)
+
+
+def c_kernel(kernels: dict[torch.dtype, Callable[..., int]], q: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor) -> Optional[Callable[..., int]]:
+    """Of DECODE_KERNELS or PREFILL_KERNELS, the one for fp32 q over these caches; None:
+    the reference serves them."""
+    if q.dtype != torch.float32 or v_cache.dtype != k_cache.dtype:
+        return None
+    return kernels.get(k_cache.dtype)
 
 
 def _check_options(name: str, k_cache: torch.Tensor, v_cache: torch.Tensor, window: Optional[int],

@@ -66,6 +66,9 @@ class Attention:
     def _prefill(self, q, k, v, meta: PrefillMeta, k_cache, v_cache, window: Optional[int]) -> torch.Tensor:
         n, opts = meta.num_tokens, dict(window=window, softcap=self.softcap)
         if meta.block_tables is None:
-            return self.ops.prefill_attention(q[:n], k[:n], v[:n], meta.query_lens, self.scale, **opts)
+            # k/v as the cache holds them (bf16 with kv_cache_dtype="bfloat16"): a token's result
+            # is then the same whether its prefix came fresh, from an earlier chunk or cached
+            k, v = k[:n].to(k_cache.dtype), v[:n].to(v_cache.dtype)
+            return self.ops.prefill_attention(q[:n], k, v, meta.query_lens, self.scale, **opts)
         return self.ops.paged_prefill_attention(q[:n], k_cache, v_cache, meta.block_tables,
                                                 meta.query_lens, meta.context_lens, self.scale, **opts)

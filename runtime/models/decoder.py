@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu.linear import BATCH_HINT
+from kernels.cpu.features import detect as detect_cpu
 from kernels.dispatch import batch_invariant_kernels, get_kernels
 from runtime.config import ModelConfig
 from runtime.load_timings import LoadTimings
@@ -76,14 +77,18 @@ class DecoderModel:
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: str,
                  quantization: Optional[str] = None, tp: Optional[TensorParallel] = None,
-                 context_len: Optional[int] = None, batch_invariant: bool = False):
+                 context_len: Optional[int] = None, batch_invariant: bool = False,
+                 low_precision: bool = False):
         self.tp = tp = tp or TensorParallel()          # a single rank unless given
         self.config, self.dtype, self.device = config, dtype, device
         self.quantization = quantization       # None or "int8" (EngineConfig validated it)
         kv_start, kv_stop = tp.kv_heads(config.num_key_value_heads)
         self.num_kv_heads = kv_stop - kv_start      # this rank's share, or its one replicated head
         self.vocab_start, _, self.vocab_rows = tp.vocab_rows(config.vocab_size)
-        self.ops = get_kernels(device)     # Triton on CUDA when available, C on the CPU, else references
+        # Triton on CUDA when available, C on the CPU (bf16 / W8A8 GEMMs where the CPU has
+        # them and low_precision asks), else references
+        self.ops = get_kernels(device, features=detect_cpu() if low_precision else None)
+        self.low_precision = low_precision
         if batch_invariant:
             if config.moe is not None or quantization is not None or dtype != torch.float32:
                 raise ValueError("batch_invariant: float32 dense models only (no int8, no MoE)")
@@ -136,6 +141,7 @@ class DecoderModel:
         """What, besides the weight files, the torch build and the CPU, decides the packed bytes."""
         return {"model": type(self).__name__, "dtype": str(self.dtype), "quantization": self.quantization,
                 "rank": self.tp.rank, "ranks": self.tp.size, "kernels": self.ops.backend,
+                "low_precision": self.low_precision,
                 "batch_hint": BATCH_HINT}
 
     def _layer(self, raw: dict[str, torch.Tensor], i: int) -> LayerWeights:
@@ -196,14 +202,16 @@ class DecoderModel:
 
     # ---- the KV cache
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[KVCache]:
+    def allocate_kv_cache(self, num_blocks: int, block_size: int,
+                          dtype: Optional[torch.dtype] = None) -> list[KVCache]:
+        """dtype: the cache's (default: the model's; kernels/attention.py reads a narrower one)."""
         shape = (self.config.num_hidden_layers, 2, num_blocks, block_size, self.num_kv_heads,
                  self.config.head_dim)
-        cache = zeros_untouched(shape, self.dtype, self.device)
+        cache = zeros_untouched(shape, dtype or self.dtype, self.device)
         return [(cache[i, 0], cache[i, 1]) for i in range(shape[0])]
 
-    def kv_bytes_per_token(self) -> int:
-        elem = torch.tensor([], dtype=self.dtype).element_size()
+    def kv_bytes_per_token(self, dtype: Optional[torch.dtype] = None) -> int:
+        elem = torch.tensor([], dtype=dtype or self.dtype).element_size()
         return 2 * self.config.num_hidden_layers * self.num_kv_heads * self.config.head_dim * elem
 
     # ---- forward

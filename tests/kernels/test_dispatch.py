@@ -6,6 +6,7 @@ import pytest
 
 from kernels import activation, attention, int8, linear, rmsnorm, rotary
 from kernels.dispatch import KernelSet, reference_kernels, get_kernels
+from kernels.cpu.features import CpuFeatures
 
 
 def test_the_reference_set():
@@ -64,7 +65,8 @@ def test_cpu_gets_the_c_kernels_and_onednn():
         pytest.skip("no C compiler (cc or gcc) on PATH to build kernels/cpu")
     from kernels.cpu import activation, int8_matmul, linear, paged_attention, rmsnorm, rotary
 
-    ks = get_kernels("cpu")
+    # a CPU with no bf16 or int8 GEMM flags (test_cpu_features.py checks what those change)
+    ks = get_kernels("cpu", features=CpuFeatures())
     assert ks.backend == "cpu"
     assert ks.paged_decode_attention is paged_attention.paged_decode_attention
     assert ks.paged_prefill_attention is paged_attention.paged_prefill_attention

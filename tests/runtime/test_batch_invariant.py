@@ -16,8 +16,8 @@ import pytest
 from runtime.engine import LLMEngine
 from wire.sampling import SamplingParams
 
-NUM_REQUESTS = 10
-COMPOSITIONS = 4
+NUM_REQUESTS = 8
+COMPOSITIONS = 3
 PARAMS = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=3)
 
 
