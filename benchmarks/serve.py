@@ -192,9 +192,13 @@ def start_replica(model_dir: Path, engine_args: list[str], threads: int) -> Repl
     process = subprocess.Popen(
         [sys.executable, "-m", "runtime.server", "--model", str(model_dir), "--host", "127.0.0.1",
          "--port", str(port), *engine_args], cwd=REPO, env=env)
-    replica = Replica(process, f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
+    return wait_ready(Replica(process, f"http://127.0.0.1:{port}"), "replica")
+
+
+def wait_ready(replica: Replica, what: str, timeout_s: float = 300) -> Replica:
+    """Until GET /health answers 200 (llama-server's too); stopped, and exit, if it never does."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and replica.process.poll() is None:
         try:
             if httpx.get(f"{replica.url}/health", timeout=2).status_code == 200:
                 return replica
@@ -202,7 +206,7 @@ def start_replica(model_dir: Path, engine_args: list[str], threads: int) -> Repl
             pass
         time.sleep(0.2)
     replica.stop()
-    raise SystemExit(f"replica did not become ready (exit code {process.poll()})")
+    raise SystemExit(f"{what} did not become ready (exit code {replica.process.poll()})")
 
 
 def build_model(root: Path, size: str) -> Path:
