@@ -70,16 +70,19 @@ def held_out_docs() -> str:
 
 
 def perplexity(engine, ids: list[int], window: int, stride: int) -> float:
-    """exp(mean NLL); every token after the first is scored once, with up to window-1 of context."""
+    """exp(mean NLL); every token after the first is scored once, with up to window-1 of
+    context, except a window's first token when stride == window (nothing before it in
+    its window predicts it)."""
     import torch
 
-    nll, count, done = 0.0, 0, 1          # done: tokens [0, done) are scored (0 cannot be)
+    nll, count, done = 0.0, 0, 1          # done: tokens [0, done) are scored or passed over
     for begin in range(0, len(ids) - 1, stride):
         end = min(begin + window, len(ids))
+        first = max(done, begin + 1)      # token `begin` has no row before it in this window
         logp = torch.log_softmax(engine.runner.prompt_logits(ids[begin:end]), dim=-1)
-        rows = torch.arange(done - begin - 1, end - begin - 1)     # row r predicts token begin+r+1
-        nll -= logp[rows, torch.tensor(ids[done:end])].sum().item()
-        count, done = count + end - done, end
+        rows = torch.arange(first - begin - 1, end - begin - 1)    # row r predicts token begin+r+1
+        nll -= logp[rows, torch.tensor(ids[first:end])].sum().item()
+        count, done = count + end - first, end
         if end == len(ids):
             break
     return math.exp(nll / count)

@@ -1,6 +1,7 @@
 """int8_linear on the CPU (int8_matmul.c), signature of kernels/int8.py:int8_linear.
 
-fp32 activations up to MAX_ROWS rows (decode steps, short prefills): the C kernel
+fp32 activations up to MAX_ROWS rows (decode steps, short prefills; the C build says
+how many it is faster for): the C kernel
 reads 1 byte per weight and keeps x in fp32, so the result is the definition
 (int8_linear_ref) up to summation order; at one row it took a fifth to a ninth of an
 fp32 GEMV's time on a 4096 x 4096 weight, and less than torch's int8 GEMV, which rounds
@@ -15,13 +16,12 @@ import torch
 from kernels import int8
 from kernels.cpu.build import function
 
-# Up to here the kernel beat the torch path (MKL over a dequantized copy) on a 4096 x 4096
-# weight (256 rows: 59 vs 96 ms) and stayed within 1.3x of it on small ones.
-MAX_ROWS = 256
-
 _fn = function("int8_matmul", "int8_linear_f32",
                [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
                + [ctypes.c_int], restype=ctypes.c_int)
+# Up to this many rows the kernel beats the torch path (MKL over a converted weight); it
+# depends on the build: AVX-512's widened panels serve 256 rows, AVX2's plain loops ~24.
+MAX_ROWS = int(function("int8_matmul", "int8_linear_max_rows", [], restype=ctypes.c_int64)())
 
 
 def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,

@@ -2,11 +2,12 @@
 
 w8a8_linear has the signature of kernels/int8.py:int8_linear and computes its W8A8
 definition, int8.w8a8_linear_ref: x's few outlier channels are set apart in fp32
-(kernels/int8.py says why), the rest is quantized per token (scale_t = max|x_t| / 127),
-torch._int_mm multiplies int8 by int8 into exact int32 sums (oneDNN's gemm_s8s8s32,
-which uses the VNNI dot-product instructions where the CPU has them), and the per-token
-and per-channel scales are applied to the [T, N] result. The int8 weight is the one
-quantization="int8" already stores ([N, K], read transposed in place: no copy).
+(kernels/int8.py says why) and the rest quantized per token with a zero point, in one
+pass of kernels/cpu/w8a8_quant.c; torch._int_mm multiplies int8 by int8 into exact int32
+sums (oneDNN's gemm_s8s8s32, which uses the VNNI or AMX instructions where the CPU has
+them); one more pass of w8a8_quant.c applies the zero points, the per-token and
+per-channel scales and the outlier channels to the [T, N] result. The int8 weight is the
+one quantization="int8" already stores ([N, K], read transposed in place: no copy).
 
 RowSplit is what kernels/dispatch.py puts in KernelSet.int8_linear when the CPU has int8
 dot products: W8A8 from min_rows rows of x up, the weight-only kernel below
@@ -16,6 +17,7 @@ about 20x slower than the fp32 GEMM of the same shape here, so only a forced pla
 """
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -23,6 +25,14 @@ from typing import Callable, Optional
 import torch
 
 from kernels import int8
+from kernels.cpu.build import function
+
+_quantize = function("w8a8_quant", "w8a8_quantize",
+                     [ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 5 + [ctypes.c_int],
+                     restype=ctypes.c_int)
+_epilogue = function("w8a8_quant", "w8a8_epilogue",
+                     [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 6 + [ctypes.c_int64]
+                     + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int], restype=ctypes.c_int)
 
 
 def available() -> bool:
@@ -33,14 +43,30 @@ def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
                 bias: Optional[torch.Tensor] = None, outliers: int = int8.W8A8_OUTLIERS) -> torch.Tensor:
     """x: [..., K], qweight: [N, K] int8, scale: [N], bias: [N] -> [..., N] in x's dtype."""
     n, k = qweight.shape
-    inliers, outlying, cols = int8.split_outliers(x.reshape(-1, k), outliers)
-    xq, xscale = int8.quantize_per_token(inliers)
-    acc = torch._int_mm(xq, qweight.t())                      # [T, N] int32, exact
-    out = torch.mul(acc, xscale[:, None])                     # int32 * fp32 -> fp32 in one pass
-    out.addmm_(outlying, qweight[:, cols].T.float())          # the outlier channels, fp32 x int8 weights
-    out.mul_(scale.float())
-    if bias is not None:
-        out += bias.float()
+    x2 = x.reshape(-1, k)
+    if x2.dtype != torch.float32 or x2.stride(-1) != 1:
+        x2 = x2.float().contiguous()
+    rows, c = x2.shape[0], min(outliers, k)
+    if rows == 0:
+        return x.new_empty(*x.shape[:-1], n)
+    # A row of ones under x's rows (w8a8_quant.c writes it): the same GEMM also sums each
+    # weight row, which the zero points need (sum_k (xq - zero) w = sum_k xq w - zero *
+    # sum_k w), at one row's cost.
+    xq = torch.empty(rows + 1, k, dtype=torch.int8)
+    xscale, zero = torch.empty(rows), torch.empty(rows, dtype=torch.int32)
+    outlying, cols = torch.empty(rows, c), torch.empty(c, dtype=torch.int64)
+    threads = torch.get_num_threads()
+    if _quantize(x2.data_ptr(), x2.stride(0), rows, k, c, xq.data_ptr(), xscale.data_ptr(), zero.data_ptr(),
+                 outlying.data_ptr(), cols.data_ptr(), threads) != 0:
+        raise MemoryError("w8a8_linear: no memory for the column maxima")
+    acc = torch._int_mm(xq, qweight.t())                      # [T + 1, N] int32, exact
+    scale = scale.to(torch.float32).contiguous()
+    bias = None if bias is None else bias.to(torch.float32).contiguous()
+    out = torch.empty(rows, n)
+    if _epilogue(acc.data_ptr(), rows, n, zero.data_ptr(), xscale.data_ptr(), scale.data_ptr(),
+                 None if bias is None else bias.data_ptr(), outlying.data_ptr(), qweight.contiguous().data_ptr(),
+                 k, cols.data_ptr(), c, out.data_ptr(), threads) != 0:
+        raise MemoryError("w8a8_linear: no memory for the outlier channels' weights")
     return out.to(x.dtype).reshape(*x.shape[:-1], n)
 
 

@@ -39,7 +39,7 @@ def test_the_definition_is_within_the_quantization_error_of_fp32():
     n, k, t = 40, 256, 9
     w, x, bias = _weight(n, k), _x(t, k), _randn(n, seed=2)
     qweight, wscale = int8.quantize_per_channel(w)
-    _, xscale = int8.quantize_per_token(x)        # with no channel set apart: a looser bound
+    _, xscale, _ = int8.quantize_per_token(x)     # with no channel set apart: a looser bound
     out = int8.w8a8_linear_ref(x, qweight, wscale, bias).double()
     truth = x.double() @ w.double().T + bias.double()
     # each x_k is off by at most xscale/2 and each w_k by at most wscale/2
@@ -61,17 +61,25 @@ def test_outlier_channels_stay_in_fp32():
     err = {c: (int8.w8a8_linear_ref(x, qweight, wscale, outliers=c).double() - truth).norm() / truth.norm()
            for c in (0, 2, 16)}
     # with them quantized the other channels keep about 3 bits; set apart, all of them about 8
-    assert err[2] < err[0] / 8 and err[16] <= err[2]
+    # (setting apart 14 ordinary channels more changes little either way)
+    assert err[2] < err[0] / 8 and err[16] <= err[2] * 1.1
     assert int8.outlier_channels(x[:, :10], 16).numel() == 10
     assert int8.outlier_channels(x[:0], 16).numel() == 0
 
 
-def test_each_token_gets_its_own_scale():
-    x = torch.tensor([[1.0, -0.5, 0.25], [100.0, 3.0, -2.0], [0.0, 0.0, 0.0]])
-    xq, scale = int8.quantize_per_token(x)
-    torch.testing.assert_close(scale, torch.tensor([1 / 127, 100 / 127, 1.0]))
-    assert xq.dtype == torch.int8
-    assert xq[0].tolist() == [127, -64, 32] and xq[1].tolist() == [127, 4, -3] and xq[2].tolist() == [0, 0, 0]
+def test_each_token_gets_its_own_steps_and_zero_point():
+    x = torch.tensor([[1.0, -0.5, 0.25, 0.0], [100.0, 3.0, -2.0, 0.0], [0.0, 0.0, 0.0, 0.0], [2.0, 1.0, 0.5, 0.0]])
+    xq, scale, zero = int8.quantize_per_token(x)
+    torch.testing.assert_close(scale, torch.tensor([1.5 / 255, 102 / 255, 1.0, 2 / 255]))
+    assert xq.dtype == torch.int8 and zero.dtype == torch.int32
+    # each token's min and max land on the ends of the int8 range (0 counts: the last
+    # token is all positive) and every value within half a step
+    assert xq[[0, 1, 3]].amin(dim=1).tolist() == [-128, -128, -128]
+    assert xq[[0, 1, 3]].amax(dim=1).tolist() == [127, 127, 127]
+    back = (xq.float() - zero[:, None].float()) * scale[:, None]
+    assert ((back - x).abs() <= scale[:, None] / 2 * (1 + 1e-6)).all()
+    # zero stays exactly zero (a channel set apart is a zeroed column)
+    assert (back[:, 3] == 0).all() and (back[2] == 0).all()
 
 
 # ---- W8A8: the kernel against the definition
