@@ -65,7 +65,9 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     # An all-zero token would give step 0 and 0/0 = nan; step 1 quantizes it to zeros.
     scale = torch.where(step > 0, step, torch.ones_like(step))
     zero = torch.round(-lo / scale) - 128                     # in [-128, 127]: lo maps to -128
-    xq = (torch.round(x / scale[:, None]) + zero[:, None]).clamp_(-128, 127).to(torch.int8)
+    # times the reciprocal, as kernels/cpu/w8a8_quant.c does (a product per value is cheaper
+    # than a division), so that both give the same integers
+    xq = (torch.round(x * (1 / scale)[:, None]) + zero[:, None]).clamp_(-128, 127).to(torch.int8)
     return xq, scale, zero.to(torch.int32)
 
 

@@ -34,3 +34,30 @@ def test_on_it_runs_bf16_linears_close_to_fp32(tiny_model, monkeypatch):
     assert out.token_ids == fp32.token_ids
     for (ours, _), (theirs, _) in zip(out.logprobs, fp32.logprobs):
         assert ours == pytest.approx(theirs, abs=0.05)      # bf16's rounding, not a wrong weight
+
+
+@pytest.mark.parametrize("flags, bf16_head", [
+    (CpuFeatures(avx512_bf16=True), True),         # bf16 linears: the tied head gets a bf16 copy
+    (CpuFeatures(avx512_vnni=True), False),        # int8 dot products only: fp32 linears, no copy
+])
+def test_a_tied_head_gets_its_own_copy_only_in_a_lower_precision(model_factory, monkeypatch, flags, bf16_head):
+    import torch
+
+    tied = model_factory(arch="llama", tie_word_embeddings=True)
+    plain = LLM(str(tied), kv_cache_tokens=256).engine.runner.model
+    assert plain.lm_head is plain.embed
+    monkeypatch.setattr(decoder, "detect_cpu", lambda: flags)
+    llm = LLM(str(tied), kv_cache_tokens=256, cpu_low_precision=True)
+    model = llm.engine.runner.model
+    assert model.embed.dtype == torch.float32                 # the embedding lookup keeps fp32
+    if bf16_head:
+        assert model.lm_head is not model.embed and model.lm_head.dtype == torch.bfloat16
+        # the copy's bytes count with the weights (outside the layers' linears)
+        ours, theirs = model.weight_memory(), plain.weight_memory()
+        head = model.lm_head.numel() * 2
+        assert ours.total_bytes - ours.linear_bytes == theirs.total_bytes - theirs.linear_bytes + head
+    else:
+        assert model.lm_head is model.embed
+    out = llm.generate([[5, 6, 7, 8]], PARAMS)[0]
+    fp32 = LLM(str(tied), kv_cache_tokens=256).generate([[5, 6, 7, 8]], PARAMS)[0]
+    assert out.token_ids == fp32.token_ids
