@@ -9,7 +9,9 @@ closed loop at --concurrency requests in flight, non-streaming (each reply count
 output tokens). llama-server runs with --threads threads, one slot per client
 (`-np`, continuous batching, no prompt cache); thawpool's server gets the same threads
 (OMP_NUM_THREADS) and KV room. The offline engine (runtime.LLM.generate, all requests at
-once) is measured too: the ceiling the server path is held against.
+once) is measured too, the ceiling the server path is held against, both as it is and with
+max_num_seqs = --concurrency: all at once it also decodes more sequences per step than a
+server with --concurrency requests in flight can.
 
 As a check that both run the same model, each llama-server's greedy reply to a short
 prompt is compared with thawpool's, token by token (f32 should agree on the first few at
@@ -72,6 +74,10 @@ class Pairing:
     @property
     def offline_label(self) -> str:
         return f"thawpool offline LLM.generate, {self.ours}"
+
+    @property
+    def offline_capped_label(self) -> str:
+        return f"thawpool offline, {self.ours}, max_num_seqs = concurrency"
 
 
 PAIRINGS = (Pairing("F32", None), Pairing("Q8_0", "int8"))
@@ -278,7 +284,7 @@ def slot_tokens(args: argparse.Namespace) -> int:
 
 def table_labels() -> list[str]:
     return ([p.llama_label for p in PAIRINGS] + [p.server_label for p in PAIRINGS]
-            + [p.offline_label for p in PAIRINGS])
+            + [p.offline_label for p in PAIRINGS] + [p.offline_capped_label for p in PAIRINGS])
 
 
 def agreement(ours: list[int], theirs: list[int]) -> int:
@@ -305,7 +311,20 @@ def report(results: Mapping[str, Optional[float]], target: float) -> list[str]:
             continue
         ratio = ours / theirs
         lines.append(f"{name} {ratio:.2f}x (target {target:g}x: {'met' if ratio >= target else 'not met'})")
+    lines += [line for pairing in PAIRINGS if (line := server_share(results, pairing))]
     return lines
+
+
+def server_share(results: Mapping[str, Optional[float]], pairing: Pairing) -> Optional[str]:
+    """The server against the engine offline, all requests at once and with as many in
+    flight as the server had: offline all at once also batches more sequences per step,
+    which the server at a fixed concurrency cannot, whatever its own overhead."""
+    ours = results.get(pairing.server_label)
+    offline, capped = results.get(pairing.offline_label), results.get(pairing.offline_capped_label)
+    if ours is None or offline is None or capped is None:
+        return None
+    return (f"thawpool server / offline, {pairing.ours}: {ours / offline:.2f}x all at once, "
+            f"{ours / capped:.2f}x at the same concurrency")
 
 
 # ---------------------------------------------------------------- main
@@ -362,8 +381,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         results[pairing.server_label] = run_thawpool_server(model_dir, pairing, workload, args)
     for pairing in PAIRINGS:
         kwargs = {"quantization": pairing.quantization} if pairing.quantization else {}
-        results[pairing.offline_label] = (None if args.skip_offline
-                                          else offline_tok_s(model_dir, workload, kwargs, args.threads))
+        if not args.skip_offline:
+            results[pairing.offline_label] = offline_tok_s(model_dir, workload, kwargs, args.threads)
+            results[pairing.offline_capped_label] = offline_tok_s(
+                model_dir, workload, {**kwargs, "max_num_seqs": args.concurrency}, args.threads)
     print("\n".join(["", *report(results, args.target)]))
 
 

@@ -54,6 +54,14 @@ def test_report_gives_each_pairings_ratio_against_the_target() -> None:
     assert any(line.startswith("llama.cpp llama-server, F32 GGUF") and line.endswith("skipped") for line in lines)
 
 
+def test_report_holds_the_server_against_offline_all_at_once_and_at_its_concurrency() -> None:
+    figures = {**ISSUE_FIGURES, "thawpool offline, fp32, max_num_seqs = concurrency": 150.0}
+    lines = peers.report(figures, target=2.5)
+    assert "thawpool server / offline, fp32: 0.69x all at once, 0.95x at the same concurrency" in lines
+    # int8 has no capped figure: no line rather than a half one
+    assert not any(line.startswith("thawpool server / offline, int8") for line in lines)
+
+
 def test_agreement_counts_the_shared_greedy_prefix() -> None:
     assert peers.agreement([1, 2, 3, 4], [1, 2, 9, 4]) == 2
     assert peers.agreement([1, 2], [1, 2, 3]) == 2
