@@ -31,6 +31,9 @@ class Call:
     status: int = 200                 # HTTP status; 0: the connection failed
     prompt_tokens: int = 0            # received, from the last usage the client read
     completion_tokens: int = 0
+    # the completion tokens of the usage read before the last change: what a bill one
+    # chunk behind holds (B-CP-3: a kill between a chunk's send and its journal frame)
+    previous_completion_tokens: int = 0
     finished: bool = False            # read a finish_reason: the whole answer
     retry_after: Optional[str] = None
     error: Optional[str] = None
@@ -91,6 +94,8 @@ async def stream_chat(api: openai.AsyncOpenAI, ledger: Ledger, tenant: str, mode
 def _observe(call: Call, chunk) -> None:
     if chunk.usage is not None:
         call.prompt_tokens = chunk.usage.prompt_tokens
+        if chunk.usage.completion_tokens != call.completion_tokens:
+            call.previous_completion_tokens = call.completion_tokens
         call.completion_tokens = chunk.usage.completion_tokens
     if chunk.choices and chunk.choices[0].finish_reason is not None:
         call.finished = True
