@@ -163,10 +163,12 @@ class DecoderModel:
         a small model's largest GEMM (SmolLM2's 49,152 x 576 took 18% of a W8A8 engine's
         time in fp32), gets its own copy in that precision, half the embedding's bytes in
         bf16."""
-        if not self.low_precision:
+        # one row asks the packer what it makes, before a copy of the whole is (a CPU
+        # without bf16 GEMMs would pack the embedding again in fp32, to throw it away)
+        if not self.low_precision or self.ops.pack_linear(self.embed[:1]).dtype == self.embed.dtype:
             return self.embed
         packed: torch.Tensor = self.ops.pack_linear(self.embed)
-        return packed if packed.dtype != self.embed.dtype else self.embed
+        return packed
 
     def _norm(self, raw: dict[str, torch.Tensor], name: str) -> torch.Tensor:
         weight = raw.pop(name)
