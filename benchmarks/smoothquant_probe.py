@@ -7,8 +7,8 @@ moves the activations' outliers into the weights instead: per input channel j of
 linear layer, s_j = max|X_j|^alpha / max|W_:,j|^(1 - alpha) from a calibration run,
 X / s and W * s, and nothing is kept in fp32. This script emulates both in fp32 on
 transformers' SmolLM2-135M-Instruct (hooks on every linear layer of the decoder blocks:
-weights rounded to int8 per output channel, activations per token with a zero point, as
-kernels/int8.py defines them) and prints perplexity on the held-out text of
+weights rounded to int8 per output channel, activations per token with a zero point,
+through kernels/int8.py's own definitions) and prints perplexity on the held-out text of
 benchmarks/quant_quality.py against fp32 measured in the same run.
 
 The calibration is --calib-tokens tokens of this repository's runtime/*.py sources (code,
@@ -29,6 +29,7 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.quant_quality import held_out_docs  # noqa: E402
+from kernels import int8  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WINDOW = 256
@@ -76,24 +77,17 @@ class Emulation:
         return pre
 
     def per_token(self, x2):
-        """kernels/int8.py's W8A8 activations: `outliers` channels apart, the rest per token
-        over [min, max] (0 included) in 255 steps with a zero point, dequantized."""
-        torch = self.torch
-        apart = torch.zeros_like(x2)
-        if self.outliers:
-            cols = x2.abs().amax(dim=0).topk(self.outliers).indices
-            apart[:, cols] = x2[:, cols]
-            x2 = x2.index_fill(1, cols, 0)
-        lo, hi = x2.amin(dim=1, keepdim=True).clamp(max=0), x2.amax(dim=1, keepdim=True).clamp(min=0)
-        step = ((hi - lo) / 255).clamp_min(1e-12)
-        zero = torch.round(-lo / step) - 128
-        xq = (torch.round(x2 / step) + zero).clamp(-128, 127)
-        return (xq - zero) * step + apart
+        """kernels/int8.py's W8A8 activations (its own functions), dequantized: `outliers`
+        channels apart, the rest per token with a zero point."""
+        inliers, apart, cols = int8.split_outliers(x2, self.outliers)
+        xq, step, zero = int8.quantize_per_token(inliers)
+        out = (xq.float() - zero[:, None].float()) * step[:, None]
+        out[:, cols] = apart
+        return out
 
-    def int8_weight(self, w):
-        a = w.abs().amax(dim=1)
-        scale = self.torch.where(a > 0, a / 127, self.torch.ones_like(a))
-        return self.torch.round(w / scale[:, None]).clamp(-127, 127) * scale[:, None]
+    @staticmethod
+    def int8_weight(w):
+        return int8.dequantize(*int8.quantize_per_channel(w))
 
     def configure(self, alpha: Optional[float], outliers: int) -> None:
         """Weights int8 (smoothed first when alpha is given), activations quantized."""
