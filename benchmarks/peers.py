@@ -3,15 +3,18 @@
 The model is SmolLM2-135M-Instruct, the float32 folder of scripts/real_model.py; llama.cpp
 gets the same weights as GGUF files exported from that folder (benchmarks/gguf_export.py,
 cached in .cache/llama-cpp/): F32, paired with thawpool's fp32, and Q8_0, paired with
-thawpool's int8. The workload is random prompt tokens (so both servers get the very same
-token ids) with random output lengths from a fixed seed, greedy, ignore_eos, driven as a
-closed loop at --concurrency requests in flight, non-streaming (each reply counts its
-output tokens). llama-server runs with --threads threads, one slot per client
-(`-np`, continuous batching, no prompt cache); thawpool's server gets the same threads
-(OMP_NUM_THREADS) and KV room. The offline engine (runtime.LLM.generate, all requests at
-once) is measured too, the ceiling the server path is held against, both as it is and with
-max_num_seqs = --concurrency: all at once it also decodes more sequences per step than a
-server with --concurrency requests in flight can.
+thawpool's int8 under cpu_low_precision (Q8_0's matmuls quantize the activations to 8 bits
+too; thawpool's W8A8 does where the CPU has int8 dot products). The workload is random
+prompt tokens (so both servers get the very same token ids) with random output lengths
+from a fixed seed, greedy, ignore_eos, driven as a closed loop at --concurrency requests
+in flight, non-streaming (each reply counts its output tokens). llama-server runs with
+--threads threads, one slot per client (`-np`, continuous batching, no prompt cache);
+thawpool's server gets the same threads (OMP_NUM_THREADS) and KV room, and runs as it
+does by default (the engine in a thread of the server) and with --engine-process
+(runtime/engine_core.py). The offline engine
+(runtime.LLM.generate, all requests at once) is measured too, the ceiling the server path
+is held against, both as it is and with max_num_seqs = --concurrency: all at once it also
+decodes more sequences per step than a server with --concurrency requests in flight can.
 
 As a check that both run the same model, each llama-server's greedy reply to a short
 prompt is compared with thawpool's, token by token (f32 should agree on the first few at
@@ -58,10 +61,29 @@ PROBE_TOKENS = 16
 class Pairing:
     gguf_type: str                     # llama.cpp's weights
     quantization: Optional[str]        # thawpool's, on the fp32 folder
+    low_precision: bool = False        # thawpool's cpu_low_precision
+    engine_process: bool = False       # thawpool's server with --engine-process
 
     @property
     def ours(self) -> str:
-        return self.quantization or "fp32"
+        """thawpool's engine (the server's mode apart: the offline rows are the same engine's)."""
+        return (self.quantization or "fp32") + (" (cpu_low_precision)" if self.low_precision else "")
+
+    @property
+    def server(self) -> str:
+        return "thawpool server" + (" --engine-process" if self.engine_process else "")
+
+    @property
+    def engine_options(self) -> dict[str, Any]:
+        """runtime.LLM's keyword arguments for thawpool's side."""
+        options: dict[str, Any] = {"quantization": self.quantization} if self.quantization else {}
+        return {**options, "cpu_low_precision": True} if self.low_precision else options
+
+    @property
+    def server_flags(self) -> list[str]:
+        flags = ["--quantization", self.quantization] if self.quantization else []
+        flags += ["--cpu-low-precision"] if self.low_precision else []
+        return flags + (["--engine-process"] if self.engine_process else [])
 
     @property
     def llama_label(self) -> str:
@@ -69,7 +91,7 @@ class Pairing:
 
     @property
     def server_label(self) -> str:
-        return f"thawpool server, {self.ours}"
+        return f"{self.server}, {self.ours}"
 
     @property
     def offline_label(self) -> str:
@@ -80,7 +102,14 @@ class Pairing:
         return f"thawpool offline, {self.ours}, max_num_seqs = concurrency"
 
 
-PAIRINGS = (Pairing("F32", None), Pairing("Q8_0", "int8"))
+# Q8_0's matmuls quantize the activations to 8 bits too (ggml's q8_0 x q8_0 dot products):
+# its like is int8 with cpu_low_precision, W8A8 where the CPU has int8 dot products
+# (weight-only int8 where it has not: the option then changes nothing for int8 weights)
+# Each with thawpool's server as it runs by default (the engine in a thread of the server)
+# and with the engine-core process (runtime/engine_core.py).
+PAIRINGS = tuple(Pairing(gguf, quantization, low_precision, engine_process)
+                 for gguf, quantization, low_precision in (("F32", None, False), ("Q8_0", "int8", True))
+                 for engine_process in (False, True))
 
 
 # ---------------------------------------------------------------- building llama-server
@@ -228,10 +257,10 @@ async def llama_greedy(url: str, prompt: list[int]) -> list[int]:
     return [int(t) for t in reply["tokens"]]
 
 
-def thawpool_greedy(model_dir: Path, prompt: list[int], quantization: Optional[str]) -> list[int]:
+def thawpool_greedy(model_dir: Path, prompt: list[int], pairing: Pairing) -> list[int]:
     from runtime import LLM, SamplingParams
 
-    with LLM(str(model_dir), kv_cache_tokens=256, quantization=quantization) as llm:
+    with LLM(str(model_dir), kv_cache_tokens=256, **pairing.engine_options) as llm:
         (out,) = llm.generate([prompt], SamplingParams(max_tokens=PROBE_TOKENS, temperature=0.0,
                                                        ignore_eos=True))
     return list(out.token_ids)
@@ -263,9 +292,8 @@ def run_llama(binary: Path, gguf: Path, workload: Workload, args: argparse.Names
 
 def run_thawpool_server(model_dir: Path, pairing: Pairing, workload: Workload,
                         args: argparse.Namespace) -> float:
-    engine_args = ["--kv-cache-tokens", str(args.concurrency * slot_tokens(args)), *args.thawpool_args]
-    if pairing.quantization:
-        engine_args += ["--quantization", pairing.quantization]
+    engine_args = ["--kv-cache-tokens", str(args.concurrency * slot_tokens(args)), *args.thawpool_args,
+                   *pairing.server_flags]
     replica = start_replica(model_dir, engine_args, args.threads)
     try:
         return asyncio.run(drive(replica.url, THAWPOOL_API, workload, args.concurrency))
@@ -283,8 +311,9 @@ def slot_tokens(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- report
 
 def table_labels() -> list[str]:
-    return ([p.llama_label for p in PAIRINGS] + [p.server_label for p in PAIRINGS]
-            + [p.offline_label for p in PAIRINGS] + [p.offline_capped_label for p in PAIRINGS])
+    """Each row once (llama.cpp's and the offline rows are shared by both server modes)."""
+    return list(dict.fromkeys([p.llama_label for p in PAIRINGS] + [p.server_label for p in PAIRINGS]
+                              + [p.offline_label for p in PAIRINGS] + [p.offline_capped_label for p in PAIRINGS]))
 
 
 def agreement(ours: list[int], theirs: list[int]) -> int:
@@ -305,7 +334,7 @@ def report(results: Mapping[str, Optional[float]], target: float) -> list[str]:
     lines.append("")
     for pairing in PAIRINGS:
         ours, theirs = results.get(pairing.server_label), results.get(pairing.llama_label)
-        name = f"thawpool server / llama-server, {pairing.ours} vs {pairing.gguf_type}:"
+        name = f"{pairing.server} / llama-server, {pairing.ours} vs {pairing.gguf_type}:"
         if ours is None or theirs is None:
             lines.append(f"{name} not measured")
             continue
@@ -323,7 +352,7 @@ def server_share(results: Mapping[str, Optional[float]], pairing: Pairing) -> Op
     offline, capped = results.get(pairing.offline_label), results.get(pairing.offline_capped_label)
     if ours is None or offline is None or capped is None:
         return None
-    return (f"thawpool server / offline, {pairing.ours}: {ours / offline:.2f}x all at once, "
+    return (f"{pairing.server} / offline, {pairing.ours}: {ours / offline:.2f}x all at once, "
             f"{ours / capped:.2f}x at the same concurrency")
 
 
@@ -372,16 +401,16 @@ def main(argv: Optional[list[str]] = None) -> None:
     # the table's order: llama.cpp, then thawpool's server, then its offline engine
     results: dict[str, Optional[float]] = {label: None for label in table_labels()}
     for pairing in PAIRINGS:
-        if binary is not None:
+        if binary is not None and results[pairing.llama_label] is None:
             gguf = cached_gguf(model_dir, CACHE, pairing.gguf_type, args.vocab_from or smollm2_gguf())
             results[pairing.llama_label], theirs = run_llama(binary, gguf, workload, args, probe)
-            ours = thawpool_greedy(model_dir, probe, pairing.quantization)
+            ours = thawpool_greedy(model_dir, probe, pairing)
             print(f"check: greedy reply to {PROBE_TEXT!r}: llama.cpp {pairing.gguf_type} and thawpool "
                   f"{pairing.ours} agree on the first {agreement(ours, theirs)} of {PROBE_TOKENS} tokens", flush=True)
         results[pairing.server_label] = run_thawpool_server(model_dir, pairing, workload, args)
     for pairing in PAIRINGS:
-        kwargs = {"quantization": pairing.quantization} if pairing.quantization else {}
-        if not args.skip_offline:
+        kwargs = pairing.engine_options
+        if not args.skip_offline and results[pairing.offline_label] is None:
             results[pairing.offline_label] = offline_tok_s(model_dir, workload, kwargs, args.threads)
             results[pairing.offline_capped_label] = offline_tok_s(
                 model_dir, workload, {**kwargs, "max_num_seqs": args.concurrency}, args.threads)

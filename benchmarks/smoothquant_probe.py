@@ -1,8 +1,11 @@
-"""W8A8 with SmoothQuant-style smoothing vs the engine's outlier split: perplexity, emulated.
+"""W8A8 with SmoothQuant-style smoothing vs the outlier split: perplexity, emulated.
 
-A probe for the next step of issue 20's W8A8 (its quality and its speed): the engine keeps
-the 16 largest input channels of every call in fp32 (LLM.int8()'s split, kernels/int8.py),
-a pass that costs about as much as the int8 GEMM itself. SmoothQuant (Xiao et al., 2023)
+The probe that chose the engine's smoothing (runtime/smoothing.py, built after it: alpha
+0.7, 1,024 random token ids); benchmarks/lowp_quality.py measures the engine itself.
+
+Without smoothing, W8A8 keeps the 16 largest input channels of every call in fp32
+(LLM.int8()'s split, kernels/int8.py), a pass that costs about as much as the int8 GEMM
+itself. SmoothQuant (Xiao et al., 2023)
 moves the activations' outliers into the weights instead: per input channel j of a
 linear layer, s_j = max|X_j|^alpha / max|W_:,j|^(1 - alpha) from a calibration run,
 X / s and W * s, and nothing is kept in fp32. This script emulates both in fp32 on

@@ -19,6 +19,7 @@ by default, so an fp32 model's results do not change with the machine.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
@@ -116,6 +117,20 @@ def _low_precision(kernels: KernelSet, features: CpuFeatures) -> KernelSet:
     if chosen != plan(CpuFeatures()):
         log.info("CPU low-precision GEMMs: %s", chosen)
     return kernels
+
+
+def every_channel_w8a8(kernels: KernelSet) -> Optional[KernelSet]:
+    """`kernels` whose W8A8 quantizes every input channel, keeping none apart in fp32: for
+    int8 weights smoothed at load (runtime/smoothing.py), whose activations have no
+    outlier channels left. None when `kernels` runs no W8A8 (no int8 dot products, or
+    low precision not asked for): the weights then stay as they are."""
+    from kernels.cpu import w8a8_linear
+
+    split = kernels.int8_linear
+    if not isinstance(split, w8a8_linear.RowSplit):
+        return None
+    every = functools.partial(w8a8_linear.w8a8_linear, outliers=0)
+    return dataclasses.replace(kernels, int8_linear=dataclasses.replace(split, many=every))
 
 
 def _triton_kernels() -> KernelSet | None:

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-STAGES = ("process", "import", "config", "tp_connect", "kernels", "weights", "assemble", "pack",
+STAGES = ("process", "import", "config", "tp_connect", "kernels", "weights", "assemble", "calibrate", "pack",
           "kv_cache", "tokenizer")
 
 

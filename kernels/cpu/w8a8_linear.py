@@ -10,7 +10,8 @@ per-channel scales and the outlier channels to the [T, N] result. The int8 weigh
 one quantization="int8" already stores ([N, K], read transposed in place: no copy).
 
 RowSplit is what kernels/dispatch.py puts in KernelSet.int8_linear when the CPU has int8
-dot products: W8A8 from min_rows rows of x up, the weight-only kernel below
+dot products: W8A8 from min_rows rows of x up (with outliers=0 for weights smoothed at load,
+kernels/dispatch.py:every_channel_w8a8), the weight-only kernel below
 (kernels/cpu/features.py says why). Without them oneDNN's int8 GEMM runs on plain AVX2,
 about 20x slower than the fp32 GEMM of the same shape here, so only a forced plan
 (tests, benchmarks/lowp_quality.py) runs it on such a CPU.

@@ -59,7 +59,11 @@ int w8a8_quantize(const float *x, int64_t x_stride, int64_t rows, int64_t k, int
                   int num_threads) {
     float *colmax = malloc(sizeof(float) * (size_t)k);
     if (colmax == NULL) return -1;
-    outlier_columns(x, x_stride, rows, k, c, colmax, cols);
+    if (c > 0) {
+        outlier_columns(x, x_stride, rows, k, c, colmax, cols);
+    } else {                                   /* smoothed weights: no pass over x for maxima */
+        for (int64_t j = 0; j < k; ++j) colmax[j] = 0.0f;
+    }
     /* colmax < 0 now marks exactly the outlier columns: a mask of 0 there, 1 elsewhere */
     for (int64_t j = 0; j < k; ++j) colmax[j] = colmax[j] < 0.0f ? 0.0f : 1.0f;
     const float *keep = colmax;

@@ -17,6 +17,7 @@ final logit cap. The model reads everything about the batch from an explicit For
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import mmap
 import time
@@ -29,13 +30,14 @@ import torch.nn.functional as F
 
 from kernels.cpu.linear import BATCH_HINT
 from kernels.cpu.features import detect as detect_cpu
-from kernels.dispatch import batch_invariant_kernels, get_kernels
+from kernels.dispatch import KernelSet, batch_invariant_kernels, every_channel_w8a8, get_kernels
 from runtime.config import ModelConfig
 from runtime.load_timings import LoadTimings
 from runtime.kv_memory import zeros_untouched
 from runtime.loader import read_weights
 from runtime.models.attention import Attention
-from runtime.models.batch import ForwardBatch
+from runtime import smoothing
+from runtime.models.batch import ForwardBatch, PrefillMeta
 from runtime.models.mlp import GatedMLP, SparseMoE
 from runtime.models.rope import make_rotary
 from runtime.packed_weights import PackedWeightCache, cache_key
@@ -87,17 +89,19 @@ class DecoderModel:
         self.vocab_start, _, self.vocab_rows = tp.vocab_rows(config.vocab_size)
         # Triton on CUDA when available, C on the CPU (bf16 / W8A8 GEMMs where the CPU has
         # them and low_precision asks), else references
-        self.ops = get_kernels(device, features=detect_cpu() if low_precision else None)
+        ops = get_kernels(device, features=detect_cpu() if low_precision else None)
         self.low_precision = low_precision
         if batch_invariant:
             if config.moe is not None or quantization is not None or dtype != torch.float32:
                 raise ValueError("batch_invariant: float32 dense models only (no int8, no MoE)")
-            self.ops = batch_invariant_kernels(self.ops)
-        scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
-        self.attention = Attention(config.num_attention_heads // tp.size, self.num_kv_heads, config.head_dim,
-                                   scale, config.attn_logit_softcap, config.rms_norm_eps, self.ops, tp)
-        act = {"silu": self.ops.silu_and_mul, "gelu_tanh": self.ops.gelu_and_mul}[config.hidden_act]
-        self.mlp = GatedMLP(act, self.ops, tp)
+            ops = batch_invariant_kernels(ops)
+        # int8 weights under W8A8 are smoothed at load and quantize every channel
+        # (runtime/smoothing.py); dense single-rank models only: the calibration forward
+        # runs on this rank alone
+        smoothed = every_channel_w8a8(ops) if quantization == "int8" and tp.size == 1 and config.moe is None \
+            else None
+        self.smoothing = smoothed is not None
+        self._use_kernels(smoothed or ops)
         self.moe = SparseMoE(config.moe) if config.moe is not None else None
         self.windows = config.layer_windows or (None,) * config.num_hidden_layers
         rotary = make_rotary(config, device, context_len)
@@ -109,6 +113,16 @@ class DecoderModel:
         self.lm_head: Optional[torch.Tensor] = None
         self.packed_mapping: Optional[mmap.mmap] = None     # the cache file the layers live in
         self.packed_writer: Optional[Future[int]] = None    # the cache file being written
+
+    def _use_kernels(self, ops: KernelSet) -> None:
+        """Run with `ops`: the blocks hold their kernels."""
+        config = self.config
+        self.ops = ops
+        scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
+        self.attention = Attention(config.num_attention_heads // self.tp.size, self.num_kv_heads, config.head_dim,
+                                   scale, config.attn_logit_softcap, config.rms_norm_eps, ops, self.tp)
+        act = {"silu": ops.silu_and_mul, "gelu_tanh": ops.gelu_and_mul}[config.hidden_act]
+        self.mlp = GatedMLP(act, ops, self.tp)
 
     # ---- loading
 
@@ -130,18 +144,55 @@ class DecoderModel:
             return
         # layers are independent, and fusing, packing or quantizing one lets go of the
         # GIL: one thread per CPU; each layer's float copies are freed as it is placed
-        self.layers = parallel_map(lambda i: self._placed(self._layer(raw, i)),
-                                   range(self.config.num_hidden_layers))
+        if self.smoothing:
+            floats = self._smoothed(raw)
+            since = timings.record("calibrate", since)
+            self.layers = parallel_map(self._placed, floats)
+        else:
+            self.layers = parallel_map(lambda i: self._placed(self._layer(raw, i)),
+                                       range(self.config.num_hidden_layers))
         timings.record("pack", since)
         if packed is not None and key is not None:
             # written after the load, beside the first requests: a cold start never waits on it
             self.packed_writer = in_background(packed.store, key, list(self.layers))
+
+    def _smoothed(self, raw: dict[str, torch.Tensor]) -> list[LayerWeights]:
+        """Every layer in float with its smoothing folded in, after a calibration forward
+        through them (runtime/smoothing.py)."""
+        layers = [self._layer(raw, i) for i in range(self.config.num_hidden_layers)]
+        calibration = self._calibrate(layers)
+        heads = smoothing.Heads(self.config.num_attention_heads, self.num_kv_heads, self.config.head_dim)
+        return parallel_map(lambda layer: smoothing.fold(layer, calibration, heads), layers)
+
+    def _calibrate(self, layers: list[LayerWeights]) -> smoothing.Calibration:
+        """max|x| per input channel of every matmul, over smoothing's calibration ids run
+        through the float `layers`, in windows of at most CALIBRATION_WINDOW tokens (each
+        a fresh prefill, within the model's positions)."""
+        calibration = smoothing.Calibration(self.ops.pack_linear, self.ops.linear)
+        view = copy.copy(self)              # this model over the float layers, recording
+        view._use_kernels(dataclasses.replace(self.ops, linear=calibration.linear))
+        view.layers = layers
+        ids = smoothing.calibration_ids(self.config.vocab_size)
+        window = min(smoothing.CALIBRATION_WINDOW, self.config.max_position_embeddings)
+        block = 16
+        kv_caches = view.allocate_kv_cache(-(-window // block), block)
+        with torch.inference_mode():
+            for begin in range(0, len(ids), window):
+                chunk = ids[begin:begin + window]
+                n = len(chunk)
+                rows = torch.arange(n, device=self.device)
+                batch = ForwardBatch(positions=rows, slot_mapping=rows, logits_indices=rows[-1:],
+                                     prefill=PrefillMeta(num_tokens=n, query_lens=[n], context_lens=[n],
+                                                         block_tables=None))
+                view.forward(torch.tensor(chunk, device=self.device), batch, kv_caches)
+        return calibration
 
     def _packing_identity(self) -> dict:
         """What, besides the weight files, the torch build and the CPU, decides the packed bytes."""
         return {"model": type(self).__name__, "dtype": str(self.dtype), "quantization": self.quantization,
                 "rank": self.tp.rank, "ranks": self.tp.size, "kernels": self.ops.backend,
                 "low_precision": self.low_precision,
+                "smoothing": smoothing.identity() if self.smoothing else None,
                 "batch_hint": BATCH_HINT}
 
     def _layer(self, raw: dict[str, torch.Tensor], i: int) -> LayerWeights:

@@ -77,3 +77,25 @@ def test_cpu_gets_the_c_kernels_and_onednn():
     assert ks.silu_and_mul is activation.silu_and_mul
     assert ks.int8_linear is int8_matmul.int8_linear
     assert ks.pack_linear is linear.pack and ks.linear is linear.linear
+
+
+def test_every_channel_w8a8_only_where_w8a8_runs():
+    """For int8 weights smoothed at load: the W8A8 side of the row split keeps no channel
+    apart; a kernel set without W8A8 gets None (its weights are not smoothed)."""
+    from kernels.cpu import build
+
+    if build.compiler() is None:
+        pytest.skip("no C compiler (cc or gcc) on PATH to build kernels/cpu")
+    from kernels.cpu import w8a8_linear
+    from kernels.dispatch import every_channel_w8a8
+
+    assert every_channel_w8a8(get_kernels("cpu", features=CpuFeatures())) is None
+    assert every_channel_w8a8(reference_kernels()) is None
+    if not w8a8_linear.available():
+        pytest.skip("this torch has no torch._int_mm")
+    split = get_kernels("cpu", features=CpuFeatures(avx512_vnni=True)).int8_linear
+    ks = every_channel_w8a8(get_kernels("cpu", features=CpuFeatures(avx512_vnni=True)))
+    assert ks is not None
+    every = ks.int8_linear
+    assert isinstance(every, w8a8_linear.RowSplit) and every.few is split.few and every.min_rows == split.min_rows
+    assert every.many.func is w8a8_linear.w8a8_linear and every.many.keywords == {"outliers": 0}

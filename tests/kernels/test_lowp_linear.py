@@ -85,13 +85,13 @@ def test_each_token_gets_its_own_steps_and_zero_point():
 # ---- W8A8: the kernel against the definition
 
 
-def assert_w8a8_close(out, x, qweight, scale, bias=None):
+def assert_w8a8_close(out, x, qweight, scale, bias=None, outliers=int8.W8A8_OUTLIERS):
     """The int32 sums are exact in both; the kernel rounds them to fp32 and scales in fp32
     (a few roundings of the result), and sums the outlier channels in fp32; the definition
     does all of it in float64."""
     x2 = x.reshape(-1, x.shape[-1])
-    ref = int8.w8a8_linear_ref(x2.double(), qweight, scale).reshape(out.shape)
-    cols = int8.outlier_channels(x2, int8.W8A8_OUTLIERS)
+    ref = int8.w8a8_linear_ref(x2.double(), qweight, scale, outliers=outliers).reshape(out.shape)
+    cols = int8.outlier_channels(x2, outliers)
     outlying = (x2[:, cols].double().abs() @ qweight[:, cols].double().abs().T * scale.double()).reshape(out.shape)
     bound = 4 * EPS32 * ref.abs() + (len(cols) + 4) * EPS32 * outlying
     if bias is not None:
@@ -110,6 +110,18 @@ def test_w8a8_matches_the_definition(tokens, n, k):
     assert out.dtype == torch.float32 and out.shape == (tokens, n)
     assert_w8a8_close(out, x, qweight, scale, bias)
     assert_w8a8_close(w8a8_linear.w8a8_linear(x, qweight, scale), x, qweight, scale)
+
+
+@pytest.mark.parametrize("tokens", [1, 64])
+def test_w8a8_with_no_channel_apart_matches_the_definition(tokens):
+    """outliers=0, for weights smoothed at load (runtime/smoothing.py): every channel
+    quantized, and the result differs from the split's on the same input."""
+    qweight, scale = int8.quantize_per_channel(_weight(96, 1536))
+    x, bias = _x(tokens, 1536), _randn(96, seed=2)
+    x[:, 7] *= 30                                # an outlier channel, which the split would keep apart
+    out = w8a8_linear.w8a8_linear(x, qweight, scale, bias, outliers=0)
+    assert_w8a8_close(out, x, qweight, scale, bias, outliers=0)
+    assert not torch.allclose(out, w8a8_linear.w8a8_linear(x, qweight, scale, bias))
 
 
 def test_w8a8_edges_no_rows_a_zero_token_leading_dims_and_bf16():

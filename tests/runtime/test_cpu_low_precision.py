@@ -61,3 +61,51 @@ def test_a_tied_head_gets_its_own_copy_only_in_a_lower_precision(model_factory, 
     out = llm.generate([[5, 6, 7, 8]], PARAMS)[0]
     fp32 = LLM(str(tied), kv_cache_tokens=256).generate([[5, 6, 7, 8]], PARAMS)[0]
     assert out.token_ids == fp32.token_ids
+
+
+# ---- int8 weights under W8A8: smoothed at load (runtime/smoothing.py)
+
+VNNI = CpuFeatures(avx512_vnni=True)       # int8 dot products: W8A8 from W8A8_MIN_ROWS rows up
+
+
+def _prompt_logits(llm: LLM, ids: list[int]):
+    return llm.engine.runner.prompt_logits(ids)
+
+
+def test_w8a8_smooths_the_int8_weights_at_load_and_keeps_no_channel_apart(tiny_model, monkeypatch):
+    import torch
+
+    from kernels.cpu import w8a8_linear
+
+    if not w8a8_linear.available():
+        pytest.skip("this torch has no torch._int_mm")
+    ids = list(range(7, 71))                                  # 64 rows: every linear runs W8A8
+    fp32 = _prompt_logits(LLM(str(tiny_model), kv_cache_tokens=256), ids)
+    plain = LLM(str(tiny_model), kv_cache_tokens=256, quantization="int8")
+    monkeypatch.setattr(decoder, "detect_cpu", lambda: VNNI)
+    llm = LLM(str(tiny_model), kv_cache_tokens=256, quantization="int8", cpu_low_precision=True)
+    model = llm.engine.runner.model
+    assert model.smoothing and model.ops.int8_linear.many.keywords == {"outliers": 0}
+    assert "calibrate_s" in {f"{k}_s" for k in llm.engine.load_timings}
+    # the weights are not plain int8's (the smoothing went into them) ...
+    assert not torch.equal(model.layers[0].qkv.qweight, plain.engine.runner.model.layers[0].qkv.qweight)
+    assert not torch.equal(model.layers[0].attn_norm, plain.engine.runner.model.layers[0].attn_norm)
+    # ... and the model still computes the same function, up to int8's rounding
+    # (a random tiny model has no outlier channels, so smoothing cannot win here: within
+    # 2x of weight-only int8's error; a wrong fold would be off by the logits' whole size)
+    def error(logits) -> float:
+        return ((logits - fp32).norm() / fp32.norm()).item()
+    assert error(_prompt_logits(llm, ids)) < 2 * error(_prompt_logits(plain, ids))
+    out = llm.generate([[5, 6, 7, 8]], PARAMS)[0]             # decode rows: the weight-only kernel
+    assert out.token_ids == plain.generate([[5, 6, 7, 8]], PARAMS)[0].token_ids
+
+
+@pytest.mark.parametrize("flags, quantization", [
+    (CpuFeatures(), "int8"),                   # no int8 dot products: weight-only int8, unsmoothed
+    (VNNI, None),                              # fp32 weights: nothing to smooth
+])
+def test_no_smoothing_without_w8a8(tiny_model, monkeypatch, flags, quantization):
+    monkeypatch.setattr(decoder, "detect_cpu", lambda: flags)
+    llm = LLM(str(tiny_model), kv_cache_tokens=256, quantization=quantization, cpu_low_precision=True)
+    assert not llm.engine.runner.model.smoothing
+    assert "calibrate" not in llm.engine.load_timings

@@ -107,3 +107,27 @@ def test_least_recently_used_files_go_past_the_budget(tmp_path):
     for name in ("attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down"):
         assert torch.equal(getattr(back, name), getattr(layer, name)), name
     assert back.qkv_bias is None
+
+
+def test_smoothed_w8a8_layers_are_cached_and_calibrated_once(tiny_model, tmp_path, monkeypatch):
+    """Under W8A8 the int8 layers are smoothed at load after a calibration forward
+    (runtime/smoothing.py); the cache keeps the smoothed layers apart from plain int8's,
+    and a load that maps them skips the calibration."""
+    from kernels.cpu import w8a8_linear
+    from kernels.cpu.features import CpuFeatures
+    from runtime.models import decoder
+
+    if not w8a8_linear.available():
+        pytest.skip("this torch has no torch._int_mm")
+    _wait_written(_load(tiny_model, tmp_path, quantization="int8"))          # plain int8's entry
+    monkeypatch.setattr(decoder, "detect_cpu", lambda: CpuFeatures(avx512_vnni=True))
+    first = _load(tiny_model, tmp_path, quantization="int8", cpu_low_precision=True)
+    assert first.engine.runner.model.packed_mapping is None, "plain int8's entry is not reused"
+    assert "calibrate" in first.engine.load_timings
+    _wait_written(first)
+    expected = _answers(first)
+    second = _load(tiny_model, tmp_path, quantization="int8", cpu_low_precision=True)
+    assert second.engine.runner.model.packed_mapping is not None
+    assert "calibrate" not in second.engine.load_timings
+    assert _answers(second) == expected
+    assert len(list(tmp_path.glob("*.pack"))) == 2
