@@ -10,8 +10,8 @@ from a fixed seed, greedy, ignore_eos, driven as a closed loop at --concurrency 
 in flight, non-streaming (each reply counts its output tokens). llama-server runs with
 --threads threads, one slot per client (`-np`, continuous batching, no prompt cache);
 thawpool's server gets the same threads (OMP_NUM_THREADS) and KV room, and runs as it
-does by default (the engine in a thread of the server) and with --engine-process
-(runtime/engine_core.py). The offline engine
+does by default, with its engine in an engine-core process (runtime/engine_core.py), and
+with --no-engine-process, the engine in a thread of the server. The offline engine
 (runtime.LLM.generate, all requests at once) is measured too, the ceiling the server path
 is held against, both as it is and with max_num_seqs = --concurrency: all at once it also
 decodes more sequences per step than a server with --concurrency requests in flight can.
@@ -62,7 +62,7 @@ class Pairing:
     gguf_type: str                     # llama.cpp's weights
     quantization: Optional[str]        # thawpool's, on the fp32 folder
     low_precision: bool = False        # thawpool's cpu_low_precision
-    engine_process: bool = False       # thawpool's server with --engine-process
+    engine_process: bool = False       # thawpool's server with the engine-core process (its default)
 
     @property
     def ours(self) -> str:
@@ -71,7 +71,7 @@ class Pairing:
 
     @property
     def server(self) -> str:
-        return "thawpool server" + (" --engine-process" if self.engine_process else "")
+        return "thawpool server" + (" (engine process)" if self.engine_process else " (engine in-thread)")
 
     @property
     def engine_options(self) -> dict[str, Any]:
@@ -83,7 +83,7 @@ class Pairing:
     def server_flags(self) -> list[str]:
         flags = ["--quantization", self.quantization] if self.quantization else []
         flags += ["--cpu-low-precision"] if self.low_precision else []
-        return flags + (["--engine-process"] if self.engine_process else [])
+        return flags + (["--engine-process"] if self.engine_process else ["--no-engine-process"])
 
     @property
     def llama_label(self) -> str:
@@ -105,8 +105,8 @@ class Pairing:
 # Q8_0's matmuls quantize the activations to 8 bits too (ggml's q8_0 x q8_0 dot products):
 # its like is int8 with cpu_low_precision, W8A8 where the CPU has int8 dot products
 # (weight-only int8 where it has not: the option then changes nothing for int8 weights)
-# Each with thawpool's server as it runs by default (the engine in a thread of the server)
-# and with the engine-core process (runtime/engine_core.py).
+# Each with thawpool's server as it runs by default (the engine-core process,
+# runtime/engine_core.py) and with the engine in a thread of the server.
 PAIRINGS = tuple(Pairing(gguf, quantization, low_precision, engine_process)
                  for gguf, quantization, low_precision in (("F32", None, False), ("Q8_0", "int8", True))
                  for engine_process in (False, True))

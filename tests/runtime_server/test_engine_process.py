@@ -203,3 +203,12 @@ async def test_a_reader_that_falls_behind_pauses_the_pipe(tiny_model, engine_kwa
         assert len(tokens) == 200 and stream.finished and deaths == []
     finally:
         await client.stop()
+
+
+def test_the_engine_process_is_the_default_and_can_be_turned_off():
+    from runtime.server import parse_settings
+
+    assert parse_settings(["--model", "m"], env={}).engine_process
+    assert not parse_settings(["--model", "m", "--no-engine-process"], env={}).engine_process
+    assert not parse_settings(["--model", "m"], env={"THAWPOOL_ENGINE_PROCESS": "0"}).engine_process
+    assert parse_settings(["--model", "m", "--engine-process"], env={"THAWPOOL_ENGINE_PROCESS": "0"}).engine_process
