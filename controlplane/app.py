@@ -36,10 +36,11 @@ from pool.api import Pool
 from wire.request_id import RequestIdMiddleware
 
 PoolFactory = Callable[[PostgresDesiredState, PostgresReplicaEvents], Pool]
-ROUTES = [*health.routes, *openapi.routes, *tenants.routes, *quotas.routes, *model_sources.routes,
-          *uploads.routes, *prices.routes, *deployments.routes, *gateway.routes, *models_list.routes,
-          *functions.routes,
-          *billing.routes, *console.routes]
+# The invocation routes first: Starlette tries each route's pattern in order, and these
+# take nearly every request (no other pattern matches their paths, so the order is free).
+ROUTES = [*gateway.routes, *functions.routes, *health.routes, *openapi.routes, *tenants.routes,
+          *quotas.routes, *model_sources.routes, *uploads.routes, *prices.routes, *deployments.routes,
+          *models_list.routes, *billing.routes, *console.routes]
 
 
 def create_app(settings: Settings, pool: Optional[Pool] = None, *,

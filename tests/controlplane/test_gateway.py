@@ -532,3 +532,35 @@ async def test_the_hot_path_reads_memory_not_postgres(plane, tenant):
     finally:
         event.remove(engine, "before_cursor_execute", count)
     assert statements == []
+
+
+async def test_a_unary_answer_is_metered_after_its_send_even_a_failed_one():
+    """routes/gateway.py:MeteredResponse: the meter runs once the answer was handed to the
+    connection, and also when handing it over failed (the client's connection broke): the
+    replica's lease is always given back."""
+    from starlette.responses import JSONResponse
+
+    from controlplane.routes.gateway import MeteredResponse
+
+    events: list[str] = []
+
+    async def meter() -> None:
+        events.append("metered")
+
+    async def send(message) -> None:
+        events.append(message["type"])
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
+    await MeteredResponse(JSONResponse({"ok": 1}), meter)(scope, receive, send)
+    assert events == ["http.response.start", "http.response.body", "metered"]
+
+    async def broken(message) -> None:
+        raise OSError("connection reset by peer")
+
+    events.clear()
+    with pytest.raises(OSError):
+        await MeteredResponse(JSONResponse({"ok": 1}), meter)(scope, receive, broken)
+    assert events == ["metered"]

@@ -140,3 +140,15 @@ def judge(response) -> str | None:
             return f"{response.status_code} not in the error shape ({type(exc).__name__}): " \
                    f"{response.text[:200]}"
     return None
+
+
+def test_no_route_is_shadowed_by_an_earlier_one():
+    """controlplane.app puts the invocation routes first for speed: that is free only while
+    no earlier pattern matches a later route's path for the same method."""
+    from controlplane.app import ROUTES
+
+    assert [r.path for r in ROUTES[:3]] == ["/v1/completions", "/v1/chat/completions", "/v1/embeddings"]
+    for i, later in enumerate(ROUTES):
+        for earlier in ROUTES[:i]:
+            shared = set(earlier.methods or ()) & set(later.methods or ())
+            assert not (shared and earlier.path_regex.match(later.path)), (earlier.path, later.path)
