@@ -62,23 +62,21 @@ def calibration_ids(vocab_size: int) -> list[int]:
 class Calibration:
     """A linear kernel (the KernelSet's `linear` signature) over unpacked float weights that
     records, per weight, max|x| of each input channel over every call. It computes
-    through `pack` and `linear` (default: plain torch), each weight packed on first use:
-    the engine passes its own, bf16 GEMMs where the CPU has them (the maxima need no more
-    precision, and the forward is most of the calibration's time)."""
+    through `pack` and `linear` (default: plain torch), packing the weight at each call
+    and keeping no packed copy (the engine's calibration uses each weight once): the engine
+    passes its own, bf16 GEMMs where the CPU has them (the maxima need no more precision,
+    and the forward is most of the calibration's time)."""
 
     def __init__(self, pack: Callable[[torch.Tensor], torch.Tensor] = lambda w: w,
                  linear: Callable[..., torch.Tensor] = F.linear) -> None:
         self.amax: dict[int, torch.Tensor] = {}    # id(weight) -> [K]
         self._pack, self._linear = pack, linear
-        self._packed: dict[int, torch.Tensor] = {}
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         seen = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
         key = id(weight)
         self.amax[key] = seen if key not in self.amax else torch.maximum(self.amax[key], seen)
-        if key not in self._packed:
-            self._packed[key] = self._pack(weight)
-        return self._linear(x, self._packed[key], bias)
+        return self._linear(x, self._pack(weight), bias)
 
     def of(self, weight: torch.Tensor) -> torch.Tensor:
         """max|x| per input channel of `weight`'s layer (zeros if it never ran)."""

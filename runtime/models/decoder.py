@@ -145,9 +145,11 @@ class DecoderModel:
         # layers are independent, and fusing, packing or quantizing one lets go of the
         # GIL: one thread per CPU; each layer's float copies are freed as it is placed
         if self.smoothing:
-            floats = self._smoothed(raw)
+            floats: list[Optional[LayerWeights]] = [self._layer(raw, i)
+                                                    for i in range(self.config.num_hidden_layers)]
+            calibration = self._calibrate([layer for layer in floats if layer is not None])
             since = timings.record("calibrate", since)
-            self.layers = parallel_map(self._placed, floats)
+            self.layers = self._smoothed(floats, calibration)
         else:
             self.layers = parallel_map(lambda i: self._placed(self._layer(raw, i)),
                                        range(self.config.num_hidden_layers))
@@ -156,35 +158,40 @@ class DecoderModel:
             # written after the load, beside the first requests: a cold start never waits on it
             self.packed_writer = in_background(packed.store, key, list(self.layers))
 
-    def _smoothed(self, raw: dict[str, torch.Tensor]) -> list[LayerWeights]:
-        """Every layer in float with its smoothing folded in, after a calibration forward
-        through them (runtime/smoothing.py)."""
-        layers = [self._layer(raw, i) for i in range(self.config.num_hidden_layers)]
-        calibration = self._calibrate(layers)
+    def _smoothed(self, floats: list[Optional[LayerWeights]],
+                  calibration: smoothing.Calibration) -> list[LayerWeights]:
+        """Every layer placed (quantized) with its smoothing folded in (runtime/smoothing.py).
+        Each float layer is let go once placed, so the fold's float32 copies exist for a
+        layer or two at a time."""
         heads = smoothing.Heads(self.config.num_attention_heads, self.num_kv_heads, self.config.head_dim)
-        return parallel_map(lambda layer: smoothing.fold(layer, calibration, heads), layers)
+
+        def place(i: int) -> LayerWeights:
+            layer, floats[i] = floats[i], None
+            assert layer is not None
+            return self._placed(smoothing.fold(layer, calibration, heads))
+        return parallel_map(place, range(len(floats)))
 
     def _calibrate(self, layers: list[LayerWeights]) -> smoothing.Calibration:
         """max|x| per input channel of every matmul, over smoothing's calibration ids run
-        through the float `layers`, in windows of at most CALIBRATION_WINDOW tokens (each
-        a fresh prefill, within the model's positions)."""
+        through the float `layers` in one forward: sequences of at most CALIBRATION_WINDOW
+        tokens (within the model's positions), each a fresh prefill, so that every weight
+        is used, and packed for the kernels, once."""
         calibration = smoothing.Calibration(self.ops.pack_linear, self.ops.linear)
         view = copy.copy(self)              # this model over the float layers, recording
         view._use_kernels(dataclasses.replace(self.ops, linear=calibration.linear))
         view.layers = layers
         ids = smoothing.calibration_ids(self.config.vocab_size)
         window = min(smoothing.CALIBRATION_WINDOW, self.config.max_position_embeddings)
+        lens = [min(window, len(ids) - begin) for begin in range(0, len(ids), window)]
         block = 16
-        kv_caches = view.allocate_kv_cache(-(-window // block), block)
+        kv_caches = view.allocate_kv_cache(-(-len(ids) // block), block)
+        positions = torch.cat([torch.arange(n) for n in lens]).to(self.device)
+        slots = torch.arange(len(ids), device=self.device)
+        batch = ForwardBatch(positions=positions, slot_mapping=slots, logits_indices=slots[-1:],
+                             prefill=PrefillMeta(num_tokens=len(ids), query_lens=lens, context_lens=lens,
+                                                 block_tables=None))
         with torch.inference_mode():
-            for begin in range(0, len(ids), window):
-                chunk = ids[begin:begin + window]
-                n = len(chunk)
-                rows = torch.arange(n, device=self.device)
-                batch = ForwardBatch(positions=rows, slot_mapping=rows, logits_indices=rows[-1:],
-                                     prefill=PrefillMeta(num_tokens=n, query_lens=[n], context_lens=[n],
-                                                         block_tables=None))
-                view.forward(torch.tensor(chunk, device=self.device), batch, kv_caches)
+            view.forward(torch.tensor(ids, device=self.device), batch, kv_caches)
         return calibration
 
     def _packing_identity(self) -> dict:
