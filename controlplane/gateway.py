@@ -97,6 +97,7 @@ class Call:
     ttft_s: Optional[float] = None
     saw_done: bool = False          # the replica's stream ended with [DONE]
     metered: bool = False
+    released: bool = False          # the lease was given back
     invocation_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
 
@@ -305,6 +306,13 @@ class Gateway:
             self.writer.calls.close(call.invocation_id)
             self._observe(call, outcome.status)
         finally:
+            self.release(call)
+
+    def release(self, call: Call) -> None:
+        """Give the replica back, once (before its answer is sent, for a unary call: a
+        client that reads slowly does not hold the replica)."""
+        if not call.released:
+            call.released = True
             call.lease.release()
 
     def _delivered(self, call: Call) -> None:

@@ -112,8 +112,11 @@ def run_core(conn: Connection, warm: bool) -> None:
     """The process main: warm up if asked, load what the server names, say so, then
     step until the server closes the pipe."""
     _die_with_parent()
-    # ctrl-C reaches the whole process group: the server decides when this process ends
+    # ctrl-C, and the pool's SIGTERM to the replica's process group, reach this process
+    # too: the server decides when it ends (it closes the pipe once its requests have
+    # drained), and it dies with the server anyway
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from runtime.model_host import build_llm_engine, warm_imports
 
     if warm:

@@ -50,9 +50,9 @@ log = logging.getLogger("thawpool.runtime")
 SECRET_ENV = "THAWPOOL_REPLICA_SECRET"             # the secret itself
 SECRET_FILE_ENV = "THAWPOOL_REPLICA_SECRET_FILE"   # or a file (mode 0600) that holds it
 OPEN_PATHS = frozenset({"/health"})                # answered without the secret
-# The default of --engine-process when the flag is not given: "0" runs the engine in a
-# thread of the server (on by default: benchmarks/peers.py, W8A8 on SmolLM2 at
-# concurrency 32, 0.99x the offline engine with it, 0.72x in the server's thread).
+# The default of --engine-process when the flag is not given: "0" (or false, no, off)
+# runs the engine in a thread of the server (on by default: benchmarks/peers.py, W8A8 on
+# SmolLM2 at concurrency 32, 0.97x the offline engine with it, 0.70x in the server's thread).
 ENGINE_PROCESS_ENV = "THAWPOOL_ENGINE_PROCESS"
 
 # ---------------------------------------------------------------- settings
@@ -137,7 +137,7 @@ def parse_settings(argv: Optional[Sequence[str]] = None,
         parser.error(str(exc))
     engine_process = args.engine_process
     if engine_process is None:
-        engine_process = env.get(ENGINE_PROCESS_ENV, "1") != "0"
+        engine_process = env.get(ENGINE_PROCESS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
     return ServerSettings(host=args.host, port=args.port, model=args.model,
                           served_model_name=args.served_model_name, standby=args.standby,
                           log_level=args.log_level, engine_kwargs=engine_kwargs, secret=secret,

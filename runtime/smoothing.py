@@ -37,6 +37,7 @@ CALIBRATION_TOKENS = 1024
 CALIBRATION_SEED = 0
 CALIBRATION_WINDOW = 256        # tokens per calibration prefill
 FLOOR = 1e-5                  # keeps s finite for channels never seen or all-zero
+VERSION = 2                   # of the calibration and the fold: a change re-packs cached layers
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ class Heads:
 
 def identity() -> dict:
     """What the packed-layer cache key needs to know about the smoothing."""
-    return {"alpha": ALPHA, "tokens": CALIBRATION_TOKENS, "seed": CALIBRATION_SEED}
+    return {"version": VERSION, "alpha": ALPHA, "tokens": CALIBRATION_TOKENS, "seed": CALIBRATION_SEED,
+            "window": CALIBRATION_WINDOW, "floor": FLOOR}
 
 
 def calibration_ids(vocab_size: int) -> list[int]:
@@ -93,8 +95,8 @@ def fold(layer, calibration: Calibration, heads: Heads, alpha: float = ALPHA):
     of its four matmuls folded in (this module's docstring). The matmuls come back in
     float32, to be quantized next; the norms and the bias keep their dtype."""
     qkv, o, gate_up, down = (w.float() for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
-    s_qkv = factors(calibration.of(layer.qkv), _column_max(qkv), alpha)
-    s_mlp = factors(calibration.of(layer.gate_up), _column_max(gate_up), alpha)
+    attn_norm, s_qkv = _divided(layer.attn_norm, factors(calibration.of(layer.qkv), _column_max(qkv), alpha))
+    mlp_norm, s_mlp = _divided(layer.mlp_norm, factors(calibration.of(layer.gate_up), _column_max(gate_up), alpha))
     s_down = factors(calibration.of(layer.down), _column_max(down), alpha)
     # one v channel feeds every query head of its group: the maxima over the group
     group = heads.num_heads // heads.num_kv_heads
@@ -115,13 +117,16 @@ def fold(layer, calibration: Calibration, heads: Heads, alpha: float = ALPHA):
         smoothed[v_rows] /= s_kv
         bias = smoothed.to(bias.dtype)
     return dataclasses.replace(layer, qkv=qkv, o=o * s_o[None, :], gate_up=gate_up, down=down * s_down[None, :],
-                               qkv_bias=bias, attn_norm=_divided(layer.attn_norm, s_qkv),
-                               mlp_norm=_divided(layer.mlp_norm, s_mlp))
+                               qkv_bias=bias, attn_norm=attn_norm, mlp_norm=mlp_norm)
 
 
 def _column_max(w: torch.Tensor) -> torch.Tensor:
     return w.abs().amax(dim=0)
 
 
-def _divided(norm: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    return (norm.float() / s).to(norm.dtype)
+def _divided(norm: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm / s in norm's dtype, the factor that division really applied): a bf16 norm
+    rounds norm / s, and the weight must be scaled by what the norm was, not by s."""
+    divided = (norm.float() / s).to(norm.dtype)
+    applied = torch.where(divided != 0, norm.float() / divided.float(), s)
+    return divided, applied

@@ -34,6 +34,7 @@ async def invoke(request: Request, endpoint: str) -> Answer:
         # relay and meter: the stream meters itself when it closes (done, client gone, cut)
         return gateway.relay_stream(call, upstream, invocation.request.stream_options)
     response, outcome = await gateway.relay_unary(call, upstream, request.receive)
+    gateway.release(call)        # the replica is done: a slow reader does not hold it
     return MeteredResponse(response, lambda: gateway.meter(call, outcome))   # meter
 
 
@@ -41,7 +42,7 @@ class MeteredResponse:
     """`response`, then `meter()` whatever became of the send: the call is metered once its
     answer is in the client's connection, off the call's latency (about 0.13 ms of journal
     writes, metrics and a log line) but still inside the request, which a graceful shutdown
-    waits for. A control plane killed between the two bills the call as it bills a stream
+    waits for (the replica itself was given back before the send). A control plane killed between the two bills the call as it bills a stream
     cut after its last chunk (B-CP-3, docs/billing-guarantees.md)."""
 
     def __init__(self, response: Response, meter: Callable[[], Awaitable[None]]):

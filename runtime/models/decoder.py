@@ -161,15 +161,15 @@ class DecoderModel:
     def _smoothed(self, floats: list[Optional[LayerWeights]],
                   calibration: smoothing.Calibration) -> list[LayerWeights]:
         """Every layer placed (quantized) with its smoothing folded in (runtime/smoothing.py).
-        Each float layer is let go once placed, so the fold's float32 copies exist for a
-        layer or two at a time."""
+        Each float layer is let go once placed, and two at most are folded at once, so the
+        fold's float32 copies exist for two layers at a time."""
         heads = smoothing.Heads(self.config.num_attention_heads, self.num_kv_heads, self.config.head_dim)
 
         def place(i: int) -> LayerWeights:
             layer, floats[i] = floats[i], None
             assert layer is not None
             return self._placed(smoothing.fold(layer, calibration, heads))
-        return parallel_map(place, range(len(floats)))
+        return parallel_map(place, range(len(floats)), workers=2)
 
     def _calibrate(self, layers: list[LayerWeights]) -> smoothing.Calibration:
         """max|x| per input channel of every matmul, over smoothing's calibration ids run

@@ -120,3 +120,20 @@ def test_the_calibration_ids_are_fixed_and_in_range():
     ids = smoothing.calibration_ids(512)
     assert ids == smoothing.calibration_ids(512) and len(ids) == smoothing.CALIBRATION_TOKENS
     assert min(ids) >= 5 and max(ids) < 512
+
+
+def test_a_bf16_norm_scales_the_weight_by_what_its_rounding_applied():
+    """norm / s rounds in bf16: the weight is scaled by the factor the rounded norm really
+    carries, so the product of the two stays exact (within float32)."""
+    layer = _layer(False)
+    layer = dataclasses.replace(layer, attn_norm=layer.attn_norm.to(torch.bfloat16),
+                                mlp_norm=layer.mlp_norm.to(torch.bfloat16))
+    h = _hidden()
+    folded = smoothing.fold(layer, _calibrated(layer, h), HEADS)
+    assert folded.attn_norm.dtype == torch.bfloat16
+    # the function rms(h) * norm -> qkv is what the fold must keep
+    before = F.linear(layer.attn_norm.double() * h, layer.qkv)
+    after = F.linear(folded.attn_norm.double() * h, folded.qkv.double())
+    v_rows = slice((HEADS.num_heads + HEADS.num_kv_heads) * HEADS.head_dim, None)
+    q_k = slice(0, v_rows.start)
+    assert _relative_error(after[:, q_k], before[:, q_k]) < 1e-6

@@ -212,3 +212,9 @@ def test_the_engine_process_is_the_default_and_can_be_turned_off():
     assert not parse_settings(["--model", "m", "--no-engine-process"], env={}).engine_process
     assert not parse_settings(["--model", "m"], env={"THAWPOOL_ENGINE_PROCESS": "0"}).engine_process
     assert parse_settings(["--model", "m", "--engine-process"], env={"THAWPOOL_ENGINE_PROCESS": "0"}).engine_process
+
+
+def test_the_shared_server_runs_the_engine_in_its_own_thread(server, core_server):
+    """The comparison above is between the two modes: the shared server has no core."""
+    assert _core_pid_or_none(server) is None
+    assert _core_pid_or_none(core_server) is not None
