@@ -80,7 +80,8 @@ def server_process(tiny_model, tmp_path_factory, engine_kwargs):
     It runs the engine in its own thread (--no-engine-process), so that mode stays covered:
     test_engine_process.py holds the default engine-core process against it, and every
     replica the pool starts elsewhere in the suite runs the default."""
-    proc = start_server(["--model", str(tiny_model), "--served-model-name", SERVED_NAME, "--no-engine-process",
+    proc = start_server(["--model", str(tiny_model), "--served-model-name", SERVED_NAME,
+                         "--no-engine-process",
                          "--kv-cache-tokens", str(engine_kwargs["kv_cache_tokens"]),
                          "--block-size", str(engine_kwargs["block_size"])],
                         tmp_path_factory.mktemp("server") / "server.log")
