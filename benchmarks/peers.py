@@ -104,8 +104,8 @@ class Pairing:
 
 # Q8_0's matmuls quantize the activations to 8 bits too (ggml's q8_0 x q8_0 dot products):
 # its like is int8 with cpu_low_precision, W8A8 where the CPU has int8 dot products
-# (weight-only int8 where it has not: the option then changes nothing for int8 weights)
-# Each with thawpool's server as it runs by default (the engine-core process,
+# (weight-only int8 where it has not: the option then changes nothing for int8 weights).
+# Each pairing runs thawpool's server as it runs by default (the engine-core process,
 # runtime/engine_core.py) and with the engine in a thread of the server.
 PAIRINGS = tuple(Pairing(gguf, quantization, low_precision, engine_process)
                  for gguf, quantization, low_precision in (("F32", None, False), ("Q8_0", "int8", True))

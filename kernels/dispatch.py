@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -49,6 +50,25 @@ class KernelSet:
     gelu_and_mul: Callable              # (x [T,2I]) -> [T,I]  (GeGLU; the reference everywhere)
     pack_linear: Callable               # (weight [N,K]) -> what `linear` takes, once at load
     linear: Callable                    # (x [T,K], packed weight, bias=None) -> [T,N]
+
+
+Int8Linear = Callable[..., torch.Tensor]   # (x, qweight, scale, bias=None) -> out
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """An int8_linear that sends x with min_rows rows or more to `many`, fewer to `few`
+    (the low-precision plan: W8A8 for many rows, weight-only int8 for few). Here, with no
+    C behind it, so that asking whether a kernel set splits builds nothing."""
+    few: Int8Linear
+    many: Int8Linear
+    min_rows: int
+
+    def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                 bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        rows = math.prod(x.shape[:-1])
+        fn = self.many if rows >= self.min_rows else self.few
+        return fn(x, qweight, scale, bias)
 
 
 def get_kernels(device: torch.device | str, features: Optional[CpuFeatures] = None) -> KernelSet:
@@ -111,8 +131,8 @@ def _low_precision(kernels: KernelSet, features: CpuFeatures) -> KernelSet:
         pack = bf16_linear.pack if features.bf16_packable else bf16_linear.pack_unblocked
         kernels = dataclasses.replace(kernels, pack_linear=pack, linear=bf16_linear.linear)
     if chosen.w8a8_min_rows is not None and w8a8_linear.available():
-        split = w8a8_linear.RowSplit(few=kernels.int8_linear, many=w8a8_linear.w8a8_linear,
-                                     min_rows=chosen.w8a8_min_rows)
+        split = RowSplit(few=kernels.int8_linear, many=w8a8_linear.w8a8_linear,
+                         min_rows=chosen.w8a8_min_rows)
         kernels = dataclasses.replace(kernels, int8_linear=split)
     if chosen != plan(CpuFeatures()):
         log.info("CPU low-precision GEMMs: %s", chosen)
@@ -124,11 +144,11 @@ def every_channel_w8a8(kernels: KernelSet) -> Optional[KernelSet]:
     int8 weights smoothed at load (runtime/smoothing.py), whose activations have no
     outlier channels left. None when `kernels` runs no W8A8 (no int8 dot products, or
     low precision not asked for): the weights then stay as they are."""
-    from kernels.cpu import w8a8_linear
-
     split = kernels.int8_linear
-    if not isinstance(split, w8a8_linear.RowSplit):
+    if not isinstance(split, RowSplit):
         return None
+    from kernels.cpu import w8a8_linear     # built already: the split runs it
+
     every = functools.partial(w8a8_linear.w8a8_linear, outliers=0)
     return dataclasses.replace(kernels, int8_linear=dataclasses.replace(split, many=every))
 

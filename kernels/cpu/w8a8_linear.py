@@ -9,7 +9,7 @@ them); one more pass of w8a8_quant.c applies the zero points, the per-token and
 per-channel scales and the outlier channels to the [T, N] result. The int8 weight is the
 one quantization="int8" already stores ([N, K], read transposed in place: no copy).
 
-RowSplit is what kernels/dispatch.py puts in KernelSet.int8_linear when the CPU has int8
+kernels/dispatch.py puts a RowSplit in KernelSet.int8_linear when the CPU has int8
 dot products: W8A8 from min_rows rows of x up (with outliers=0 for weights smoothed at load,
 kernels/dispatch.py:every_channel_w8a8), the weight-only kernel below
 (kernels/cpu/features.py says why). Without them oneDNN's int8 GEMM runs on plain AVX2,
@@ -19,9 +19,7 @@ about 20x slower than the fp32 GEMM of the same shape here, so only a forced pla
 from __future__ import annotations
 
 import ctypes
-import math
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -69,20 +67,3 @@ def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
                  k, cols.data_ptr(), c, out.data_ptr(), threads) != 0:
         raise MemoryError("w8a8_linear: no memory for the outlier channels' weights")
     return out.to(x.dtype).reshape(*x.shape[:-1], n)
-
-
-Int8Linear = Callable[..., torch.Tensor]   # (x, qweight, scale, bias=None) -> out
-
-
-@dataclass(frozen=True)
-class RowSplit:
-    """An int8_linear that sends x with min_rows rows or more to `many`, fewer to `few`."""
-    few: Int8Linear
-    many: Int8Linear
-    min_rows: int
-
-    def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
-                 bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        rows = math.prod(x.shape[:-1])
-        fn = self.many if rows >= self.min_rows else self.few
-        return fn(x, qweight, scale, bias)

@@ -6,7 +6,7 @@ import torch
 from kernels.cpu import build
 from kernels.cpu.features import (W8A8_MIN_ROWS, CpuFeatures, LinearPath, LowPrecisionPlan, detect, plan,
                                   read_flags)
-from kernels.dispatch import get_kernels
+from kernels.dispatch import RowSplit, get_kernels
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -104,8 +104,8 @@ def test_vnni_flags_give_w8a8_over_many_rows():
     from kernels.cpu import int8_matmul, linear, w8a8_linear
 
     ks = get_kernels("cpu", features=CpuFeatures(avx512_vnni=True))
-    assert ks.int8_linear == w8a8_linear.RowSplit(few=int8_matmul.int8_linear, many=w8a8_linear.w8a8_linear,
-                                                  min_rows=W8A8_MIN_ROWS)
+    assert ks.int8_linear == RowSplit(few=int8_matmul.int8_linear, many=w8a8_linear.w8a8_linear,
+                                      min_rows=W8A8_MIN_ROWS)
     assert ks.linear is linear.linear
 
 

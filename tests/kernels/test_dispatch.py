@@ -58,6 +58,16 @@ def test_importing_dispatch_imports_no_triton():
     assert out.stdout.strip() == "False"
 
 
+def test_asking_whether_w8a8_runs_builds_no_w8a8_kernel():
+    """A plain int8 model asks every_channel_w8a8 at every load (CUDA and compiler-less
+    CPUs too): answering must not import, hence compile, kernels/cpu/w8a8_quant.c."""
+    code = ("import sys\nfrom kernels.dispatch import every_channel_w8a8, reference_kernels\n"
+            "assert every_channel_w8a8(reference_kernels()) is None\n"
+            "print('kernels.cpu.w8a8_linear' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_cpu_gets_the_c_kernels_and_onednn():
     from kernels.cpu import build
 
@@ -87,7 +97,7 @@ def test_every_channel_w8a8_only_where_w8a8_runs():
     if build.compiler() is None:
         pytest.skip("no C compiler (cc or gcc) on PATH to build kernels/cpu")
     from kernels.cpu import w8a8_linear
-    from kernels.dispatch import every_channel_w8a8
+    from kernels.dispatch import RowSplit, every_channel_w8a8
 
     assert every_channel_w8a8(get_kernels("cpu", features=CpuFeatures())) is None
     assert every_channel_w8a8(reference_kernels()) is None
@@ -97,5 +107,5 @@ def test_every_channel_w8a8_only_where_w8a8_runs():
     ks = every_channel_w8a8(get_kernels("cpu", features=CpuFeatures(avx512_vnni=True)))
     assert ks is not None
     every = ks.int8_linear
-    assert isinstance(every, w8a8_linear.RowSplit) and every.few is split.few and every.min_rows == split.min_rows
+    assert isinstance(every, RowSplit) and every.few is split.few and every.min_rows == split.min_rows
     assert every.many.func is w8a8_linear.w8a8_linear and every.many.keywords == {"outliers": 0}

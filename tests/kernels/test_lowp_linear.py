@@ -11,6 +11,7 @@ from tests.kernels.cpu_support import assert_matmul_close
 from kernels import int8
 from kernels.cpu import bf16_linear, features, int8_matmul, w8a8_linear
 from kernels.cpu import linear as fp32_linear
+from kernels.dispatch import RowSplit
 
 EPS32 = torch.finfo(torch.float32).eps
 BF16_UNIT = 2.0 ** -8          # bf16 keeps 8 significant bits: relative rounding at most 2^-8 / 2 ... 2^-8
@@ -142,8 +143,8 @@ def test_w8a8_edges_no_rows_a_zero_token_leading_dims_and_bf16():
 
 def test_row_split_sends_few_rows_to_the_weight_only_kernel_and_many_to_w8a8():
     qweight, scale = int8.quantize_per_channel(_weight(48, 256))
-    split = w8a8_linear.RowSplit(few=int8_matmul.int8_linear, many=w8a8_linear.w8a8_linear,
-                                 min_rows=features.W8A8_MIN_ROWS)
+    split = RowSplit(few=int8_matmul.int8_linear, many=w8a8_linear.w8a8_linear,
+                     min_rows=features.W8A8_MIN_ROWS)
     few, many = _x(features.W8A8_MIN_ROWS - 1, 256), _x(features.W8A8_MIN_ROWS, 256)
     assert torch.equal(split(few, qweight, scale), int8_matmul.int8_linear(few, qweight, scale))
     assert torch.equal(split(many, qweight, scale), w8a8_linear.w8a8_linear(many, qweight, scale))
