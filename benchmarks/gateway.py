@@ -149,6 +149,9 @@ def measure(root: Path, pairs: int, warmup: int) -> Summary:
                 interleave(through, straight, warmup)
                 gateway, direct = interleave(through, straight, pairs)
         return summarize(gateway, direct)
+    except Exception:
+        print(f"--- the control plane's log, its end:\n{stack.plane.tail() if stack.plane else ''}", file=sys.stderr)
+        raise
     finally:
         stack.close()
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Optional
 
 from controlplane.models import Price
-from controlplane.pricing import Pricing, price_at
+from controlplane.pricing import PriceRow, Pricing, price_at
 from controlplane.quotas import Quota
 from controlplane.store.prices import applicable
 from controlplane.store.snapshot import Deployed, KeyEntry, Overrides, Snapshot
@@ -28,6 +28,9 @@ class Cache:
     generation: int = 0
     _key_hashes: dict[str, str] = field(default_factory=dict)              # key id -> hash
     _deployment_names: dict[str, tuple[str, str]] = field(default_factory=dict)   # id -> key
+    # what every call would otherwise rebuild, dropped whenever what they derive from changes
+    _quota_of: dict[str, Quota] = field(default_factory=dict)             # tenant -> quota
+    _price_rows: dict[tuple[str, str], list[PriceRow]] = field(default_factory=dict)  # applicable
 
     # ---------------------------------------------------------- reads
 
@@ -38,13 +41,20 @@ class Cache:
         return self.deployments.get((tenant_id, name))
 
     def quota(self, tenant_id: str, default: Quota) -> Quota:
-        return default.with_overrides(self.quotas.get(tenant_id, {}))
+        """`default` (the same for every call) with the tenant's overrides."""
+        quota = self._quota_of.get(tenant_id)
+        if quota is None:
+            quota = self._quota_of[tenant_id] = default.with_overrides(self.quotas.get(tenant_id, {}))
+        return quota
 
     def pricing(self, tenant_id: str, deployment_id: str, at: datetime) -> Pricing:
         """The price of a deployment at `at`: its override, else its tenant's plan, else the
         default, each the latest row in effect then; zero while the book has no row."""
-        rows = [*self.prices.get(None, []), *self.prices.get(tenant_id, [])]
-        row = price_at(applicable(rows, deployment_id), at)
+        rows = self._price_rows.get((tenant_id, deployment_id))
+        if rows is None:
+            rows = self._price_rows[(tenant_id, deployment_id)] = applicable(
+                [*self.prices.get(None, []), *self.prices.get(tenant_id, [])], deployment_id)
+        row = price_at(rows, at)
         return row.pricing if row is not None else Pricing()
 
     # ---------------------------------------------------------- changes
@@ -57,7 +67,7 @@ class Cache:
             self.put_key(entry)
         for deployed in snapshot.deployments:
             self.put_deployment(deployed)
-        self.quotas = dict(snapshot.quotas)
+        self.quotas, self._quota_of = dict(snapshot.quotas), {}
         self.set_prices(snapshot.prices)
 
     def put_key(self, entry: KeyEntry) -> None:
@@ -91,11 +101,12 @@ class Cache:
             self.quotas.pop(tenant_id, None)
         else:
             self.quotas[tenant_id] = overrides
+        self._quota_of.pop(tenant_id, None)
         self.generation += 1
 
     def set_prices(self, rows: list[Price]) -> None:
         by_tenant: dict[Optional[str], list[Price]] = {}
         for row in rows:
             by_tenant.setdefault(row.tenant_id, []).append(row)
-        self.prices = by_tenant
+        self.prices, self._price_rows = by_tenant, {}
         self.generation += 1

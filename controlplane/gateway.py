@@ -49,6 +49,9 @@ log = logging.getLogger("thawpool.gateway")
 # model's context length was recorded (migration 0002): the runtime scheduler's default
 # max_model_len. Only the token rate limit reads it; the replica knows the real one.
 FALLBACK_CONTEXT_LEN = 2048
+# A unary answer that is whole this soon after its headers costs no disconnect watch (a
+# task, about 25 us of a short call); a client that left meanwhile is noticed then.
+WATCH_AFTER_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class Call:
     metered: bool = False
     released: bool = False          # the lease was given back
     invocation_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    log_fields: dict[str, Any] = field(default_factory=dict)   # its request's access log line
 
 
 class Gateway:
@@ -171,16 +175,14 @@ class Gateway:
         return admitted
 
     async def acquire(self, principal: Principal, target: Target, invocation: Invocation,
-                      request_id: str, endpoint: str, admission: Admission) -> Call:
+                      request_id: str, endpoint: str, admission: Admission,
+                      log_fields: dict[str, Any]) -> Call:
         """A lease on a ready replica (a cold start when there is none); the pool's
         refusals (PoolError) become 429/503 with Retry-After, and give the reservation back."""
         lease, t0 = await self.lease(target, request_id, admission, prefix_key(invocation.prompt_text),
                                      invocation.prompt_tokens)
-        call = Call(principal, target, request_id, endpoint, lease, target.at, t0, admission)
-        # journaled until metered: a control plane killed meanwhile leaves it to the next
-        # start to bill (controlplane.call_journal)
-        self.writer.calls.open(self._record(call, Outcome("error", CUT_HTTP_STATUS)), target.pricing)
-        return call
+        return Call(principal, target, request_id, endpoint, lease, target.at, t0, admission,
+                    log_fields=log_fields)
 
     async def lease(self, target: Target, request_id: str, admission: Admission,
                     prefix: Optional[str], prompt_tokens: int) -> tuple[Lease, float]:
@@ -199,11 +201,19 @@ class Gateway:
         return lease, t0
 
     async def send(self, call: Call, body: dict[str, Any]) -> UpstreamResponse:
-        """The request to the replica, its response still streaming; 502 if unreachable."""
+        """The request to the replica, its response still streaming; 502 if unreachable.
+
+        The call is journaled until metered, so that a control plane killed meanwhile
+        leaves it to the next start to bill (controlplane.call_journal). The open frame is
+        written once the request is on its way, while the replica works on it: off the
+        call's latency (about 0.1 ms), and before any of the answer can reach the client."""
         try:
-            return await self.http.post(
+            pending = await self.http.request(
                 f"{call.lease.base_url.rstrip('/')}/v1/{call.endpoint}", upstream_body(body),
                 {**call.lease.headers, "x-request-id": call.request_id})
+            self.writer.calls.open(self._record(call, Outcome("error", CUT_HTTP_STATUS)),
+                                   call.target.pricing)
+            return await pending.answer()
         except UpstreamError as exc:
             call.lease.mark_failed()
             await self.meter(call, Outcome("error", 502))
@@ -216,7 +226,7 @@ class Gateway:
         left first; 502 (an `error` row, nothing delivered) if the replica failed: a 5xx,
         or an answer that broke off."""
         try:
-            raw = await until_disconnect(receive, upstream.aread())
+            raw = await until_disconnect(receive, upstream.aread(), watch_after_s=WATCH_AFTER_S)
         except UpstreamError as exc:
             return self._upstream_failed(call, f"the replica's answer broke off ({exc.kind})")
         finally:
@@ -344,18 +354,18 @@ class Gateway:
             finished_at=datetime.now(timezone.utc))
 
     def _observe(self, call: Call, status: str) -> None:
-        """Per-deployment metrics, labelled with tenant names: the internal listener only."""
+        """Per-deployment metrics, labelled with tenant names: the internal listener only;
+        the call's fields for its request's access log line."""
         tenant, name = call.principal.tenant_name, call.target.deployment.name
         self.metrics.invocations.labels(tenant, name, status).inc()
         self.metrics.tokens.labels(tenant, name, "in").inc(call.usage.prompt_tokens)
         self.metrics.tokens.labels(tenant, name, "out").inc(call.usage.completion_tokens)
         if call.ttft_s is not None:
             self.metrics.ttft.labels(tenant, name).observe(call.ttft_s)
-        log.info("invocation", extra={
-            "request_id": call.request_id, "deployment": name,
-            "revision": call.target.revision.name, "status": status,
-            "prompt_tokens": call.usage.prompt_tokens,
-            "completion_tokens": call.usage.completion_tokens})
+        call.log_fields.update(
+            deployment=name, revision=call.target.revision.name, outcome=status,
+            invocation_id=call.invocation_id, prompt_tokens=call.usage.prompt_tokens,
+            completion_tokens=call.usage.completion_tokens)
 
 
 def _check_vocabulary(request: GenerationRequest, vocab_size: int) -> None:

@@ -70,7 +70,9 @@ async def read_json(request: Request) -> Any:
         message = f"invalid JSON ({exc.msg} at {exc.pos})" if isinstance(
             exc, json.JSONDecodeError) else "invalid JSON"
         raise ApiError(400, f"body: {message}", param="body") from None
-    if json_depth(body) > MAX_JSON_DEPTH:
+    # a body with fewer brackets than the limit cannot nest past it: counted in C, where
+    # walking every value in Python cost a 1-token completion about 15 us
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and json_depth(body) > MAX_JSON_DEPTH:
         raise _too_deep()
     return body
 

@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from controlplane.routes.api import OBJECT, ApiRoute, Operation, scope
 from controlplane.routes.context import app_state, read_json, request_id, require
-from wire.request_id import Receive, Scope, Send
+from wire.request_id import Receive, Scope, Send, access_fields
 from wire.sse import EventStreamResponse
 
 Answer = Union[Response, EventStreamResponse, "MeteredResponse"]
@@ -28,7 +28,8 @@ async def invoke(request: Request, endpoint: str) -> Answer:
     invocation = gateway.validate(endpoint, body, target)                     # validate
     admission = gateway.admit(principal, target, invocation)                  # rate limits
     call = await gateway.acquire(principal, target, invocation,               # acquire
-                                 request_id(request), endpoint, admission)
+                                 request_id(request), endpoint, admission,
+                                 access_fields(request.scope))
     upstream = await gateway.send(call, body)                                 # relay
     if invocation.request.stream and upstream.status_code == 200:
         # relay and meter: the stream meters itself when it closes (done, client gone, cut)

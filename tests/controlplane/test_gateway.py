@@ -92,6 +92,23 @@ async def test_chat_completion_is_forwarded_and_metered(plane, tenant, pool):
     assert call.lease.released == 1 and call.prompt_tokens > 0 and call.prefix_key
 
 
+async def test_an_invocation_is_one_access_log_line_with_its_deployment_and_tokens(
+        plane, tenant, caplog):
+    client = plane.client(tenant)
+    with caplog.at_level("INFO", logger="thawpool"):
+        response = await client.post("/v1/completions", headers={"x-request-id": "req-log-1"},
+                                     json={"model": "chat", "prompt": "Hi", "max_tokens": 3,
+                                           "ignore_eos": True})
+    assert response.status_code == 200, response.text
+    lines = [r for r in caplog.records if getattr(r, "request_id", None) == "req-log-1"]
+    assert [(r.name, r.getMessage()) for r in lines] == [("thawpool.access", "request")]
+    line = lines[0]
+    assert (line.status, line.path, line.deployment, line.revision, line.outcome) == (
+        200, "/v1/completions", "chat", "r1", "ok")
+    assert line.completion_tokens == 3 and line.prompt_tokens == response.json()["usage"]["prompt_tokens"]
+    assert line.invocation_id == (await usage_row(plane, "req-log-1")).invocation_id
+
+
 async def test_stream_without_usage_strips_it_and_still_bills(plane, tenant):
     client = plane.client(tenant)
     events = []

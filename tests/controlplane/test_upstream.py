@@ -1,0 +1,196 @@
+"""The gateway's HTTP client for the hop to replicas (controlplane/upstream.py) against
+real servers: uvicorn for well-behaved replicas, a raw asyncio server for answers that
+break off, are malformed or stall."""
+import asyncio
+import json
+from typing import Awaitable, Callable
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from controlplane.upstream import HIGH_WATER_BYTES, Upstream, UpstreamError
+from tests.controlplane.support.servers import serve
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+LONG_LINE = "x" * 200_000          # past any line-length cap a stream reader might have
+
+
+async def echo(request: Request) -> JSONResponse:
+    return JSONResponse({"body": await request.json(), "port": request.client.port,
+                         "request_id": request.headers.get("x-request-id"),
+                         "content_type": request.headers.get("content-type")},
+                        status_code=int(request.query_params.get("status", "200")))
+
+
+async def stream(request: Request) -> StreamingResponse:
+    async def lines():
+        for i in range(3):
+            yield f"data: {i}\n\n".encode()
+            await asyncio.sleep(0.01)
+        yield f"data: {LONG_LINE}\r\n\r\n".encode()
+        yield b"data: [DONE]\n\n"
+    return StreamingResponse(lines(), media_type="text/event-stream")
+
+
+async def big(request: Request) -> StreamingResponse:
+    async def parts():
+        for i in range(12):                       # 3 MiB in 256 KiB parts, chunked
+            yield bytes([65 + i]) * (1 << 18)
+    return StreamingResponse(parts())
+
+
+async def endless(request: Request) -> StreamingResponse:
+    async def parts():
+        while True:
+            yield b"data: more\n\n"
+            await asyncio.sleep(0.01)
+    return StreamingResponse(parts(), media_type="text/event-stream")
+
+
+REPLICA = Starlette(routes=[Route("/echo", echo, methods=["POST"]),
+                            Route("/stream", stream, methods=["POST"]),
+                            Route("/big", big, methods=["POST"]),
+                            Route("/endless", endless, methods=["POST"])])
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def raw_server(handler: Handler) -> tuple[asyncio.AbstractServer, str]:
+    """A server that answers whatever bytes `handler` writes, after reading the request."""
+    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            await reader.readexactly(length)
+            await handler(reader, writer)
+        finally:
+            writer.close()
+    server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+async def test_a_whole_answer_its_status_and_the_headers_sent():
+    async with serve(REPLICA) as base, Upstream(read_timeout_s=5) as upstream:
+        answer = await upstream.post(f"{base}/echo?status=201", {"prompt": "hé"}, {"x-request-id": "r-1"})
+        assert answer.status_code == 201
+        seen = await answer.json()
+        assert (seen["body"], seen["request_id"], seen["content_type"]) == (
+            {"prompt": "hé"}, "r-1", "application/json")
+
+
+async def test_a_connection_is_kept_alive_only_after_a_whole_answer():
+    async with serve(REPLICA) as base, Upstream(read_timeout_s=5) as upstream:
+        first = await (await upstream.post(f"{base}/echo", {}, {})).json()
+        second = await (await upstream.post(f"{base}/echo", {}, {})).json()
+        assert first["port"] == second["port"]            # the same connection
+        cut = await upstream.post(f"{base}/endless", {}, {})
+        async for line in cut.aiter_lines():
+            if line:
+                break
+        await cut.aclose()                                  # left unfinished: closed
+        third = await (await upstream.post(f"{base}/echo", {}, {})).json()
+        assert third["port"] != second["port"]
+
+
+async def test_a_streams_lines_arrive_whole_however_long():
+    async with serve(REPLICA) as base, Upstream(read_timeout_s=5) as upstream:
+        answer = await upstream.post(f"{base}/stream", {}, {})
+        lines = [line async for line in answer.aiter_lines() if line]
+        assert lines == ["data: 0", "data: 1", "data: 2", f"data: {LONG_LINE}", "data: [DONE]"]
+
+
+async def test_a_body_past_the_high_water_mark_is_read_whole():
+    async with serve(REPLICA) as base, Upstream(read_timeout_s=5) as upstream:
+        answer = await upstream.post(f"{base}/big", {}, {})
+        await asyncio.sleep(0.2)            # let the replica fill the buffer: reading pauses
+        body = await answer.aread()
+        assert len(body) == 12 * (1 << 18) > HIGH_WATER_BYTES
+        assert body == b"".join(bytes([65 + i]) * (1 << 18) for i in range(12))
+        again = await upstream.post(f"{base}/echo", {"after": "big"}, {})
+        assert (await again.json())["body"] == {"after": "big"}
+
+
+async def test_an_answer_cut_mid_body_is_an_upstream_error():
+    async def cut(reader, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n" + b"{" * 10)
+        await writer.drain()
+    server, base = await raw_server(cut)
+    async with server, Upstream(read_timeout_s=5) as upstream:
+        answer = await upstream.post(f"{base}/v1/completions", {}, {})
+        assert answer.status_code == 200
+        with pytest.raises(UpstreamError) as failure:
+            await answer.aread()
+        assert failure.value.kind == "AnswerCut"
+
+
+async def test_bytes_that_are_not_http_are_an_upstream_error():
+    async def garbage(reader, writer):
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(1)
+    server, base = await raw_server(garbage)
+    async with server, Upstream(read_timeout_s=5) as upstream:
+        with pytest.raises(UpstreamError) as failure:
+            await upstream.post(f"{base}/v1/completions", {}, {})
+        assert failure.value.kind == "MalformedAnswer"
+
+
+async def test_an_answer_that_stalls_past_the_read_timeout_is_an_upstream_error():
+    async def stall(reader, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        await asyncio.sleep(5)
+    server, base = await raw_server(stall)
+    async with server, Upstream(read_timeout_s=0.3) as upstream:
+        answer = await upstream.post(f"{base}/v1/completions", {}, {})
+        with pytest.raises(UpstreamError) as failure:
+            await answer.aread()
+        assert failure.value.kind == "TimeoutError"
+
+
+async def test_a_replica_that_is_not_there_is_an_upstream_error():
+    server, base = await raw_server(lambda reader, writer: asyncio.sleep(0))
+    server.close()
+    await server.wait_closed()
+    async with Upstream(read_timeout_s=5) as upstream:
+        with pytest.raises(UpstreamError) as failure:
+            await upstream.post(f"{base}/v1/completions", {}, {})
+        assert failure.value.kind == "ConnectionRefusedError"
+
+
+async def test_a_connection_the_replica_closed_while_idle_is_not_reused():
+    connections = []
+
+    async def answer_then_close(reader, writer):
+        connections.append(writer)
+        body = json.dumps({"n": len(connections)}).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()                # then closed, though HTTP/1.1 keeps it alive
+    server, base = await raw_server(answer_then_close)
+    async with server, Upstream(read_timeout_s=5) as upstream:
+        assert await (await upstream.post(f"{base}/a", {}, {})).json() == {"n": 1}
+        await eventually(lambda: upstream.connections == 0, timeout_s=5, what="the close seen")
+        assert await (await upstream.post(f"{base}/a", {}, {})).json() == {"n": 2}
+
+
+async def test_a_header_that_would_split_the_request_is_refused():
+    async with Upstream(read_timeout_s=5) as upstream:
+        with pytest.raises(ValueError, match="single line"):
+            await upstream.post("http://127.0.0.1:9/x", {}, {"x-request-id": "a\r\nevil: 1"})
+
+
+async def test_connections_beyond_the_limit_wait_for_a_free_one():
+    async with serve(REPLICA) as base, Upstream(read_timeout_s=5, max_connections=1) as upstream:
+        held = await upstream.post(f"{base}/endless", {}, {})
+        waiting = asyncio.ensure_future(upstream.post(f"{base}/echo", {"n": 2}, {}))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await held.aclose()
+        assert (await (await waiting).json())["body"] == {"n": 2}
