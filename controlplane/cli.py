@@ -133,9 +133,11 @@ async def _serve(settings: Settings, args) -> None:
     admin_line = _admin_line(await _bootstrap_admin(settings), settings)
     pool_settings = pool_settings_for(settings, args)
     app = create_app(settings, pool_factory=_pool_factory(pool_settings))
+    # proxy_headers off: nothing reads the client's address, and uvicorn's rewrite of it
+    # from X-Forwarded-For would be one more layer on every call
     server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
                                            lifespan="on", log_level="warning",
-                                           access_log=False))
+                                           access_log=False, proxy_headers=False))
     server.capture_signals = contextlib.nullcontext      # ours below: stop, then clean up
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, AsyncGenerator, Callable, Optional
@@ -36,7 +37,7 @@ from controlplane.store.tenants import Principal
 from controlplane.traffic import choose
 from controlplane.upstream import Upstream, UpstreamError, UpstreamResponse
 from controlplane.usage import UsageRecord
-from pool.api import Lease, Pool
+from pool.api import Lease, Pool, RevisionSpec
 from wire.disconnect import Receive, until_disconnect
 from wire.errors import ProtocolError, error_body
 from wire.requests import GenerationRequest, StreamOptions, check_sampling_params, parse_request
@@ -49,8 +50,9 @@ log = logging.getLogger("thawpool.gateway")
 # model's context length was recorded (migration 0002): the runtime scheduler's default
 # max_model_len. Only the token rate limit reads it; the replica knows the real one.
 FALLBACK_CONTEXT_LEN = 2048
-# A unary answer that is whole this soon after its headers costs no disconnect watch (a
-# task, about 25 us of a short call); a client that left meanwhile is noticed then.
+# A unary answer still arriving after its headers is read under a disconnect watch that
+# starts only this late (a task and its cancellation, about 25 us of a short call); a
+# client that left meanwhile is noticed then. One already whole needs no watch at all.
 WATCH_AFTER_S = 0.05
 
 
@@ -118,6 +120,10 @@ class Gateway:
         self.settings = settings
         self.limiter = limiter or RateLimiter()
         self.clock = clock
+        # the pool's spec of each revision, built once per (deployment, quota) it was
+        # resolved with: the cache hands out the same objects until a change replaces them
+        self._specs: weakref.WeakKeyDictionary[Revision, tuple[Deployment, Quota, RevisionSpec]] = \
+            weakref.WeakKeyDictionary()
 
     async def resolve(self, principal: Principal, body: Any, request_id: str) -> Target:
         """The caller's deployment named by `model`; the revision sticks by request id. All
@@ -191,14 +197,20 @@ class Gateway:
         t0 = time.perf_counter()
         try:
             lease = await self.pool.acquire(
-                deployments.revision_spec(target.deployment, target.revision,
-                                          target.quota.for_pool()),
-                request_id=request_id, prefix_key=prefix,
+                self._spec(target), request_id=request_id, prefix_key=prefix,
                 prompt_tokens=prompt_tokens, timeout_s=self.settings.acquire_timeout_s)
         except BaseException:
             self.limiter.settle(admission, 0, self.clock())
             raise
         return lease, t0
+
+    def _spec(self, target: Target) -> RevisionSpec:
+        held = self._specs.get(target.revision)
+        if held is not None and held[0] is target.deployment and held[1] is target.quota:
+            return held[2]
+        spec = deployments.revision_spec(target.deployment, target.revision, target.quota.for_pool())
+        self._specs[target.revision] = (target.deployment, target.quota, spec)
+        return spec
 
     async def send(self, call: Call, body: dict[str, Any]) -> UpstreamResponse:
         """The request to the replica, its response still streaming; 502 if unreachable.
@@ -226,7 +238,9 @@ class Gateway:
         left first; 502 (an `error` row, nothing delivered) if the replica failed: a 5xx,
         or an answer that broke off."""
         try:
-            raw = await until_disconnect(receive, upstream.aread(), watch_after_s=WATCH_AFTER_S)
+            raw = upstream.whole_body()          # a short answer is usually whole by now
+            if raw is None:
+                raw = await until_disconnect(receive, upstream.aread(), watch_after_s=WATCH_AFTER_S)
         except UpstreamError as exc:
             return self._upstream_failed(call, f"the replica's answer broke off ({exc.kind})")
         finally:

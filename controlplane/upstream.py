@@ -174,6 +174,18 @@ class UpstreamResponse:
         self._settled = False
         self.status_code = exchange.status
 
+    def whole_body(self) -> Optional[bytes]:
+        """The body, when all of it has already arrived (then the connection is settled
+        as `aread` would); None while some is still to come."""
+        exchange = self._exchange
+        if not exchange.complete or exchange.error is not None:
+            return None
+        body = b"".join(exchange.chunks)
+        exchange.chunks.clear()
+        self._connection.consumed(exchange, len(body))
+        self._settle()
+        return body
+
     async def aread(self) -> bytes:
         parts = []
         async for data in self._chunks():

@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from controlplane.errors import ApiError
 from controlplane.state import AppState, state_of
@@ -49,17 +49,7 @@ def require_admin(request: Request) -> Principal:
 async def read_json(request: Request) -> Any:
     """The body as JSON: 413 past settings.max_body_bytes (even when the client does not
     declare a length), 400 when empty, not JSON or nested deeper than MAX_JSON_DEPTH."""
-    max_bytes = app_state(request).settings.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > max_bytes:
-        raise _too_large(max_bytes)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise _too_large(max_bytes)
-        chunks.append(chunk)
-    raw = b"".join(chunks)
+    raw = await read_body(request, app_state(request).settings.max_body_bytes)
     if not raw:
         raise ApiError(400, "body: a JSON object is required", param="body")
     try:
@@ -75,6 +65,29 @@ async def read_json(request: Request) -> Any:
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and json_depth(body) > MAX_JSON_DEPTH:
         raise _too_deep()
     return body
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The body straight from ASGI's receive (Starlette's stream is an async generator
+    over the same messages, and its headers an object built per request: about 15 us of
+    every call); ClientDisconnect when the client left, 413 past `max_bytes`."""
+    for name, value in request.scope["headers"]:
+        if name == b"content-length":
+            if value.isdigit() and int(value) > max_bytes:
+                raise _too_large(max_bytes)
+            break
+    chunks, size = [], 0
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(max_bytes)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def json_depth(value: Any) -> int:

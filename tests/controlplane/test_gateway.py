@@ -257,6 +257,13 @@ async def test_gateway_4xx(plane, tenant):
     huge = await client.post("/v1/completions",
                              json={"model": "chat", "prompt": "x" * 100_000})
     assert huge.status_code == 413 and huge.json()["error"]["code"] == "body_too_large"
+
+    async def undeclared_length():          # chunked: no content-length to refuse up front
+        for _ in range(10):
+            yield b"x" * 10_000
+    chunked = await client.post("/v1/completions", content=undeclared_length(),
+                                headers={"content-type": "application/json"})
+    assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "body_too_large"
     assert (await plane.client().post("/v1/completions", json={})).status_code == 401
     no_invoke = plane.client(await plane.tenant_key("gw", scopes=["billing:read"]))
     assert (await no_invoke.post("/v1/completions", json={})).status_code == 403

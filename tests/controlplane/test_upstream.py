@@ -194,3 +194,17 @@ async def test_connections_beyond_the_limit_wait_for_a_free_one():
         assert not waiting.done()
         await held.aclose()
         assert (await (await waiting).json())["body"] == {"n": 2}
+
+
+async def test_a_body_already_whole_is_handed_over_without_waiting():
+    async with serve(REPLICA) as base, Upstream(read_timeout_s=5) as upstream:
+        answer = await upstream.post(f"{base}/echo", {"n": 1}, {})
+        await asyncio.sleep(0.1)                      # the rest of the answer arrives
+        first = json.loads(answer.whole_body())
+        assert first["body"] == {"n": 1}
+        again = await (await upstream.post(f"{base}/echo", {}, {})).json()
+        assert again["port"] == first["port"]         # the connection went back to the pool
+        endless = await upstream.post(f"{base}/endless", {}, {})
+        await asyncio.sleep(0.05)
+        assert endless.whole_body() is None           # more to come: read it as a stream
+        await endless.aclose()
