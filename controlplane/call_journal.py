@@ -6,8 +6,9 @@ The gateway writes three kinds of frame (outbox.frame: length and checksum per l
 each with one write() and no fsync (a killed process loses nothing the kernel has; a
 lost machine loses the page cache, as the usage journal does):
 
-  open      when a call holds a replica: the usage row it would get if it delivered
-            nothing, and the price it was admitted at
+  open      once a call's request is on its way to its replica (written while the
+            replica works; nothing of the answer can have reached the client yet): the
+            usage row it would get if it delivered nothing, and its admitted price
   progress  after each chunk of a stream was handed to the client's connection: the
             cumulative usage delivered, the time, and whether it was the final [DONE]
   close     once the call is metered (its real row is in the usage journal)
