@@ -284,7 +284,7 @@ class Lease(Protocol):
 
     def release(self) -> None: ...            # give the replica back (first call counts)
 
-    def mark_failed(self) -> None: ...        # the replica broke mid-request: check, replace
+    def mark_failed(self) -> None: ...        # broke mid-request: unrouted until checked; replaced if dead
 
 
 class Pool(Protocol):

@@ -33,7 +33,8 @@ class ReplicaLease:
             self._on_release(self)
 
     def mark_failed(self) -> None:
-        """The replica broke mid-request: the pool checks it now and replaces it if dead."""
+        """The replica broke mid-request: the pool checks it now (routing no new request
+        to it until the check clears it) and replaces it if dead."""
         if not self.failed:
             self.failed = True
             self._on_failed(self)

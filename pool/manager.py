@@ -202,7 +202,7 @@ class PoolManager:
         rev = await self._revision_for(spec)
         start = self.clock.mono()
         rev.last_activity = start
-        picked = self._route(rev, prefix_key)
+        picked = self._route(rev, prefix_key) or await self._after_checks(rev, prefix_key)
         if picked is not None:
             return self._lease(rev, picked, start, cold=False)
         self._refuse_during_backoff(rev)
@@ -270,10 +270,21 @@ class PoolManager:
 
     def _route(self, rev: RevisionState, prefix_key: Optional[str]) -> Optional[str]:
         """The ready replica that takes a request, counted in flight from now on."""
-        chosen = choose([Candidate(r.replica_id, r.in_flight) for r in rev.in_state(READY)], prefix_key)
+        chosen = choose([Candidate(r.replica_id, r.in_flight) for r in rev.in_state(READY)
+                         if not r.checking], prefix_key)
         if chosen is not None:
             rev.replicas[chosen].in_flight += 1
         return chosen
+
+    async def _after_checks(self, rev: RevisionState, prefix_key: Optional[str]) -> Optional[str]:
+        """When the only ready replicas are being checked after a failed request: their
+        verdict first (a few seconds at most), then the route; a replica found dead has
+        been failed by then, so the request queues for its replacement."""
+        checks = [r.check for r in rev.in_state(READY) if r.checking and r.check is not None]
+        if not checks:
+            return None
+        await asyncio.wait(checks)
+        return self._route(rev, prefix_key)
 
     def _lease(self, rev: RevisionState, replica_id: str, start: float, cold: bool) -> ReplicaLease:
         managed = rev.replicas.get(replica_id)
@@ -299,8 +310,8 @@ class PoolManager:
 
     def _check_soon(self, rev: RevisionState, replica_id: str) -> None:
         managed = rev.replicas.get(replica_id)
-        if managed is not None and managed.state in (READY, DRAINING):
-            self._spawn(self._check_replica(rev, managed))
+        if managed is not None and managed.state in (READY, DRAINING) and not managed.checking:
+            managed.check = self._spawn(self._check_replica(rev, managed))
 
     async def _check_replica(self, rev: RevisionState, managed: ManagedReplica) -> None:
         """After a failed request: a dead or unhealthy process is marked failed."""
@@ -309,6 +320,9 @@ class PoolManager:
         reason = await why_unhealthy(managed.handle, self._running.http)
         if reason and managed.state in (READY, DRAINING):
             self._fail(rev, managed, reason)
+        elif not reason:       # cleared: requests queued meanwhile may go to it
+            asyncio.get_running_loop().call_soon(
+                rev.queue.dispatch, lambda waiter: self._route(rev, waiter.prefix_key))
 
     # ------------------------------------------------------------- scaling
 

@@ -62,6 +62,14 @@ class ManagedReplica:
     drain_to: ReplicaState = ReplicaState.STOPPED    # where its drain ends: stopped, or asleep
     weight_bytes: int = 0               # its weights' size (placement's estimate): host memory asleep
     asleep: Optional[Asleep] = None     # while sleeping: where, and the slots it gave back
+    # a request failed on it and its health is being checked: no new request goes to it
+    # until the check clears it (a crashed replica's socket closes before its process is
+    # seen dead: a request routed meanwhile would be refused)
+    check: Optional[asyncio.Task[None]] = None
+
+    @property
+    def checking(self) -> bool:
+        return self.check is not None and not self.check.done()
 
     @property
     def state(self) -> ReplicaState:

@@ -117,42 +117,21 @@ async def test_a_body_past_the_high_water_mark_is_read_whole():
         assert (await again.json())["body"] == {"after": "big"}
 
 
-async def test_an_answer_cut_mid_body_is_an_upstream_error():
-    async def cut(reader, writer):
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n" + b"{" * 10)
+@pytest.mark.parametrize("reply, hold_s, kind", [
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n" + b"{" * 10, 0, "AnswerCut"),
+    (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", 1, "MalformedAnswer"),
+    (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n", 5, "TimeoutError"),
+], ids=["cut mid-body", "not http", "stalled past the read timeout"])
+async def test_a_broken_answer_is_an_upstream_error(reply, hold_s, kind):
+    async def answer(reader, writer):
+        writer.write(reply)
         await writer.drain()
-    server, base = await raw_server(cut)
-    async with server, Upstream(read_timeout_s=5) as upstream:
-        answer = await upstream.post(f"{base}/v1/completions", {}, {})
-        assert answer.status_code == 200
-        with pytest.raises(UpstreamError) as failure:
-            await answer.aread()
-        assert failure.value.kind == "AnswerCut"
-
-
-async def test_bytes_that_are_not_http_are_an_upstream_error():
-    async def garbage(reader, writer):
-        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
-        await writer.drain()
-        await asyncio.sleep(1)
-    server, base = await raw_server(garbage)
-    async with server, Upstream(read_timeout_s=5) as upstream:
-        with pytest.raises(UpstreamError) as failure:
-            await upstream.post(f"{base}/v1/completions", {}, {})
-        assert failure.value.kind == "MalformedAnswer"
-
-
-async def test_an_answer_that_stalls_past_the_read_timeout_is_an_upstream_error():
-    async def stall(reader, writer):
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
-        await writer.drain()
-        await asyncio.sleep(5)
-    server, base = await raw_server(stall)
+        await asyncio.sleep(hold_s)         # then the connection closes
+    server, base = await raw_server(answer)
     async with server, Upstream(read_timeout_s=0.3) as upstream:
-        answer = await upstream.post(f"{base}/v1/completions", {}, {})
         with pytest.raises(UpstreamError) as failure:
-            await answer.aread()
-        assert failure.value.kind == "TimeoutError"
+            await (await upstream.post(f"{base}/v1/completions", {}, {})).aread()
+        assert failure.value.kind == kind
 
 
 async def test_a_replica_that_is_not_there_is_an_upstream_error():

@@ -145,15 +145,31 @@ async def test_killed_replica_gives_clean_error_then_a_fresh_replica(pool):
     assert got_first
     lease.mark_failed()
     lease.release()
+    # at once, before the check of the failed replica has run: not routed to it
+    async with await manager.acquire(spec, request_id="k2", prefix_key=None, prompt_tokens=4, timeout_s=120) as fresh:
+        assert fresh.replica_id != lease.replica_id and fresh.cold_start is not None
+        assert (await complete(fresh))["usage"]["completion_tokens"] == 8
     ok = await events.wait_for(lambda evs: any(e.replica_id == lease.replica_id and e.state == "failed"
                                                for e in evs), 10)
     assert ok
     failed = next(r for r in manager.revision_status(spec.revision_id).replicas if r.replica_id == lease.replica_id)
     assert "exited with code -9" in failed.reason
+    desired.remove(spec.revision_id)
+    await manager.refresh()
+    assert await wait_no_live_replicas(manager, spec.revision_id)
 
-    async with await manager.acquire(spec, request_id="k2", prefix_key=None, prompt_tokens=4, timeout_s=120) as fresh:
-        assert fresh.replica_id != lease.replica_id and fresh.cold_start is not None
-        assert (await complete(fresh))["usage"]["completion_tokens"] == 8
+
+async def test_a_healthy_replica_a_request_failed_on_serves_again_once_checked(pool):
+    manager, desired, events, uri, _ = pool
+    spec = spec_for(uri, idle_timeout_s=30)
+    desired.put(spec)
+    async with await manager.acquire(spec, request_id="h1", prefix_key=None, prompt_tokens=4,
+                                     timeout_s=120) as first:
+        first.mark_failed()                    # e.g. a client's own error: the replica is fine
+    async with await manager.acquire(spec, request_id="h2", prefix_key=None, prompt_tokens=4,
+                                     timeout_s=120) as again:
+        assert again.replica_id == first.replica_id and again.cold_start is None
+        assert (await complete(again))["usage"]["completion_tokens"] == 8
     desired.remove(spec.revision_id)
     await manager.refresh()
     assert await wait_no_live_replicas(manager, spec.revision_id)

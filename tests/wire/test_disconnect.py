@@ -20,6 +20,15 @@ class Client:
         return {"type": "http.disconnect"}
 
 
+async def long_work(unwound: list) -> str:
+    """Work that would take 10 s; notes that it unwound."""
+    try:
+        await asyncio.sleep(10)
+        return "too late"
+    finally:
+        unwound.append(True)
+
+
 async def test_the_work_finishing_first_gives_its_result():
     client = Client()
 
@@ -35,14 +44,8 @@ async def test_the_work_finishing_first_gives_its_result():
 async def test_a_client_that_leaves_first_cancels_the_work_and_it_unwinds():
     client, unwound = Client(), []
 
-    async def work() -> str:
-        try:
-            await asyncio.sleep(10)
-            return "too late"
-        finally:
-            unwound.append(True)
     asyncio.get_running_loop().call_later(0.02, client.left.set)
-    assert await until_disconnect(client.receive, work()) is None
+    assert await until_disconnect(client.receive, long_work(unwound)) is None
     assert unwound == [True]
     assert asyncio.current_task().cancelling() == 0
     await asyncio.sleep(0.01)              # the caller goes on, not cancelled
@@ -109,11 +112,5 @@ async def test_a_client_gone_before_watch_after_is_noticed_once_it_passes():
     client, unwound = Client(), []
     client.left.set()                      # gone from the start
 
-    async def work() -> str:
-        try:
-            await asyncio.sleep(10)
-            return "too late"
-        finally:
-            unwound.append(True)
-    assert await until_disconnect(client.receive, work(), watch_after_s=0.05) is None
+    assert await until_disconnect(client.receive, long_work(unwound), watch_after_s=0.05) is None
     assert unwound == [True] and asyncio.current_task().cancelling() == 0
