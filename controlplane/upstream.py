@@ -72,6 +72,12 @@ class _Exchange:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def end(self, error: BaseException) -> None:
+        """The answer ends with `error`, unless it already ended (whole, or failed)."""
+        if not self.complete and self.error is None:
+            self.error = error
+            self.wake()
+
 
 class _Connection(asyncio.Protocol):
     """A kept-alive connection to one replica, carrying one exchange at a time."""
@@ -103,10 +109,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Optional[BaseException]) -> None:
         self.closed = True
-        exchange = self.exchange
-        if exchange is not None and not exchange.complete and exchange.error is None:
-            exchange.error = exc or AnswerCut("the replica closed the connection mid-answer")
-            exchange.wake()
+        if self.exchange is not None:
+            self.exchange.end(exc or AnswerCut("the replica closed the connection mid-answer"))
         self.on_lost(self)
 
     # ------------------------------------------------------------- parser callbacks
@@ -139,10 +143,8 @@ class _Connection(asyncio.Protocol):
 
     def fail(self, error: BaseException) -> None:
         """The exchange ends with `error` and the connection is not used again."""
-        exchange = self.exchange
-        if exchange is not None and not exchange.complete and exchange.error is None:
-            exchange.error = error
-            exchange.wake()
+        if self.exchange is not None:
+            self.exchange.end(error)
         self.close()
 
     def consumed(self, exchange: _Exchange, size: int) -> None:
@@ -167,10 +169,8 @@ class UpstreamResponse:
     it alive); `aclose` on an unfinished body closes the connection instead: a stream
     the client left must not be read to its end."""
 
-    def __init__(self, upstream: "Upstream", key: tuple[str, int], connection: _Connection,
-                 exchange: _Exchange):
-        self._upstream, self._key = upstream, key
-        self._connection, self._exchange = connection, exchange
+    def __init__(self, upstream: "Upstream", connection: _Connection, exchange: _Exchange):
+        self._upstream, self._connection, self._exchange = upstream, connection, exchange
         self._settled = False
         self.status_code = exchange.status
 
@@ -231,7 +231,7 @@ class UpstreamResponse:
         self._settled = True
         exchange, connection = self._exchange, self._connection
         if exchange.complete and exchange.keep_alive and not exchange.chunks and connection.usable:
-            self._upstream.put_back(self._key, connection)
+            self._upstream.put_back(connection)
         else:
             connection.close()
 
@@ -284,7 +284,7 @@ class Upstream:
         exchange = connection.exchange = _Exchange()
         assert connection.transport is not None
         connection.transport.write(head + payload)
-        return PendingAnswer(self, key, connection, exchange)
+        return PendingAnswer(self, connection, exchange)
 
     async def wait(self, connection: _Connection, exchange: _Exchange) -> None:
         """Until the parser delivers more of the answer; UpstreamError when the answer
@@ -302,8 +302,7 @@ class Upstream:
             finally:
                 timer.cancel()
                 exchange.waiter = None
-        if exchange.error is not None:
-            connection.close()
+        if exchange.error is not None:       # set by `fail` or a lost connection: closed
             raise UpstreamError(exchange.error)
 
     async def _connection(self, key: tuple[str, int]) -> _Connection:
@@ -328,10 +327,10 @@ class Upstream:
         self._open.add(protocol)
         return protocol
 
-    def put_back(self, key: tuple[str, int], connection: _Connection) -> None:
+    def put_back(self, connection: _Connection) -> None:
         connection.exchange = None
         connection.idle_since = time.monotonic()
-        self._idle.setdefault(key, deque()).append(connection)
+        self._idle.setdefault(connection.key, deque()).append(connection)
 
     def _lost(self, connection: _Connection) -> None:
         """A connection closed (by either side): its slot is free, and it is not idle."""
@@ -346,15 +345,13 @@ class Upstream:
 class PendingAnswer:
     """A request on its way: `answer()` waits for the replica's headers."""
 
-    def __init__(self, upstream: Upstream, key: tuple[str, int], connection: _Connection,
-                 exchange: _Exchange):
-        self._upstream, self._key = upstream, key
-        self._connection, self._exchange = connection, exchange
+    def __init__(self, upstream: Upstream, connection: _Connection, exchange: _Exchange):
+        self._upstream, self._connection, self._exchange = upstream, connection, exchange
 
     async def answer(self) -> UpstreamResponse:
         while not self._exchange.headers_done:
             await self._upstream.wait(self._connection, self._exchange)
-        return UpstreamResponse(self._upstream, self._key, self._connection, self._exchange)
+        return UpstreamResponse(self._upstream, self._connection, self._exchange)
 
 
 def _request_head(path: str, host: str, headers: Mapping[str, str], length: int) -> bytes:

@@ -320,9 +320,9 @@ class PoolManager:
         reason = await why_unhealthy(managed.handle, self._running.http)
         if reason and managed.state in (READY, DRAINING):
             self._fail(rev, managed, reason)
-        elif not reason:       # cleared: requests queued meanwhile may go to it
-            asyncio.get_running_loop().call_soon(
-                rev.queue.dispatch, lambda waiter: self._route(rev, waiter.prefix_key))
+        elif not reason:       # cleared (this task is not done yet): queued requests may go to it
+            managed.check = None
+            rev.queue.dispatch(lambda waiter: self._route(rev, waiter.prefix_key))
 
     # ------------------------------------------------------------- scaling
 

@@ -54,9 +54,8 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send)
             return
         request_id = request_id_from(scope.get("headers", []))
-        state = scope.setdefault("state", {})
-        fields: dict[str, Any] = {}
-        state["request_id"], state[ACCESS_FIELDS] = request_id, fields
+        scope.setdefault("state", {})["request_id"] = request_id
+        fields = access_fields(scope)
         started, status = time.perf_counter(), [500]
 
         async def send_with_id(message: Message) -> None:

@@ -30,6 +30,13 @@ PROMPT = "The quick brown fox"
 IDLE_TIMEOUT_S = 600.0        # passed by SteppedClock.advance, never by waiting
 
 
+async def undeploy(manager: PoolManager, desired: InMemoryDesiredState, spec: RevisionSpec) -> None:
+    """The revision out of the desired state, and every replica of it gone."""
+    desired.remove(spec.revision_id)
+    await manager.refresh()
+    assert await wait_no_live_replicas(manager, spec.revision_id)
+
+
 def spec_for(uri: str, **changes) -> RevisionSpec:
     base = dict(revision_id=f"rev-{uuid.uuid4().hex[:8]}", deployment_id="dep-1", tenant_id="ten-1",
                 model_uri=uri, gpu_memory_gb=0.25, gpu_count=1, min_replicas=0, max_replicas=1,
@@ -154,9 +161,7 @@ async def test_killed_replica_gives_clean_error_then_a_fresh_replica(pool):
     assert ok
     failed = next(r for r in manager.revision_status(spec.revision_id).replicas if r.replica_id == lease.replica_id)
     assert "exited with code -9" in failed.reason
-    desired.remove(spec.revision_id)
-    await manager.refresh()
-    assert await wait_no_live_replicas(manager, spec.revision_id)
+    await undeploy(manager, desired, spec)
 
 
 async def test_a_healthy_replica_a_request_failed_on_serves_again_once_checked(pool):
@@ -170,9 +175,7 @@ async def test_a_healthy_replica_a_request_failed_on_serves_again_once_checked(p
                                      timeout_s=120) as again:
         assert again.replica_id == first.replica_id and again.cold_start is None
         assert (await complete(again))["usage"]["completion_tokens"] == 8
-    desired.remove(spec.revision_id)
-    await manager.refresh()
-    assert await wait_no_live_replicas(manager, spec.revision_id)
+    await undeploy(manager, desired, spec)
 
 
 async def test_missing_weights_fail_the_cold_start_with_reason(pool, s3_server, pool_bucket, tiny_model):
@@ -277,9 +280,7 @@ async def test_tensor_parallel_replica_spans_two_slots_and_is_replaced_whole(poo
                                      timeout_s=120) as fresh:
         assert fresh.replica_id != lease.replica_id and fresh.cold_start is not None
         assert (await complete(fresh))["choices"][0]["text"] == text
-    desired.remove(spec.revision_id)
-    await manager.refresh()
-    assert await wait_no_live_replicas(manager, spec.revision_id)
+    await undeploy(manager, desired, spec)
 
 
 async def test_a_replica_answers_only_calls_that_carry_its_secret(pool):
@@ -301,9 +302,7 @@ async def test_a_replica_answers_only_calls_that_carry_its_secret(pool):
         process = manager.handle(lease.replica_id).process
         assert secret not in Path(f"/proc/{process.pid}/cmdline").read_bytes()   # never on the command line
         assert secret not in process.log_path.read_bytes()                       # nor in its log
-    desired.remove(spec.revision_id)
-    await manager.refresh()
-    assert await wait_no_live_replicas(manager, spec.revision_id)
+    await undeploy(manager, desired, spec)
 
 
 async def test_a_tenant_at_its_gpu_quota_gets_429_while_another_tenant_thaws(pool):
@@ -380,9 +379,7 @@ async def test_a_draft_model_is_pulled_by_uri_cached_and_released_with_its_repli
     assert (draft_files.model_dir / "config.json").read_text() == (draft_dir / "config.json").read_text()
     cache = manager._running.weights.cache
     assert draft_keys <= set(cache._pins)                  # pinned while the replica lives
-    desired.remove(spec.revision_id)
-    await manager.refresh()
-    assert await wait_no_live_replicas(manager, spec.revision_id)
+    await undeploy(manager, desired, spec)
     assert not draft_keys & set(cache._pins)               # released with it, still cached
     assert all((cache.objects / key / "data").is_file() for key in draft_keys)
 
