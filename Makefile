@@ -15,7 +15,7 @@ TORCH_PIN := torch==2.13.0
 # folder our importer makes of it, under .cache/models/ (scripts/real_model.py).
 MODEL_STAMP := .cache/models/.smollm2-stamp
 
-.PHONY: test demo setup model clean-venv bench browser gpu-check
+.PHONY: test demo setup model clean-venv bench browser sandbox gpu-check
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,7 +51,22 @@ browser:
 	  (sudo apt-get update -q && sudo $(APT_INSTALL)) || echo "make browser: apt-get failed; the console tests skip"; \
 	else echo "make browser: not root and no sudo; install $(BROWSER_PACKAGES), or the console tests skip"; fi
 
-setup: $(STAMP) $(SCAN_STAMP) $(MODEL_STAMP) browser
+# The sandbox of every tenant process (docs/security.md): Debian's bubblewrap, with
+# util-linux's setpriv and prlimit and libseccomp, which it depends on. Installed with
+# apt as root; elsewhere function replicas refuse to start (fail closed) unless the
+# operator sets THAWPOOL_SANDBOX=off.
+SANDBOX_PACKAGES := bubblewrap libseccomp2 util-linux
+
+sandbox:
+	@if command -v bwrap >/dev/null && command -v setpriv >/dev/null && command -v prlimit >/dev/null; then :; \
+	elif ! command -v apt-get >/dev/null; then \
+	  echo "make sandbox: no apt-get; install bubblewrap, or functions refuse to start"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(SANDBOX_PACKAGES)) \
+	    || echo "make sandbox: apt-get failed; functions refuse to start"; \
+	else echo "make sandbox: not root; install $(SANDBOX_PACKAGES), or functions refuse to start"; fi
+
+setup: $(STAMP) $(SCAN_STAMP) $(MODEL_STAMP) browser sandbox
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider
@@ -61,7 +76,7 @@ test: setup
 gpu-check: $(STAMP)
 	$(PY) scripts/gpu_check.py
 
-demo: $(STAMP) $(MODEL_STAMP)
+demo: $(STAMP) $(MODEL_STAMP) sandbox
 	$(VENV)/bin/thawpool up --demo
 
 clean-venv:

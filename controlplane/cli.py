@@ -198,6 +198,7 @@ def _banner(settings: Settings, base_url: str, admin_line: str, pool_settings) -
              f"thawpool: postgres       {_without_password(settings.database_url)}",
              f"thawpool: s3             {settings.s3_endpoint or 'AWS'}",
              f"thawpool: pool backend   {_backend_line(pool_settings)}",
+             f"thawpool: sandbox        {_sandbox_line(pool_settings)}",
              f"thawpool: data dir       {settings.data_dir}", admin_line]
     print("\n".join(lines), flush=True)
 
@@ -222,6 +223,12 @@ def _without_password(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: show nothing of it
         return "(unparsable database URL)"
+
+
+def _sandbox_line(pool_settings) -> str:
+    if pool_settings.sandbox == "off":
+        return "OFF: tenants' functions run unconfined (THAWPOOL_SANDBOX=off)"
+    return "bubblewrap: each function as its tenant's uid, no network (docs/security.md)"
 
 
 def _backend_line(pool_settings) -> str:

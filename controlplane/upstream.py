@@ -22,12 +22,13 @@ import asyncio
 import json
 import time
 from collections import deque
-from typing import Any, AsyncIterator, Callable, Mapping, Optional, cast
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, cast
 from urllib.parse import urlsplit
 
 import httptools
 
 from wire.keepalive import GATEWAY_KEEPALIVE_S
+from wire.replica_address import ReplicaAddress, address_of
 
 # an answer buffered past this stops being read until the gateway catches up (a slow
 # client of a stream pushes back on the replica instead of filling our memory)
@@ -82,7 +83,7 @@ class _Exchange:
 class _Connection(asyncio.Protocol):
     """A kept-alive connection to one replica, carrying one exchange at a time."""
 
-    def __init__(self, key: tuple[str, int], on_lost: Callable[["_Connection"], None]) -> None:
+    def __init__(self, key: ReplicaAddress, on_lost: Callable[["_Connection"], None]) -> None:
         self.key, self.on_lost = key, on_lost
         self.transport: Optional[asyncio.Transport] = None
         self.parser = httptools.HttpResponseParser(self)
@@ -245,7 +246,7 @@ class Upstream:
         self._connect_timeout_s = connect_timeout_s
         self._keepalive_s = keepalive_s
         self._slots = asyncio.Semaphore(max_connections)   # connections open at once
-        self._idle: dict[tuple[str, int], deque[_Connection]] = {}
+        self._idle: dict[ReplicaAddress, deque[_Connection]] = {}
         self._open: set[_Connection] = set()
         self._running = False
 
@@ -273,13 +274,11 @@ class Upstream:
         """The request written to a connection; its answer is awaited apart, so that the
         caller can do its own work while the replica does the request's."""
         assert self._running, "Upstream used outside `async with`"
+        key = address_of(url)
         parts = urlsplit(url)
-        if parts.scheme != "http" or parts.hostname is None:
-            raise ValueError(f"upstream: only http:// URLs are served, not {url!r}")
-        key = (parts.hostname, parts.port or 80)
         payload = json.dumps(body).encode()
         target = f"{parts.path or '/'}?{parts.query}" if parts.query else parts.path or "/"
-        head = _request_head(target, parts.netloc, headers, len(payload))
+        head = _request_head(target, "replica" if key.socket else parts.netloc, headers, len(payload))
         connection = await self._connection(key)
         exchange = connection.exchange = _Exchange()
         assert connection.transport is not None
@@ -305,7 +304,7 @@ class Upstream:
         if exchange.error is not None:       # set by `fail` or a lost connection: closed
             raise UpstreamError(exchange.error)
 
-    async def _connection(self, key: tuple[str, int]) -> _Connection:
+    async def _connection(self, key: ReplicaAddress) -> _Connection:
         """An idle kept-alive connection to `key`, or a new one."""
         idle = self._idle.get(key)
         now = time.monotonic()
@@ -316,8 +315,8 @@ class Upstream:
             connection.close()
         await self._slots.acquire()
         try:
-            _, protocol = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
-                lambda: _Connection(key, self._lost), key[0], key[1]), self._connect_timeout_s)
+            _, protocol = await asyncio.wait_for(_connect(key, lambda: _Connection(key, self._lost)),
+                                                 self._connect_timeout_s)
         except (OSError, asyncio.TimeoutError) as exc:
             self._slots.release()
             raise UpstreamError(exc) from exc
@@ -352,6 +351,14 @@ class PendingAnswer:
         while not self._exchange.headers_done:
             await self._upstream.wait(self._connection, self._exchange)
         return UpstreamResponse(self._upstream, self._connection, self._exchange)
+
+
+def _connect(key: ReplicaAddress, factory: Callable[[], _Connection]) -> Awaitable[
+        tuple[asyncio.BaseTransport, _Connection]]:
+    loop = asyncio.get_running_loop()
+    if key.socket is not None:
+        return loop.create_unix_connection(factory, key.socket)
+    return loop.create_connection(factory, key.host, key.port)
 
 
 def _request_head(path: str, host: str, headers: Mapping[str, str], length: int) -> bytes:

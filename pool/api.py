@@ -314,3 +314,9 @@ class Pool(Protocol):
     async def refresh(self) -> None:
         """Re-read the desired state now (after a deploy, patch, traffic change or delete)."""
         ...
+
+    @property
+    def sandbox(self) -> str:
+        """"bwrap", or "off" where the operator let tenants' code run unconfined
+        (THAWPOOL_SANDBOX=off): /readyz and the banner say which."""
+        ...

@@ -35,6 +35,7 @@ from pool.backends.base import Backend, ReplicaHandle
 from pool.backends.runtime_args import draft_model_uri, with_draft_folder
 from pool.capacity import Capacity
 from pool.function_env import FUNCTION_PYTHON, build_env
+from pool.function_sandbox import FunctionSandboxes
 from pool.health import wait_healthy
 from pool.model_info import inspect_model
 from pool.placement import PlacementRequest, weights_of
@@ -59,6 +60,7 @@ class ColdStart:
         self.events = events
         self.stores = stores
         self.http = http
+        self.sandboxes = FunctionSandboxes.from_settings(settings) if not backend.pulls_on_node else None
         self._infos: dict[tuple[str, str], ModelInfo] = {}     # (origin, uri) -> info
 
     async def inspect(self, model_uri: str, tenant_id: Optional[str] = None) -> ModelInfo:
@@ -160,7 +162,7 @@ class ColdStart:
     async def _function_env(self, managed: ManagedReplica, package_dir: Path) -> str:
         """The interpreter of the function's venv (built, or cached by its requirements),
         timed as its own stage."""
-        env = await stage(build_env(self.settings, package_dir),
+        env = await stage(build_env(self.settings, package_dir, self.sandboxes, managed.spec.tenant_id),
                           self.settings.pull_timeout_s, "building the function's environment")
         managed.replica.env_s = env.seconds
         return env.python

@@ -10,27 +10,34 @@ answer with `built_env`.
 
 Neither the installer nor the function server inherits the pool's environment:
 it holds the platform's S3 keys and database URL. Each gets an allowlist of
-plain variables (the installer also the proxy and pip index settings it needs to
-reach an index), plus what the runtime needs (this checkout on PYTHONPATH, runtime_args.runtime_env).
+plain variables (the installer also the proxies it needs to reach an index, and
+the index the operator named for tenants, `function_index_url`: never the
+installer's own PIP_*/UV_* settings, which may carry its credentials), plus what
+the runtime needs (this checkout on PYTHONPATH, runtime_args.runtime_env).
+
+With the sandbox on (pool/function_sandbox.py), the build runs in one, as its
+tenant's uid, into that tenant's own venv folder.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import signal
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from pool.api import ColdStartFailed
 from pool.backends.runtime_args import PROJECT_ROOT
+from pool.function_sandbox import PACKAGE, FunctionSandboxes
 from pool.settings import PoolSettings
 
 PLAIN_VARS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
 INSTALLER_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
                   "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
-INSTALLER_PREFIXES = ("PIP_", "UV_")
 FUNCTION_PYTHON = "function_python"       # the engine key cold_start hands the backend
 MAX_OPEN_FILES = 4096
 BASE_MEMORY_MB = 3072
@@ -48,36 +55,52 @@ def plain_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: environ[k] for k in PLAIN_VARS if k in environ}
 
 
-def installer_env(environ: Mapping[str, str]) -> dict[str, str]:
-    passed = {k: v for k, v in environ.items()
-              if k in INSTALLER_VARS or k.startswith(INSTALLER_PREFIXES)}
-    return {**plain_env(environ), **passed}
+def installer_env(environ: Mapping[str, str], index_url: Optional[str] = None) -> dict[str, str]:
+    passed = {k: v for k, v in environ.items() if k in INSTALLER_VARS}
+    index = {"PIP_INDEX_URL": index_url, "UV_INDEX_URL": index_url} if index_url else {}
+    return {**plain_env(environ), **passed, **index}
 
 
-def builder_command(python: str, package_dir: Path, cache_dir: Path) -> list[str]:
-    """`python -m runtime.function_env` for the package, its venvs kept under the node's
-    cache folder (the pool's on the local backend, the node's own on Ray)."""
-    return [python, "-m", "runtime.function_env", "--package", str(package_dir),
-            "--root", str(Path(cache_dir) / "function-envs")]
+def builder_command(python: str, package_dir: Path, envs_root: Path) -> list[str]:
+    """`python -m runtime.function_env` for the package, its venvs kept in envs_root (a
+    folder of the node's cache: the pool's on the local backend, the node's own on Ray)."""
+    return [python, "-m", "runtime.function_env", "--package", str(package_dir), "--root", str(envs_root)]
 
 
-def builder_env(environ: Mapping[str, str]) -> dict[str, str]:
+def tenant_envs_root(cache_dir: Path, tenant_id: str) -> Path:
+    """An unsandboxed node's venvs of one tenant: no tenant's build writes where another's
+    replica reads."""
+    return Path(cache_dir) / "function-envs" / f"t-{hashlib.sha256(tenant_id.encode()).hexdigest()[:16]}"
+
+
+def builder_env(environ: Mapping[str, str], index_url: Optional[str] = None) -> dict[str, str]:
     """The installer's whole environment: installer_env plus this checkout importable."""
-    return {**installer_env(environ), "PYTHONPATH": str(PROJECT_ROOT)}
+    return {**installer_env(environ, index_url), "PYTHONPATH": str(PROJECT_ROOT)}
 
 
-async def build_env(settings: PoolSettings, package_dir: Path) -> FunctionEnv:
+async def build_env(settings: PoolSettings, package_dir: Path, sandboxes: Optional[FunctionSandboxes],
+                    tenant_id: str) -> FunctionEnv:
     """The package's venv on this node; ColdStartFailed with the installer's reason."""
+    command = builder_command(settings.runtime_python, package_dir, tenant_envs_root(settings.cache_dir, tenant_id))
+    env = builder_env(os.environ, settings.function_index_url)
+    name = f"build-{uuid.uuid4().hex[:12]}"
+    if sandboxes is not None:
+        uid = sandboxes.uid(tenant_id)
+        inner = builder_command(settings.runtime_python, PACKAGE, sandboxes.envs_root(uid))
+        command = sandboxes.sandbox.command(name, sandboxes.build_profile(uid, package_dir), inner)
+        env = {**env, "HOME": "/tmp", "TMPDIR": "/tmp"}
     proc = await asyncio.create_subprocess_exec(
-        *builder_command(settings.runtime_python, package_dir, settings.cache_dir),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
-        env=builder_env(os.environ), start_new_session=True)
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL, env=env, start_new_session=True)
     try:
         out, err = await proc.communicate()
     except asyncio.CancelledError:              # the stage timed out, or the pool stops
         _kill_group(proc.pid)
         await proc.wait()
         raise
+    finally:
+        if sandboxes is not None:
+            sandboxes.sandbox.release(name)
     return built_env(proc.returncode, out, err)
 
 

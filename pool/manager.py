@@ -62,6 +62,7 @@ from pool.cold_start import ColdStart, cold_start_timings, failure_reason
 from pool.health import served_tokens, serves, why_unhealthy
 from pool.inventory import Slot
 from pool.lease import ReplicaLease
+from pool.replica_http import replica_client
 from pool.registry import (ManagedReplica, Registry, RevisionState, holding_slots, revision_status,
                            scale_down_order, scaling_snapshot, waits, weight_keys)
 from pool.replica import LIVE, STARTING, Replica, ReplicaState
@@ -121,7 +122,7 @@ class PoolManager:
             self._s3 = await open_client(self.settings, self._stack)
         weights = WeightStore(self._s3, WeightCache(self.settings.cache_dir, self.settings.cache_budget_bytes),
                               self.settings)
-        http = httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=1.0))
+        http = replica_client(httpx.Timeout(5.0, connect=1.0))
         stores = SourceStores(weights, self.desired, self._stack)
         cold_start = ColdStart(self.settings, self.backend, self.capacity, self._events, stores, http)
         sleep_tier = SleepTier(self.settings, self.backend, self.capacity, self._events, http, self.clock)
@@ -228,6 +229,10 @@ class PoolManager:
     async def refresh(self) -> None:
         await self._read_desired()
         self._reconcile_all()
+
+    @property
+    def sandbox(self) -> str:
+        return self.settings.sandbox
 
     async def _read_desired(self) -> None:
         specs = await self.desired.revisions()

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional
 GB = 1024 ** 3
 MB = 1024 ** 2
 BACKENDS = ("local", "ray")
+SANDBOXES = ("bwrap", "off")
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,20 @@ class PoolSettings:
     ray_gpu_memory_gb: Optional[float] = None  # memory per Ray GPU; None: slot_memory_gb
     ray_namespace: str = "thawpool"            # the pool's named replica actors; one pool per namespace
 
+    # the sandbox of every tenant process (pool/sandbox.py): "bwrap", or "off" for a
+    # developer's machine, where functions then run unconfined (shown in the banner and /readyz)
+    sandbox: str = "bwrap"
+    sandbox_uid_base: int = 200_000            # tenants' uids are handed out from here
+    sandbox_tmp_mb: int = 256                  # each sandbox's private /tmp
+    sandbox_pids: int = 512                    # processes and threads of one sandboxed process tree
+    sandbox_cpus: Optional[float] = None       # a CPU quota per sandboxed replica; None: none
+    # the package index a function's requirements install from (none: pip's default);
+    # the installer's own PIP_*/UV_* settings never reach a tenant's build
+    function_index_url: Optional[str] = None
+
     def __post_init__(self) -> None:
+        if self.sandbox not in SANDBOXES:
+            raise ValueError(f"sandbox must be one of {', '.join(SANDBOXES)}, not {self.sandbox!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
 

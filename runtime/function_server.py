@@ -53,6 +53,7 @@ class FunctionSettings:
     served_model_name: str
     host: str = "127.0.0.1"
     port: int = 8000
+    uds: Optional[str] = None              # a unix socket in place of host and port (sandboxed: no network)
     max_open_files: Optional[int] = None
     memory_limit_mb: Optional[int] = None
     log_level: str = "warning"
@@ -66,12 +67,13 @@ def parse_settings(argv: Optional[Sequence[str]] = None,
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--uds", default=None, help="listen on this unix socket instead of --host/--port")
     p.add_argument("--max-open-files", type=int, default=None)
     p.add_argument("--memory-limit-mb", type=int, default=None)
     p.add_argument("--log-level", default="warning")
     args = p.parse_args(argv)
     return FunctionSettings(args.package, args.served_model_name or args.package.name, args.host,
-                            args.port, args.max_open_files, args.memory_limit_mb, args.log_level,
+                            args.port, args.uds, args.max_open_files, args.memory_limit_mb, args.log_level,
                             read_secret(dict(os.environ) if env is None else env))
 
 
@@ -239,7 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if settings.secret is None:
         log.warning("no replica secret: this function server answers every caller")
     apply_limits(settings)
-    uvicorn.run(build_app(settings), host=settings.host, port=settings.port,
+    uvicorn.run(build_app(settings), host=settings.host, port=settings.port, uds=settings.uds,
                 log_level=settings.log_level, timeout_graceful_shutdown=5,
                 timeout_keep_alive=REPLICA_KEEPALIVE_S, access_log=False)
 

@@ -34,7 +34,7 @@ async def readyz(request: Request) -> Response:
         checks["database"] = False
     ready = all(checks.values())
     return JSONResponse({"status": "ready" if ready else "not_ready", "checks": checks,
-                         "outbox_depth": state.writer.outbox.depth},
+                         "outbox_depth": state.writer.outbox.depth, "sandbox": state.pool.sandbox},
                         status_code=200 if ready else 503,
                         headers={} if ready else {"Retry-After": "5"})
 

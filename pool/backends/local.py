@@ -28,7 +28,7 @@ import asyncio
 import logging
 import os
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -40,9 +40,14 @@ from pool.api import RevisionSpec
 from pool.backends.base import ReplicaHandle, Survivor
 from pool import function_env
 from pool.backends.local_state import ProcessEntry, ProcessRegistry
-from pool.backends.runtime_args import auth_headers, engine_flags, engine_for, new_secret, runtime_env
+from pool.backends.runtime_args import (SECRET_ENV, SECRET_FILE_ENV, auth_headers, engine_flags, engine_for,
+                                        new_secret, runtime_env)
+from pool.function_sandbox import PACKAGE, REPLICA, SECRET, SOCKET, VENV, FunctionSandboxes, cuda_devices
+from pool.sandbox import sandbox_env
+from wire.replica_address import address_of, unix_base_url
 from pool.inventory import Slot, discover_slots
 from pool.processes import RuntimeProcess, free_port
+from pool.replica_http import replica_client
 from pool.settings import PoolSettings
 
 log = logging.getLogger(__name__)
@@ -89,7 +94,7 @@ class LocalBackend:
 
     def __init__(self, settings: PoolSettings):
         self.settings = settings
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0))
+        self.http = replica_client(httpx.Timeout(10.0, connect=2.0))
         self._slots: Optional[list[Slot]] = None
         self._warm: list[WarmProcess] = []
         self._all: dict[int, RuntimeProcess] = {}          # every process on our books, by PID
@@ -97,6 +102,7 @@ class LocalBackend:
         self._refilling: Optional[asyncio.Task[None]] = None
         self._closed = False
         self._state = ProcessRegistry(settings.replica_state_dir / "local")
+        self.sandboxes = FunctionSandboxes.from_settings(settings)
         self._left_behind: list[ProcessEntry] = []        # what an earlier pool registered
         # last resort if close() never ran (a crashed test, interpreter exit): SIGKILL by PID
         self._finalizer = weakref.finalize(self, _kill_all, self._all)
@@ -120,6 +126,8 @@ class LocalBackend:
                 warm.ready.cancel()
         for pid in self._all:
             self._state.remove(pid)
+        for replica_id in self._replicas:
+            self._unsandbox(replica_id)
         self._warm.clear()
         self._all.clear()
         self._replicas.clear()
@@ -178,7 +186,7 @@ class LocalBackend:
                             replica.replica_id, base_url=replica.base_url, secret=replica.secret,
                             registration=registration, started_at=datetime.now(timezone.utc))
         process = replica.process
-        port = int(replica.base_url.rsplit(":", 1)[1])
+        port = address_of(replica.base_url).port            # 0: a unix socket
         self._state.write(ProcessEntry(process.pid, process.started, port, process.log_path, record))
 
     async def _load_into(self, warm: WarmProcess, model_dir: Path, spec: RevisionSpec,
@@ -205,15 +213,37 @@ class LocalBackend:
 
     def _start_function(self, spec: RevisionSpec, slots: Sequence[Slot], package_dir: Path,
                         replica_id: str) -> LocalReplica:
-        """runtime.function_server in the venv cold_start built, with a clean environment."""
+        """runtime.function_server in the venv cold_start built, with a clean environment,
+        in its sandbox (pool/function_sandbox.py) unless the operator turned that off."""
         port, secret = free_port(self.settings.host), new_secret()
         cuda = [s.device_index for s in slots if s.kind == "cuda" and s.device_index is not None]
         limit = function_env.memory_limit_mb(spec.gpu_memory_gb, len(slots), on_cuda=bool(cuda))
-        args = function_env.server_args(str(spec.engine[function_env.FUNCTION_PYTHON]), self.settings.host,
-                                        port, package_dir, spec.revision_id, limit)
-        env = function_env.server_env(os.environ, runtime_env(self.settings.runtime_threads, secret), cuda)
-        proc = self._spawn(args, f"function-{replica_id}", slots, secret, port, env)
-        return LocalReplica(replica_id, f"http://{self.settings.host}:{port}", proc, warm=False, secret=secret)
+        python = str(spec.engine[function_env.FUNCTION_PYTHON])
+        if self.sandboxes is None:
+            args = function_env.server_args(python, self.settings.host, port, package_dir, spec.revision_id, limit)
+            env = function_env.server_env(os.environ, runtime_env(self.settings.runtime_threads, secret), cuda)
+            proc = self._spawn(args, f"function-{replica_id}", slots, secret, port, env)
+            return LocalReplica(replica_id, f"http://{self.settings.host}:{port}", proc, warm=False, secret=secret)
+        return self._start_sandboxed(spec, slots, package_dir, replica_id, python, limit, secret)
+
+    def _start_sandboxed(self, spec: RevisionSpec, slots: Sequence[Slot], package_dir: Path, replica_id: str,
+                         python: str, limit: Optional[int], secret: str) -> LocalReplica:
+        assert self.sandboxes is not None
+        uid = self.sandboxes.uid(spec.tenant_id)
+        profile = self.sandboxes.server_profile(uid, replica_id, package_dir, python, secret, limit)
+        devices = cuda_devices(slots)
+        profile = replace(profile, devices=devices) if devices else profile
+        args = [str(VENV / "bin" / "python"), *function_env.function_server_args(PACKAGE, spec.revision_id, limit),
+                "--uds", str(REPLICA / SOCKET)]
+        runtime = runtime_env(self.settings.runtime_threads, secret)
+        del runtime[SECRET_ENV]                      # by a file only the tenant's uid reads
+        runtime[SECRET_FILE_ENV] = str(REPLICA / SECRET)
+        cuda = [s.device_index for s in slots if s.kind == "cuda" and s.device_index is not None]
+        env = sandbox_env(os.environ, function_env.server_env({}, runtime, cuda))
+        command = self.sandboxes.sandbox.command(f"replica-{replica_id}", profile, args)
+        proc = self._spawn(command, f"function-{replica_id}", slots, secret, 0, env)
+        base_url = unix_base_url(str(self.sandboxes.socket_path(replica_id)))
+        return LocalReplica(replica_id, base_url, proc, warm=False, secret=secret)
 
     async def _discard(self, proc: RuntimeProcess) -> None:
         await proc.stop(self.settings.stop_timeout_s)
@@ -225,6 +255,12 @@ class LocalBackend:
         if replica is not None:
             self._all.pop(replica.process.pid, None)
             self._state.remove(replica.process.pid)
+        self._unsandbox(handle.replica_id)
+
+    def _unsandbox(self, replica_id: str) -> None:
+        """A stopped replica's sandbox folder and cgroups (none for a model replica)."""
+        if self.sandboxes is not None:
+            self.sandboxes.remove(replica_id)
 
     # -- what an earlier pool left -----------------------------------------
 
@@ -236,6 +272,7 @@ class LocalBackend:
             if entry.replica is None or not process.is_alive():
                 await self._discard(process)          # a standby serves nobody: stopped; a dead one: unregistered
                 if entry.replica is not None:
+                    self._unsandbox(entry.replica.replica_id)
                     survivors.append(Survivor(entry.replica, None))
                 continue
             replica = LocalReplica(entry.replica.replica_id, entry.replica.base_url, process, warm=False,

@@ -131,7 +131,7 @@ class ReplicaActor:
         never in the actor. Answers the installer's exit code and output, which the pool
         reads (pool.function_env.built_env); stop() ends a build still running."""
         command = function_env.builder_command(sys.executable, Path(package_dir),
-                                               node_cache_dir(Path(default_cache_dir)))
+                                               node_cache_dir(Path(default_cache_dir)) / "function-envs")
         self.installer = subprocess.Popen(
             command, env=function_env.builder_env(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)

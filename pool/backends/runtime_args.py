@@ -27,6 +27,7 @@ from pool.s3 import parse_uri
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SECRET_ENV = "THAWPOOL_REPLICA_SECRET"      # runtime/server.py reads it once at start
+SECRET_FILE_ENV = "THAWPOOL_REPLICA_SECRET_FILE"   # or the file that holds it (a sandbox's)
 
 
 def new_secret() -> str:

@@ -68,7 +68,7 @@ async def test_deploy_invoke_batched_and_billed_per_call(plane, probe):
     assert [a.status_code for a in answers] == [200] * 4, answers[0].text
     outputs = [a.json()["output"] for a in answers]
     assert [o["echo"] for o in outputs] == [0, 1, 2, 3] and {o["batch"] for o in outputs} == {4}
-    assert len({o["pid"] for o in outputs}) == 1
+    assert len({o["instance"] for o in outputs}) == 1
     assert all(a.json()["usage"]["items"] == 1 and a.json()["usage"]["gpu_seconds"] > 0 for a in answers)
     assert answers[0].headers["x-thawpool-revision"] == "r1"
 
@@ -122,7 +122,7 @@ async def test_a_crash_mid_call_is_a_clean_502_and_the_replica_is_replaced(plane
         answer = (await invoke_all(client, "probe", [{"inputs": [{"echo": 1}] * 4}]))[0]
         return answer.json()["outputs"][0] if answer.status_code == 200 else None
     again = await eventually(served_again, timeout_s=120, what="a new replica serves", every_s=0.5)
-    assert again["pid"] != first[0].json()["outputs"][0]["pid"]
+    assert again["instance"] != first[0].json()["outputs"][0]["instance"]
 
 
 async def test_revisions_rollback_and_async_calls(plane, probe, probe_package, s3_server, models_bucket):
@@ -170,6 +170,6 @@ async def test_scales_to_zero_and_thaws_on_the_next_call(plane, probe_package, s
     await eventually(lambda: pool.revision_status(revision_id).state == "scaled_to_zero",
                      timeout_s=60, what="the function scales to zero")
     thawed = (await invoke_all(client, "idle", [{"input": {"echo": 2}}]))[0]
-    assert thawed.status_code == 200 and thawed.json()["output"]["pid"] != first.json()["output"]["pid"]
+    assert thawed.status_code == 200 and thawed.json()["output"]["instance"] != first.json()["output"]["instance"]
     rows = await usage_rows(plane, created.json()["id"])
     assert any(r.cold_start_s is not None for r in rows)

@@ -6,6 +6,7 @@ import pytest
 
 from pool.api import ColdStartFailed
 from pool.function_env import build_env, installer_env, plain_env, server_env
+from pool.function_sandbox import FunctionSandboxes
 from pool.settings import PoolSettings
 
 async_test = pytest.mark.asyncio(loop_scope="function")
@@ -15,8 +16,10 @@ async_test = pytest.mark.asyncio(loop_scope="function")
 async def test_requirements_install_from_the_packages_wheels_and_are_cached(probe_package, tmp_path):
     settings = PoolSettings(accelerator="cpu", cache_dir=tmp_path)
     package = probe_package(requirements='["tinydep==0.1"]', wheels=True)
-    first = await build_env(settings, package)
-    again = await build_env(settings, probe_package(requirements='["tinydep==0.1"]', wheels=True))
+    sandboxes = FunctionSandboxes.from_settings(settings)
+    first = await build_env(settings, package, sandboxes, "tenant-a")
+    again = await build_env(settings, probe_package(requirements='["tinydep==0.1"]', wheels=True), sandboxes,
+                            "tenant-a")
     assert (first.cached, again.cached, again.python) == (False, True, first.python)
     probe = subprocess.run([first.python, "-c", "import tinydep, torch, sys; "
                             "print(tinydep.VALUE, sys.prefix)"], capture_output=True, text=True)
@@ -31,18 +34,23 @@ async def test_requirements_install_from_the_packages_wheels_and_are_cached(prob
 async def test_a_requirement_the_wheels_do_not_hold_fails_with_pips_reason(probe_package, tmp_path):
     settings = PoolSettings(accelerator="cpu", cache_dir=tmp_path)
     with pytest.raises(ColdStartFailed) as failed:
-        await build_env(settings, probe_package(requirements='["tinydep==9.9"]', wheels=True))
+        await build_env(settings, probe_package(requirements='["tinydep==9.9"]', wheels=True),
+                        FunctionSandboxes.from_settings(settings), "tenant-a")
     assert "installing requirements failed" in failed.value.reason and "tinydep" in failed.value.reason
-    assert not list((tmp_path / "function-envs").glob("*-w"))       # nothing half-built kept
+    assert not list((tmp_path / "function-envs").glob("*/*-w"))     # nothing half-built kept
 
 
 def test_children_never_see_the_platforms_credentials():
     environ = {"PATH": "/bin", "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "s", "AWS_ACCESS_KEY_ID": "k",
-               "THAWPOOL_DATABASE_URL": "postgresql://x", "PIP_INDEX_URL": "https://mirror/simple",
-               "HTTPS_PROXY": "http://proxy:3128"}
+               "THAWPOOL_DATABASE_URL": "postgresql://x", "PIP_INDEX_URL": "https://user:token@mirror/simple",
+               "UV_INDEX_URL": "https://user:token@mirror/simple", "HTTPS_PROXY": "http://proxy:3128"}
     assert plain_env(environ) == {"PATH": "/bin", "HOME": "/root"}
-    assert installer_env(environ) == {"PATH": "/bin", "HOME": "/root", "PIP_INDEX_URL": "https://mirror/simple",
-                                      "HTTPS_PROXY": "http://proxy:3128"}
+    # the installer's own index settings (and their credentials) never reach a tenant's build;
+    # the index the operator names for tenants does
+    assert installer_env(environ) == {"PATH": "/bin", "HOME": "/root", "HTTPS_PROXY": "http://proxy:3128"}
+    assert installer_env(environ, "https://tenants/simple") == {
+        "PATH": "/bin", "HOME": "/root", "HTTPS_PROXY": "http://proxy:3128",
+        "PIP_INDEX_URL": "https://tenants/simple", "UV_INDEX_URL": "https://tenants/simple"}
     served = server_env(environ, {"THAWPOOL_REPLICA_SECRET": "r", "PYTHONPATH": "/src"}, [1, 3])
     assert served == {"PATH": "/bin", "HOME": "/root", "THAWPOOL_REPLICA_SECRET": "r", "PYTHONPATH": "/src",
                       "CUDA_VISIBLE_DEVICES": "1,3"}

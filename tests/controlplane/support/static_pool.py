@@ -55,6 +55,7 @@ class StaticPool:
     aws_access_key_id: Optional[str]
     aws_secret_access_key: Optional[str]
     base_urls: list[str] = field(default_factory=list)
+    sandbox: str = "off"                     # its replicas are the tests' own processes
     slot_memory_gb: float = 16.0
     slot_gpus: int = 8
     refuse_with: Optional[PoolError] = None          # raise this from acquire() when set

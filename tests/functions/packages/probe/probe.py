@@ -1,6 +1,6 @@
 """The tests' handler: each input says what predict does with the batch it is in.
 
-{"echo": x} -> {"echo": x, "batch": <batch size>, "pid": <process id>}
+{"echo": x} -> {"echo": x, "batch": <batch size>, "pid": <process id>, "instance": <made at load>}
 {"fail": msg} -> raises ValueError(msg)           (the whole batch fails)
 {"short": true} -> one result too few              (the whole batch fails)
 {"exit": code} -> the process exits at once       (a crash mid-call)
@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from typing import Any
 class Probe:
     def load(self, model_dir: str) -> None:
         self.weights = (Path(model_dir) / "weights.txt").read_text().strip()
+        # a sandboxed process is pid 2 of its own namespace, whichever replica it is
+        self.instance = uuid.uuid4().hex
 
     def predict(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for item in inputs:
@@ -33,4 +36,5 @@ class Probe:
     def _one(self, item: dict[str, Any], batch: int) -> dict[str, Any]:
         if item.get("env"):
             return {"env": sorted(os.environ)}
-        return {"echo": item.get("echo"), "batch": batch, "pid": os.getpid(), "weights": self.weights}
+        return {"echo": item.get("echo"), "batch": batch, "pid": os.getpid(), "weights": self.weights,
+                "instance": self.instance}

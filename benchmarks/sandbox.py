@@ -1,0 +1,150 @@
+"""What the sandbox costs: the same function on a pool with it and one without.
+
+    .venv/bin/python benchmarks/sandbox.py [--rounds 5] [--requests 512] [--hidden 1024]
+
+Starts its own Postgres and S3 and two control planes with the real pool side by
+side, each on its own database and cache: `sandbox` (bubblewrap, the default) and
+`unconfined` (THAWPOOL_SANDBOX=off), the peer measured in the same run. Each deploys
+the example text classifier (examples/functions/text-classifier, untrained, its MLP
+`--hidden` wide) with min_replicas 0 and a short idle timeout, and answers a first
+call (its venv built, its files cached). Then, rounds taking turns between the two:
+
+  cold start   the deployment back at zero replicas, one call: the client's wall time
+               of a cold start with the weights and the venv cached (issue 30's target:
+               at most +10%)
+  throughput   concurrency 32, `--requests` calls through the control plane, dynamic
+               batching on (target: at least 0.97x)
+
+Printed: every round of both, the medians and the ratios sandbox / unconfined. Model
+replicas are not sandboxed yet, so their cold start has no ratio to show. The report
+is also written to benchmarks/results/sandbox.txt.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples" / "functions" / "text-classifier"))
+
+import build  # noqa: E402  (the example's build script)
+
+from benchmarks.dynamic_batching import TEXT, Clients  # noqa: E402
+from controlplane.db import migrate_async  # noqa: E402
+from controlplane.embedded import EmbeddedPostgres, EmbeddedS3  # noqa: E402
+from tests.controlplane.conftest import (MODELS_BUCKET, cpu_pool_settings, create_database,  # noqa: E402
+                                         make_settings, real_pool, running_control_plane)
+from tests.functions.test_function_deploy import upload  # noqa: E402
+
+MODES = {"sandbox": "bwrap", "unconfined": "off"}
+IDLE_S = 1.0
+
+
+class Side:
+    """One control plane and its deployment."""
+
+    def __init__(self, plane, client, revision_id: str):
+        self.plane, self.client, self.revision_id = plane, client, revision_id
+
+    @property
+    def url(self) -> str:
+        return f"{self.plane.base_url}/v1/functions/classify/invoke"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"authorization": self.client.headers["authorization"]}
+
+    async def at_zero(self) -> None:
+        while self.plane.app.state.pool.revision_status(self.revision_id).replicas:
+            await asyncio.sleep(0.1)
+
+    async def cold_call(self) -> float:
+        await self.at_zero()
+        started = time.perf_counter()
+        answer = await self.client.post("/v1/functions/classify/invoke", json={"input": TEXT})
+        assert answer.status_code == 200, answer.text
+        return time.perf_counter() - started
+
+
+async def side(stack, mode: str, folder: Path, uri_prefix: str, work: Path, stack_ctx) -> Side:
+    pg, s3 = stack
+    db_url = await create_database(pg)
+    await migrate_async(db_url)
+    settings = make_settings(db_url, s3, work / mode / "cp", acquire_timeout_s=300,
+                             default_requests_per_min=10_000_000)
+    pool = real_pool(cpu_pool_settings(s3, work / mode / "cache", cpu_slots=1, load_timeout_s=300,
+                                       sandbox=MODES[mode]))
+    plane = await stack_ctx.enter_async_context(running_control_plane(settings, pool_factory=pool))
+    client = plane.client(await plane.tenant_key("bench"))
+    uri = upload(folder, s3, MODELS_BUCKET, uri_prefix)
+    made = await client.post("/v1/deployments", json={
+        "name": "classify", "kind": "function", "model_uri": uri,
+        "scaling": {"min_replicas": 0, "max_replicas": 1, "target_concurrency": 1000,
+                    "idle_timeout_s": IDLE_S}})
+    assert made.status_code == 201, made.text
+    first = await client.post("/v1/functions/classify/invoke", json={"input": TEXT})
+    assert first.status_code == 200, first.text
+    return Side(plane, client, made.json()["revisions"][0]["id"])
+
+
+def report(name: str, unit: str, rounds: dict[str, list[float]], better_low: bool) -> None:
+    for mode, values in rounds.items():
+        print(f"{name} {mode:>10}: " + " ".join(f"{v:.3f}" for v in values)
+              + f"  median {statistics.median(values):.3f} {unit}")
+    ratio = statistics.median(rounds["sandbox"]) / statistics.median(rounds["unconfined"])
+    print(f"{name} ratio sandbox / unconfined: {ratio:.3f}x "
+          f"({'lower' if better_low else 'higher'} is better)\n", flush=True)
+
+
+async def run(args, work: Path) -> None:
+    from contextlib import AsyncExitStack
+
+    pg = EmbeddedPostgres(work / "pg").start()
+    s3 = EmbeddedS3(work / "s3").start()
+    clients = Clients()
+    try:
+        s3.ensure_bucket(MODELS_BUCKET)
+        folder = build.build(work / "package", hidden=args.hidden, steps=0)
+        async with AsyncExitStack() as stack_ctx:
+            sides = {mode: await side((pg, s3), mode, folder, f"bench/{mode}", work, stack_ctx)
+                     for mode in MODES}
+            print(f"example classifier, hidden {args.hidden}; {args.rounds} rounds; cold starts "
+                  f"after {IDLE_S:g} s idle; throughput at concurrency 32, {args.requests} calls\n")
+            cold: dict[str, list[float]] = {m: [] for m in MODES}
+            rate: dict[str, list[float]] = {m: [] for m in MODES}
+            for r in range(args.rounds):
+                order = list(MODES) if r % 2 == 0 else list(reversed(MODES))
+                for mode in order:
+                    cold[mode].append(await sides[mode].cold_call())
+                for mode in order:
+                    calls_s, _ = await clients.closed_loop(sides[mode].url, sides[mode].headers, 32,
+                                                           args.requests)
+                    rate[mode].append(calls_s)
+            report("cold start (s)", "s", cold, better_low=True)
+            report("throughput (calls/s)", "calls/s", rate, better_low=False)
+    finally:
+        clients.pool.shutdown()
+        s3.stop()
+        pg.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--requests", type=int, default=512)
+    p.add_argument("--hidden", type=int, default=1024)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="thawpool-sandbox-") as tmp:
+        asyncio.run(run(args, Path(tmp)))
+
+
+if __name__ == "__main__":
+    from benchmarks.results import recorded
+    with recorded(__file__):
+        main()

@@ -1,0 +1,103 @@
+"""Memory, process and CPU limits of one sandboxed process tree, by cgroup.
+
+cgroup v2 (current distributions) or v1 (older hosts, these test machines):
+a group per sandboxed process under `thawpool/` of each controller; the
+process joins before it execs anything (pool/sandbox.py's launcher), so every
+child it forks is counted. Where the host gives us neither (no controller
+mounted, or not writable), `create` returns no group and the rlimits the
+launcher sets still hold (per uid, not per replica).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+PARENT = "thawpool"
+V1_CONTROLLERS = ("memory", "pids", "cpu")
+CPU_PERIOD_US = 100_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_bytes: Optional[int]     # None: no memory limit (a CUDA replica maps far more than it uses)
+    pids: int                       # processes and threads
+    cpus: Optional[float]           # None: no CPU quota
+
+
+class Cgroups:
+    def __init__(self, root: Path = Path("/sys/fs/cgroup")):
+        self.root = root
+
+    @property
+    def version(self) -> Optional[int]:
+        if (self.root / "cgroup.controllers").exists():
+            return 2
+        if (self.root / "memory" / "memory.limit_in_bytes").exists():
+            return 1
+        return None
+
+    def create(self, name: str, limits: Limits) -> list[Path]:
+        """The groups' `cgroup.procs` files the process writes its PID to; [] where the
+        host lets us make none."""
+        try:
+            if self.version == 2:
+                return [self._create_v2(name, limits)]
+            if self.version == 1:
+                return self._create_v1(name, limits)
+        except OSError:
+            self.remove(name)
+        return []
+
+    def remove(self, name: str) -> None:
+        """The process's groups, once it has exited (a group with a process stays)."""
+        for folder in self._folders(name):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+
+    def _folders(self, name: str) -> list[Path]:
+        if self.version == 2:
+            return [self.root / PARENT / name]
+        return [self.root / c / PARENT / name for c in V1_CONTROLLERS]
+
+    def _create_v2(self, name: str, limits: Limits) -> Path:
+        parent = self.root / PARENT
+        parent.mkdir(exist_ok=True)
+        wanted = {"memory", "pids", "cpu"} & set((self.root / "cgroup.controllers").read_text().split())
+        for folder in (self.root, parent):
+            (folder / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in sorted(wanted)))
+        group = parent / name
+        group.mkdir(exist_ok=True)
+        _write(group / "pids.max", str(limits.pids))
+        if limits.memory_bytes is not None:
+            _write(group / "memory.max", str(limits.memory_bytes))
+            if (group / "memory.swap.max").exists():     # absent where swap is not accounted
+                _write(group / "memory.swap.max", "0")
+        if limits.cpus is not None:
+            _write(group / "cpu.max", f"{int(limits.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
+        return group / "cgroup.procs"
+
+    def _create_v1(self, name: str, limits: Limits) -> list[Path]:
+        groups = []
+        for controller in V1_CONTROLLERS:
+            if not (self.root / controller).is_dir():
+                continue
+            group = self.root / controller / PARENT / name
+            group.mkdir(parents=True, exist_ok=True)
+            groups.append(group)
+            if controller == "pids":
+                _write(group / "pids.max", str(limits.pids))
+            elif controller == "memory" and limits.memory_bytes is not None:
+                _write(group / "memory.limit_in_bytes", str(limits.memory_bytes))
+            elif controller == "cpu" and limits.cpus is not None:
+                _write(group / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+                _write(group / "cpu.cfs_quota_us", str(int(limits.cpus * CPU_PERIOD_US)))
+        return [g / "cgroup.procs" for g in groups]
+
+
+def _write(path: Path, value: str) -> None:
+    if not path.exists():
+        raise OSError(f"{path}: no such cgroup file")
+    path.write_text(value)

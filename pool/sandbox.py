@@ -1,0 +1,204 @@
+"""The sandbox around every tenant process: bubblewrap, an unprivileged uid, seccomp, cgroups.
+
+A tenant's code (a function's handler, the build code pip runs for its
+requirements) is hostile input. Each such process starts as
+
+    sh (joins its cgroups) -> prlimit -> bwrap (namespaces, mounts, seccomp)
+       -> setpriv (the tenant's own uid, no capabilities, no_new_privs) -> the command
+
+bwrap runs as root without a user namespace, so that the process inside gets a
+real unprivileged uid of the host (one per tenant, `TenantUids`) rather than
+root mapped into a namespace; setpriv drops to it and clears every capability.
+Inside: its own PID, IPC, UTS, cgroup and (unless the profile allows network)
+network namespaces; a root of its own holding only the system's /usr, the
+platform's interpreter and packages, and what the profile binds (its package,
+its venv, its socket folder), all read-only but that folder and a size-limited
+/tmp. docs/security.md says why bubblewrap and what each line holds against.
+
+`Sandbox.check()` says why the sandbox cannot run here (None: it can); the pool
+then refuses to start a tenant process rather than run it unconfined.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import site
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from pool.cgroups import Cgroups, Limits
+from pool.seccomp import SeccompUnavailable, write_filter
+
+TOOLS = ("bwrap", "setpriv", "prlimit")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf")
+NETWORK_FILES = ("/etc/resolv.conf", "/etc/hosts", "/etc/ssl", "/etc/ca-certificates")
+SECCOMP_FD = 9                      # sh (dash) redirects single-digit descriptors only
+
+
+@dataclass(frozen=True)
+class Bind:
+    source: Path                    # on the host
+    target: Path                    # inside the sandbox
+    writable: bool = False
+
+
+@dataclass(frozen=True)
+class SandboxProfile:
+    """What one sandboxed process sees and may use."""
+    uid: int
+    binds: tuple[Bind, ...]
+    limits: Limits
+    tmp_bytes: int
+    network: bool = False
+    devices: tuple[Path, ...] = ()          # GPU device files it may open
+
+
+@dataclass(frozen=True)
+class Platform:
+    """The read-only code every sandboxed Python needs: the interpreter, the platform's
+    environment (site-packages, torch) and this checkout's packages a replica imports."""
+    paths: tuple[Path, ...]
+
+    @classmethod
+    def of_this_interpreter(cls, project_root: Path) -> "Platform":
+        roots = {Path(sys.base_prefix), Path(sys.prefix), *map(Path, site.getsitepackages())}
+        own = [project_root / name for name in ("runtime", "wire", "kernels")]
+        return cls(_outermost({p.resolve() for p in roots} | set(own)))
+
+
+class TenantUids:
+    """One host uid per tenant, handed out in order from `base` and kept in a file, so
+    that two tenants never share one (a hash could collide) and a tenant keeps its uid
+    across restarts (its venvs are owned by it)."""
+
+    def __init__(self, path: Path, base: int):
+        self.path, self.base = path, base
+
+    def uid(self, tenant_id: str) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            known: dict[str, int] = json.loads(self.path.read_text()) if self.path.exists() else {}
+            if tenant_id not in known:
+                known[tenant_id] = max(known.values(), default=self.base - 1) + 1
+                staging = self.path.with_suffix(".tmp")
+                staging.write_text(json.dumps(known))
+                os.replace(staging, self.path)
+            return known[tenant_id]
+
+
+@dataclass
+class Sandbox:
+    state_dir: Path                 # the seccomp program and the uid table live here
+    platform: Platform
+    uid_base: int = 200_000
+    cgroups: Cgroups = field(default_factory=Cgroups)
+    _problem: Optional[str] = field(default=None, init=False)
+    _checked: bool = field(default=False, init=False)
+
+    @property
+    def seccomp_path(self) -> Path:
+        return self.state_dir / "seccomp.bpf"
+
+    def uids(self) -> TenantUids:
+        return TenantUids(self.state_dir / "tenant-uids.json", self.uid_base)
+
+    def check(self) -> Optional[str]:
+        """Why no process can be sandboxed on this node, or None; asked once."""
+        if not self._checked:
+            self._problem, self._checked = self._find_problem(), True
+        return self._problem
+
+    def _find_problem(self) -> Optional[str]:
+        missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+        if missing:
+            return f"{', '.join(missing)} not installed (Debian: bubblewrap, util-linux)"
+        if os.geteuid() != 0:
+            return "the pool must run as root to give each tenant its own uid"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            write_filter(self.seccomp_path)
+        except (SeccompUnavailable, OSError) as exc:
+            return f"no seccomp filter: {exc}"
+        profile = SandboxProfile(self.uid_base, (), Limits(None, 64, None), 1 << 20)
+        trial = subprocess.run(self.command("check", profile, ["/bin/true"]), capture_output=True,
+                               timeout=30, stdin=subprocess.DEVNULL)
+        self.cgroups.remove("check")
+        if trial.returncode != 0:
+            return f"bubblewrap cannot make a sandbox here: {trial.stderr.decode(errors='replace')[-300:]}"
+        return None
+
+    def command(self, name: str, profile: SandboxProfile, argv: Sequence[str]) -> list[str]:
+        """argv inside the sandbox, as one command line for the host; `name` (unique while
+        the process lives) names its cgroups, which `release(name)` removes."""
+        joins = [f"echo $$ > {shlex.quote(str(p))}" for p in self.cgroups.create(name, profile.limits)]
+        inner = [*self._bwrap(profile), "--", *_drop_to(profile.uid), "--", *argv]
+        nproc = profile.limits.pids * 4          # per uid where no pids cgroup counts per replica
+        launch = shlex.join(["prlimit", f"--nproc={nproc}", "--core=0", "--", *inner])
+        script = " && ".join([*joins, f"exec {launch} {SECCOMP_FD}< {shlex.quote(str(self.seccomp_path))}"])
+        return ["/bin/sh", "-c", script]
+
+    def release(self, name: str) -> None:
+        self.cgroups.remove(name)
+
+    def _bwrap(self, profile: SandboxProfile) -> list[str]:
+        args = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
+                "--die-with-parent", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                "--cap-add", "CAP_SETPCAP", "--seccomp", str(SECCOMP_FD),
+                "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(profile.tmp_bytes),
+                "--tmpfs", "/tmp", "--hostname", "sandbox"]
+        if not profile.network:
+            args.append("--unshare-net")
+        args += _system_mounts(profile.network)
+        for path in self.platform.paths:
+            args += ["--ro-bind-try", str(path), str(path)]
+        for bind in profile.binds:
+            args += ["--bind" if bind.writable else "--ro-bind", str(bind.source), str(bind.target)]
+        for device in profile.devices:
+            args += ["--dev-bind", str(device), str(device)]
+        return args + _open_parents([*self.platform.paths, *(b.target for b in profile.binds)])
+
+
+def _system_mounts(network: bool) -> list[str]:
+    args = ["--perms", "0755", "--dir", "/etc"]
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path in (*SYSTEM_FILES, *(NETWORK_FILES if network else ())):
+        args += ["--ro-bind-try", path, path]
+    return args
+
+
+def _outermost(paths: set[Path]) -> tuple[Path, ...]:
+    """The paths not inside another of them (one bind covers those)."""
+    return tuple(sorted(p for p in paths if not any(q in p.parents for q in paths)))
+
+
+def _open_parents(targets: Sequence[Path]) -> list[str]:
+    """bwrap makes the folders above a bind with the host folder's mode; /root is 0700,
+    which would hide the interpreter under it from the sandbox's uid. Folders it made
+    only: one inside a bind is the bind's own, read-only; /tmp keeps its 1777."""
+    parents = {p for path in targets for p in path.parents if p not in (Path("/"), Path("/tmp"))}
+    made = [p for p in parents if not any(t == p or t in p.parents for t in targets)]
+    return [arg for p in sorted(made) for arg in ("--chmod", "0755", str(p))]
+
+
+def _drop_to(uid: int) -> list[str]:
+    return ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+
+
+def sandbox_env(environ: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """What a sandboxed process starts with: a PATH and a locale, its HOME and TMPDIR in
+    its own /tmp, and what the caller adds."""
+    base = {k: environ[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in environ}
+    return {**base, "HOME": "/tmp", "TMPDIR": "/tmp", **extra}

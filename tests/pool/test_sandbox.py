@@ -1,0 +1,96 @@
+"""The sandbox's parts without a server: command lines, uids, cgroup files, the seccomp
+program, and one real bubblewrap run (tests/security runs hostile code in it)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pool.cgroups import Cgroups, Limits
+from pool.sandbox import Bind, Platform, Sandbox, SandboxProfile, TenantUids
+from pool.seccomp import write_filter
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_each_tenant_gets_its_own_uid_and_keeps_it(tmp_path):
+    uids = TenantUids(tmp_path / "uids.json", 300_000)
+    first = [uids.uid(t) for t in ("a", "b", "a", "c")]
+    assert first == [300_000, 300_001, 300_000, 300_002]
+    assert TenantUids(tmp_path / "uids.json", 300_000).uid("b") == 300_001      # kept in the file
+
+
+def test_the_command_binds_only_what_the_profile_names(tmp_path):
+    sandbox = Sandbox(tmp_path, Platform((Path("/root/.pyenv/versions/x"),)), cgroups=Cgroups(tmp_path / "none"))
+    profile = SandboxProfile(200_007, (Bind(Path("/data/pkg/f"), Path("/srv/package/f")),
+                                       Bind(Path("/data/run"), Path("/run/replica"), writable=True)),
+                             Limits(None, 64, None), 1 << 20)
+    command = sandbox.command("r1", profile, ["python", "-c", "pass"])
+    assert command[:2] == ["/bin/sh", "-c"]
+    script = command[2]
+    assert "--unshare-net" in script and "--unshare-pid" in script and "--reuid=200007" in script
+    assert "--ro-bind /data/pkg/f /srv/package/f" in script and "--bind /data/run /run/replica" in script
+    assert "--chmod 0755 /root" in script and "--chmod 0755 /tmp " not in script
+    assert "cgroup.procs" not in script                       # no cgroup root here: rlimits only
+    networked = sandbox.command("r2", SandboxProfile(1, (), Limits(None, 64, None), 1, network=True), ["x"])
+    assert "--unshare-net" not in networked[2] and "/etc/resolv.conf" in networked[2]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_cgroup_limits_are_written_and_removed(tmp_path, version):
+    root = tmp_path / "cgroup"
+    if version == 2:
+        root.mkdir()
+        (root / "cgroup.controllers").write_text("cpu memory pids io\n")
+        (root / "cgroup.subtree_control").write_text("")
+        (root / "thawpool").mkdir()
+        (root / "thawpool" / "cgroup.subtree_control").write_text("")
+        group = root / "thawpool" / "r1"
+        group.mkdir()
+        for name in ("pids.max", "memory.max", "cpu.max", "cgroup.procs"):
+            (group / name).write_text("")
+    else:
+        for controller, files in {"memory": ("memory.limit_in_bytes",), "pids": ("pids.max",),
+                                  "cpu": ("cpu.cfs_period_us", "cpu.cfs_quota_us")}.items():
+            group = root / controller / "thawpool" / "r1"
+            group.mkdir(parents=True)
+            (root / controller / files[0]).write_text("")
+            for name in (*files, "cgroup.procs"):
+                (group / name).write_text("")
+    cgroups = Cgroups(root)
+    procs = cgroups.create("r1", Limits(512 << 20, 99, 1.5))
+    if version == 2:
+        assert procs == [root / "thawpool" / "r1" / "cgroup.procs"]
+        group = root / "thawpool" / "r1"
+        assert (group / "pids.max").read_text() == "99" and (group / "memory.max").read_text() == str(512 << 20)
+        assert (group / "cpu.max").read_text() == "150000 100000"
+        assert (root / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+    else:
+        assert len(procs) == 3
+        assert (root / "pids" / "thawpool" / "r1" / "pids.max").read_text() == "99"
+        assert (root / "memory" / "thawpool" / "r1" / "memory.limit_in_bytes").read_text() == str(512 << 20)
+        assert (root / "cpu" / "thawpool" / "r1" / "cpu.cfs_quota_us").read_text() == "150000"
+    assert Cgroups(tmp_path / "nothing").create("r1", Limits(None, 1, None)) == []
+
+
+def test_the_seccomp_program_is_written(tmp_path):
+    write_filter(tmp_path / "f.bpf")
+    program = (tmp_path / "f.bpf").read_bytes()
+    assert len(program) % 8 == 0 and len(program) // 8 > 40           # one sock_filter is 8 bytes
+
+
+def test_a_real_sandbox_runs_python_as_the_tenant_with_nothing_of_the_host(tmp_path):
+    sandbox = Sandbox(tmp_path / "state", Platform.of_this_interpreter(ROOT))
+    problem = sandbox.check()
+    if problem is not None:
+        pytest.skip(f"no sandbox on this machine: {problem}")
+    profile = SandboxProfile(sandbox.uids().uid("t"), (), Limits(None, 64, None), 1 << 20)
+    code = "import os; print(os.getuid(), sorted(os.listdir('/')), os.path.exists(%r))" % str(tmp_path)
+    done = subprocess.run(sandbox.command("t1", profile, [sys.executable, "-c", code]), capture_output=True,
+                          text=True, timeout=60)
+    sandbox.release("t1")
+    assert done.returncode == 0, done.stderr
+    uid, _, rest = done.stdout.strip().partition(" ")
+    assert int(uid) == 200_000 and rest.endswith("False")             # the test's folder is not there
