@@ -75,7 +75,10 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
                                  dead_letters=DeadLetters(settings.dead_letter_path))
             await writer.start()
             stack.push_async_callback(writer.stop)
-            http = await stack.enter_async_context(Upstream(read_timeout_s=settings.upstream_timeout_s))
+            http = await stack.enter_async_context(Upstream(
+                read_timeout_s=settings.upstream_timeout_s,
+                max_answer_bytes=settings.upstream_max_answer_bytes,
+                max_line_bytes=settings.upstream_max_line_bytes))
             s3 = await open_s3_client(stack, settings.s3_endpoint, settings.aws_region,
                                       settings.aws_access_key_id, settings.aws_secret_access_key)
             sealer = load_sealer(settings.secrets_key, settings.data_dir)

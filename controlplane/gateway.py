@@ -35,7 +35,7 @@ from controlplane.settings import Settings
 from controlplane.store import deployments
 from controlplane.store.tenants import Principal
 from controlplane.traffic import choose
-from controlplane.upstream import Upstream, UpstreamError, UpstreamResponse
+from controlplane.upstream import AnswerTooLarge, Upstream, UpstreamError, UpstreamResponse
 from controlplane.usage import UsageRecord
 from pool.api import Lease, Pool, RevisionSpec
 from wire.disconnect import Receive, until_disconnect
@@ -241,6 +241,8 @@ class Gateway:
             raw = upstream.whole_body()          # a short answer is usually whole by now
             if raw is None:
                 raw = await until_disconnect(receive, upstream.aread(), watch_after_s=WATCH_AFTER_S)
+        except AnswerTooLarge as exc:
+            return self._refused(call, exc.message, "answer_too_large")
         except UpstreamError as exc:
             return self._upstream_failed(call, f"the replica's answer broke off ({exc.kind})")
         finally:
@@ -263,10 +265,14 @@ class Gateway:
                 Outcome("ok" if ok else "error", upstream.status_code))
 
     def _upstream_failed(self, call: Call, message: str) -> tuple[Response, Outcome]:
-        """A 502 in the error shape; the client got nothing, so the row bills nothing."""
+        """The replica failed: the pool checks it before it takes another request."""
         call.lease.mark_failed()
+        return self._refused(call, message, "upstream_error")
+
+    def _refused(self, call: Call, message: str, code: str) -> tuple[Response, Outcome]:
+        """A 502 in the error shape; the client got nothing, so the row bills nothing."""
         call.usage = UsageSeen()
-        refusal = ApiError(502, message, code="upstream_error")
+        refusal = ApiError(502, message, code=code)
         response = refusal.response()
         response.headers.update(self._headers(call))
         return response, Outcome("error", 502)
@@ -314,6 +320,9 @@ class Gateway:
                 if chunk is not None:
                     yield sse(chunk)
                     self._delivered(call)     # the chunk is in the client's connection
+        except AnswerTooLarge as exc:
+            log.warning("replica stream refused", extra={"error": exc.message})
+            yield sse(error_body(exc.message, 502, code="answer_too_large"))
         except UpstreamError as exc:
             log.warning("replica stream cut", extra={"error": repr(exc)})
             yield sse(error_body("the replica stream ended early", 502))

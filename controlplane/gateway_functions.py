@@ -29,7 +29,7 @@ from controlplane.pricing import invocation_cost
 from controlplane.ratelimit import Admission
 from controlplane.store.deployments import kind_of
 from controlplane.store.tenants import Principal
-from controlplane.upstream import UpstreamError, UpstreamResponse
+from controlplane.upstream import AnswerTooLarge, UpstreamError, UpstreamResponse
 from controlplane.usage import UsageRecord
 from pool.api import Lease
 from runtime.function_request import FunctionRequest, parse_function_request
@@ -83,6 +83,8 @@ class FunctionGateway:
                 f"{lease.base_url.rstrip('/')}/invoke", _body(request),
                 {**lease.headers, "x-request-id": request_id})
             payload = await upstream.json()
+        except AnswerTooLarge as exc:
+            return self._refused(call, exc.message, "answer_too_large")
         except UpstreamError as exc:
             return self._failed(call, f"the function's replica failed mid-call ({exc.kind}); "
                                       "it is being replaced")
@@ -109,6 +111,12 @@ class FunctionGateway:
         call.lease.mark_failed()
         self.meter(call, "error", 502)
         refusal = ApiError(502, message, code="replica_failed", retry_after_s=1)
+        return Answer(502, refusal.body(), {**refusal.headers(), **self._headers(call)})
+
+    def _refused(self, call: FunctionCall, message: str, code: str) -> Answer:
+        """The replica answered, but not with something the gateway passes on."""
+        self.meter(call, "error", 502)
+        refusal = ApiError(502, message, code=code)
         return Answer(502, refusal.body(), {**refusal.headers(), **self._headers(call)})
 
     def meter(self, call: FunctionCall, status: str, http_status: int) -> None:

@@ -37,6 +37,10 @@ async def broken_replica(request: Request):
     sends the whole answer and [DONE], then holds the stream open a while."""
     body = await request.json()
     how, stream = body["prompt"], body.get("stream", False)
+    if how == "ok" and not stream:
+        return JSONResponse(chunk(2))
+    if how == "huge":
+        return StreamingResponse(huge_answer(stream), media_type="text/event-stream")
     if how == "die" and not stream:
         return JSONResponse(error_body("the engine died: illegal memory access", 500), 500)
 
@@ -58,11 +62,27 @@ async def broken_replica(request: Request):
     return StreamingResponse(events(), media_type="text/event-stream" if stream else "application/json")
 
 
+ANSWER_CAP = 1 << 20
+
+
+async def huge_answer(stream: bool):
+    """A unary answer, or a stream's line after a first event, with no end (2 GB, were
+    it read to the end): past the control plane's caps."""
+    if stream:
+        yield sse(chunk(1))
+    yield b'data: {"choices": ["'
+    for _ in range(2 << 14):
+        yield b"x" * (1 << 16)
+        await asyncio.sleep(0)
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def plane(db_url, s3_server, tmp_path_factory):
     app = Starlette(routes=[Route("/v1/completions", broken_replica, methods=["POST"])])
     async with serve(app) as replica_url:
-        settings = make_settings(db_url, s3_server, tmp_path_factory.mktemp("cp-up"))
+        settings = make_settings(db_url, s3_server, tmp_path_factory.mktemp("cp-up"),
+                                 upstream_max_answer_bytes=ANSWER_CAP,
+                                 upstream_max_line_bytes=ANSWER_CAP)
         async with running_control_plane(settings, base_urls=[replica_url]) as plane:
             yield plane
 
@@ -142,3 +162,35 @@ async def test_a_client_that_hangs_up_right_after_done_is_billed_ok(plane, clien
     (row,) = await eventually(metered, timeout_s=30, what="the call's usage row")
     assert (row.status, row.http_status, row.completion_tokens) == ("ok", 200, 2)
     assert not lease_of(plane, request_id).failed
+
+
+async def test_a_unary_answer_past_the_cap_is_a_named_502_and_the_next_call_is_served(plane, client):
+    request_id = "unary-huge"
+    response = await client.post("/v1/completions", headers={"x-request-id": request_id},
+                                 json={"model": "chat", "prompt": "huge", "max_tokens": 5})
+    assert response.status_code == 502, response.text[:300]
+    error = response.json()["error"]
+    assert error["code"] == "answer_too_large" and str(ANSWER_CAP) in error["message"]
+    row = await usage_row(plane, request_id)
+    assert (row.status, row.http_status, row.prompt_tokens, row.completion_tokens, row.cost) == \
+        ("error", 502, 0, 0, 0)
+    assert lease_of(plane, request_id).released == 1
+    after = await client.post("/v1/completions", headers={"x-request-id": "after-huge"},
+                              json={"model": "chat", "prompt": "ok", "max_tokens": 5})
+    assert after.status_code == 200, after.text
+    assert (await usage_row(plane, "after-huge")).completion_tokens == 2
+
+
+async def test_a_stream_line_past_the_cap_ends_the_stream_with_a_named_error(plane, client):
+    request_id = "stream-huge"
+    async with client.stream("POST", "/v1/completions", headers={"x-request-id": request_id},
+                             json={"model": "chat", "prompt": "huge", "max_tokens": 5,
+                                   "stream": True}) as response:
+        assert response.status_code == 200
+        events = [line[6:] async for line in response.aiter_lines() if line.startswith("data: ")]
+    assert len(events) == 2 and json.loads(events[0])["choices"][0]["text"] == "a"
+    error = json.loads(events[-1])["error"]
+    assert error["code"] == "answer_too_large" and error["type"] == "upstream_error"
+    row = await usage_row(plane, request_id)
+    assert (row.status, row.http_status, row.completion_tokens) == ("partial", 502, 1)
+    assert lease_of(plane, request_id).released == 1
