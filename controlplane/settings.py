@@ -89,6 +89,10 @@ class Settings:
         return (self.outbox_dir or self.data_dir) / "usage-dead-letters.jsonl"
 
     @property
+    def replica_dead_letter_path(self) -> Path:
+        return (self.outbox_dir or self.data_dir) / "replica-event-dead-letters.jsonl"
+
+    @property
     def default_pricing(self) -> Pricing:
         return Pricing(self.price_input_per_mtok, self.price_cached_input_per_mtok,
                        self.price_output_per_mtok, self.price_gpu_second, self.price_per_call)
