@@ -108,7 +108,8 @@ class UsageSeen:
 
     def _take(self, usage: dict[str, Any]) -> None:
         prompt = token_count(usage.get("prompt_tokens"), self.prompt_limit)
-        completion = token_count(usage.get("completion_tokens"), self.completion_limit)
+        # an embedding's usage has no completion_tokens (OpenAI's shape): none written
+        completion = token_count(usage.get("completion_tokens", 0), self.completion_limit)
         details = usage.get("prompt_tokens_details") or {}
         cached = token_count((details.get("cached_tokens") or 0) if isinstance(details, dict) else None,
                              prompt or 0)
