@@ -18,6 +18,7 @@ it is charged twice. A replica that dies mid-call is a 502 and is replaced
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -105,11 +106,14 @@ class FunctionGateway:
             compute_s = compute_seconds(payload.pop("usage", None), wall_s)
             call.gpu_seconds = compute_s * call.target.revision.gpu_count
             payload["usage"] = {"items": call.items, "gpu_seconds": call.gpu_seconds}
+            if not _json_safe(payload):
+                return self._refused(call, "the function's answer holds NaN or Infinity, which "
+                                           "JSON cannot carry", "upstream_error")
             self.meter(call, "ok", 200)
             return Answer(200, payload, self._headers(call))
         status = upstream.status_code if upstream.status_code in (400, 413, 500) else 502
         self.meter(call, "error", status)
-        body = payload if isinstance(payload, dict) and "error" in payload else {
+        body = payload if isinstance(payload, dict) and "error" in payload and _json_safe(payload) else {
             "error": {"message": "the function's replica refused the call", "type": "upstream_error",
                       "param": None, "code": "upstream_error"}}
         return Answer(status, body, self._headers(call))
@@ -166,6 +170,16 @@ def compute_seconds(usage: Any, wall_s: float) -> float:
     if isinstance(value, float) and math.isnan(value):
         return 0.0
     return float(min(max(value, 0), wall_s))
+
+
+def _json_safe(payload: dict[str, Any]) -> bool:
+    """The answer can go out as JSON (and into a JSONB column, for an async call): Python
+    reads NaN, Infinity and 1e999 from a replica, but no JSON may carry them."""
+    try:
+        json.dumps(payload, allow_nan=False)
+    except ValueError:
+        return False
+    return True
 
 
 def _body(request: FunctionRequest) -> dict[str, Any]:

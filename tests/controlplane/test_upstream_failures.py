@@ -89,11 +89,12 @@ def hostile_usage(usage, stream: bool) -> Response:
 
 
 async def hostile_function(request: Request) -> Response:
-    """A function's answer whose usage is the JSON the first input's `usage` holds
-    (NaN included), padded with `pad` bytes."""
+    """A function's answer whose usage (and outputs, when given) is the JSON the first
+    input's `usage` (`outputs`) holds, NaN included, padded with `pad` bytes."""
     body = await request.json()
     inputs = body.get("inputs") or [body["input"]]
-    answer = {"outputs": [{"ok": True} for _ in inputs], "usage": json.loads(inputs[0]["usage"]),
+    outputs = json.loads(inputs[0].get("outputs", "null")) or [{"ok": True} for _ in inputs]
+    answer = {"outputs": outputs, "usage": json.loads(inputs[0]["usage"]),
               "pad": "x" * inputs[0].get("pad", 0)}
     return Response(json.dumps(answer), media_type="application/json")
 
@@ -331,6 +332,20 @@ async def test_a_functions_answer_past_the_cap_is_a_named_502(plane, function_cl
                                           json={"input": {"usage": "{}", "pad": 2 * ANSWER_CAP}})
     assert response.status_code == 502, response.text[:300]
     assert response.json()["error"]["code"] == "answer_too_large"
+    row = await usage_row(plane, request_id)
+    assert (row.status, row.http_status, row.cost) == ("error", 502, 0)
+    assert lease_of(plane, request_id).released == 1
+
+
+@pytest.mark.parametrize("outputs", ["[NaN]", "[{\"score\": Infinity}]", "[1e999]"])
+async def test_a_functions_answer_json_cannot_carry_is_a_502_not_a_500(plane, function_client,
+                                                                       outputs):
+    request_id = call_id("fn-nan", outputs)
+    response = await function_client.post("/v1/functions/probe/invoke",
+                                          headers={"x-request-id": request_id},
+                                          json={"input": {"usage": "{}", "outputs": outputs}})
+    assert response.status_code == 502, response.text
+    assert response.json()["error"]["code"] == "upstream_error"
     row = await usage_row(plane, request_id)
     assert (row.status, row.http_status, row.cost) == ("error", 502, 0)
     assert lease_of(plane, request_id).released == 1
