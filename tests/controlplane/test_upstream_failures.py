@@ -45,6 +45,10 @@ async def broken_replica(request: Request):
     how, stream = body["prompt"], body.get("stream", False)
     if how == "ok" and not stream:
         return JSONResponse(chunk(2))
+    if how == "nan" and not stream:    # a logprob no JSON may carry
+        answer = chunk(1)
+        answer["choices"][0]["logprobs"] = {"token_logprobs": [math.nan]}
+        return Response(json.dumps(answer), media_type="application/json")
     if how.startswith("usage:"):        # a usage of the test's choosing, NaN included
         return hostile_usage(json.loads(how[6:]), stream)
     if how == "huge":
@@ -344,6 +348,17 @@ async def test_a_functions_answer_json_cannot_carry_is_a_502_not_a_500(plane, fu
     response = await function_client.post("/v1/functions/probe/invoke",
                                           headers={"x-request-id": request_id},
                                           json={"input": {"usage": "{}", "outputs": outputs}})
+    assert response.status_code == 502, response.text
+    assert response.json()["error"]["code"] == "upstream_error"
+    row = await usage_row(plane, request_id)
+    assert (row.status, row.http_status, row.cost) == ("error", 502, 0)
+    assert lease_of(plane, request_id).released == 1
+
+
+async def test_a_unary_answer_json_cannot_carry_is_a_502_not_a_500(plane, client):
+    request_id = "unary-nan"
+    response = await client.post("/v1/completions", headers={"x-request-id": request_id},
+                                 json={"model": "chat", "prompt": "nan", "max_tokens": 5})
     assert response.status_code == 502, response.text
     assert response.json()["error"]["code"] == "upstream_error"
     row = await usage_row(plane, request_id)
