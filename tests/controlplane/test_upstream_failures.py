@@ -45,6 +45,9 @@ async def broken_replica(request: Request):
     how, stream = body["prompt"], body.get("stream", False)
     if how == "ok" and not stream:
         return JSONResponse(chunk(2))
+    if how == "garbled" and stream:     # one event, then a line that is not JSON
+        return Response(sse(chunk(1)) + b"data: {\"choices\": [\n\n",
+                        media_type="text/event-stream")
     if how == "nan" and not stream:    # a logprob no JSON may carry
         answer = chunk(1)
         answer["choices"][0]["logprobs"] = {"token_logprobs": [math.nan]}
@@ -363,4 +366,18 @@ async def test_a_unary_answer_json_cannot_carry_is_a_502_not_a_500(plane, client
     assert response.json()["error"]["code"] == "upstream_error"
     row = await usage_row(plane, request_id)
     assert (row.status, row.http_status, row.cost) == ("error", 502, 0)
+    assert lease_of(plane, request_id).released == 1
+
+
+async def test_a_stream_line_that_is_not_json_ends_the_stream_with_an_error_event(plane, client):
+    request_id = "stream-garbled"
+    async with client.stream("POST", "/v1/completions", headers={"x-request-id": request_id},
+                             json={"model": "chat", "prompt": "garbled", "max_tokens": 5,
+                                   "stream": True}) as response:
+        assert response.status_code == 200
+        events = [line[6:] async for line in response.aiter_lines() if line.startswith("data: ")]
+    assert json.loads(events[0])["choices"][0]["text"] == "a" and len(events) == 2
+    assert json.loads(events[1])["error"]["code"] == "upstream_error"
+    row = await usage_row(plane, request_id)
+    assert (row.status, row.http_status, row.completion_tokens) == ("partial", 502, 1)
     assert lease_of(plane, request_id).released == 1
