@@ -137,13 +137,17 @@ def estimate_completion_tokens(payload: dict[str, Any]) -> int:
     """A unary answer's tokens, counted from its text (about four characters a token),
     for a replica whose usage cannot be taken."""
     choices = payload.get("choices")
-    total = 0
-    for choice in choices if isinstance(choices, list) else ():
-        message = choice.get("message") if isinstance(choice, dict) else None
-        text = message.get("content") if isinstance(message, dict) else \
-            choice.get("text") if isinstance(choice, dict) else None
-        total += len(text) // 4 + 1 if isinstance(text, str) else 0
-    return total
+    texts = [_text_of(choice) for choice in (choices if isinstance(choices, list) else ())]
+    return sum(len(text) // 4 + 1 for text in texts if text is not None)
+
+
+def _text_of(choice: Any) -> Optional[str]:
+    """A completion choice's text, or a chat choice's message content."""
+    if not isinstance(choice, dict):
+        return None
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    return text if isinstance(text, str) else None
 
 
 def has_content(payload: dict[str, Any]) -> bool:

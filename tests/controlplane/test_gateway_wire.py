@@ -1,5 +1,6 @@
 """What the gateway forwards and what it hands back to the client."""
-from controlplane.gateway_wire import (MAX_TOKENS, UsageSeen, client_chunk, estimate_prompt_tokens,
+from controlplane.gateway_wire import (MAX_TOKENS, UsageSeen, client_chunk,
+                                       estimate_completion_tokens, estimate_prompt_tokens,
                                        prefix_key, prompt_text, upstream_body)
 from wire.requests import StreamOptions, parse_request
 
@@ -78,3 +79,11 @@ def test_a_malformed_usage_is_not_taken_and_the_gateways_counts_are_billed():
     seen.fall_back()
     assert (seen.prompt_tokens, seen.cached_tokens, seen.completion_tokens) == (12, 0, 3)
     assert seen.as_openai()["total_tokens"] == 15
+
+
+def test_a_completion_is_estimated_from_its_text_when_its_usage_cannot_be_taken():
+    chat = {"choices": [{"message": {"role": "assistant", "content": "x" * 40}},
+                        {"message": {"role": "assistant", "content": None}}, "junk"]}
+    assert estimate_completion_tokens(chat) == 11
+    assert estimate_completion_tokens({"choices": [{"text": "abc"}, {"text": "abcd"}]}) == 3
+    assert estimate_completion_tokens({"choices": {"text": "abc"}}) == 0
