@@ -410,3 +410,13 @@ async def test_a_call_cut_by_a_killed_process_is_billed_what_it_delivered(engine
     assert (rows[cut].status, rows[cut].prompt_tokens, rows[cut].completion_tokens, rows[cut].recovered) == \
         ("partial", 10, 4, True)
     assert not list(tmp_path.glob("calls-journal-*.log")), "the call journal is forgotten once billed"
+
+
+def test_the_answer_caps_and_the_replica_dead_letters_are_settings(tmp_path):
+    settings = Settings.from_env({
+        "THAWPOOL_OUTBOX_DIR": str(tmp_path / "ebs"), "THAWPOOL_UPSTREAM_MAX_ANSWER_BYTES": "1000",
+        "THAWPOOL_UPSTREAM_MAX_LINE_BYTES": "100"})
+    assert (settings.upstream_max_answer_bytes, settings.upstream_max_line_bytes) == (1000, 100)
+    assert settings.replica_dead_letter_path == tmp_path / "ebs" / "replica-event-dead-letters.jsonl"
+    defaults = Settings.from_env({})
+    assert (defaults.upstream_max_answer_bytes, defaults.upstream_max_line_bytes) == (32 << 20, 8 << 20)
