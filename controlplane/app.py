@@ -25,6 +25,7 @@ from controlplane.metrics import Metrics, MetricsMiddleware
 from controlplane.outbox import DeadLetters, Outbox
 from controlplane.routes import (billing, deployments, functions, gateway, health, model_sources,
                                  models_list, openapi, prices, quotas, tenants, uploads)
+from controlplane.refusals import DeadLetteringSink
 from controlplane.sealing import load_sealer
 from controlplane.settings import Settings
 from controlplane.state import AppState, state_of
@@ -32,10 +33,10 @@ from controlplane.store.desired_state import PostgresDesiredState, PostgresRepli
 from controlplane.store.prices import seed_default
 from controlplane.uploads import S3Client, UploadConfig, Uploads, open_s3_client
 from controlplane.upstream import Upstream
-from pool.api import Pool
+from pool.api import Pool, ReplicaEventSink
 from wire.request_id import RequestIdMiddleware
 
-PoolFactory = Callable[[PostgresDesiredState, PostgresReplicaEvents], Pool]
+PoolFactory = Callable[[PostgresDesiredState, ReplicaEventSink], Pool]
 # The invocation routes first: Starlette tries each route's pattern in order, and these
 # take nearly every request (no other pattern matches their paths, so the order is free).
 ROUTES = [*gateway.routes, *functions.routes, *health.routes, *openapi.routes, *tenants.routes,
@@ -75,12 +76,16 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
                                  dead_letters=DeadLetters(settings.dead_letter_path))
             await writer.start()
             stack.push_async_callback(writer.stop)
-            http = await stack.enter_async_context(Upstream(read_timeout_s=settings.upstream_timeout_s))
+            http = await stack.enter_async_context(Upstream(
+                read_timeout_s=settings.upstream_timeout_s,
+                max_answer_bytes=settings.upstream_max_answer_bytes,
+                max_line_bytes=settings.upstream_max_line_bytes))
             s3 = await open_s3_client(stack, settings.s3_endpoint, settings.aws_region,
                                       settings.aws_access_key_id, settings.aws_secret_access_key)
             sealer = load_sealer(settings.secrets_key, settings.data_dir)
             the_pool = make_pool(PostgresDesiredState(sessions, settings.default_quota, sealer),
-                                 PostgresReplicaEvents(sessions))
+                                 DeadLetteringSink(PostgresReplicaEvents(sessions),
+                                                   DeadLetters(settings.replica_dead_letter_path)))
             if owns_pool:
                 await the_pool.start()
                 stack.push_async_callback(the_pool.stop)

@@ -21,9 +21,9 @@ from starlette.responses import JSONResponse, Response
 
 from controlplane.call_journal import CUT_HTTP_STATUS, Delivered
 from controlplane.errors import ApiError
-from controlplane.gateway_wire import (UsageSeen, client_chunk, client_response,
-                                       estimate_prompt_tokens, has_content, prefix_key,
-                                       prompt_text, upstream_body)
+from controlplane.gateway_wire import (MAX_TOKENS, UsageSeen, client_chunk, client_response,
+                                       estimate_completion_tokens, estimate_prompt_tokens,
+                                       has_content, prefix_key, prompt_text, upstream_body)
 from controlplane.lookups import Lookups
 from controlplane.metering import UsageWriter
 from controlplane.metrics import Metrics
@@ -35,7 +35,7 @@ from controlplane.settings import Settings
 from controlplane.store import deployments
 from controlplane.store.tenants import Principal
 from controlplane.traffic import choose
-from controlplane.upstream import Upstream, UpstreamError, UpstreamResponse
+from controlplane.upstream import AnswerTooLarge, Upstream, UpstreamError, UpstreamResponse
 from controlplane.usage import UsageRecord
 from pool.api import Lease, Pool, RevisionSpec
 from wire.disconnect import Receive, until_disconnect
@@ -76,6 +76,13 @@ class Invocation:
     prompt_text: str
     prompt_tokens: int              # estimate
     max_tokens: int                 # wire.requests' rule over the context, times the choices
+    prompt_limit: int = MAX_TOKENS      # the most prompt tokens a replica may bill
+    completion_limit: int = MAX_TOKENS  # the most completion tokens it may bill
+
+    def usage(self) -> UsageSeen:
+        """What the call's replica reports, bounded by what the request could use."""
+        return UsageSeen(prompt_limit=self.prompt_limit, completion_limit=self.completion_limit,
+                         estimated_prompt=self.prompt_tokens)
 
 
 @dataclass(frozen=True)
@@ -158,8 +165,13 @@ class Gateway:
         text = prompt_text(request)
         prompt_tokens = estimate_prompt_tokens(request, text)
         max_tokens = request.max_tokens_within(context_length(target.revision), prompt_tokens)
-        choices = max(1, len(request.prompts)) * request.params.n   # each may write max_tokens
-        return Invocation(request, text, prompt_tokens, max_tokens * choices)
+        prompts = max(1, len(request.prompts))
+        choices = prompts * request.params.n            # each may write max_tokens
+        # what a replica may bill: each prompt and each choice within the context (when
+        # the revision recorded it; the fallback context may be below the model's)
+        context = context_length(target.revision) if target.revision.context_length else MAX_TOKENS
+        return Invocation(request, text, prompt_tokens, max_tokens * choices,
+                          min(MAX_TOKENS, context * prompts), min(MAX_TOKENS, context * choices))
 
     def admit(self, principal: Principal, target: Target, invocation: Invocation) -> Admission:
         """The key's and its tenant's request and token buckets (429 with Retry-After); the
@@ -188,7 +200,7 @@ class Gateway:
         lease, t0 = await self.lease(target, request_id, admission, prefix_key(invocation.prompt_text),
                                      invocation.prompt_tokens)
         return Call(principal, target, request_id, endpoint, lease, target.at, t0, admission,
-                    log_fields=log_fields)
+                    usage=invocation.usage(), log_fields=log_fields)
 
     async def lease(self, target: Target, request_id: str, admission: Admission,
                     prefix: Optional[str], prompt_tokens: int) -> tuple[Lease, float]:
@@ -241,6 +253,8 @@ class Gateway:
             raw = upstream.whole_body()          # a short answer is usually whole by now
             if raw is None:
                 raw = await until_disconnect(receive, upstream.aread(), watch_after_s=WATCH_AFTER_S)
+        except AnswerTooLarge as exc:
+            return self._refused(call, exc.message, "answer_too_large")
         except UpstreamError as exc:
             return self._upstream_failed(call, f"the replica's answer broke off ({exc.kind})")
         finally:
@@ -254,19 +268,32 @@ class Gateway:
             payload = json.loads(raw)
         except ValueError:
             return self._upstream_failed(call, "the replica's answer is not JSON")
+        if not isinstance(payload, dict):
+            return self._upstream_failed(call, "the replica's answer is not a JSON object")
         ok = upstream.status_code == 200
         if ok:
             call.usage.observe(payload)
+            if not call.usage.reported:       # the client sees what is billed
+                call.usage.counted_completion = estimate_completion_tokens(payload)
+                call.usage.fall_back()
+                payload["usage"] = call.usage.as_openai()
             payload = client_response(payload, call.target.deployment.name)
-        return (JSONResponse(payload, status_code=upstream.status_code,
-                             headers=self._headers(call)),
-                Outcome("ok" if ok else "error", upstream.status_code))
+        try:
+            response = JSONResponse(payload, status_code=upstream.status_code,
+                                    headers=self._headers(call))
+        except ValueError:                    # NaN or Infinity: not JSON a client can read
+            return self._upstream_failed(call, "the replica's answer holds numbers JSON cannot carry")
+        return response, Outcome("ok" if ok else "error", upstream.status_code)
 
     def _upstream_failed(self, call: Call, message: str) -> tuple[Response, Outcome]:
-        """A 502 in the error shape; the client got nothing, so the row bills nothing."""
+        """The replica failed: the pool checks it before it takes another request."""
         call.lease.mark_failed()
+        return self._refused(call, message, "upstream_error")
+
+    def _refused(self, call: Call, message: str, code: str) -> tuple[Response, Outcome]:
+        """A 502 in the error shape; the client got nothing, so the row bills nothing."""
         call.usage = UsageSeen()
-        refusal = ApiError(502, message, code="upstream_error")
+        refusal = ApiError(502, message, code=code)
         response = refusal.response()
         response.headers.update(self._headers(call))
         return response, Outcome("error", 502)
@@ -308,12 +335,22 @@ class Gateway:
                     yield sse(payload)        # no [DONE] follows (the answer is cut)
                     continue
                 call.usage.observe(payload)
+                if call.usage.malformed:      # the client sees what is billed
+                    call.usage.fall_back()
+                    payload["usage"] = call.usage.as_openai()
                 if call.ttft_s is None and has_content(payload):
                     call.ttft_s = time.perf_counter() - call.t0
                 chunk = client_chunk(payload, call.target.deployment.name, options)
                 if chunk is not None:
                     yield sse(chunk)
+                    call.usage.counted_completion += 1
                     self._delivered(call)     # the chunk is in the client's connection
+        except ValueError:                    # a line that is not JSON: the answer is cut
+            log.warning("replica stream malformed", extra={"request_id": call.request_id})
+            yield sse(error_body("the replica sent a malformed event", 502, code="upstream_error"))
+        except AnswerTooLarge as exc:
+            log.warning("replica stream refused", extra={"error": exc.message})
+            yield sse(error_body(exc.message, 502, code="answer_too_large"))
         except UpstreamError as exc:
             log.warning("replica stream cut", extra={"error": repr(exc)})
             yield sse(error_body("the replica stream ended early", 502))
@@ -323,6 +360,8 @@ class Gateway:
         if call.metered:
             return
         call.metered = True
+        if call.usage.malformed or outcome.status == "ok":
+            call.usage.fall_back()
         used = call.usage.prompt_tokens + call.usage.completion_tokens
         self.limiter.settle(call.admission, used, self.clock())
         try:

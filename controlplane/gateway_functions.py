@@ -8,8 +8,9 @@ the pool's refusals with Retry-After. Bad input is a 400 naming the field
 
 The replica batches items (runtime/function_worker.py) and answers each call
 with its items' share of the batches' compute seconds; the call's usage row
-carries `items` and `gpu_seconds` (that share times the revision's GPUs) and is
-priced at the price book's `per_call`. GPU time itself is billed like a model's:
+carries `items` (counted by the gateway in the request, never the replica's
+word) and `gpu_seconds` (that share, bounded by the call's wall time, times the
+revision's GPUs) and is priced at the price book's `per_call`. GPU time itself is billed like a model's:
 the replica's lifetime at `gpu_second` (controlplane.lifetimes), so no second of
 it is charged twice. A replica that dies mid-call is a 502 and is replaced
 (`Lease.mark_failed`); a handler that raised or broke its contract is a 500
@@ -17,6 +18,8 @@ it is charged twice. A replica that dies mid-call is a 502 and is replaced
 """
 from __future__ import annotations
 
+import json
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -29,7 +32,7 @@ from controlplane.pricing import invocation_cost
 from controlplane.ratelimit import Admission
 from controlplane.store.deployments import kind_of
 from controlplane.store.tenants import Principal
-from controlplane.upstream import UpstreamError, UpstreamResponse
+from controlplane.upstream import AnswerTooLarge, UpstreamError, UpstreamResponse
 from controlplane.usage import UsageRecord
 from pool.api import Lease
 from runtime.function_request import FunctionRequest, parse_function_request
@@ -79,28 +82,38 @@ class FunctionGateway:
         lease, t0 = await self.gateway.lease(target, request_id, admission, None, 0)
         call = FunctionCall(principal, target, request_id, lease, admission, t0)
         try:
+            sent = time.perf_counter()
             upstream = await self.gateway.http.post(
                 f"{lease.base_url.rstrip('/')}/invoke", _body(request),
                 {**lease.headers, "x-request-id": request_id})
             payload = await upstream.json()
+            wall_s = time.perf_counter() - sent
+        except AnswerTooLarge as exc:
+            return self._refused(call, exc.message, "answer_too_large")
         except UpstreamError as exc:
             return self._failed(call, f"the function's replica failed mid-call ({exc.kind}); "
                                       "it is being replaced")
         except ValueError:
             return self._failed(call, "the function's replica answered with something not JSON")
-        return self._answer(call, upstream, payload)
+        return self._answer(call, upstream, payload, len(request.items), wall_s)
 
-    def _answer(self, call: FunctionCall, upstream: UpstreamResponse, payload: Any) -> Answer:
+    def _answer(self, call: FunctionCall, upstream: UpstreamResponse, payload: Any,
+                items: int, wall_s: float) -> Answer:
+        """An answered call is billed for the items the gateway counted in its request and
+        the compute seconds the replica reports, bounded by the call's wall time."""
         if upstream.status_code == 200 and isinstance(payload, dict):
-            usage = payload.pop("usage", {}) or {}
-            call.items = int(usage.get("items", 0))
-            call.gpu_seconds = float(usage.get("compute_s", 0.0)) * call.target.revision.gpu_count
+            call.items = items
+            compute_s = compute_seconds(payload.pop("usage", None), wall_s)
+            call.gpu_seconds = compute_s * call.target.revision.gpu_count
             payload["usage"] = {"items": call.items, "gpu_seconds": call.gpu_seconds}
+            if not _json_safe(payload):
+                return self._refused(call, "the function's answer holds NaN or Infinity, which "
+                                           "JSON cannot carry", "upstream_error")
             self.meter(call, "ok", 200)
             return Answer(200, payload, self._headers(call))
         status = upstream.status_code if upstream.status_code in (400, 413, 500) else 502
         self.meter(call, "error", status)
-        body = payload if isinstance(payload, dict) and "error" in payload else {
+        body = payload if isinstance(payload, dict) and "error" in payload and _json_safe(payload) else {
             "error": {"message": "the function's replica refused the call", "type": "upstream_error",
                       "param": None, "code": "upstream_error"}}
         return Answer(status, body, self._headers(call))
@@ -109,6 +122,12 @@ class FunctionGateway:
         call.lease.mark_failed()
         self.meter(call, "error", 502)
         refusal = ApiError(502, message, code="replica_failed", retry_after_s=1)
+        return Answer(502, refusal.body(), {**refusal.headers(), **self._headers(call)})
+
+    def _refused(self, call: FunctionCall, message: str, code: str) -> Answer:
+        """The replica answered, but not with something the gateway passes on."""
+        self.meter(call, "error", 502)
+        refusal = ApiError(502, message, code=code)
         return Answer(502, refusal.body(), {**refusal.headers(), **self._headers(call)})
 
     def meter(self, call: FunctionCall, status: str, http_status: int) -> None:
@@ -140,6 +159,27 @@ class FunctionGateway:
     def _headers(self, call: FunctionCall) -> dict[str, str]:
         return {"x-thawpool-revision": call.target.revision.name,
                 "x-thawpool-replica": call.lease.replica_id}
+
+
+def compute_seconds(usage: Any, wall_s: float) -> float:
+    """The compute seconds a replica reports for a call, as billed: from 0 to the call's
+    wall time as the gateway measured it; 0 for anything not a number (NaN included)."""
+    value = usage.get("compute_s") if isinstance(usage, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    if isinstance(value, float) and math.isnan(value):
+        return 0.0
+    return float(min(max(value, 0), wall_s))
+
+
+def _json_safe(payload: dict[str, Any]) -> bool:
+    """The answer can go out as JSON (and into a JSONB column, for an async call): Python
+    reads NaN, Infinity and 1e999 from a replica, but no JSON may carry them."""
+    try:
+        json.dumps(payload, allow_nan=False)
+    except ValueError:
+        return False
+    return True
 
 
 def _body(request: FunctionRequest) -> dict[str, Any]:

@@ -66,28 +66,96 @@ def client_response(body: dict[str, Any], model: str) -> dict[str, Any]:
     return body
 
 
+MAX_TOKENS = 2 ** 31 - 1       # a count a usage row may hold, whatever a replica says
+
+
+def token_count(value: Any, limit: int) -> Optional[int]:
+    """A replica's token count as billed: an int (not a bool) from 0, at most `limit`;
+    None for anything else (a string, a float, NaN, a negative number)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return min(value, limit)
+
+
 @dataclass
 class UsageSeen:
-    """Cumulative usage as the replica reported it so far."""
+    """Cumulative usage as the replica reported it so far, bounded: each count at most
+    what the request could have used (`prompt_limit`, `completion_limit`: the context
+    per prompt and per choice). A usage the gateway cannot take (wrong types, negative,
+    missing counts) is not taken; without any well-formed one the call is billed by the
+    gateway's own counts (`fall_back`)."""
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
     finished: bool = False          # a choice carried a finish_reason
+    prompt_limit: int = MAX_TOKENS
+    completion_limit: int = MAX_TOKENS
+    estimated_prompt: int = 0       # the gateway's estimate of the prompt
+    counted_completion: int = 0     # the gateway's count: chunks delivered, or the answer's text
+    reported: bool = False          # a well-formed usage arrived
+    malformed: bool = False         # a usage arrived that was not
 
     def observe(self, payload: dict[str, Any]) -> None:
         usage = payload.get("usage")
         if isinstance(usage, dict):
-            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            self.completion_tokens = int(usage.get("completion_tokens") or 0)
-            details = usage.get("prompt_tokens_details") or {}
-            self.cached_tokens = int(details.get("cached_tokens") or 0)
-        for choice in payload.get("choices") or []:
+            self._take(usage)
+        elif usage is not None:
+            self.malformed = True
+        choices = payload.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
             if isinstance(choice, dict) and choice.get("finish_reason"):
                 self.finished = True
 
+    def _take(self, usage: dict[str, Any]) -> None:
+        prompt = token_count(usage.get("prompt_tokens"), self.prompt_limit)
+        # an embedding's usage has no completion_tokens (OpenAI's shape): none written
+        completion = token_count(usage.get("completion_tokens", 0), self.completion_limit)
+        details = usage.get("prompt_tokens_details") or {}
+        cached = token_count((details.get("cached_tokens") or 0) if isinstance(details, dict) else None,
+                             prompt or 0)
+        if prompt is None or completion is None or cached is None:
+            self.malformed = True
+            return
+        self.prompt_tokens, self.completion_tokens, self.cached_tokens = prompt, completion, cached
+        self.reported = True
+
+    def fall_back(self) -> None:
+        """No well-formed usage came: bill the gateway's own counts instead."""
+        if not self.reported:
+            self.prompt_tokens = min(self.estimated_prompt, self.prompt_limit)
+            self.completion_tokens = min(self.counted_completion, self.completion_limit)
+            self.cached_tokens = 0
+
+    def as_openai(self) -> dict[str, Any]:
+        """The counts as OpenAI's `usage`: what the client sees in place of a malformed one."""
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+
+def estimate_completion_tokens(payload: dict[str, Any]) -> int:
+    """A unary answer's tokens, counted from its text (about four characters a token),
+    for a replica whose usage cannot be taken."""
+    choices = payload.get("choices")
+    texts = [_text_of(choice) for choice in (choices if isinstance(choices, list) else ())]
+    return sum(len(text) // 4 + 1 for text in texts if text is not None)
+
+
+def _text_of(choice: Any) -> Optional[str]:
+    """A completion choice's text, or a chat choice's message content."""
+    if not isinstance(choice, dict):
+        return None
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    return text if isinstance(text, str) else None
+
 
 def has_content(payload: dict[str, Any]) -> bool:
-    for choice in payload.get("choices") or []:
-        if choice.get("text") or (choice.get("delta") or {}).get("content"):
+    choices = payload.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if choice.get("text") or (isinstance(delta, dict) and delta.get("content")):
             return True
     return False

@@ -214,6 +214,10 @@ class UsageWriter:
 
     async def _write(self, batch: list[UsageRecord]) -> bool:
         """True once every event is committed or dead-lettered; False: Postgres is away."""
+        if any(record.not_billable() for record in batch):
+            batch = await self._set_apart(batch)
+            if not batch:
+                return True
         try:
             await insert_usage(self.db_engine, batch)
         except Exception as exc:  # noqa: BLE001 - classified: refused, or away
@@ -236,6 +240,22 @@ class UsageWriter:
                   extra={"alert": "usage_dead_letter", "invocation_id": batch[0].invocation_id,
                          "error": repr(exc)[:300], "path": str(self.dead_letters.path)})
         return True
+
+    async def _set_apart(self, batch: list[UsageRecord]) -> list[UsageRecord]:
+        """The events Postgres would take but no bill may hold (a NaN cost or time) go to
+        the dead-letter file; the rest are written."""
+        kept = []
+        for record in batch:
+            reason = record.not_billable()
+            if reason is None:
+                kept.append(record)
+                continue
+            await asyncio.to_thread(self.dead_letters.add, [record], f"not billable: {reason}")
+            self.metrics.usage_dead_letters.inc()
+            log.error("ALERT usage event not billable, moved to the dead-letter file",
+                      extra={"alert": "usage_dead_letter", "invocation_id": record.invocation_id,
+                             "error": reason, "path": str(self.dead_letters.path)})
+        return kept
 
     def _down(self, exc: Exception, events: int) -> None:
         if self._db_down_since is None:

@@ -180,8 +180,9 @@ class Journal:
 
 
 class DeadLetters:
-    """Usage events Postgres refused for good, each with why, for an operator to look at:
-    framed lines like the outbox's, fsynced, never replayed."""
+    """Usage events (or, in a file of their own, replica events) Postgres refused for
+    good, each with why, for an operator to look at: framed lines like the outbox's,
+    fsynced, never replayed."""
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
@@ -192,6 +193,10 @@ class DeadLetters:
 
     def add_corrupt(self, lines: list[bytes], error: str) -> None:
         self._write([{"line": line.decode("utf-8", "replace")} for line in lines], error)
+
+    def add_entries(self, entries: list[dict[str, object]], error: str) -> None:
+        """Anything else refused for good (replica events: controlplane.refusals), as JSON."""
+        self._write(entries, error)
 
     def read(self) -> list[dict[str, object]]:
         if not self.path.exists():

@@ -27,6 +27,10 @@ class Settings:
     max_body_bytes: int = 1_000_000
     acquire_timeout_s: float = 60.0
     upstream_timeout_s: float = 300.0
+    # A replica's answer is its tenant's output: a unary body past this, or one line of a
+    # stream past the line cap, is refused (502 answer_too_large) and not read further.
+    upstream_max_answer_bytes: int = 32 * 1024 ** 2
+    upstream_max_line_bytes: int = 8 * 1024 ** 2
     function_call_retention_s: float = 3600.0   # an async function call's result, after it ends
     default_requests_per_min: int = 600
     default_tokens_per_min: int = 1_000_000
@@ -85,6 +89,10 @@ class Settings:
         return (self.outbox_dir or self.data_dir) / "usage-dead-letters.jsonl"
 
     @property
+    def replica_dead_letter_path(self) -> Path:
+        return (self.outbox_dir or self.data_dir) / "replica-event-dead-letters.jsonl"
+
+    @property
     def default_pricing(self) -> Pricing:
         return Pricing(self.price_input_per_mtok, self.price_cached_input_per_mtok,
                        self.price_output_per_mtok, self.price_gpu_second, self.price_per_call)
@@ -129,6 +137,8 @@ _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
     ("port", "THAWPOOL_PORT", int),
     ("max_body_bytes", "THAWPOOL_MAX_BODY_BYTES", int),
     ("acquire_timeout_s", "THAWPOOL_ACQUIRE_TIMEOUT_S", float),
+    ("upstream_max_answer_bytes", "THAWPOOL_UPSTREAM_MAX_ANSWER_BYTES", int),
+    ("upstream_max_line_bytes", "THAWPOOL_UPSTREAM_MAX_LINE_BYTES", int),
     ("function_call_retention_s", "THAWPOOL_FUNCTION_CALL_RETENTION_S", float),
     ("default_requests_per_min", "THAWPOOL_REQUESTS_PER_MIN", int),
     ("default_tokens_per_min", "THAWPOOL_TOKENS_PER_MIN", int),

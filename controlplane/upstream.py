@@ -14,7 +14,12 @@ bytes, the parser's callbacks as the answer arrives, and one future per wait.
 The gateway sees only `Upstream.post` and `UpstreamResponse` (status, the whole body,
 or its lines as they arrive) and one error type, `UpstreamError`, for a replica that
 cannot be reached, or whose answer broke off, was malformed or stalled past the read
-timeout.
+timeout; its subclass `AnswerTooLarge` names an answer refused for its size.
+
+A replica's answer is a tenant's output, so its size is capped as it is read: a whole
+body (`aread`, `whole_body`) at `max_answer_bytes`, one line of a stream at
+`max_line_bytes`. The answer is refused once the cap is passed, the rest never read
+(the connection is closed), so memory holds at most the cap and the high-water mark.
 """
 from __future__ import annotations
 
@@ -34,6 +39,9 @@ from wire.replica_address import ReplicaAddress, address_of
 # client of a stream pushes back on the replica instead of filling our memory)
 HIGH_WATER_BYTES = 1 << 20
 LOW_WATER_BYTES = 1 << 18
+# what one answer may weigh: a unary body, and one line (one SSE event) of a stream
+MAX_ANSWER_BYTES = 32 << 20
+MAX_LINE_BYTES = 8 << 20
 
 
 class UpstreamError(Exception):
@@ -42,6 +50,15 @@ class UpstreamError(Exception):
     def __init__(self, cause: BaseException):
         super().__init__(f"{type(cause).__name__}: {cause}")
         self.kind = type(cause).__name__
+
+
+class AnswerTooLarge(UpstreamError):
+    """The replica's answer passed its size cap; the rest of it was not read."""
+
+    def __init__(self, what: str, limit: int):
+        super().__init__(ValueError(f"{what} passed the cap of {limit} bytes"))
+        self.kind = "AnswerTooLarge"
+        self.message = f"the replica's {what} passed the cap of {limit} bytes"
 
 
 class AnswerCut(ConnectionError):
@@ -185,11 +202,17 @@ class UpstreamResponse:
         exchange.chunks.clear()
         self._connection.consumed(exchange, len(body))
         self._settle()
+        if len(body) > self._upstream.max_answer_bytes:
+            raise AnswerTooLarge("answer", self._upstream.max_answer_bytes)
         return body
 
     async def aread(self) -> bytes:
-        parts = []
+        """The whole body; AnswerTooLarge as soon as more than the cap has arrived."""
+        parts, size, limit = [], 0, self._upstream.max_answer_bytes
         async for data in self._chunks():
+            size += len(data)
+            if size > limit:
+                raise self._refused("answer", limit)
             parts.append(data)
         return b"".join(parts)
 
@@ -199,11 +222,15 @@ class UpstreamResponse:
 
     async def aiter_lines(self) -> AsyncIterator[str]:
         """The body's lines as they arrive, without their line ends (SSE's framing),
-        however long a line is (a tool call's arguments, many logprobs)."""
-        pending = b""
+        up to the line cap (a tool call's arguments, many logprobs); AnswerTooLarge once
+        more than the cap of one line is pending (a line that arrives whole in one read
+        may pass it by at most that read)."""
+        pending, limit = b"", self._upstream.max_line_bytes
         async for data in self._chunks():
             pending += data
             *lines, pending = pending.split(b"\n")
+            if len(pending) > limit:
+                raise self._refused("stream line", limit)
             for line in lines:
                 yield line.rstrip(b"\r").decode()
         if pending:
@@ -224,6 +251,11 @@ class UpstreamResponse:
     async def aclose(self) -> None:
         self._settle()
 
+    def _refused(self, what: str, limit: int) -> AnswerTooLarge:
+        """The answer is refused: its connection closed now, the rest never read."""
+        self._settle()
+        return AnswerTooLarge(what, limit)
+
     def _settle(self) -> None:
         """Once: the connection back to the pool when its answer was whole and kept alive,
         closed otherwise."""
@@ -241,7 +273,10 @@ class Upstream:
     """Kept-alive connections per replica; `post` returns once the headers arrived."""
 
     def __init__(self, *, read_timeout_s: float, connect_timeout_s: float = 5.0,
-                 max_connections: int = 1000, keepalive_s: float = GATEWAY_KEEPALIVE_S):
+                 max_connections: int = 1000, keepalive_s: float = GATEWAY_KEEPALIVE_S,
+                 max_answer_bytes: int = MAX_ANSWER_BYTES, max_line_bytes: int = MAX_LINE_BYTES):
+        self.max_answer_bytes = max_answer_bytes
+        self.max_line_bytes = max_line_bytes
         self._read_timeout_s = read_timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._keepalive_s = keepalive_s

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 from datetime import datetime
 from decimal import Decimal
@@ -41,6 +42,17 @@ class UsageRecord:
     # plane's own death (controlplane.call_journal).
     recovered: bool = False
 
+    def not_billable(self) -> Optional[str]:
+        """Why no row may hold this record, or None: Postgres stores a NaN cost or time
+        as it is, and one NaN makes every sum it is in NaN."""
+        if not self.cost.is_finite():
+            return f"cost is {self.cost}"
+        for name in FLOAT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                return f"{name} is {value}"
+        return None
+
     def row(self) -> dict[str, Any]:
         """A shallow dict: dataclasses.asdict deep-copies every field, too slow for the write path."""
         return {name: getattr(self, name) for name in FIELD_NAMES}
@@ -65,3 +77,4 @@ class UsageRecord:
 
 
 FIELD_NAMES = tuple(f.name for f in fields(UsageRecord))
+FLOAT_FIELDS = ("queue_s", "cold_start_s", "ttft_s", "total_s", "gpu_seconds")

@@ -21,6 +21,7 @@ when it is healthy; the manager marks it ready, or failed with
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -48,6 +49,10 @@ from pool.weights import WeightStore, entry_key
 
 log = logging.getLogger(__name__)
 PREFERENCE_TIMEOUT_S = 30.0             # a backend stuck answering must not stall a cold start
+# what a replica's own load timings may hold (the cold-start record, logs, the console)
+MAX_STAGES = 32
+MAX_STAGE_NAME = 64
+MAX_STAGE_S = 86_400.0
 T = TypeVar("T")
 
 
@@ -209,13 +214,15 @@ def cold_start_timings(replica: Replica, queue_s: float) -> ColdStartTimings:
 
 
 def load_stages(health: Mapping[str, Any]) -> dict[str, float]:
-    """The numbers of a ready /health's load_timings (the replica's stages); anything else
-    a replica sends there is left out."""
+    """The seconds of a ready /health's load_timings (the replica's stages): at most
+    MAX_STAGES of them, named in at most MAX_STAGE_NAME characters, each a finite number
+    from 0 to MAX_STAGE_S; anything else a replica sends there is left out."""
     timings = health.get("load_timings")
     if not isinstance(timings, Mapping):
         return {}
-    return {str(k): float(v) for k, v in timings.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    stages = ((str(k)[:MAX_STAGE_NAME], float(v)) for k, v in timings.items()
+              if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= MAX_STAGE_S)
+    return dict(itertools.islice(stages, MAX_STAGES))
 
 
 def failure_reason(exc: BaseException) -> str:

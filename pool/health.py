@@ -18,6 +18,8 @@ import httpx
 from pool.api import ColdStartFailed
 from pool.backends.base import ReplicaHandle
 
+MAX_COUNTER = 2 ** 53        # far past any replica's life, and exact as a JSON number
+
 
 async def wait_healthy(handle: ReplicaHandle, http: httpx.AsyncClient, poll_s: float) -> dict[str, Any]:
     """Until /health says ready, then its body; ColdStartFailed when the process exits or
@@ -63,12 +65,20 @@ async def serves(handle: ReplicaHandle, http: httpx.AsyncClient, revision_id: st
 
 async def served_tokens(handle: ReplicaHandle, http: httpx.AsyncClient) -> Optional[tuple[int, int]]:
     """(prompt, completion) tokens the replica served since its process started, from its
-    own counters (GET /stats); None when it does not answer in time."""
+    own counters (GET /stats); None when it does not answer in time, or with anything
+    but two counters (ints from 0, below MAX_COUNTER: a BIGINT column holds them)."""
     body = await _get_json(handle, http, "/stats")
-    try:
-        return (int(body["prompt_tokens"]), int(body["completion_tokens"])) if body else None
-    except (KeyError, TypeError, ValueError):
+    if body is None:
         return None
+    prompt, completion = counter(body.get("prompt_tokens")), counter(body.get("completion_tokens"))
+    return (prompt, completion) if prompt is not None and completion is not None else None
+
+
+def counter(value: Any) -> Optional[int]:
+    """A replica's counter as the pool keeps it: an int (not a bool) in [0, MAX_COUNTER)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_COUNTER:
+        return None
+    return value
 
 
 async def _get_json(handle: ReplicaHandle, http: httpx.AsyncClient, path: str) -> Optional[dict[str, Any]]:

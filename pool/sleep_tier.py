@@ -54,9 +54,8 @@ class SleepTier:
         if placed is None or handle is None:
             raise SleepFailed("it holds no slots")
         body = await self._post(handle, "/sleep")
-        host_bytes = body.get("host_bytes")
         managed.asleep = Asleep(placed.node, placed.slot_ids, placed.bytes_per_slot,
-                                host_bytes if isinstance(host_bytes, int) else managed.weight_bytes,
+                                self._host_bytes(body.get("host_bytes"), managed.weight_bytes),
                                 self.clock.mono())
         managed.placed, managed.replica.slot_ids = None, ()
         self.events.move(managed, ReplicaState.SLEEPING)
@@ -80,6 +79,16 @@ class SleepTier:
             raise SleepFailed("it has no process")
         body = await self._post(managed.handle, "/wake")
         managed.replica.wake_stages = load_stages({"load_timings": body.get("wake_timings")})
+
+    def _host_bytes(self, reported: Any, weight_bytes: int) -> int:
+        """The host memory a sleeper is counted for in its node's budget: what it reports,
+        if an int from 0 to the room made for it (its weights' size, or the whole budget
+        when that is unknown); its weights' size otherwise. A sleeper that claimed more
+        would have the budget stop other tenants' sleepers to make room for it."""
+        limit = weight_bytes or self.settings.sleep_host_memory_bytes
+        if isinstance(reported, bool) or not isinstance(reported, int) or not 0 <= reported <= limit:
+            return weight_bytes
+        return reported
 
     async def _post(self, handle: ReplicaHandle, path: str) -> dict[str, Any]:
         if not handle.is_alive():

@@ -1,5 +1,6 @@
 """What the gateway forwards and what it hands back to the client."""
-from controlplane.gateway_wire import (UsageSeen, client_chunk, estimate_prompt_tokens,
+from controlplane.gateway_wire import (MAX_TOKENS, UsageSeen, client_chunk,
+                                       estimate_completion_tokens, estimate_prompt_tokens,
                                        prefix_key, prompt_text, upstream_body)
 from wire.requests import StreamOptions, parse_request
 
@@ -59,3 +60,30 @@ def test_prompt_estimates_count_token_ids_exactly_and_text_by_characters():
     assert estimate_prompt_tokens(ids, prompt_text(ids)) == 3
     text = parse_request("completions", {"prompt": "x" * 40})
     assert estimate_prompt_tokens(text, prompt_text(text)) == 11
+
+
+def test_usage_counts_are_bounded_by_what_the_request_could_use():
+    seen = UsageSeen(prompt_limit=100, completion_limit=40)
+    seen.observe({"usage": {"prompt_tokens": 2 ** 70, "completion_tokens": 2 ** 40,
+                            "prompt_tokens_details": {"cached_tokens": 2 ** 63}}})
+    assert (seen.prompt_tokens, seen.cached_tokens, seen.completion_tokens) == (100, 100, 40)
+    assert UsageSeen().prompt_limit == MAX_TOKENS < 2 ** 31
+
+
+def test_a_malformed_usage_is_not_taken_and_the_gateways_counts_are_billed():
+    seen = UsageSeen(estimated_prompt=12, counted_completion=3)
+    for usage in ({"prompt_tokens": "5", "completion_tokens": 1}, {"prompt_tokens": -1},
+                  {"prompt_tokens": float("nan"), "completion_tokens": 2}, [1, 2], 7):
+        seen.observe({"usage": usage, "choices": "not a list"})
+    assert seen.malformed and not seen.reported
+    seen.fall_back()
+    assert (seen.prompt_tokens, seen.cached_tokens, seen.completion_tokens) == (12, 0, 3)
+    assert seen.as_openai()["total_tokens"] == 15
+
+
+def test_a_completion_is_estimated_from_its_text_when_its_usage_cannot_be_taken():
+    chat = {"choices": [{"message": {"role": "assistant", "content": "x" * 40}},
+                        {"message": {"role": "assistant", "content": None}}, "junk"]}
+    assert estimate_completion_tokens(chat) == 11
+    assert estimate_completion_tokens({"choices": [{"text": "abc"}, {"text": "abcd"}]}) == 3
+    assert estimate_completion_tokens({"choices": {"text": "abc"}}) == 0

@@ -15,8 +15,15 @@ from controlplane.db import create_db_engine, sessionmaker
 from controlplane.models import ReplicaLifetime
 from controlplane.pricing import Pricing
 from controlplane.store import billing, prices
+from controlplane.outbox import DeadLetters
+from controlplane.refusals import DeadLetteringSink
 from controlplane.store.desired_state import PostgresReplicaEvents
-from pool.api import Heartbeat, ReplicaEvent
+from pool.api import Heartbeat, ReplicaEvent, RevisionSpec
+from pool.clock import Clock
+from pool.registry import ManagedReplica
+from pool.replica import Replica, ReplicaState
+from pool.replica_events import ReplicaEvents
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 T0 = datetime(2026, 4, 1, 12, 0, tzinfo=timezone.utc)
@@ -189,3 +196,55 @@ async def test_a_sleeper_bills_nothing_asleep_is_not_lost_to_heartbeats_and_bill
     assert row.sleeps == [at(11), at(40), at(51)] and row.stopped_at == at(90)
     assert row.ready_at == at(1), "its cold start's ready, not the wake's"
     assert await tenant.gpu_seconds(sessions) == 2 * (11 + 11) * 60
+
+
+def queued_replica(tenant: "Tenant", name: str) -> ManagedReplica:
+    """A replica of `tenant`'s, as the pool's event queue publishes it."""
+    ids = tenant.ids
+    spec = RevisionSpec(ids["revision_id"], ids["deployment_id"], ids["tenant_id"], "s3://b/m/",
+                        gpu_count=ids["gpu_count"])
+    managed = ManagedReplica(Replica(f"{tenant.id}-{name}", ids["revision_id"], 0.0, T0), spec)
+    managed.replica.slot_ids = SLOTS
+    return managed
+
+
+async def test_a_refused_replica_event_is_dead_lettered_and_the_queue_goes_on(sessions, tmp_path):
+    """A replica of one tenant reports, as it stops, a counter past BIGINT and a reason with
+    a NUL byte; a heartbeat carries the counter too. Postgres refuses them for good: each
+    is dead-lettered with Postgres's reason and recorded without the replica's words, and
+    another tenant's events queued behind them land (the pool's queue used to offer the
+    refused event forever, and every lifetime behind it waited)."""
+    dead = DeadLetters(tmp_path / "replica-event-dead-letters.jsonl")
+    sink = DeadLetteringSink(PostgresReplicaEvents(sessions), dead)
+    events = ReplicaEvents(sink, Clock(), retry_cap_s=0.2)
+    events.start()
+    bad, good = Tenant(sink), Tenant(sink)
+    poisoned, fine = queued_replica(bad, "r"), queued_replica(good, "r")
+    for state in (ReplicaState.PULLING, ReplicaState.LOADING, ReplicaState.READY):
+        events.move(poisoned, state)
+    events.beat(Heartbeat(T0, (poisoned.replica_id,), {poisoned.replica_id: (2 ** 70, 1)}))
+    poisoned.final_tokens = (2 ** 70, 5)
+    events.move(poisoned, ReplicaState.DRAINING)
+    events.move(poisoned, ReplicaState.STOPPED, reason="killed\x00")
+    fine.final_tokens = (12, 34)
+    for state in (ReplicaState.PULLING, ReplicaState.LOADING, ReplicaState.READY,
+                  ReplicaState.DRAINING, ReplicaState.STOPPED):
+        events.move(fine, state)
+
+    async def good_row_closed():
+        row = await good.row(sessions, "r")
+        return row is not None and row.stopped_at is not None
+    await eventually(good_row_closed, timeout_s=10, what="the other tenant's lifetime closed")
+    await events.close(5.0)
+    assert events.pending == 0
+    row = await good.row(sessions, "r")
+    assert (row.served_prompt_tokens, row.served_completion_tokens) == (12, 34)
+    refused = await bad.row(sessions, "r")
+    assert refused.state == "stopped" and refused.stopped_at is not None, "its GPU time still ends"
+    assert refused.served_prompt_tokens is None and "dead letters" in refused.reason
+    letters = dead.read()
+    assert [letter["kind"] for letter in letters] == ["heartbeat", "replica_event"]
+    assert letters[0]["item"]["tokens"] == {poisoned.replica_id: [2 ** 70, 1]}
+    assert letters[1]["item"]["prompt_tokens"] == 2 ** 70
+    assert letters[1]["item"]["reason"] == "killed\x00"
+    assert all("value out of int64 range" in letter["error"] for letter in letters)

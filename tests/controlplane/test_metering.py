@@ -6,6 +6,7 @@ import logging
 import signal
 import sys
 import time
+import uuid
 import zlib
 from decimal import Decimal
 from pathlib import Path
@@ -211,7 +212,13 @@ def poisoned(**changes) -> UsageRecord:
 
 @pytest.mark.parametrize("poison", [{"tenant_id": "not-a-uuid"},
                                     {"cost": Decimal("1e20")},           # NUMERIC(30, 15)
-                                    {"request_id": "nul\x00byte"}])
+                                    {"request_id": "nul\x00byte"},
+                                    {"prompt_tokens": 2 ** 70},          # past BIGINT
+                                    {"http_status": 2 ** 40},            # past INTEGER
+                                    {"cost": Decimal("NaN")},            # stored, were it let through
+                                    {"cost": Decimal("Infinity")},
+                                    {"total_s": float("nan")},
+                                    {"gpu_seconds": float("inf"), "items": 1}])
 async def test_a_record_postgres_refuses_goes_to_the_dead_letter_file(engine, tmp_path, caplog,
                                                                       poison):
     writer = UsageWriter(engine, Outbox(tmp_path / "o.jsonl"), batch_size=50,
@@ -229,6 +236,35 @@ async def test_a_record_postgres_refuses_goes_to_the_dead_letter_file(engine, tm
     assert letter["record"]["invocation_id"] == bad.invocation_id and letter["error"]
     assert writer.metrics.usage_dead_letters._value.get() == 1
     assert any(getattr(r, "alert", None) == "usage_dead_letter" for r in caplog.records)
+
+
+async def test_one_tenants_poisoned_events_hold_up_no_other_tenants(engine, tmp_path):
+    """Events of one tenant that Postgres refuses or no bill may hold, then another
+    tenant's: the other tenant's all land, each poisoned one is dead-lettered once with
+    its reason, and nothing is left to retry."""
+    other = str(uuid.uuid4())
+    poisons = [poisoned(prompt_tokens=2 ** 70), poisoned(cost=Decimal("NaN")),
+               poisoned(http_status=2 ** 40), poisoned(total_s=float("nan"))]
+    good = [make_record(tenant_id=other) for _ in range(30)]
+    writer = UsageWriter(engine, Outbox(tmp_path / "o.jsonl"), batch_size=50,
+                         flush_interval_s=0.01)
+    await writer.start()
+    for record in poisons + good:
+        writer.submit(record)
+    await writer.flush()
+    await writer.flush()
+    await writer.stop()
+    async with engine.connect() as conn:
+        landed = set(await conn.scalars(select(UsageEvent.invocation_id).where(
+            UsageEvent.tenant_id == other)))
+    assert landed == {r.invocation_id for r in good}
+    assert writer.outbox.depth == 0 and writer.pending == 0 and writer.healthy
+    letters = {letter["record"]["invocation_id"]: letter["error"]
+               for letter in writer.dead_letters.read()}
+    assert len(letters) == len(writer.dead_letters.read()) == 4, "each dead-lettered once"
+    reasons = [letters[r.invocation_id] for r in poisons]
+    assert "out of int64 range" in reasons[0] and reasons[1] == "not billable: cost is NaN"
+    assert "out of int32 range" in reasons[2] and reasons[3] == "not billable: total_s is nan"
 
 
 async def test_replay_dead_letters_a_refused_record_and_goes_on(engine, tmp_path):
@@ -374,3 +410,13 @@ async def test_a_call_cut_by_a_killed_process_is_billed_what_it_delivered(engine
     assert (rows[cut].status, rows[cut].prompt_tokens, rows[cut].completion_tokens, rows[cut].recovered) == \
         ("partial", 10, 4, True)
     assert not list(tmp_path.glob("calls-journal-*.log")), "the call journal is forgotten once billed"
+
+
+def test_the_answer_caps_and_the_replica_dead_letters_are_settings(tmp_path):
+    settings = Settings.from_env({
+        "THAWPOOL_OUTBOX_DIR": str(tmp_path / "ebs"), "THAWPOOL_UPSTREAM_MAX_ANSWER_BYTES": "1000",
+        "THAWPOOL_UPSTREAM_MAX_LINE_BYTES": "100"})
+    assert (settings.upstream_max_answer_bytes, settings.upstream_max_line_bytes) == (1000, 100)
+    assert settings.replica_dead_letter_path == tmp_path / "ebs" / "replica-event-dead-letters.jsonl"
+    defaults = Settings.from_env({})
+    assert (defaults.upstream_max_answer_bytes, defaults.upstream_max_line_bytes) == (32 << 20, 8 << 20)

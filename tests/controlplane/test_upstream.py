@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from controlplane.upstream import HIGH_WATER_BYTES, Upstream, UpstreamError
+from controlplane.upstream import HIGH_WATER_BYTES, AnswerTooLarge, Upstream, UpstreamError
 from tests.controlplane.support.servers import serve
 from tests.support.waiting import eventually
 
@@ -187,3 +187,72 @@ async def test_a_body_already_whole_is_handed_over_without_waiting():
         await asyncio.sleep(0.05)
         assert endless.whole_body() is None           # more to come: read it as a stream
         await endless.aclose()
+
+
+async def endless_body(reader, writer, *, line_end: bytes = b"") -> int:
+    """A 2 GB answer declared, sent in 64 KiB parts until the reader hangs up; the bytes
+    it got out before that."""
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (2 << 30))
+    sent, part = 0, b"x" * (1 << 16) + line_end
+    try:
+        while sent < 2 << 30:
+            writer.write(part)
+            await writer.drain()
+            sent += len(part)
+    except ConnectionError:
+        pass
+    return sent
+
+
+async def test_an_answer_past_the_cap_is_refused_before_it_ends():
+    """A replica's 2 GB answer: refused once past the cap, its connection closed, the rest
+    never read (the replica's writes fail soon after)."""
+    sent: list[int] = []
+
+    async def huge(reader, writer):
+        sent.append(await endless_body(reader, writer))
+    server, base = await raw_server(huge)
+    async with server, Upstream(read_timeout_s=5, max_answer_bytes=1 << 20) as upstream:
+        answer = await upstream.post(f"{base}/invoke", {}, {})
+        with pytest.raises(AnswerTooLarge) as refused:
+            await answer.aread()
+        assert refused.value.kind == "AnswerTooLarge" and "1048576 bytes" in refused.value.message
+        await eventually(lambda: upstream.connections == 0, timeout_s=5, what="the connection closed")
+        await eventually(lambda: sent, timeout_s=10, what="the replica's writes to fail")
+        assert sent[0] < 64 << 20, "the rest of the answer is not read"
+
+
+async def test_a_whole_answer_past_the_cap_is_refused():
+    async with serve(REPLICA) as base, Upstream(read_timeout_s=5, max_answer_bytes=1000) as upstream:
+        answer = await upstream.post(f"{base}/echo", {"pad": "x" * 2000}, {})
+        await asyncio.sleep(0.1)                      # all of it arrived
+        with pytest.raises(AnswerTooLarge):
+            answer.whole_body()
+        assert (await (await upstream.post(f"{base}/echo", {}, {})).json())["body"] == {}
+
+
+async def test_a_stream_line_past_the_cap_is_refused_and_a_long_stream_is_not():
+    sent: list[int] = []
+
+    async def one_endless_line(reader, writer):
+        sent.append(await endless_body(reader, writer))
+    server, base = await raw_server(one_endless_line)
+    async with server, Upstream(read_timeout_s=5, max_answer_bytes=1 << 20,
+                                max_line_bytes=1 << 20) as upstream:
+        answer = await upstream.post(f"{base}/v1/completions", {}, {})
+        with pytest.raises(AnswerTooLarge, match="stream line"):
+            async for _ in answer.aiter_lines():
+                pass
+        await eventually(lambda: sent, timeout_s=10, what="the replica's writes to fail")
+        assert sent[0] < 64 << 20
+
+    async def many_lines(reader, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (4 * (1 << 16) * 33))
+        for _ in range(4 * 33):        # 4 MiB of lines, each under the cap
+            writer.write(b"x" * ((1 << 16) - 1) + b"\n")
+        await writer.drain()
+    server, base = await raw_server(many_lines)
+    async with server, Upstream(read_timeout_s=5, max_line_bytes=1 << 20) as upstream:
+        answer = await upstream.post(f"{base}/v1/completions", {}, {})
+        lines = [line async for line in answer.aiter_lines()]
+        assert len(lines) == 4 * 33 and all(len(line) == (1 << 16) - 1 for line in lines)
