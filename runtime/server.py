@@ -42,6 +42,7 @@ from runtime.model_host import LoadRequest, ModelHost, Refused, engine_kwarg_nam
 from wire.embeddings import parse_embedding_request
 from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
+from wire.json_input import parse_json
 from wire.request_id import RequestIdMiddleware
 from wire.requests import parse_request
 from wire.sse import EventStreamResponse
@@ -270,10 +271,8 @@ def _parse_load(body: Any) -> LoadRequest:
 
 
 async def _json_body(request: Request) -> Any:
-    try:
-        return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ProtocolError("request body is not valid JSON") from None
+    """The body as JSON; ProtocolError (400) when not JSON or nested too deep."""
+    return parse_json(await request.body(), "body", param="body")
 
 
 async def completions(request: Request) -> Union[Response, EventStreamResponse]:
