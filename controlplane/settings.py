@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
@@ -16,11 +16,13 @@ GIB = 1024 ** 3
 
 @dataclass(frozen=True)
 class Settings:
-    database_url: str
+    """Secrets (the database URL, which carries its password, the S3 keys, the sealing
+    key, the metrics token) are left out of repr and str: settings get logged."""
+    database_url: str = field(repr=False)
     data_dir: Path = Path.home() / ".thawpool"
     s3_endpoint: Optional[str] = None        # None: AWS S3
-    aws_access_key_id: Optional[str] = None
-    aws_secret_access_key: Optional[str] = None
+    aws_access_key_id: Optional[str] = field(default=None, repr=False)
+    aws_secret_access_key: Optional[str] = field(default=None, repr=False)
     aws_region: str = "us-east-1"
     host: str = "127.0.0.1"
     port: int = 8080
@@ -48,7 +50,7 @@ class Settings:
     log_level: str = "INFO"
     # Seals what must be kept to be used again (a tenant bucket's secret key): 32 bytes,
     # base64; None: a key file made once in the data dir (controlplane.sealing).
-    secrets_key: Optional[str] = None
+    secrets_key: Optional[str] = field(default=None, repr=False)
     # Model sources: each tenant deploys from s3://<models_bucket>/<tenant name>/ and
     # from what an admin grants; uploads land under the same prefix.
     models_bucket: str = "thawpool-models"
@@ -58,7 +60,7 @@ class Settings:
     upload_ttl_s: int = 86_400                    # a pending upload expires after this
     # /metrics: on the public listener only with this token (platform metrics only);
     # per-tenant metrics on the internal listener at metrics_host:metrics_port.
-    metrics_token: Optional[str] = None
+    metrics_token: Optional[str] = field(default=None, repr=False)
     metrics_host: str = "127.0.0.1"
     metrics_port: Optional[int] = None
     # The default price (seeded into the price book on first start) and the default

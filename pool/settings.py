@@ -30,8 +30,8 @@ class PoolSettings:
     # weights: S3 and the local content cache
     s3_endpoint: Optional[str] = None          # None: AWS default
     s3_region: str = "us-east-1"
-    aws_access_key_id: Optional[str] = None
-    aws_secret_access_key: Optional[str] = None
+    aws_access_key_id: Optional[str] = field(default=None, repr=False)      # kept out of
+    aws_secret_access_key: Optional[str] = field(default=None, repr=False)  # logged reprs
     cache_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "thawpool-cache")
     cache_disk_budget_gb: float = 50.0
     # CPU replicas' packed layers (runtime/packed_weights.py) under cache_dir / "packed"; 0: none
