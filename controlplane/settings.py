@@ -47,6 +47,9 @@ class Settings:
     # In-memory copies of keys, deployments, prices and quotas: invalidated within a
     # second by LISTEN/NOTIFY, and fully re-read this often in case a notice was lost.
     cache_refresh_s: float = 30.0
+    # A bearer key Postgres does not hold is refused from memory this long (a key created
+    # meanwhile is known at once): a flood of one made-up key costs a read per this time.
+    unknown_key_ttl_s: float = 5.0
     log_level: str = "INFO"
     # Seals what must be kept to be used again (a tenant bucket's secret key): 32 bytes,
     # base64; None: a key file made once in the data dir (controlplane.sealing).
@@ -142,6 +145,7 @@ _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
     ("db_statement_timeout_s", "THAWPOOL_DB_STATEMENT_TIMEOUT_S", float),
     ("db_pool_timeout_s", "THAWPOOL_DB_POOL_TIMEOUT_S", float),
     ("cache_refresh_s", "THAWPOOL_CACHE_REFRESH_S", float),
+    ("unknown_key_ttl_s", "THAWPOOL_UNKNOWN_KEY_TTL_S", float),
     ("models_bucket", "THAWPOOL_MODELS_BUCKET", str),
     ("upload_part_bytes", "THAWPOOL_UPLOAD_PART_BYTES", int),
     ("upload_max_file_bytes", "THAWPOOL_UPLOAD_MAX_FILE_BYTES", int),
