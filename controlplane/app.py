@@ -65,7 +65,8 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
                 await seed_default(session, settings.default_pricing)
             lookups = Lookups(sessions, settings.default_quota, refresh_s=settings.cache_refresh_s,
                               listen_dsn=libpq_dsn(settings.database_url),
-                              timeout_s=settings.db_connect_timeout_s)
+                              timeout_s=settings.db_connect_timeout_s,
+                              unknown_key_ttl_s=settings.unknown_key_ttl_s)
             await lookups.start()
             stack.push_async_callback(lookups.stop)
             writer = UsageWriter(db_engine, Outbox(settings.outbox_path), metrics,

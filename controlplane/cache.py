@@ -5,6 +5,10 @@ database and no clock (controlplane.lookups keeps it current and asks Postgres o
 `generation` counts the changes applied: a miss read from Postgres is put in only if no
 change was applied while it was read, so a slow read never brings back what a newer
 change (a revoked key) took out.
+
+A key hash Postgres does not know is remembered as unknown until a time the caller gives
+(`mark_unknown`), so a flood of one made-up key costs one read per expiry; putting the key
+(it was created since) forgets that at once, and at most MAX_UNKNOWN_KEYS are held.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from controlplane.quotas import Quota
 from controlplane.store.prices import applicable
 from controlplane.store.snapshot import Deployed, KeyEntry, Overrides, Snapshot
 
+MAX_UNKNOWN_KEYS = 10_000
+
 
 @dataclass
 class Cache:
@@ -26,6 +32,9 @@ class Cache:
     quotas: dict[str, Overrides] = field(default_factory=dict)
     prices: dict[Optional[str], list[Price]] = field(default_factory=dict)  # tenant (None: default)
     generation: int = 0
+    # key hash -> until when it is taken as unknown (monotonic seconds); in insertion
+    # order, which is expiry order since every entry lives the same time
+    unknown_keys: dict[str, float] = field(default_factory=dict)
     _key_hashes: dict[str, str] = field(default_factory=dict)              # key id -> hash
     _deployment_names: dict[str, tuple[str, str]] = field(default_factory=dict)   # id -> key
     # what every call would otherwise rebuild, dropped whenever what they derive from changes
@@ -36,6 +45,10 @@ class Cache:
 
     def key(self, key_hash: str) -> Optional[KeyEntry]:
         return self.keys.get(key_hash)
+
+    def is_unknown(self, key_hash: str, now: float) -> bool:
+        until = self.unknown_keys.get(key_hash)
+        return until is not None and now < until
 
     def deployment(self, tenant_id: str, name: str) -> Optional[Deployed]:
         return self.deployments.get((tenant_id, name))
@@ -72,8 +85,19 @@ class Cache:
 
     def put_key(self, entry: KeyEntry) -> None:
         self.keys[entry.key_hash] = entry
+        self.unknown_keys.pop(entry.key_hash, None)
         self._key_hashes[entry.key_id] = entry.key_hash
         self.generation += 1
+
+    def mark_unknown(self, key_hash: str, now: float, until: float) -> None:
+        """Postgres holds no key with this hash: take it as unknown until `until`."""
+        while self.unknown_keys:            # the expired, then the oldest past the cap
+            oldest = next(iter(self.unknown_keys))
+            if self.unknown_keys[oldest] > now and len(self.unknown_keys) < MAX_UNKNOWN_KEYS:
+                break
+            del self.unknown_keys[oldest]
+        self.unknown_keys.pop(key_hash, None)
+        self.unknown_keys[key_hash] = until
 
     def drop_key(self, key_id: str) -> None:
         key_hash = self._key_hashes.pop(key_id, None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -25,7 +25,7 @@ class ProfileError(Exception):
 @dataclass(frozen=True)
 class Profile:
     url: str
-    key: Optional[str]
+    key: Optional[str] = field(repr=False)     # an API key: kept out of reprs and tracebacks
     name: Optional[str] = None       # the stored profile it came from, if any
 
 

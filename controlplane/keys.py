@@ -10,6 +10,9 @@ from typing import Any, Iterable, Union
 SCOPES = frozenset({"deploy", "invoke", "billing:read", "admin"})
 KEY_PREFIX = "tp_"
 KEY_PREFIX_SHAPE = re.compile(r"^tp_[0-9a-f]{8}$")        # what generate_key shows
+SECRET_BYTES = 32
+# what generate_key mints: the prefix, "_", then token_urlsafe(SECRET_BYTES)'s 43 characters
+KEY_SHAPE = re.compile(r"tp_[0-9a-f]{8}_[A-Za-z0-9_-]{43}")
 
 
 @dataclass(frozen=True)
@@ -21,8 +24,14 @@ class NewKey:
 
 def generate_key() -> NewKey:
     visible = secrets.token_hex(4)
-    secret = f"{KEY_PREFIX}{visible}_{secrets.token_urlsafe(32)}"
+    secret = f"{KEY_PREFIX}{visible}_{secrets.token_urlsafe(SECRET_BYTES)}"
     return NewKey(secret=secret, prefix=f"{KEY_PREFIX}{visible}", key_hash=hash_key(secret))
+
+
+def is_key_shaped(secret: str) -> bool:
+    """Whether `secret` could be a key generate_key minted: anything else is refused
+    without a database read."""
+    return KEY_SHAPE.fullmatch(secret) is not None
 
 
 def hash_key(secret: str) -> str:

@@ -10,14 +10,19 @@ reconnects, in case a notice was lost. One task applies changes in order, so a f
 reload never undoes a newer change.
 
 What memory does not hold (a key or deployment made since the last notice) is read from
-Postgres and kept. While Postgres is out, all that memory holds keeps working, and a
-request that needs more gets DatabaseUnavailable (503 with Retry-After), never a 500.
+Postgres and kept. A bearer secret not shaped like the keys we mint is refused without a
+read; one shaped like them that Postgres does not hold is remembered as unknown for
+`unknown_key_ttl_s` (or until the key is created), and requests that miss on the same
+key at once share one read, so a flood of made-up keys costs one read per key per TTL.
+While Postgres is out, all that memory holds keeps working, and a request that needs more
+gets DatabaseUnavailable (503 with Retry-After), never a 500.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Awaitable, Callable, Optional, TypeVar
@@ -25,7 +30,7 @@ from typing import Awaitable, Callable, Optional, TypeVar
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.cache import Cache
-from controlplane.keys import hash_key
+from controlplane.keys import hash_key, is_key_shaped
 from controlplane.listener import Listener
 from controlplane.models import utcnow
 from controlplane.pricing import Pricing
@@ -33,7 +38,7 @@ from controlplane.quotas import Quota
 from controlplane.store import deployments, snapshot
 from controlplane.store.errors import DatabaseUnavailable
 from controlplane.store.failures import is_outage
-from controlplane.store.snapshot import Deployed
+from controlplane.store.snapshot import Deployed, KeyEntry
 from controlplane.store.tenants import Principal
 
 log = logging.getLogger("thawpool.lookups")
@@ -61,15 +66,17 @@ Waiter = Optional["asyncio.Future[None]"]
 class Lookups:
     def __init__(self, sessions: async_sessionmaker[AsyncSession], default_quota: Quota, *,
                  refresh_s: float = 30.0, listen_dsn: Optional[str] = None,
-                 timeout_s: float = 5.0):
+                 timeout_s: float = 5.0, unknown_key_ttl_s: float = 5.0):
         self.sessions = sessions
         self.default_quota = default_quota
         self.refresh_s = refresh_s
+        self.unknown_key_ttl_s = unknown_key_ttl_s
         self.cache = Cache()
         self.listener = Listener(listen_dsn, CHANNEL, self.heard, lambda: self._enqueue(FULL),
                                  timeout_s=timeout_s) if listen_dsn else None
         self._queue: asyncio.Queue[tuple[Change, Waiter]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
+        self._key_reads: dict[str, asyncio.Task[Optional[KeyEntry]]] = {}   # by key hash
 
     async def start(self) -> None:
         """Everything read once (Postgres must answer now), then kept current."""
@@ -91,14 +98,31 @@ class Lookups:
 
     async def principal(self, secret: str) -> Optional[Principal]:
         """The live key behind a bearer secret, or None (unknown, revoked or expired)."""
+        if not is_key_shaped(secret):
+            return None
         key_hash = hash_key(secret)
         entry = self.cache.key(key_hash)
-        if entry is None:
-            entry, keep = await self._read(
-                lambda session: snapshot.load_key(session, key_hash=key_hash))
-            if entry is not None and keep:
-                self.cache.put_key(entry)
+        if entry is None and not self.cache.is_unknown(key_hash, time.monotonic()):
+            entry = await self._shared_key_read(key_hash)
         return entry.principal_at(utcnow()) if entry is not None else None
+
+    async def _shared_key_read(self, key_hash: str) -> Optional[KeyEntry]:
+        """One read per key hash at a time; a waiter that leaves does not cancel it."""
+        task = self._key_reads.get(key_hash)
+        if task is None:
+            task = asyncio.create_task(self._read_key(key_hash), name="lookups-key")
+            self._key_reads[key_hash] = task
+            task.add_done_callback(lambda _: self._key_reads.pop(key_hash, None))
+        return await asyncio.shield(task)
+
+    async def _read_key(self, key_hash: str) -> Optional[KeyEntry]:
+        entry, keep = await self._read(lambda session: snapshot.load_key(session, key_hash=key_hash))
+        if keep and entry is not None:
+            self.cache.put_key(entry)
+        elif keep:
+            now = time.monotonic()
+            self.cache.mark_unknown(key_hash, now, now + self.unknown_key_ttl_s)
+        return entry
 
     async def deployment(self, tenant_id: str, name: str) -> Deployed:
         """The tenant's live deployment and its revisions; NotFound for any other name."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
@@ -16,11 +16,13 @@ GIB = 1024 ** 3
 
 @dataclass(frozen=True)
 class Settings:
-    database_url: str
+    """Secrets (the database URL, which carries its password, the S3 keys, the sealing
+    key, the metrics token) are left out of repr and str: settings get logged."""
+    database_url: str = field(repr=False)
     data_dir: Path = Path.home() / ".thawpool"
     s3_endpoint: Optional[str] = None        # None: AWS S3
-    aws_access_key_id: Optional[str] = None
-    aws_secret_access_key: Optional[str] = None
+    aws_access_key_id: Optional[str] = field(default=None, repr=False)
+    aws_secret_access_key: Optional[str] = field(default=None, repr=False)
     aws_region: str = "us-east-1"
     host: str = "127.0.0.1"
     port: int = 8080
@@ -49,10 +51,13 @@ class Settings:
     # In-memory copies of keys, deployments, prices and quotas: invalidated within a
     # second by LISTEN/NOTIFY, and fully re-read this often in case a notice was lost.
     cache_refresh_s: float = 30.0
+    # A bearer key Postgres does not hold is refused from memory this long (a key created
+    # meanwhile is known at once): a flood of one made-up key costs a read per this time.
+    unknown_key_ttl_s: float = 5.0
     log_level: str = "INFO"
     # Seals what must be kept to be used again (a tenant bucket's secret key): 32 bytes,
     # base64; None: a key file made once in the data dir (controlplane.sealing).
-    secrets_key: Optional[str] = None
+    secrets_key: Optional[str] = field(default=None, repr=False)
     # Model sources: each tenant deploys from s3://<models_bucket>/<tenant name>/ and
     # from what an admin grants; uploads land under the same prefix.
     models_bucket: str = "thawpool-models"
@@ -62,7 +67,7 @@ class Settings:
     upload_ttl_s: int = 86_400                    # a pending upload expires after this
     # /metrics: on the public listener only with this token (platform metrics only);
     # per-tenant metrics on the internal listener at metrics_host:metrics_port.
-    metrics_token: Optional[str] = None
+    metrics_token: Optional[str] = field(default=None, repr=False)
     metrics_host: str = "127.0.0.1"
     metrics_port: Optional[int] = None
     # The default price (seeded into the price book on first start) and the default
@@ -150,6 +155,7 @@ _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
     ("db_statement_timeout_s", "THAWPOOL_DB_STATEMENT_TIMEOUT_S", float),
     ("db_pool_timeout_s", "THAWPOOL_DB_POOL_TIMEOUT_S", float),
     ("cache_refresh_s", "THAWPOOL_CACHE_REFRESH_S", float),
+    ("unknown_key_ttl_s", "THAWPOOL_UNKNOWN_KEY_TTL_S", float),
     ("models_bucket", "THAWPOOL_MODELS_BUCKET", str),
     ("upload_part_bytes", "THAWPOOL_UPLOAD_PART_BYTES", int),
     ("upload_max_file_bytes", "THAWPOOL_UPLOAD_MAX_FILE_BYTES", int),

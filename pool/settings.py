@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -31,9 +30,9 @@ class PoolSettings:
     # weights: S3 and the local content cache
     s3_endpoint: Optional[str] = None          # None: AWS default
     s3_region: str = "us-east-1"
-    aws_access_key_id: Optional[str] = None
-    aws_secret_access_key: Optional[str] = None
-    cache_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "thawpool-cache")
+    aws_access_key_id: Optional[str] = field(default=None, repr=False)      # kept out of
+    aws_secret_access_key: Optional[str] = field(default=None, repr=False)  # logged reprs
+    cache_dir: Path = field(default_factory=lambda: default_cache_dir(os.environ))
     cache_disk_budget_gb: float = 50.0
     # CPU replicas' packed layers (runtime/packed_weights.py) under cache_dir / "packed"; 0: none
     packed_cache_gb: float = 16.0
@@ -134,6 +133,7 @@ class PoolSettings:
             raw = env.get(f"THAWPOOL_{name.upper()}")
             if raw is not None:
                 values[name] = _parse(raw, f.type)
+        values.setdefault("cache_dir", default_cache_dir(env))
         values.setdefault("s3_endpoint", env.get("THAWPOOL_S3_ENDPOINT") or env.get("AWS_ENDPOINT_URL_S3"))
         values.setdefault("aws_access_key_id", env.get("AWS_ACCESS_KEY_ID"))
         values.setdefault("aws_secret_access_key", env.get("AWS_SECRET_ACCESS_KEY"))
@@ -141,6 +141,15 @@ class PoolSettings:
             values.setdefault("s3_region", env["AWS_DEFAULT_REGION"])
         values.update(overrides)
         return cls(**values)
+
+
+def default_cache_dir(env: Mapping[str, str]) -> Path:
+    """The user's own cache ($XDG_CACHE_HOME/thawpool/pool, else ~/.cache/thawpool/pool),
+    never the shared temp folder, where another user could read tenants' weights or
+    plant an entry before the pool makes it; the weight cache creates it 0700."""
+    base = env.get("XDG_CACHE_HOME", "")
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"   # XDG: absolute only
+    return root / "thawpool" / "pool"
 
 
 def _parse(raw: str, type_name: object) -> Any:

@@ -76,6 +76,7 @@ class WeightCache:
         self.objects = self.root / "objects"
         self.tmp = self.root / "tmp"
         self.models = self.root / "models"
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)   # tenants' weights: ours alone
         for d in (self.objects, self.tmp, self.models):
             d.mkdir(parents=True, exist_ok=True)
         self._clear_tmp()

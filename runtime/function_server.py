@@ -38,7 +38,7 @@ from runtime.function_handler import Handler, HandlerError, load_handler, run_ba
 from runtime.function_package import MANIFEST, FunctionPackage, parse_manifest
 from runtime.function_request import parse_function_request
 from runtime.function_worker import FunctionWorker
-from runtime.server import SECRET_ENV, SECRET_FILE_ENV, RequireSecret, read_secret
+from runtime.server import SECRET_ENV, SECRET_FILE_ENV, RequireSecret, health_for, read_secret
 from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
 from wire.request_id import RequestIdMiddleware
@@ -141,8 +141,9 @@ def _error(status: int, message: str, *, param: Optional[str] = None,
 
 
 async def health(request: Request) -> Response:
-    status, body = _host(request).health()
-    return JSONResponse(body, status_code=status)
+    host = _host(request)
+    status, body = host.health()
+    return JSONResponse(health_for(request, body, host.settings.secret), status_code=status)
 
 
 async def models(request: Request) -> Response:

@@ -14,7 +14,8 @@ metrics registry) is created in the lifespan and lives on `app.state`.
 Under the pool a replica has a secret, given in its environment
 (THAWPOOL_REPLICA_SECRET) or in a file only its owner may read
 (THAWPOOL_REPLICA_SECRET_FILE), never on the command line; every request but
-/health must then carry `Authorization: Bearer <secret>` (`RequireSecret`).
+/health must then carry `Authorization: Bearer <secret>` (`RequireSecret`), and
+/health without it says only whether the replica is ready (`health_for`).
 Without one the server is open, like `vllm serve`, and says so at start.
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ from runtime.model_host import LoadRequest, ModelHost, Refused, engine_kwarg_nam
 from wire.embeddings import parse_embedding_request
 from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
+from wire.json_input import parse_json
 from wire.request_id import RequestIdMiddleware
 from wire.requests import parse_request
 from wire.sse import EventStreamResponse
@@ -184,7 +186,15 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 async def health(request: Request) -> Response:
     status, body = _host(request).health()
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(health_for(request, body, request.app.state.secret), status_code=status)
+
+
+def health_for(request: Request, body: dict[str, Any], secret: Optional[str]) -> dict[str, Any]:
+    """/health is open so anyone may ask whether the replica is ready; its load timings,
+    model, pids and errors are for the pool, which always sends the secret."""
+    if secret is None or carries_secret(request.scope, f"Bearer {secret}".encode()):
+        return body
+    return {"status": body["status"]}
 
 
 async def metrics(request: Request) -> Response:
@@ -270,10 +280,8 @@ def _parse_load(body: Any) -> LoadRequest:
 
 
 async def _json_body(request: Request) -> Any:
-    try:
-        return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ProtocolError("request body is not valid JSON") from None
+    """The body as JSON; ProtocolError (400) when not JSON or nested too deep."""
+    return parse_json(await request.body(), "body", param="body")
 
 
 async def completions(request: Request) -> Union[Response, EventStreamResponse]:
@@ -341,8 +349,13 @@ class RequireSecret:
         await refusal(scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:
-        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        return hmac.compare_digest(given, self.expected)
+        return carries_secret(scope, self.expected)
+
+
+def carries_secret(scope: Scope, expected: bytes) -> bool:
+    """Whether the request's Authorization header is `expected`, compared in constant time."""
+    given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+    return hmac.compare_digest(given, expected)
 
 
 # ---------------------------------------------------------------- app
@@ -375,6 +388,7 @@ def build_app(settings: ServerSettings) -> Starlette:
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error})
+    app.state.secret = settings.secret      # /health tells the pool more than a stranger
     if settings.secret is not None:
         app.add_middleware(RequireSecret, secret=settings.secret)
     app.add_middleware(RequestIdMiddleware)          # outermost: a 401 carries the id too

@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from wire.json_input import MAX_JSON_DEPTH, TooDeep, json_depth, loads
 from wire.tools import ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -157,9 +158,10 @@ def _call_parts(value: Any) -> Optional[tuple[str, str]]:
 
 
 def _loads(text: str) -> Any:
+    """The value, or None when not JSON or nested too deep to take as a call."""
     try:
-        return json.loads(text)
-    except ValueError:
+        return loads(text)
+    except (ValueError, TooDeep):
         return None
 
 
@@ -169,7 +171,9 @@ def _json_values(text: str) -> Optional[list[Any]]:
     while at < len(text):
         try:
             value, at = decoder.raw_decode(text, at)
-        except ValueError:
+        except (ValueError, RecursionError):   # not JSON, or nested past json's own limit
+            return None
+        if json_depth(value) > MAX_JSON_DEPTH:
             return None
         values.append(value)
         while at < len(text) and (text[at].isspace() or text[at] == ";"):

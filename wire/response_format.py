@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from wire.errors import ProtocolError
+from wire.json_input import parse_json
 
 FIELDS = frozenset({"response_format", "guided_json", "guided_choice", "guided_regex", "guided_grammar"})
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -101,10 +102,7 @@ def _response_format(value: Any) -> Optional[str]:
 
 def _schema_value(where: str, value: Any) -> dict[str, Any]:
     if isinstance(value, str):   # vLLM accepts the schema as JSON text too
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise ProtocolError(f"{where}: not valid JSON", param=where.split(".")[0]) from None
+        value = parse_json(value, where, param=where.split(".")[0])
     if not isinstance(value, dict):
         raise ProtocolError(f"{where}: must be a JSON schema object", param=where.split(".")[0])
     return value

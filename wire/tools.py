@@ -18,12 +18,12 @@ parses the calls out of the text (runtime/tool_calls.py); `ToolCall` is their wi
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from wire.errors import ProtocolError
+from wire.json_input import TooDeep, loads, too_deep
 from wire.response_format import StructuredOutput, check_json_schema, json_schema_output
 
 FIELDS = frozenset({"tools", "tool_choice", "parallel_tool_calls"})
@@ -204,14 +204,18 @@ def _message_call(where: str, call: Any) -> dict[str, Any]:
         raise ProtocolError(f'{where}: must be {{"id", "type": "function", "function": {{"name", '
                             f'"arguments"}}}} with strings', param="messages")
     return {"id": call["id"], "type": "function",
-            "function": {"name": function["name"], "arguments": _arguments(function["arguments"])}}
+            "function": {"name": function["name"],
+                         "arguments": _arguments(f"{where}.function.arguments", function["arguments"])}}
 
 
-def _arguments(text: str) -> Any:
+def _arguments(where: str, text: str) -> Any:
     """Templates write arguments with `tojson`: an object, not JSON text quoted again. Text
-    that is not a JSON object (a model's broken call, sent back) stays as it is."""
+    that is not a JSON object (a model's broken call, sent back) stays as it is; JSON
+    nested too deep for a template to walk is refused."""
     try:
-        value = json.loads(text)
+        value = loads(text)
+    except TooDeep:
+        raise too_deep(where, param="messages") from None
     except ValueError:
         return text
     return value if isinstance(value, dict) else text

@@ -39,8 +39,11 @@ async def list_tenants(request: Request) -> Response:
 
 
 async def create_key(request: Request) -> Response:
-    """A key of the tenant; the admin scope only on the operator's tenant (422 elsewhere)."""
+    """A key of the tenant; the admin scope only on the operator's tenant (422 elsewhere).
+    In memory before this answers: its first call reads nothing, even if its hash was
+    remembered as unknown (controlplane.lookups)."""
     require_admin(request)
+    state = app_state(request)
     body = obj("body", await read_json(request), KEY_FIELDS)
     try:
         scopes = parse_scopes(body.get("scopes", ["invoke"]))
@@ -51,12 +54,13 @@ async def create_key(request: Request) -> Response:
                   if body.get("expires_at") is not None else None)
     requests_per_min = optional_integer("requests_per_min", body.get("requests_per_min"), 1)
     tokens_per_min = optional_integer("tokens_per_min", body.get("tokens_per_min"), 1)
-    async with app_state(request).sessions.begin() as session:
+    async with state.sessions.begin() as session:
         tenant = await tenants.find_tenant(session, request.path_params["tenant"])
         key, new = await tenants.create_key(session, tenant, scopes, name=name,
                                             expires_at=expires_at,
                                             requests_per_min=requests_per_min,
                                             tokens_per_min=tokens_per_min)
+    await state.lookups.changed(Change("api_keys", key.id))
     return JSONResponse({**_key_view(key), "key": new.secret}, status_code=201)
 
 

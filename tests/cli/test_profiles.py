@@ -36,3 +36,11 @@ def test_no_profile_means_the_local_default_and_a_named_missing_one_is_an_error(
         resolve(env, profile="ghost")
     with pytest.raises(ProfileError, match="no profile 'ghost'"):
         resolve({**env, "THAWPOOL_PROFILE": "ghost"})
+
+
+def test_a_profiles_key_stays_out_of_its_repr(tmp_path):
+    env = {"THAWPOOL_CONFIG_DIR": str(tmp_path)}
+    ProfileStore(env).save("p", "http://profile:1", "tp_0badc0de_secret-part-of-the-key")
+    profile = resolve(env)
+    assert profile.key == "tp_0badc0de_secret-part-of-the-key"
+    assert "secret-part" not in repr(profile) and "http://profile:1" in repr(profile)

@@ -98,3 +98,27 @@ def test_the_listeners_dsn_is_the_database_url_as_asyncpg_reads_it():
         "postgresql://u:p%40ss@db:5432/thawpool?sslmode=require"
     assert libpq_dsn("postgresql+asyncpg://postgres:@/postgres?host=/tmp/x") == \
         "postgresql://postgres:@/postgres?host=%2Ftmp%2Fx"
+
+
+def test_an_unknown_key_is_unknown_until_its_time_or_until_it_is_put():
+    cache = Cache()
+    cache.mark_unknown("hash-k1", now=100.0, until=105.0)
+    assert cache.is_unknown("hash-k1", 104.9) and not cache.is_unknown("hash-k1", 105.0)
+    assert not cache.is_unknown("hash-k2", 100.0)
+    cache.put_key(key())                        # created since: known at once
+    assert not cache.is_unknown("hash-k1", 101.0) and cache.key("hash-k1") is not None
+
+
+def test_unknown_keys_are_held_up_to_a_cap_the_expired_and_oldest_going_first():
+    from controlplane.cache import MAX_UNKNOWN_KEYS
+
+    cache = Cache()
+    cache.mark_unknown("early", now=0.0, until=5.0)
+    cache.mark_unknown("late", now=4.0, until=9.0)
+    cache.mark_unknown("later", now=6.0, until=11.0)
+    assert list(cache.unknown_keys) == ["late", "later"], "the expired one went"
+    for i in range(MAX_UNKNOWN_KEYS):
+        cache.mark_unknown(f"flood-{i}", now=7.0, until=12.0)
+    assert len(cache.unknown_keys) == MAX_UNKNOWN_KEYS
+    assert "late" not in cache.unknown_keys and "later" not in cache.unknown_keys
+    assert cache.is_unknown(f"flood-{MAX_UNKNOWN_KEYS - 1}", 7.0)

@@ -447,6 +447,14 @@ REFUSED_AT_THE_EDGE = [
                           "tools": [{"type": "function", "function": {"name": "f"}}],
                           "tool_choice": {"type": "function", "function": {"name": "g"}}},
      "tool_choice"),
+    # JSON text nested past json's own recursion limit (the module's bodies stop at 64 kB)
+    ("chat/completions", {"messages": MESSAGES, "guided_json": "[" * 60_000}, "guided_json"),
+    ("chat/completions", {"messages": MESSAGES, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "s", "schema": "[" * 60_000}}},
+     "response_format"),
+    ("chat/completions", {"messages": [*MESSAGES, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[" * 60_000}}]}]},
+     "messages"),
 ]
 
 

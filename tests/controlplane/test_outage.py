@@ -8,6 +8,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
+from controlplane.keys import generate_key
 from controlplane.models import UsageEvent
 from controlplane.store.desired_state import PostgresDesiredState
 from tests.controlplane.conftest import make_settings, running_control_plane
@@ -54,7 +55,7 @@ async def test_known_keys_are_served_while_postgres_is_down(plane, own_pg, model
         assert response.status_code == 200
         events = [line async for line in response.aiter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
-    unknown = plane.client("tp_00000000_not-a-key-this-plane-has-seen")
+    unknown = plane.client(generate_key().secret)          # a key this plane has not seen
     for refused in [await unknown.post("/v1/chat/completions", json=CHAT),
                     await client.post("/v1/deployments", json={"name": "new", "model_uri": model_uri}),
                     await client.get("/v1/billing/report")]:

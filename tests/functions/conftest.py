@@ -99,7 +99,7 @@ class FunctionProcess(RuntimeProcess):
             if self.process.poll() is not None:
                 pytest.fail(f"function server exited {self.process.returncode}: {self.log.read_text()[-800:]}")
             try:
-                body = httpx.get(f"{self.base_url}/health", timeout=2.0).json()
+                body = httpx.get(f"{self.base_url}/health", headers=self.headers, timeout=2.0).json()
                 if body["status"] == status:
                     return body
             except (httpx.HTTPError, ValueError):

@@ -59,7 +59,10 @@ async def test_bad_input_is_400_and_never_reaches_the_handler(probe_server):
 
 async def test_only_health_is_open_without_the_secret(probe_server):
     async with httpx.AsyncClient(base_url=probe_server.base_url) as c:
-        assert (await c.get("/health")).status_code == 200
+        health = await c.get("/health")
+        assert (health.status_code, health.json()) == (200, {"status": "ready"})   # nothing more
+        told = (await c.get("/health", headers=probe_server.headers)).json()
+        assert told["status"] == "ready" and told["load_timings"]["load_s"] > 0       # the pool's
         refused = await c.post("/invoke", json={"input": {}})
         models = await c.get("/v1/models", headers=probe_server.headers)
     assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
@@ -85,7 +88,9 @@ async def test_a_handler_that_cannot_load_is_failed_with_its_reason(probe_packag
     server = FunctionProcess(package, tmp_path / "broken.log")
     try:
         health = server.wait("failed")
+        stranger = httpx.get(f"{server.base_url}/health", timeout=10)
     finally:
         server.stop()
     assert "FileNotFoundError" in health["error"] and "weights.txt" in health["error"]
+    assert (stranger.status_code, stranger.json()) == (500, {"status": "failed"})
 

@@ -259,7 +259,7 @@ async def test_tensor_parallel_replica_spans_two_slots_and_is_replaced_whole(poo
     async with await manager.acquire(spec, request_id="tp1", prefix_key=None, prompt_tokens=4,
                                      timeout_s=120) as lease:
         text = (await complete(lease))["choices"][0]["text"]
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=10, headers=lease.headers) as client:
             health = (await client.get(f"{lease.base_url}/health")).json()
     assert text and health["tensor_parallel"]["size"] == 2
     (worker_pid,) = health["tensor_parallel"]["worker_pids"]

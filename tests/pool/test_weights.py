@@ -1,6 +1,7 @@
 """Weight download into the content cache, against real S3 (SeaweedFS)."""
 import hashlib
 import os
+import stat
 
 import pytest
 
@@ -122,3 +123,9 @@ async def test_lru_eviction_under_budget_spares_pinned(s3, s3_server, pool_bucke
     await store.fetch_object(objs["b"])                # a is evicted; c is pinned
     assert objs["c"] in store.cache and objs["b"] in store.cache and objs["a"] not in store.cache
     assert store.cache.used_bytes == 80_000
+
+
+async def test_a_new_cache_folder_is_its_owners_alone(tmp_path):
+    root = tmp_path / "fresh" / "cache"
+    WeightCache(root, 1024)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700

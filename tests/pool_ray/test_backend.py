@@ -118,7 +118,7 @@ async def test_tensor_parallel_replica_gets_two_gpus_on_one_node(backend, tiny_m
         assert handle.group is not None
         assert gpus_free() == 2 * GPUS_PER_NODE - 2
         assert await wait_ready(handle), handle.exit_reason()
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=10, headers=handle.headers) as client:
             health = (await client.get(f"{handle.base_url}/health")).json()
         assert health["tensor_parallel"]["size"] == 2, health
         assert len(health["tensor_parallel"]["worker_pids"]) == 1

@@ -91,3 +91,17 @@ def test_finish_reason_is_tool_calls_only_for_a_turn_ended_with_calls():
     assert finish_reason("length", called=True) == "length"
     assert finish_reason("stop", called=False) == "stop"
     assert finish_reason(None, called=True) is None
+
+
+DEEP = "[" * 100_000
+
+
+@pytest.mark.parametrize("text", [
+    f"<tool_call>{DEEP}</tool_call>",                               # a block
+    DEEP,                                                           # a JSON answer
+    '{"name": "f", "arguments": "' + DEEP + '"}',                   # arguments as JSON text
+    '{"name": "f", "arguments": ' + '{"a": ' * 300 + "1" + "}" * 300 + "}",
+])
+def test_output_nested_too_deep_is_content_not_a_crash(text):
+    got = parse_tool_calls(text)
+    assert (got.content, got.calls) == (text, [])

@@ -22,6 +22,7 @@ class ServerProcess:
     process: subprocess.Popen
     base_url: str
     log_path: Path
+    headers: dict[str, str]     # its secret, when it has one (/health says more with it)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -34,7 +35,7 @@ class ServerProcess:
             if self.process.poll() is not None:
                 pytest.fail(f"server exited with {self.process.returncode}:\n{self.log()}")
             try:
-                body = httpx.get(f"{self.base_url}/health", timeout=5).json()
+                body = httpx.get(f"{self.base_url}/health", headers=self.headers, timeout=5).json()
                 if body.get("status") in statuses:
                     return body
             except httpx.HTTPError:
@@ -61,7 +62,9 @@ def start_server(args: list[str], log_path: Path, env: dict[str, str] | None = N
         [sys.executable, "-m", "runtime.server", "--host", "127.0.0.1", "--port", str(port), *args],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     log.close()
-    return ServerProcess(process, f"http://127.0.0.1:{port}", log_path)
+    secret = env.get("THAWPOOL_REPLICA_SECRET")
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    return ServerProcess(process, f"http://127.0.0.1:{port}", log_path, headers)
 
 
 # A cache small enough that a long prompt can exceed it, big enough for the tests' batches.

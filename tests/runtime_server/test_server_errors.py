@@ -54,7 +54,26 @@ def test_prompt_longer_than_the_cache_gets_the_engine_message(client):
 
 def test_invalid_json_is_400(client):
     resp = client.post("/v1/completions", content=b"{nope", headers={"content-type": "application/json"})
-    assert_error(resp, 400, None)
+    assert_error(resp, 400, "body")
+
+
+@pytest.mark.parametrize("raw", [b"[" * 100_000, b'{"prompt": "x", "a": ' + b"[" * 65 + b"]" * 65 + b"}"])
+def test_a_body_nested_too_deep_is_400(client, raw):
+    resp = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert assert_error(resp, 400, "body")["code"] == "too_deep"
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"guided_json": "[" * 100_000}, "guided_json"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": "[" * 100_000}}},
+     "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[" * 100_000}}]}]},
+     "messages"),
+])
+def test_json_text_nested_too_deep_is_400(client, extra, param):
+    body = {"messages": [{"role": "user", "content": "x"}], **extra}
+    assert assert_error(post(client, "/v1/chat/completions", body), 400, param)["code"] == "too_deep"
 
 
 def test_wrong_model_name_is_404(client):

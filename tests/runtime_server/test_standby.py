@@ -1,9 +1,19 @@
 """--standby: a warm process with no model; /admin/load loads one in the background.
 
-The standby has a secret, as under the pool; `standby_client` sends it."""
+The standby has a secret, as under the pool; `standby_client` sends it. /health is open,
+but without the secret it says only the status: what failed, what loads and how long it
+took are the pool's to read."""
 from __future__ import annotations
 
 import time
+
+import httpx
+
+
+def stranger_health(standby) -> tuple[int, dict]:
+    """/health as anyone who can reach the port sees it: no secret."""
+    health = httpx.get(f"{standby.base_url}/health", timeout=10)
+    return health.status_code, health.json()
 
 
 def test_standby_load_failed_then_ready(standby, standby_client, tiny_model, tmp_path):
@@ -24,6 +34,7 @@ def test_standby_load_failed_then_ready(standby, standby_client, tiny_model, tmp
     failed = standby.wait_health({"failed"})
     assert "config.json" in failed["error"]
     assert c.get("/health").status_code == 500
+    assert stranger_health(standby) == (500, {"status": "failed"})
 
     load = {"model": str(tiny_model), "served_model_name": "warm-one",
             "engine": {"kv_cache_tokens": 512, "block_size": 16}}
@@ -40,6 +51,7 @@ def test_standby_load_failed_then_ready(standby, standby_client, tiny_model, tmp
     assert 0 < timings["total_s"] <= load_wall_s
     assert 0 < timings["weights_s"] <= timings["total_s"]
     assert c.get("/health").status_code == 200
+    assert stranger_health(standby) == (200, {"status": "ready"})
 
     again = c.post("/admin/load", json=load)
     assert again.status_code == 409

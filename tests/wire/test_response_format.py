@@ -67,7 +67,25 @@ def test_a_malformed_schema_is_a_400_saying_where():
         "type": "object", "properties": {"a": {"type": 5}}}}}})
     assert err.message.startswith('response_format.json_schema.schema["properties"]["a"]["type"]: invalid JSON schema')
     err = refusal({"guided_json": "{not json"})
-    assert (err.param, err.message) == ("guided_json", "guided_json: not valid JSON")
+    assert err.param == "guided_json" and err.message.startswith("guided_json: invalid JSON (")
+
+
+DEEP_TEXT = [
+    "[" * 100_000,                                   # past json's own recursion limit
+    '{"type": "object", "properties": {"a": ' * 300 + "{}" + "}}" * 300,   # within it
+]
+
+
+@pytest.mark.parametrize("text", DEEP_TEXT, ids=["brackets", "schema"])
+@pytest.mark.parametrize("body, where", [
+    (lambda t: {"guided_json": t}, "guided_json"),
+    (lambda t: {"response_format": {"type": "json_schema", "json_schema": {"schema": t}}},
+     "response_format.json_schema.schema"),
+])
+def test_a_schema_given_as_json_text_nested_too_deep_is_a_400(text, body, where):
+    err = refusal(body(text))
+    assert (err.param, err.code) == (where.split(".")[0], "too_deep")
+    assert err.message == f"{where}: JSON nested deeper than 64 levels"
 
 
 @pytest.mark.parametrize("body, param, words", [

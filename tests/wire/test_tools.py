@@ -113,3 +113,17 @@ def test_a_parameters_keyword_the_grammar_lacks_is_refused_when_forced():
     assert parse({"tools": [tool]}).tools.choice == "auto"   # not enforced: fine
     err = refusal({"tools": [tool], "tool_choice": "required"})
     assert err.param == "tool_choice" and "uniqueItems" in err.message
+
+
+@pytest.mark.parametrize("arguments", ["[" * 100_000, '{"a": ' * 300 + "1" + "}" * 300])
+def test_a_sent_back_call_whose_arguments_nest_too_deep_is_a_400(arguments):
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+    err = refusal({"tools": [WEATHER], "messages": [USER, {"role": "assistant", "tool_calls": [call]}]})
+    assert (err.param, err.code) == ("messages", "too_deep")
+    assert err.message.startswith("messages[1].tool_calls[0].function.arguments: JSON nested deeper")
+
+
+def test_a_sent_back_call_whose_arguments_are_not_json_stays_text():
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{oops"}}
+    got = parse({"tools": [WEATHER], "messages": [USER, {"role": "assistant", "tool_calls": [call]}]})
+    assert got.messages[1]["tool_calls"][0]["function"]["arguments"] == "{oops"
