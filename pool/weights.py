@@ -10,6 +10,13 @@ or partial download is deleted and never enters the cache. Entries are
 evicted least recently used when the disk budget is exceeded; entries in use
 by a live replica are pinned.
 
+A hit is used only while its bytes are those downloaded: the SHA-256 hashed
+with the download is kept in meta.json, and a hit whose file's stat (inode,
+size, mtime, ctime) differs from the one it last had verified is hashed again
+(a write changes ctime, and nothing but root can set it back). Bytes that
+changed are evicted and fetched again: the same size is not the same model,
+and an entry is shared by every revision that names the same object.
+
 A model folder for the runtime is a directory of symlinks into the cache; a
 `.gguf` object's is the folder imported from it, a cache entry of its own
 keyed by the object's ETag (pool/gguf.py).
@@ -81,6 +88,8 @@ class WeightCache:
         self._clear_tmp()
         self._lru: OrderedDict[str, int] = OrderedDict()    # key -> size, oldest first
         self._pins: dict[str, int] = {}
+        self._sha256: dict[str, str] = {}                    # key -> its data's, at download
+        self._verified: dict[str, Signature] = {}           # key -> its data's stat when last hashed
         self._scan()
 
     def _clear_tmp(self) -> None:
@@ -92,24 +101,50 @@ class WeightCache:
         for entry in self.objects.iterdir():
             meta = entry / "meta.json"
             if (entry / "data").exists() and meta.is_file():         # a file, or an imported folder
-                found.append((meta.stat().st_mtime, entry.name, json.loads(meta.read_text())["size"]))
+                found.append((meta.stat().st_mtime, entry.name, json.loads(meta.read_text())))
             else:
                 shutil.rmtree(entry, ignore_errors=True)
-        for _, key, size in sorted(found):
-            self._lru[key] = size
+        for _, key, meta in sorted(found):
+            self._lru[key] = meta["size"]
+            if "sha256" in meta:            # entries written before it was kept are fetched again
+                self._sha256[key] = meta["sha256"]
 
     @property
     def used_bytes(self) -> int:
         return sum(self._lru.values())
 
-    def lookup(self, obj: S3Object) -> Optional[Path]:
+    async def lookup(self, obj: S3Object) -> Optional[Path]:
+        """The entry's data while its bytes are those downloaded; an entry whose bytes
+        changed is evicted (None: fetch it again)."""
         key = entry_key(obj)
         data = self.objects / key / "data"
-        if key not in self._lru or not data.is_file() or data.stat().st_size != obj.size:
+        if key not in self._lru or not data.is_file():
+            return None
+        if not await self._intact(key, data, obj.size):
+            log.warning("weight cache entry of %s changed on disk: evicted", obj.uri)
+            self._evict(key)
             return None
         self._lru.move_to_end(key)
         os.utime(self.objects / key / "meta.json")
         return data
+
+    async def _intact(self, key: str, data: Path, size: int) -> bool:
+        """The same stat as when last verified, or else the same SHA-256 as at download."""
+        seen = signature(data)
+        if seen.size != size or key not in self._sha256:
+            return False
+        if self._verified.get(key) == seen:
+            return True
+        if await asyncio.to_thread(sha256_of, data) != self._sha256[key]:
+            return False
+        self._verified[key] = seen
+        return True
+
+    def _evict(self, key: str) -> None:
+        self._lru.pop(key, None)
+        self._sha256.pop(key, None)
+        self._verified.pop(key, None)
+        shutil.rmtree(self.objects / key, ignore_errors=True)
 
     def lookup_folder(self, key: str) -> Optional[Path]:
         """An imported model folder held under `key` (pool/gguf.py), or None."""
@@ -139,21 +174,26 @@ class WeightCache:
     def temp_path(self) -> Path:
         return self.tmp / f"{uuid.uuid4().hex}.part"
 
-    def admit(self, obj: S3Object, temp: Path) -> Path:
-        """Move a verified temp file into the cache (atomic directory rename)."""
+    def admit(self, obj: S3Object, temp: Path, sha256: str) -> Path:
+        """Move a verified temp file, whose bytes hash to sha256, into the cache (atomic
+        directory rename); read-only, as every replica reads it through its links."""
         key = entry_key(obj)
         staging = self.tmp / f"{key}.{uuid.uuid4().hex}"
         staging.mkdir()
+        os.chmod(temp, 0o444)
         os.rename(temp, staging / "data")
         (staging / "meta.json").write_text(json.dumps(
-            {"bucket": obj.bucket, "key": obj.key, "etag": obj.etag, "size": obj.size}))
+            {"bucket": obj.bucket, "key": obj.key, "etag": obj.etag, "size": obj.size, "sha256": sha256}))
         final = self.objects / key
         try:
             os.rename(staging, final)
         except OSError:                      # another download got there first
             shutil.rmtree(staging, ignore_errors=True)
+            return final / "data"            # its bytes are checked at their next lookup
         self._lru[key] = obj.size
         self._lru.move_to_end(key)
+        self._sha256[key] = sha256
+        self._verified[key] = signature(final / "data")
         return final / "data"
 
     def make_room(self, nbytes: int) -> list[str]:
@@ -164,8 +204,7 @@ class WeightCache:
                 break
             if self._pins.get(key):
                 continue
-            self._lru.pop(key)
-            shutil.rmtree(self.objects / key, ignore_errors=True)
+            self._evict(key)
             evicted.append(key)
         if self.used_bytes + nbytes > self.budget_bytes:
             log.warning("weight cache over budget: %d in use by live replicas", self.used_bytes)
@@ -234,13 +273,12 @@ class WeightStore:
         keys = tuple(entry_key(o) for o in objects)
         self.cache.pin(keys)
         try:
-            fresh = [o for o in objects if o not in self.cache]
-            paths = await settle_all([self.fetch_object(o) for o in objects])
-            model_dir = self._link(objects, paths, _package_prefix(model_uri, objects))
+            fetched = await settle_all([self._fetch(o) for o in objects])
+            model_dir = self._link(objects, [path for path, _ in fetched], _package_prefix(model_uri, objects))
         except BaseException:
             self.cache.unpin(keys)
             raise
-        downloaded = sum(o.size for o in fresh)
+        downloaded = sum(n for _, n in fetched)
         return ModelFiles(model_dir, keys, downloaded, sum(o.size for o in objects) - downloaded,
                           time.monotonic() - started)
 
@@ -254,13 +292,12 @@ class WeightStore:
             return CachedModel(files.keys, files.downloaded_bytes)
         objects = await self.list_model(model_uri)
         keys = tuple(entry_key(o) for o in objects)
-        fresh = sum(o.size for o in objects if o not in self.cache)
         self.cache.pin(keys)                # the first files stay while the rest download
         try:
-            await settle_all([self.fetch_object(o) for o in objects])
+            fetched = await settle_all([self._fetch(o) for o in objects])
         finally:
             self.cache.unpin(keys)
-        return CachedModel(keys, fresh)
+        return CachedModel(keys, sum(n for _, n in fetched))
 
     def release(self, files: ModelFiles) -> None:
         self.cache.unpin(files.keys)
@@ -313,10 +350,14 @@ class WeightStore:
     async def fetch_object(self, obj: S3Object) -> Path:
         """The cached path of obj; concurrent callers share one download, which is
         cancelled when the last of them stops waiting."""
-        hit = self.cache.lookup(obj)
+        return (await self._fetch(obj))[0]
+
+    async def _fetch(self, obj: S3Object) -> tuple[Path, int]:
+        """fetch_object, and the bytes it waited to download (0: a cache hit)."""
+        hit = await self.cache.lookup(obj)
         if hit is not None:
-            return hit
-        return await self._once(entry_key(obj), lambda: self._download_into_cache(obj))
+            return hit, 0
+        return await self._once(entry_key(obj), lambda: self._download_into_cache(obj)), obj.size
 
     async def _once(self, key: str, work: Callable[[], Awaitable[Path]]) -> Path:
         """work() run once for all concurrent callers of one key; cancelled when the
@@ -341,39 +382,39 @@ class WeightStore:
         self.cache.make_room(obj.size)
         temp = self.cache.temp_path()
         try:
-            await self.download(obj, temp)
-            return self.cache.admit(obj, temp)
+            sha256 = await self.download(obj, temp)
+            return self.cache.admit(obj, temp, sha256)
         finally:
             temp.unlink(missing_ok=True)
 
-    async def download(self, obj: S3Object, dest: Path) -> None:
-        """Parallel ranged GETs of one object into dest, then verified."""
+    async def download(self, obj: S3Object, dest: Path) -> str:
+        """Parallel ranged GETs of one object into dest, then verified; its SHA-256."""
         ranges = part_ranges(obj.size, self.settings.part_size_bytes)
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, obj.size)
-            check_md5 = self.settings.verify_md5 and not obj.is_multipart_etag
-            hasher = OrderedHasher(dest, len(ranges)) if check_md5 else None
+            hasher = OrderedHasher(dest, len(ranges))
             tasks = [asyncio.ensure_future(self._part(obj, fd, i, rng, hasher)) for i, rng in enumerate(ranges)]
-            hashing = asyncio.ensure_future(hasher.run(ranges)) if hasher else None
+            hashing = asyncio.ensure_future(hasher.run(ranges))
             try:
                 written = sum(await asyncio.gather(*tasks))
-                digest = await hashing if hashing else None
+                md5_hex, sha256_hex = await hashing
             except BaseException:
-                for t in tasks + ([hashing] if hashing else []):
+                for t in tasks + [hashing]:
                     t.cancel()
-                await asyncio.gather(*tasks, *([hashing] if hashing else []), return_exceptions=True)
+                await asyncio.gather(*tasks, hashing, return_exceptions=True)
                 raise
         finally:
             os.close(fd)
-        verify(obj, written, dest.stat().st_size, digest)
+        check_md5 = self.settings.verify_md5 and not obj.is_multipart_etag
+        verify(obj, written, dest.stat().st_size, md5_hex if check_md5 else None)
+        return sha256_hex
 
     async def _part(self, obj: S3Object, fd: int, index: int, rng: tuple[int, int],
-                    hasher: Optional["OrderedHasher"]) -> int:
+                    hasher: "OrderedHasher") -> int:
         async with self._parts:
             n = await self.retry(lambda: self._get_range(obj, fd, rng))
-        if hasher:
-            hasher.done(index)
+        hasher.done(index)
         return n
 
     async def _get_range(self, obj: S3Object, fd: int, rng: tuple[int, int]) -> int:
@@ -441,7 +482,8 @@ def verify(obj: S3Object, written: int, on_disk: int, md5_hex: Optional[str]) ->
 
 
 class OrderedHasher:
-    """MD5 of a file whose parts arrive out of order: hashes each contiguous prefix as it lands."""
+    """MD5 and SHA-256 of a file whose parts arrive out of order: hashes each contiguous
+    prefix as it lands."""
 
     def __init__(self, path: Path, parts: int):
         self.path = path
@@ -450,17 +492,41 @@ class OrderedHasher:
     def done(self, index: int) -> None:
         self.events[index].set()
 
-    async def run(self, ranges: list[tuple[int, int]]) -> str:
-        md5 = hashlib.md5()
+    async def run(self, ranges: list[tuple[int, int]]) -> tuple[str, str]:
+        hashes = (hashlib.md5(), hashlib.sha256())
         loop = asyncio.get_running_loop()
         with open(self.path, "rb") as f:
             for event, (start, end) in zip(self.events, ranges):
                 await event.wait()
-                await loop.run_in_executor(None, _hash_range, f.fileno(), start, end, md5)
-        return md5.hexdigest()
+                await loop.run_in_executor(None, _hash_range, f.fileno(), start, end, hashes)
+        return hashes[0].hexdigest(), hashes[1].hexdigest()
 
 
-def _hash_range(fd: int, start: int, end: int, md5: "hashlib._Hash") -> None:
+def _hash_range(fd: int, start: int, end: int, hashes: Iterable["hashlib._Hash"]) -> None:
     step = 4 * 1024 * 1024
     for offset in range(start, end + 1, step):
-        md5.update(os.pread(fd, min(step, end + 1 - offset), offset))
+        chunk = os.pread(fd, min(step, end + 1 - offset), offset)
+        for h in hashes:
+            h.update(chunk)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a file's stat says of its bytes: any write changes ctime."""
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+def signature(path: Path) -> Signature:
+    st = path.stat()
+    return Signature(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK * 4):
+            h.update(chunk)
+    return h.hexdigest()

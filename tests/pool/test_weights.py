@@ -114,7 +114,7 @@ async def test_lru_eviction_under_budget_spares_pinned(s3, s3_server, pool_bucke
     path_a = await store.fetch_object(objs["a"])
     store.cache.pin(["pinned-a"])
     await store.fetch_object(objs["b"])
-    store.cache.lookup(objs["a"])                      # a is now the most recently used
+    await store.cache.lookup(objs["a"])                # a is now the most recently used
     await store.fetch_object(objs["c"])                # over budget: evicts b, the oldest
     assert objs["a"] in store.cache and objs["c"] in store.cache and objs["b"] not in store.cache
     assert path_a.read_bytes() == blobs["a"]
@@ -122,3 +122,40 @@ async def test_lru_eviction_under_budget_spares_pinned(s3, s3_server, pool_bucke
     await store.fetch_object(objs["b"])                # a is evicted; c is pinned
     assert objs["c"] in store.cache and objs["b"] in store.cache and objs["a"] not in store.cache
     assert store.cache.used_bytes == 80_000
+
+
+def overwrite_keeping_mtime(path, data: bytes) -> None:
+    """What a process with write access to the cache could do: other bytes, same size, the
+    old mtime put back."""
+    before = path.stat()
+    os.chmod(path, 0o644)
+    path.write_bytes(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["same-store", "after-restart"])
+async def test_a_cache_entry_overwritten_with_same_size_bytes_is_fetched_again(
+        s3, s3_server, pool_bucket, fresh_prefix, settings, tiny_model, restart):
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    store = store_for(s3, settings)
+    first = await store.fetch_model(uri)
+    cached = (first.model_dir / "model.safetensors").resolve()
+    size = cached.stat().st_size
+    overwrite_keeping_mtime(cached, os.urandom(size))
+    store.release(first)
+    again = await (store_for(s3, settings) if restart else store).fetch_model(uri)
+    assert digest(again.model_dir / "model.safetensors") == digest(tiny_model / "model.safetensors")
+    assert again.downloaded_bytes == size
+
+
+async def test_an_untouched_entry_is_not_hashed_again_on_a_hit(s3, s3_server, pool_bucket, fresh_prefix, settings,
+                                                             tiny_model, monkeypatch):
+    from pool import weights
+
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    store = store_for(s3, settings)
+    await store.fetch_model(uri)
+    hashed = []
+    monkeypatch.setattr(weights, "sha256_of", lambda path: hashed.append(path) or "")
+    again = await store.fetch_model(uri)
+    assert hashed == [] and again.downloaded_bytes == 0
