@@ -18,7 +18,7 @@ import hashlib
 import sys
 from pathlib import Path
 from pool.api import ColdStartFailed, ModelInfo, ModelUnavailable
-from pool.model_info import Retry, read_range
+from pool.model_info import Retry, pins_of, read_range
 from pool.s3 import MISSING_CODES, S3Client, S3Object, error_code, origin_prefix
 from wire import gguf as wire_gguf
 from wire.gguf import GGUFError, GGUFHeader, Truncated, parse_header
@@ -67,7 +67,8 @@ async def inspect_gguf(client: S3Client, model_uri: str, retry: Retry) -> ModelI
         bytes_by_dtype={"float32": params * 4}, num_hidden_layers=config["num_hidden_layers"],
         num_key_value_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
         max_position_embeddings=config["max_position_embeddings"],
-        num_attention_heads=config["num_attention_heads"], vocab_size=config["vocab_size"])
+        num_attention_heads=config["num_attention_heads"], vocab_size=config["vocab_size"],
+        objects=pins_of([obj]))
 
 
 async def read_gguf_header(client: S3Client, obj: S3Object, retry: Retry) -> GGUFHeader:

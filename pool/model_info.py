@@ -12,10 +12,12 @@ import json
 import math
 import struct
 from collections import Counter
-from typing import Any, Awaitable, Callable, Protocol, TypeVar
+from dataclasses import replace
+from typing import Any, Awaitable, Callable, Iterable, Protocol, TypeVar
 
-from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, ModelUnavailable
-from pool.s3 import DENIED_CODES, MISSING_CODES, S3Client, S3Object, error_code, list_objects, parse_uri
+from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, ModelUnavailable, PinnedObject, Pins
+from pool.s3 import (DENIED_CODES, MISMATCH_CODES, MISSING_CODES, S3Client, S3Object, error_code,
+                     list_objects, parse_uri)
 
 HEAD_GUESS = 64 * 1024
 # A model's small files are read whole at deploy time; past these sizes they are not
@@ -59,7 +61,8 @@ async def inspect_model(client: S3Client, model_uri: str, retry: Retry = _plain)
     shards = await weight_files(client, objects, retry, f"s3://{bucket}/{prefix}")
     headers = await read_headers(client, [objects[name] for name in shards], retry)
     try:    # a header of a million tensors is seconds of CPU: off the event loop
-        return await asyncio.to_thread(summarize, model_uri, config, shards, headers)
+        info = await asyncio.to_thread(summarize, model_uri, config, shards, headers)
+        return replace(info, objects=pins_of(objects.values()))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ModelUnavailable(f"bad safetensors header under {model_uri}: a tensor entry "
                                f"without a valid dtype, shape or data_offsets ({exc!r})") from exc
@@ -90,7 +93,13 @@ async def inspect_function(client: S3Client, model_uri: str, objects: dict[str, 
     text = (await read_range(client, manifest, retry)).decode("utf-8", "replace")
     return ModelInfo(model_uri=model_uri, architecture=FUNCTION_ARCHITECTURE,
                      weight_bytes=sum(o.size for o in objects.values()), dtype="none",
-                     num_parameters=0, files=tuple(sorted(objects)), function_manifest=text)
+                     num_parameters=0, files=tuple(sorted(objects)), function_manifest=text,
+                     objects=pins_of(objects.values()))
+
+
+def pins_of(objects: Iterable[S3Object]) -> Pins:
+    """The objects as read now, for the revision to keep."""
+    return {o.uri: PinnedObject(o.etag, o.size) for o in objects}
 
 
 async def weight_files(client: S3Client, objects: dict[str, S3Object], retry: Retry, where: str) -> list[str]:
@@ -115,11 +124,14 @@ async def read_range(client: S3Client, obj: S3Object, retry: Retry, start: int =
     rng = f"bytes={start}-{'' if end is None else end}"
 
     async def call() -> bytes:
-        try:
-            resp = await client.get_object(Bucket=obj.bucket, Key=obj.key, Range=rng)
+        try:        # the bytes listed, and pinned by the revision, or none
+            resp = await client.get_object(Bucket=obj.bucket, Key=obj.key, Range=rng, IfMatch=f'"{obj.etag}"')
         except Exception as exc:  # noqa: BLE001
             if error_code(exc) in MISSING_CODES:
                 raise ModelUnavailable(f"missing object {obj.uri}") from exc
+            if error_code(exc) in MISMATCH_CODES:
+                raise ModelUnavailable(f"{obj.uri} changed while it was read (ETag no longer "
+                                       f"{obj.etag}): deploy again") from exc
             raise
         async with resp["Body"] as body:
             data: bytes = await body.read()

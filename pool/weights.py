@@ -17,6 +17,11 @@ size, mtime, ctime) differs from the one it last had verified is hashed again
 changed are evicted and fetched again: the same size is not the same model,
 and an entry is shared by every revision that names the same object.
 
+A revision fetches the objects its deploy read (RevisionSpec.pins): another
+ETag or size under a pinned key is a ColdStartFailed, and objects added under
+the prefix since are left out; with every GET `If-Match` the listed ETag, what
+loads is what placement was sized for at deploy.
+
 A model folder for the runtime is a directory of symlinks into the cache; a
 `.gguf` object's is the folder imported from it, a cache entry of its own
 keyed by the object's ETag (pool/gguf.py).
@@ -32,12 +37,13 @@ import shutil
 import time
 import uuid
 from collections import OrderedDict
+from types import MappingProxyType
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Awaitable, Callable, Iterable, Optional, TypeVar
 
 from pool import gguf
-from pool.api import ColdStartFailed
+from pool.api import ColdStartFailed, PinnedObject, Pins
 from pool.gguf import is_gguf_uri
 from pool.model_info import FUNCTION_MANIFEST
 from pool.s3 import (MISMATCH_CODES, MISSING_CODES, S3Client, S3Object, ShortRead, error_code,
@@ -49,6 +55,7 @@ T = TypeVar("T")
 
 CHUNK = 1024 * 1024
 SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt", ".md", ".gitattributes")
+NO_PINS: Pins = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -246,8 +253,11 @@ class WeightStore:
         return await with_retries(call, attempts=s.s3_attempts, base_s=s.s3_backoff_base_s,
                                   cap_s=s.s3_backoff_cap_s)
 
-    async def list_model(self, model_uri: str) -> list[S3Object]:
-        return [replace(o, origin=self.origin) for o in await self._list(model_uri)]
+    async def list_model(self, model_uri: str, pins: Pins = NO_PINS) -> list[S3Object]:
+        """The objects to fetch: those its revision pinned, each as it was deployed."""
+        objects = [replace(o, origin=self.origin) for o in await self._list(model_uri)]
+        refuse_changed(model_uri, {o.uri: PinnedObject(o.etag, o.size) for o in objects}, pins)
+        return objects if not pinned_under(model_uri, pins) else [o for o in objects if o.uri in pins]
 
     async def _list(self, model_uri: str) -> list[S3Object]:
         if is_gguf_uri(model_uri):
@@ -263,13 +273,15 @@ class WeightStore:
             raise ColdStartFailed(f"missing object s3://{bucket}/{prefix}model.safetensors")
         return [o for o in objects if not o.key.endswith(SKIP_SUFFIXES)]
 
-    async def fetch_model(self, model_uri: str, objects: Optional[list[S3Object]] = None) -> ModelFiles:
+    async def fetch_model(self, model_uri: str, objects: Optional[list[S3Object]] = None,
+                          pins: Pins = NO_PINS) -> ModelFiles:
         """Every file of the model in the cache, linked into one folder; pins the entries.
-        A `.gguf` object: the folder imported from it (one entry)."""
+        A `.gguf` object: the folder imported from it (one entry). `pins`: the objects
+        as the revision was deployed with them; other bytes are a ColdStartFailed."""
         if is_gguf_uri(model_uri):
-            return await self._fetch_gguf(model_uri)
+            return await self._fetch_gguf(model_uri, pins)
         started = time.monotonic()
-        objects = objects if objects is not None else await self.list_model(model_uri)
+        objects = objects if objects is not None else await self.list_model(model_uri, pins)
         keys = tuple(entry_key(o) for o in objects)
         self.cache.pin(keys)
         try:
@@ -282,15 +294,15 @@ class WeightStore:
         return ModelFiles(model_dir, keys, downloaded, sum(o.size for o in objects) - downloaded,
                           time.monotonic() - started)
 
-    async def cache_model(self, model_uri: str) -> CachedModel:
+    async def cache_model(self, model_uri: str, pins: Pins = NO_PINS) -> CachedModel:
         """Every file of the model into the cache, the way fetch_model gets them (a
         download in flight for a cold start is joined, not repeated), but with no model
         folder made and nothing left pinned: evictable like any idle entry."""
         if is_gguf_uri(model_uri):
-            files = await self._fetch_gguf(model_uri)
+            files = await self._fetch_gguf(model_uri, pins)
             self.release(files)
             return CachedModel(files.keys, files.downloaded_bytes)
-        objects = await self.list_model(model_uri)
+        objects = await self.list_model(model_uri, pins)
         keys = tuple(entry_key(o) for o in objects)
         self.cache.pin(keys)                # the first files stay while the rest download
         try:
@@ -318,9 +330,9 @@ class WeightStore:
         os.rename(staging, folder)
         return folder
 
-    async def _fetch_gguf(self, model_uri: str) -> ModelFiles:
+    async def _fetch_gguf(self, model_uri: str, pins: Pins) -> ModelFiles:
         started = time.monotonic()
-        (obj,) = await self.list_model(model_uri)
+        (obj,) = await self.list_model(model_uri, pins)
         key = gguf.imported_key(obj)
         self.cache.pin([key])
         try:
@@ -459,6 +471,25 @@ def raise_clear(obj: S3Object, exc: Exception) -> None:
     if code in MISMATCH_CODES:
         raise ColdStartFailed(f"ETag mismatch for {obj.uri}: changed since listed (expected {obj.etag})") from exc
     raise exc
+
+
+def pinned_under(model_uri: str, pins: Pins) -> Pins:
+    """The pins of the objects under model_uri (of a revision's model, or of its draft)."""
+    under = model_uri if is_gguf_uri(model_uri) else "s3://{}/{}".format(*parse_uri(model_uri))
+    return {uri: pin for uri, pin in pins.items() if uri.startswith(under)}
+
+
+def refuse_changed(model_uri: str, found: Pins, pins: Pins) -> None:
+    """ColdStartFailed unless every object pinned under model_uri is found as pinned (the
+    same ETag and size); objects added since are not the revision's and are left out."""
+    for uri, pin in pinned_under(model_uri, pins).items():
+        now = found.get(uri)
+        if now is None and not uri.endswith(SKIP_SUFFIXES):
+            raise ColdStartFailed(f"missing object {uri}: its revision was deployed with it")
+        if now is not None and now != pin:
+            raise ColdStartFailed(f"{uri} changed since its revision was deployed (ETag {now.etag}, "
+                                  f"{now.size} bytes; deployed: ETag {pin.etag}, {pin.size} bytes): "
+                                  "deploy a new revision to run it")
 
 
 def _package_prefix(model_uri: str, objects: list[S3Object]) -> Optional[str]:

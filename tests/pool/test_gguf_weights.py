@@ -147,3 +147,15 @@ async def test_a_large_header_is_parsed_off_the_event_loop(s3, s3_server, pool_b
     with pytest.raises(ModelUnavailable, match="general.architecture"):    # parsed whole, then described
         inspection.result()
     assert longest < 0.5
+
+
+async def test_a_gguf_swapped_after_deploy_is_refused(s3, s3_server, pool_bucket, fresh_prefix, settings, tiny_gguf):
+    uri = upload(s3_server, tiny_gguf, pool_bucket, f"{fresh_prefix}/tiny.Q8_0.gguf")
+    deployed = (await inspect_model(s3, uri)).objects
+    assert list(deployed) == [uri]
+    s3_server.client().put_object(Bucket=pool_bucket, Key=f"{fresh_prefix}/tiny.Q8_0.gguf",
+                                  Body=tiny_gguf.read_bytes() + bytes(4096))
+    store = store_for(s3, settings)
+    with pytest.raises(ColdStartFailed, match=r"tiny.Q8_0.gguf changed since its revision was deployed"):
+        await store.fetch_model(uri, pins=deployed)
+    assert store.cache.used_bytes == 0

@@ -5,8 +5,9 @@ import pytest
 from safetensors import safe_open
 
 from pool import model_info
-from pool.api import ModelUnavailable
+from pool.api import ModelUnavailable, PinnedObject
 from pool.model_info import inspect_model, summarize
+from pool.s3 import list_objects
 from tests.pool.conftest import FlakyS3
 from tests.support.model_factory import upload_model
 
@@ -125,3 +126,20 @@ async def test_a_header_entry_without_a_shape_is_model_unavailable(s3, s3_server
     uri = put(s3_server, pool_bucket, fresh_prefix, {"config.json": CONFIG, **files})
     with pytest.raises(ModelUnavailable, match="without a valid dtype, shape or data_offsets"):
         await inspect_model(s3, uri)
+
+
+async def test_inspection_names_every_object_it_read_with_its_etag_and_size(s3, s3_server, pool_bucket, fresh_prefix,
+                                                                            tiny_model):
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    listed = await list_objects(s3, pool_bucket, f"{fresh_prefix}/tiny/")
+    info = await inspect_model(s3, uri)
+    assert info.objects == {f"s3://{pool_bucket}/{o.key}": PinnedObject(o.etag, o.size) for o in listed}
+    assert len(info.objects) == sum(1 for f in tiny_model.iterdir() if f.is_file())
+
+
+async def test_an_object_changed_after_it_was_listed_is_not_read(s3, s3_server, pool_bucket, fresh_prefix):
+    put(s3_server, pool_bucket, fresh_prefix, {"config.json": CONFIG})
+    (listed,) = await list_objects(s3, pool_bucket, f"{fresh_prefix}/")
+    put(s3_server, pool_bucket, fresh_prefix, {"config.json": b'{"architectures": ["Other"]}'})
+    with pytest.raises(ModelUnavailable, match=r"config.json changed while it was read \(ETag no longer"):
+        await model_info.read_json(s3, listed, lambda call: call())

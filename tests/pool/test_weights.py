@@ -5,6 +5,7 @@ import os
 import pytest
 
 from pool.api import ColdStartFailed
+from pool.model_info import inspect_model
 from pool.s3 import list_objects
 from pool.weights import WeightCache, WeightStore, entry_key, part_ranges
 from tests.pool.conftest import FlakyS3
@@ -159,3 +160,34 @@ async def test_an_untouched_entry_is_not_hashed_again_on_a_hit(s3, s3_server, po
     monkeypatch.setattr(weights, "sha256_of", lambda path: hashed.append(path) or "")
     again = await store.fetch_model(uri)
     assert hashed == [] and again.downloaded_bytes == 0
+
+
+async def test_a_pinned_object_swapped_under_its_key_is_refused(s3, s3_server, pool_bucket, fresh_prefix, settings,
+                                                               tiny_model):
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    deployed = (await inspect_model(s3, uri)).objects
+    key = f"{fresh_prefix}/tiny/model.safetensors"
+    size = (tiny_model / "model.safetensors").stat().st_size
+    for swapped in (os.urandom(size), os.urandom(3 * size)):       # the same size, and a bigger model
+        s3_server.client().put_object(Bucket=pool_bucket, Key=key, Body=swapped)
+        store = store_for(s3, settings)
+        with pytest.raises(ColdStartFailed, match=rf"s3://{pool_bucket}/{key} changed since its revision "
+                                                  rf"was deployed \(ETag \w+, {len(swapped)} bytes; deployed: "
+                                                  rf"ETag \w+, {size} bytes\)"):
+            await store.fetch_model(uri, pins=deployed)
+        with pytest.raises(ColdStartFailed, match="changed since its revision was deployed"):
+            await store.cache_model(uri, pins=deployed)
+        assert store.cache.used_bytes == 0
+
+
+async def test_objects_added_after_deploy_are_not_the_revisions(s3, s3_server, pool_bucket, fresh_prefix, settings,
+                                                               tiny_model):
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    deployed = (await inspect_model(s3, uri)).objects
+    s3_server.client().put_object(Bucket=pool_bucket, Key=f"{fresh_prefix}/tiny/extra.safetensors", Body=b"x" * 99)
+    files = await store_for(s3, settings).fetch_model(uri, pins=deployed)
+    assert sorted(p.name for p in files.model_dir.iterdir()) == sorted(p.name for p in tiny_model.iterdir())
+    s3_server.client().delete_object(Bucket=pool_bucket, Key=f"{fresh_prefix}/tiny/tokenizer.json")
+    with pytest.raises(ColdStartFailed, match=r"missing object s3://.*/tiny/tokenizer.json: its revision was "
+                                              r"deployed with it"):
+        await store_for(s3, settings).fetch_model(uri, pins=deployed)
