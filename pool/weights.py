@@ -95,8 +95,8 @@ class WeightCache:
         self._clear_tmp()
         self._lru: OrderedDict[str, int] = OrderedDict()    # key -> size, oldest first
         self._pins: dict[str, int] = {}
-        self._sha256: dict[str, str] = {}                    # key -> its data's, at download
-        self._verified: dict[str, Signature] = {}           # key -> its data's stat when last hashed
+        self._digests: dict[str, Digests] = {}              # key -> its files' SHA-256, when written
+        self._verified: dict[str, Fingerprint] = {}         # key -> its files' stat when last hashed
         self._scan()
 
     def _clear_tmp(self) -> None:
@@ -113,8 +113,11 @@ class WeightCache:
                 shutil.rmtree(entry, ignore_errors=True)
         for _, key, meta in sorted(found):
             self._lru[key] = meta["size"]
-            if "sha256" in meta:            # entries written before it was kept are fetched again
-                self._sha256[key] = meta["sha256"]
+            # entries written before their digests were kept are fetched (imported) again
+            if "sha256" in meta:
+                self._digests[key] = {"": meta["sha256"]}
+            elif "files" in meta:
+                self._digests[key] = dict(meta["files"])
 
     @property
     def used_bytes(self) -> int:
@@ -135,48 +138,66 @@ class WeightCache:
         os.utime(self.objects / key / "meta.json")
         return data
 
-    async def _intact(self, key: str, data: Path, size: int) -> bool:
-        """The same stat as when last verified, or else the same SHA-256 as at download."""
-        seen = signature(data)
-        if seen.size != size or key not in self._sha256:
+    async def _intact(self, key: str, data: Path, size: Optional[int]) -> bool:
+        """The same files with the same stat as when last verified, or else the same
+        SHA-256 each as when the entry was written."""
+        recorded, seen = self._digests.get(key), fingerprint(data)
+        if recorded is None or set(seen) != set(recorded):
+            return False
+        if size is not None and seen[""].size != size:
             return False
         if self._verified.get(key) == seen:
             return True
-        if await asyncio.to_thread(sha256_of, data) != self._sha256[key]:
+        if await asyncio.to_thread(digests_of, data) != recorded:
             return False
         self._verified[key] = seen
         return True
 
     def _evict(self, key: str) -> None:
         self._lru.pop(key, None)
-        self._sha256.pop(key, None)
+        self._digests.pop(key, None)
         self._verified.pop(key, None)
         shutil.rmtree(self.objects / key, ignore_errors=True)
 
-    def lookup_folder(self, key: str) -> Optional[Path]:
-        """An imported model folder held under `key` (pool/gguf.py), or None."""
+    async def lookup_folder(self, key: str) -> Optional[Path]:
+        """An imported model folder held under `key` (pool/gguf.py) while its files are
+        those imported, or None (one that changed is evicted)."""
         data = self.objects / key / "data"
         if key not in self._lru or not data.is_dir():
+            return None
+        if not await self._intact(key, data, None):
+            log.warning("weight cache entry %s (an imported folder) changed on disk: evicted", key)
+            self._evict(key)
             return None
         self._lru.move_to_end(key)
         os.utime(self.objects / key / "meta.json")
         return data
 
-    def admit_folder(self, key: str, folder: Path, meta: dict[str, str]) -> Path:
-        """Move a finished folder (under tmp/) into the cache as entry `key`."""
+    def admit_folder(self, key: str, folder: Path, meta: dict[str, str], digests: Digests) -> Path:
+        """Move a finished folder (under tmp/), whose files hash to digests, into the
+        cache as entry `key`; its files read-only."""
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
         self.make_room(size)
         staging = self.tmp / f"{key}.{uuid.uuid4().hex}"
         staging.mkdir()
+        for f in folder.rglob("*"):
+            if f.is_file():
+                os.chmod(f, 0o444)
         os.rename(folder, staging / "data")
-        (staging / "meta.json").write_text(json.dumps({**meta, "size": size}))
+        (staging / "meta.json").write_text(json.dumps({**meta, "size": size, "files": digests}))
         try:
             os.rename(staging, self.objects / key)
         except OSError:                      # another import got there first
             shutil.rmtree(staging, ignore_errors=True)
+            return self.objects / key / "data"      # its files are checked at their next lookup
+        self._record(key, size, digests)
+        return self.objects / key / "data"
+
+    def _record(self, key: str, size: int, digests: Digests) -> None:
         self._lru[key] = size
         self._lru.move_to_end(key)
-        return self.objects / key / "data"
+        self._digests[key] = digests
+        self._verified[key] = fingerprint(self.objects / key / "data")
 
     def temp_path(self) -> Path:
         return self.tmp / f"{uuid.uuid4().hex}.part"
@@ -197,10 +218,7 @@ class WeightCache:
         except OSError:                      # another download got there first
             shutil.rmtree(staging, ignore_errors=True)
             return final / "data"            # its bytes are checked at their next lookup
-        self._lru[key] = obj.size
-        self._lru.move_to_end(key)
-        self._sha256[key] = sha256
-        self._verified[key] = signature(final / "data")
+        self._record(key, obj.size, {"": sha256})
         return final / "data"
 
     def make_room(self, nbytes: int) -> list[str]:
@@ -336,7 +354,7 @@ class WeightStore:
         key = gguf.imported_key(obj)
         self.cache.pin([key])
         try:
-            folder = self.cache.lookup_folder(key)
+            folder = await self.cache.lookup_folder(key)
             fresh = folder is None and obj not in self.cache
             if folder is None:
                 folder = await self._once(key, lambda: self._import(obj, key))
@@ -353,8 +371,9 @@ class WeightStore:
         staging = self.cache.tmp / f"import-{uuid.uuid4().hex}"
         try:
             await gguf.run_import(await self.fetch_object(obj), staging, obj.uri)
+            digests = await asyncio.to_thread(digests_of, staging)
             return self.cache.admit_folder(key, staging, {"bucket": obj.bucket, "key": obj.key,
-                                                          "etag": obj.etag, "imported": "gguf"})
+                                                          "etag": obj.etag, "imported": "gguf"}, digests)
         finally:
             self.cache.unpin(raw)
             shutil.rmtree(staging, ignore_errors=True)
@@ -550,9 +569,24 @@ class Signature:
     ctime_ns: int
 
 
+# An entry's files by path within it ("": the entry's data is one file)
+Digests = dict[str, str]                # -> SHA-256
+Fingerprint = dict[str, Signature]      # -> stat
+
+
 def signature(path: Path) -> Signature:
     st = path.stat()
     return Signature(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def fingerprint(data: Path) -> Fingerprint:
+    if data.is_file():
+        return {"": signature(data)}
+    return {str(f.relative_to(data)): signature(f) for f in sorted(data.rglob("*")) if f.is_file()}
+
+
+def digests_of(data: Path) -> Digests:
+    return {rel: sha256_of(data / rel if rel else data) for rel in fingerprint(data)}
 
 
 def sha256_of(path: Path) -> str:

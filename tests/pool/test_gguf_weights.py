@@ -159,3 +159,19 @@ async def test_a_gguf_swapped_after_deploy_is_refused(s3, s3_server, pool_bucket
     with pytest.raises(ColdStartFailed, match=r"tiny.Q8_0.gguf changed since its revision was deployed"):
         await store.fetch_model(uri, pins=deployed)
     assert store.cache.used_bytes == 0
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["same-store", "after-restart"])
+async def test_an_imported_folder_overwritten_on_disk_is_imported_again(s3, s3_server, pool_bucket, fresh_prefix,
+                                                                        settings, tiny_gguf, restart):
+    uri = upload(s3_server, tiny_gguf, pool_bucket, f"{fresh_prefix}/m.gguf")
+    store = store_for(s3, settings)
+    first = await store.fetch_model(uri)
+    weights = (first.model_dir / "model.safetensors")
+    imported = weights.read_bytes()
+    os.chmod(weights, 0o644)
+    weights.write_bytes(os.urandom(len(imported)))           # the same size, other bytes
+    store.release(first)
+    again = await (store_for(s3, settings) if restart else store).fetch_model(uri)
+    assert (again.model_dir / "model.safetensors").read_bytes() == imported
+    assert again.downloaded_bytes == 0                        # imported again from the cached object
