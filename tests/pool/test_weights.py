@@ -1,6 +1,7 @@
 """Weight download into the content cache, against real S3 (SeaweedFS)."""
 import hashlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -191,3 +192,17 @@ async def test_objects_added_after_deploy_are_not_the_revisions(s3, s3_server, p
     with pytest.raises(ColdStartFailed, match=r"missing object s3://.*/tiny/tokenizer.json: its revision was "
                                               r"deployed with it"):
         await store_for(s3, settings).fetch_model(uri, pins=deployed)
+
+
+async def test_a_node_pull_holds_to_the_revisions_pins(s3, s3_server, pool_bucket, fresh_prefix, settings, tiny_model):
+    """A backend that pulls on its node (Ray's ReplicaActor.model_folder) refuses swapped bytes too."""
+    from pool.backends.ray_actor import pull_model
+
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    deployed = (await inspect_model(s3, uri)).objects
+    assert (Path(await pull_model(uri, settings, deployed)) / "model.safetensors").is_file()
+    size = (tiny_model / "model.safetensors").stat().st_size
+    s3_server.client().put_object(Bucket=pool_bucket, Key=f"{fresh_prefix}/tiny/model.safetensors",
+                                  Body=os.urandom(size))
+    with pytest.raises(ColdStartFailed, match="model.safetensors changed since its revision was deployed"):
+        await pull_model(uri, settings, deployed)
