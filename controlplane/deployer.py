@@ -28,7 +28,7 @@ from controlplane.quotas import DeploymentShape, Quota, check_deployment
 from controlplane.store import deployments, model_sources, quotas
 from controlplane.store.errors import InvalidField, Unavailable
 from controlplane.traffic import parse_split, rollback_target
-from pool.api import ModelInfo, ModelUnavailable, NeverFits, Pool, ReplicaShape
+from pool.api import ModelInfo, ModelUnavailable, NeverFits, Pins, Pool, ReplicaShape
 from pool.s3 import is_transient
 
 Deployed = tuple[Deployment, list[Revision]]
@@ -51,8 +51,8 @@ class Deployer:
             shape = DeploymentShape(spec.scaling.min_replicas, spec.scaling.max_replicas,
                                     (spec.revision.resources.gpu_count,))
             await self._check_quota(session, tenant_id, shape, None, None)
-            model = await self._check(session, tenant, spec.revision)
-            created = await deployments.create(session, tenant_id, spec, model)
+            model, pins = await self._check(session, tenant, spec.revision)
+            created = await deployments.create(session, tenant_id, spec, model, pins)
         await self._changed(created[0].id)
         return created
 
@@ -70,7 +70,7 @@ class Deployer:
             await self._check_quota(
                 session, tenant_id, DeploymentShape(scaling.min_replicas, scaling.max_replicas, gpus),
                 deployment, revisions)
-            new_revision = (config, await self._check(session, tenant, config)) if new else None
+            new_revision = (config, *await self._check(session, tenant, config)) if new else None
             changed = await deployments.change(session, deployment, revisions, scaling,
                                                new_revision, change.promote)
         await self._changed(deployment.id)
@@ -129,9 +129,10 @@ class Deployer:
         check_deployment(quota, shape, others, before=before)
 
     async def _check(self, session: AsyncSession, tenant: Tenant,
-                     config: RevisionConfig) -> ModelInfo:
+                     config: RevisionConfig) -> tuple[ModelInfo, Pins]:
         """The models a new revision would run: under the tenant's sources (checked before
-        any S3 request), then read once from S3 and refused by field."""
+        any S3 request), then read once from S3 and refused by field. With the model's
+        info, the objects read (the model's and the draft's), which the revision pins."""
         sources = [s.prefix for s in
                    await model_sources.sources_for(session, tenant, self.models_bucket)]
         check_source("model_uri", config.model_uri, sources)
@@ -143,15 +144,18 @@ class Deployer:
             check_function(model, config.resources)
         else:
             check_model(model, config.resources, engine=config.engine)
+        pins = dict(model.objects)
         if draft is not None:
-            check_model(await self._inspect(DRAFT_MODEL, draft, tenant.id), Resources(), DRAFT_MODEL)
+            draft_model = await self._inspect(DRAFT_MODEL, draft, tenant.id)
+            check_model(draft_model, Resources(), DRAFT_MODEL)
+            pins.update(draft_model.objects)
         shape = ReplicaShape(config.resources.gpu_memory_gb, config.resources.gpu_count,
                              config.engine)
         try:
             self.pool.check_fits(model, shape)
         except NeverFits as exc:
             raise InvalidField("resources", str(exc)) from None
-        return model
+        return model, pins
 
     async def _inspect(self, field_name: str, model_uri: str, tenant_id: str) -> ModelInfo:
         try:

@@ -94,6 +94,9 @@ class Revision(Base):
     # Read from config.json at deploy; NULL on revisions made before migration 0002.
     context_length: Mapped[Optional[int]] = mapped_column(Integer)   # max_position_embeddings
     vocab_size: Mapped[Optional[int]] = mapped_column(Integer)
+    # Every object its deploy read, {"s3://bucket/key": {"etag", "size"}}: a cold start
+    # refuses other bytes under those keys. NULL on revisions made before migration 0012.
+    pinned_objects: Mapped[Optional[dict[str, Any]]] = mapped_column(JSONB)
     engine: Mapped[dict[str, Any]] = mapped_column(JSONB)
     gpu_memory_gb: Mapped[float] = mapped_column(Float)
     gpu_count: Mapped[int] = mapped_column(Integer)

@@ -41,6 +41,20 @@ class TenantQuota:
 
 
 @dataclass(frozen=True)
+class PinnedObject:
+    """One object of a revision's model as its deploy read it: a cold start that finds
+    other bytes under the key (another ETag or size) refuses them, so what placement
+    sized at deploy is what loads."""
+    etag: str                      # without quotes
+    size: int
+
+
+# "s3://bucket/key" -> the object as deployed: every object under the model's URI (and a
+# draft model's) when the revision was made
+Pins = Mapping[str, PinnedObject]
+
+
+@dataclass(frozen=True)
 class RevisionSpec:
     """Desired state of one immutable revision."""
     revision_id: str
@@ -62,6 +76,9 @@ class RevisionSpec:
     # Prefetch (pool/prefetch.py): the pool pulls the revision's weights into its cache
     # when the revision appears or changes, and on each scale-up, in the background.
     prefetch: bool = False
+    # The objects its deploy read (ModelInfo.objects of the model and a draft model);
+    # empty for a revision made before they were kept: then nothing is checked.
+    pins: Pins = field(default_factory=dict)
 
     @property
     def shape(self) -> "ReplicaShape":
@@ -98,6 +115,9 @@ class ModelInfo:
     # A function package (architecture FUNCTION_ARCHITECTURE): its thawpool.toml as text,
     # which the control plane parses with the replica's own rules (runtime.function_package).
     function_manifest: Optional[str] = None
+    # Every object read under the URI ("s3://bucket/key" -> ETag and size): the revision
+    # made from this keeps them (RevisionSpec.pins).
+    objects: Pins = field(default_factory=dict)
 
 
 FUNCTION_ARCHITECTURE = "thawpool-function"     # ModelInfo.architecture of a function package

@@ -31,7 +31,7 @@ import httpx
 
 from pool.admission import Waiting, never_within_quota
 from pool.adoption import Registration, spec_fingerprint
-from pool.api import ColdStartFailed, ColdStartTimings, ModelInfo, ModelUnavailable, NeverFits
+from pool.api import ColdStartFailed, ColdStartTimings, ModelInfo, ModelUnavailable, NeverFits, Pins
 from pool.backends.base import Backend, ReplicaHandle
 from pool.backends.runtime_args import draft_model_uri, with_draft_folder
 from pool.capacity import Capacity
@@ -45,7 +45,7 @@ from pool.replica import Replica, ReplicaState
 from pool.replica_events import ReplicaEvents
 from pool.settings import PoolSettings
 from pool.sources import SourceStores
-from pool.weights import WeightStore, entry_key
+from pool.weights import WeightStore, entry_key, refuse_changed
 
 log = logging.getLogger(__name__)
 PREFERENCE_TIMEOUT_S = 30.0             # a backend stuck answering must not stall a cold start
@@ -84,10 +84,10 @@ class ColdStart:
     async def run(self, managed: ManagedReplica) -> None:
         s = self.settings
         draft_uri = draft_model_uri(managed.spec.engine)          # ModelUnavailable unless a URI
-        tenant = managed.spec.tenant_id
-        info = await stage(self._model_info(managed.spec.model_uri, tenant), s.pull_timeout_s,
+        tenant, pins = managed.spec.tenant_id, managed.spec.pins
+        info = await stage(self._model_info(managed.spec.model_uri, tenant, pins), s.pull_timeout_s,
                            "inspecting the model")
-        draft = await stage(self._model_info(draft_uri, tenant), s.pull_timeout_s,
+        draft = await stage(self._model_info(draft_uri, tenant, pins), s.pull_timeout_s,
                             "inspecting the draft model") if draft_uri else None
         request = self.capacity.request(info, managed.spec.shape, draft)
         managed.weight_bytes = weights_of(info, managed.spec.engine)
@@ -98,10 +98,14 @@ class ColdStart:
         log.info("replica %s loaded: %s", managed.replica_id,
                  " ".join(f"{k}={v:g}" for k, v in managed.replica.load_stages.items()) or "no stages reported")
 
-    async def _model_info(self, model_uri: str, tenant_id: str) -> ModelInfo:
+    async def _model_info(self, model_uri: str, tenant_id: str, pins: Pins) -> ModelInfo:
+        """What placement sizes the replica by: read from the objects the revision pinned,
+        never from bytes put under the same keys since (ColdStartFailed)."""
         store = await self.stores.store_for(tenant_id, model_uri)
         known = self._infos.get((store.origin, model_uri))
-        return known if known is not None else await self._inspect_with(store, model_uri)
+        info = known if known is not None else await self._inspect_with(store, model_uri)
+        refuse_changed(model_uri, info.objects, pins)
+        return info
 
     async def _nodes_with_weights(self, model_uri: str, tenant_id: str) -> FrozenSet[str]:
         """Nodes whose own cache already has every file of the model (empty: no preference).
@@ -182,7 +186,8 @@ class ColdStart:
     async def _pull(self, managed: ManagedReplica, model_uri: str) -> Path:
         """A model folder in the pool's cache, pinned for the replica until it stops."""
         store = await self.stores.store_for(managed.spec.tenant_id, model_uri)
-        files = await stage(store.fetch_model(model_uri), self.settings.pull_timeout_s, "pulling")
+        files = await stage(store.fetch_model(model_uri, pins=managed.spec.pins),
+                            self.settings.pull_timeout_s, "pulling")
         managed.files += (files,)
         managed.replica.downloaded_bytes += files.downloaded_bytes
         return files.model_dir

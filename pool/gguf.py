@@ -18,8 +18,9 @@ import hashlib
 import sys
 from pathlib import Path
 from pool.api import ColdStartFailed, ModelInfo, ModelUnavailable
-from pool.model_info import Retry, read_range
+from pool.model_info import Retry, pins_of, read_range
 from pool.s3 import MISSING_CODES, S3Client, S3Object, error_code, origin_prefix
+from wire import gguf as wire_gguf
 from wire.gguf import GGUFError, GGUFHeader, Truncated, parse_header
 from wire.gguf_model import describe
 
@@ -54,7 +55,8 @@ async def inspect_gguf(client: S3Client, model_uri: str, retry: Retry) -> ModelI
     """ModelInfo of the folder the object imports to; ModelUnavailable naming what is wrong."""
     obj = await retry(lambda: head(client, model_uri))
     try:
-        config, tensors = describe(await read_gguf_header(client, obj, retry))
+        header = await read_gguf_header(client, obj, retry)
+        config, tensors = await asyncio.to_thread(describe, header)
     except GGUFError as exc:
         raise ModelUnavailable(f"bad GGUF {model_uri}: {exc}") from exc
     params = sum(info.num_elements for _, info in tensors)
@@ -65,20 +67,23 @@ async def inspect_gguf(client: S3Client, model_uri: str, retry: Retry) -> ModelI
         bytes_by_dtype={"float32": params * 4}, num_hidden_layers=config["num_hidden_layers"],
         num_key_value_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
         max_position_embeddings=config["max_position_embeddings"],
-        num_attention_heads=config["num_attention_heads"], vocab_size=config["vocab_size"])
+        num_attention_heads=config["num_attention_heads"], vocab_size=config["vocab_size"],
+        objects=pins_of([obj]))
 
 
 async def read_gguf_header(client: S3Client, obj: S3Object, retry: Retry) -> GGUFHeader:
-    """The header, read in growing ranges from the start of the object while it goes on."""
+    """The header, read in growing ranges from the start of the object while it goes on,
+    never past wire.gguf's header cap (a header that would go past it is a GGUFError). It
+    is parsed in a thread: a header of millions of values keeps the event loop serving."""
     buf = b""
-    want = min(FIRST_READ, obj.size)
+    want = min(FIRST_READ, obj.size, wire_gguf.HEADER_MAX_BYTES)
     while True:
         if want > len(buf):
             buf += await read_range(client, obj, retry, len(buf), want - 1)
         try:
-            return parse_header(buf, obj.size)
+            return await asyncio.to_thread(parse_header, buf, obj.size)
         except Truncated as short:      # never once buf is the whole object: then a GGUFError
-            want = min(obj.size, max(short.needed, 2 * len(buf)))
+            want = min(obj.size, wire_gguf.HEADER_MAX_BYTES, max(short.needed, 2 * len(buf)))
 
 
 def imported_key(obj: S3Object) -> str:

@@ -7,20 +7,27 @@ function package (inspect_function).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import struct
 from collections import Counter
-from typing import Any, Awaitable, Callable, Protocol, TypeVar
+from dataclasses import replace
+from typing import Any, Awaitable, Callable, Iterable, Protocol, TypeVar
 
-from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, ModelUnavailable
-from pool.s3 import DENIED_CODES, MISSING_CODES, S3Client, S3Object, error_code, list_objects, parse_uri
+from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, ModelUnavailable, PinnedObject, Pins
+from pool.s3 import (DENIED_CODES, MISMATCH_CODES, MISSING_CODES, S3Client, S3Object, error_code,
+                     list_objects, parse_uri)
 
 HEAD_GUESS = 64 * 1024
 # A model's small files are read whole at deploy time; past these sizes they are not
 # a model folder's files but an attempt to make the control plane read gigabytes.
 JSON_MAX_BYTES = 1024 * 1024                # config.json, model.safetensors.index.json
-HEADER_MAX_BYTES = 100 * 1024 * 1024        # one safetensors header
+# The safetensors headers of all shards together, each length checked before it is read
+# (a 400B-parameter model's come to a few MiB), and the number of shards: each costs a GET
+# while the deploy holds its tenant's lock.
+HEADERS_MAX_BYTES = 64 * 1024 * 1024
+MAX_SHARDS = 1024
 SAFETENSORS_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
     "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
@@ -52,8 +59,13 @@ async def inspect_model(client: S3Client, model_uri: str, retry: Retry = _plain)
         raise ModelUnavailable(f"missing object s3://{bucket}/{prefix}config.json")
     config = await read_json(client, objects["config.json"], retry)
     shards = await weight_files(client, objects, retry, f"s3://{bucket}/{prefix}")
-    headers = [await read_header(client, objects[name], retry) for name in shards]
-    return summarize(model_uri, config, shards, headers)
+    headers = await read_headers(client, [objects[name] for name in shards], retry)
+    try:    # a header of a million tensors is seconds of CPU: off the event loop
+        info = await asyncio.to_thread(summarize, model_uri, config, shards, headers)
+        return replace(info, objects=pins_of(objects.values()))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ModelUnavailable(f"bad safetensors header under {model_uri}: a tensor entry "
+                               f"without a valid dtype, shape or data_offsets ({exc!r})") from exc
 
 
 async def listing(client: S3Client, bucket: str, prefix: str) -> list[S3Object]:
@@ -81,7 +93,13 @@ async def inspect_function(client: S3Client, model_uri: str, objects: dict[str, 
     text = (await read_range(client, manifest, retry)).decode("utf-8", "replace")
     return ModelInfo(model_uri=model_uri, architecture=FUNCTION_ARCHITECTURE,
                      weight_bytes=sum(o.size for o in objects.values()), dtype="none",
-                     num_parameters=0, files=tuple(sorted(objects)), function_manifest=text)
+                     num_parameters=0, files=tuple(sorted(objects)), function_manifest=text,
+                     objects=pins_of(objects.values()))
+
+
+def pins_of(objects: Iterable[S3Object]) -> Pins:
+    """The objects as read now, for the revision to keep."""
+    return {o.uri: PinnedObject(o.etag, o.size) for o in objects}
 
 
 async def weight_files(client: S3Client, objects: dict[str, S3Object], retry: Retry, where: str) -> list[str]:
@@ -93,6 +111,8 @@ async def weight_files(client: S3Client, objects: dict[str, S3Object], retry: Re
         names = sorted(n for n in objects if n.endswith(".safetensors"))
     if not names:
         raise ModelUnavailable(f"missing object {where}model.safetensors (no *.safetensors under the prefix)")
+    if len(names) > MAX_SHARDS:
+        raise ModelUnavailable(f"{where}: {len(names)} weight files, over the cap of {MAX_SHARDS}")
     for name in names:
         if name not in objects:
             raise ModelUnavailable(f"missing object {where}{name} (listed in the index)")
@@ -104,11 +124,14 @@ async def read_range(client: S3Client, obj: S3Object, retry: Retry, start: int =
     rng = f"bytes={start}-{'' if end is None else end}"
 
     async def call() -> bytes:
-        try:
-            resp = await client.get_object(Bucket=obj.bucket, Key=obj.key, Range=rng)
+        try:        # the bytes listed, and pinned by the revision, or none
+            resp = await client.get_object(Bucket=obj.bucket, Key=obj.key, Range=rng, IfMatch=f'"{obj.etag}"')
         except Exception as exc:  # noqa: BLE001
             if error_code(exc) in MISSING_CODES:
                 raise ModelUnavailable(f"missing object {obj.uri}") from exc
+            if error_code(exc) in MISMATCH_CODES:
+                raise ModelUnavailable(f"{obj.uri} changed while it was read (ETag no longer "
+                                       f"{obj.etag}): deploy again") from exc
             raise
         async with resp["Body"] as body:
             data: bytes = await body.read()
@@ -129,22 +152,43 @@ async def read_json(client: S3Client, obj: S3Object, retry: Retry) -> dict[str, 
     return value
 
 
-async def read_header(client: S3Client, obj: S3Object, retry: Retry) -> dict[str, Any]:
+async def read_headers(client: S3Client, shards: list[S3Object], retry: Retry) -> list[dict[str, Any]]:
+    """Every shard's header, together at most HEADERS_MAX_BYTES."""
+    left = HEADERS_MAX_BYTES
+    headers = []
+    for obj in shards:
+        raw = await read_header(client, obj, retry, left)
+        left -= len(raw)
+        headers.append(await asyncio.to_thread(parse_header, obj, raw))
+    return headers
+
+
+async def read_header(client: S3Client, obj: S3Object, retry: Retry, most: int) -> bytes:
+    """The JSON header's bytes; its declared length is checked (within the file, at most
+    `most` bytes) before they are read."""
     if obj.size < 8:
         raise ModelUnavailable(f"bad safetensors file {obj.uri}: {obj.size} bytes")
     head = await read_range(client, obj, retry, 0, min(obj.size, HEAD_GUESS) - 1)
     (length,) = struct.unpack("<Q", head[:8])
-    if length + 8 > obj.size or length > HEADER_MAX_BYTES:
-        raise ModelUnavailable(f"bad safetensors header in {obj.uri}: length {length} "
-                               f"(at most {HEADER_MAX_BYTES} bytes and within the file)")
+    if length + 8 > obj.size:
+        raise ModelUnavailable(f"bad safetensors header in {obj.uri}: length {length} runs past the file")
+    if length > most:
+        raise ModelUnavailable(f"safetensors header of {obj.uri}: {length} bytes, past what is left "
+                               f"({most}) of the {HEADERS_MAX_BYTES}-byte cap on all shards' headers")
     raw = head[8:8 + length]
     if len(raw) < length:
         raw += await read_range(client, obj, retry, 8 + len(raw), 8 + length - 1)
+    return raw
+
+
+def parse_header(obj: S3Object, raw: bytes) -> dict[str, Any]:
     try:
-        header: dict[str, Any] = json.loads(raw)
-        return header
+        header = json.loads(raw)
     except ValueError as exc:
         raise ModelUnavailable(f"bad safetensors header in {obj.uri}: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ModelUnavailable(f"bad safetensors header in {obj.uri}: not a JSON object")
+    return header
 
 
 def summarize(model_uri: str, config: dict[str, Any], files: list[str], headers: list[dict[str, Any]]) -> ModelInfo:

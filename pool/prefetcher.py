@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from pool.api import ModelUnavailable, RevisionSpec
+from pool.api import ModelUnavailable, Pins, RevisionSpec
 from pool.backends.runtime_args import draft_model_uri
 from pool.cold_start import failure_reason
 from pool.prefetch import Prefetched, PrefetchView, Target
@@ -55,8 +55,8 @@ class Prefetcher:
     async def _run(self, rev: RevisionState, target: Target) -> None:
         revision_id = rev.spec.revision_id
         try:
-            keys, downloaded = await asyncio.wait_for(self._pull(rev.spec.tenant_id, target.uris),
-                                                      self.timeout_s)
+            keys, downloaded = await asyncio.wait_for(
+                self._pull(rev.spec.tenant_id, target.uris, rev.spec.pins), self.timeout_s)
         except asyncio.TimeoutError:
             self._failed(rev, target, f"timed out after {self.timeout_s:g}s")
             return
@@ -66,12 +66,12 @@ class Prefetcher:
         rev.prefetched = Prefetched(target, keys)
         log.info("prefetched %s (%s): %d bytes downloaded", revision_id, " ".join(target.uris), downloaded)
 
-    async def _pull(self, tenant_id: str, uris: tuple[str, ...]) -> tuple[tuple[str, ...], int]:
+    async def _pull(self, tenant_id: str, uris: tuple[str, ...], pins: Pins) -> tuple[tuple[str, ...], int]:
         keys: tuple[str, ...] = ()
         downloaded = 0
         for uri in uris:
             store = await self.stores.store_for(tenant_id, uri)
-            cached = await store.cache_model(uri)
+            cached = await store.cache_model(uri, pins)
             keys += cached.keys
             downloaded += cached.downloaded_bytes
         return keys, downloaded

@@ -10,6 +10,18 @@ or partial download is deleted and never enters the cache. Entries are
 evicted least recently used when the disk budget is exceeded; entries in use
 by a live replica are pinned.
 
+A hit is used only while its bytes are those downloaded: the SHA-256 hashed
+with the download is kept in meta.json, and a hit whose file's stat (inode,
+size, mtime, ctime) differs from the one it last had verified is hashed again
+(a write changes ctime, and nothing but root can set it back). Bytes that
+changed are evicted and fetched again: the same size is not the same model,
+and an entry is shared by every revision that names the same object.
+
+A revision fetches the objects its deploy read (RevisionSpec.pins): another
+ETag or size under a pinned key is a ColdStartFailed, and objects added under
+the prefix since are left out; with every GET `If-Match` the listed ETag, what
+loads is what placement was sized for at deploy.
+
 A model folder for the runtime is a directory of symlinks into the cache; a
 `.gguf` object's is the folder imported from it, a cache entry of its own
 keyed by the object's ETag (pool/gguf.py).
@@ -25,12 +37,13 @@ import shutil
 import time
 import uuid
 from collections import OrderedDict
+from types import MappingProxyType
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Awaitable, Callable, Iterable, Optional, TypeVar
 
 from pool import gguf
-from pool.api import ColdStartFailed
+from pool.api import ColdStartFailed, PinnedObject, Pins
 from pool.gguf import is_gguf_uri
 from pool.model_info import FUNCTION_MANIFEST
 from pool.s3 import (MISMATCH_CODES, MISSING_CODES, S3Client, S3Object, ShortRead, error_code,
@@ -42,6 +55,7 @@ T = TypeVar("T")
 
 CHUNK = 1024 * 1024
 SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt", ".md", ".gitattributes")
+NO_PINS: Pins = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,8 @@ class WeightCache:
         self._clear_tmp()
         self._lru: OrderedDict[str, int] = OrderedDict()    # key -> size, oldest first
         self._pins: dict[str, int] = {}
+        self._digests: dict[str, Digests] = {}              # key -> its files' SHA-256, when written
+        self._verified: dict[str, Fingerprint] = {}         # key -> its files' stat when last hashed
         self._scan()
 
     def _clear_tmp(self) -> None:
@@ -93,68 +109,117 @@ class WeightCache:
         for entry in self.objects.iterdir():
             meta = entry / "meta.json"
             if (entry / "data").exists() and meta.is_file():         # a file, or an imported folder
-                found.append((meta.stat().st_mtime, entry.name, json.loads(meta.read_text())["size"]))
+                found.append((meta.stat().st_mtime, entry.name, json.loads(meta.read_text())))
             else:
                 shutil.rmtree(entry, ignore_errors=True)
-        for _, key, size in sorted(found):
-            self._lru[key] = size
+        for _, key, meta in sorted(found):
+            self._lru[key] = meta["size"]
+            # entries written before their digests were kept are fetched (imported) again
+            if "sha256" in meta:
+                self._digests[key] = {"": meta["sha256"]}
+            elif "files" in meta:
+                self._digests[key] = dict(meta["files"])
 
     @property
     def used_bytes(self) -> int:
         return sum(self._lru.values())
 
-    def lookup(self, obj: S3Object) -> Optional[Path]:
+    async def lookup(self, obj: S3Object) -> Optional[Path]:
+        """The entry's data while its bytes are those downloaded; an entry whose bytes
+        changed is evicted (None: fetch it again)."""
         key = entry_key(obj)
         data = self.objects / key / "data"
-        if key not in self._lru or not data.is_file() or data.stat().st_size != obj.size:
+        if key not in self._lru or not data.is_file():
+            return None
+        if not await self._intact(key, data, obj.size):
+            log.warning("weight cache entry of %s changed on disk: evicted", obj.uri)
+            self._evict(key)
             return None
         self._lru.move_to_end(key)
         os.utime(self.objects / key / "meta.json")
         return data
 
-    def lookup_folder(self, key: str) -> Optional[Path]:
-        """An imported model folder held under `key` (pool/gguf.py), or None."""
+    async def _intact(self, key: str, data: Path, size: Optional[int]) -> bool:
+        """The same files with the same stat as when last verified, or else the same
+        SHA-256 each as when the entry was written."""
+        recorded, seen = self._digests.get(key), fingerprint(data)
+        if recorded is None or set(seen) != set(recorded):
+            return False
+        if size is not None and seen[""].size != size:
+            return False
+        if self._verified.get(key) == seen:
+            return True
+        if await asyncio.to_thread(digests_of, data) != recorded:
+            return False
+        self._verified[key] = seen
+        return True
+
+    def _evict(self, key: str) -> None:
+        self._lru.pop(key, None)
+        self._digests.pop(key, None)
+        self._verified.pop(key, None)
+        shutil.rmtree(self.objects / key, ignore_errors=True)
+
+    async def lookup_folder(self, key: str) -> Optional[Path]:
+        """An imported model folder held under `key` (pool/gguf.py) while its files are
+        those imported, or None (one that changed is evicted)."""
         data = self.objects / key / "data"
         if key not in self._lru or not data.is_dir():
             return None
+        if not await self._intact(key, data, None):
+            log.warning("weight cache entry %s (an imported folder) changed on disk: evicted", key)
+            self._evict(key)
+            return None
         self._lru.move_to_end(key)
         os.utime(self.objects / key / "meta.json")
         return data
 
-    def admit_folder(self, key: str, folder: Path, meta: dict[str, str]) -> Path:
-        """Move a finished folder (under tmp/) into the cache as entry `key`."""
+    def admit_folder(self, key: str, folder: Path, meta: dict[str, str], digests: Digests) -> Path:
+        """Move a finished folder (under tmp/), whose files hash to digests, into the
+        cache as entry `key`; its files read-only."""
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
         self.make_room(size)
         staging = self.tmp / f"{key}.{uuid.uuid4().hex}"
         staging.mkdir()
+        for f in folder.rglob("*"):
+            if f.is_file():
+                os.chmod(f, 0o444)
         os.rename(folder, staging / "data")
-        (staging / "meta.json").write_text(json.dumps({**meta, "size": size}))
+        (staging / "meta.json").write_text(json.dumps({**meta, "size": size, "files": digests}))
         try:
             os.rename(staging, self.objects / key)
         except OSError:                      # another import got there first
             shutil.rmtree(staging, ignore_errors=True)
+            return self.objects / key / "data"      # its files are checked at their next lookup
+        self._record(key, size, digests)
+        return self.objects / key / "data"
+
+    def _record(self, key: str, size: int, digests: Digests) -> None:
         self._lru[key] = size
         self._lru.move_to_end(key)
-        return self.objects / key / "data"
+        self._digests[key] = digests
+        self._verified[key] = fingerprint(self.objects / key / "data")
 
     def temp_path(self) -> Path:
         return self.tmp / f"{uuid.uuid4().hex}.part"
 
-    def admit(self, obj: S3Object, temp: Path) -> Path:
-        """Move a verified temp file into the cache (atomic directory rename)."""
+    def admit(self, obj: S3Object, temp: Path, sha256: str) -> Path:
+        """Move a verified temp file, whose bytes hash to sha256, into the cache (atomic
+        directory rename); read-only, as every replica reads it through its links."""
         key = entry_key(obj)
         staging = self.tmp / f"{key}.{uuid.uuid4().hex}"
         staging.mkdir()
+        os.chmod(temp, 0o444)
         os.rename(temp, staging / "data")
         (staging / "meta.json").write_text(json.dumps(
-            {"bucket": obj.bucket, "key": obj.key, "etag": obj.etag, "size": obj.size}))
+            {"bucket": obj.bucket, "key": obj.key, "etag": obj.etag, "size": obj.size, "sha256": sha256}))
         final = self.objects / key
         try:
             os.rename(staging, final)
         except OSError:                      # another download got there first
             shutil.rmtree(staging, ignore_errors=True)
-        self._lru[key] = obj.size
-        self._lru.move_to_end(key)
+            return final / "data"            # its bytes are checked at their next lookup
+        self._record(key, obj.size, {"": sha256})
         return final / "data"
 
     def make_room(self, nbytes: int) -> list[str]:
@@ -165,8 +230,7 @@ class WeightCache:
                 break
             if self._pins.get(key):
                 continue
-            self._lru.pop(key)
-            shutil.rmtree(self.objects / key, ignore_errors=True)
+            self._evict(key)
             evicted.append(key)
         if self.used_bytes + nbytes > self.budget_bytes:
             log.warning("weight cache over budget: %d in use by live replicas", self.used_bytes)
@@ -208,8 +272,11 @@ class WeightStore:
         return await with_retries(call, attempts=s.s3_attempts, base_s=s.s3_backoff_base_s,
                                   cap_s=s.s3_backoff_cap_s)
 
-    async def list_model(self, model_uri: str) -> list[S3Object]:
-        return [replace(o, origin=self.origin) for o in await self._list(model_uri)]
+    async def list_model(self, model_uri: str, pins: Pins = NO_PINS) -> list[S3Object]:
+        """The objects to fetch: those its revision pinned, each as it was deployed."""
+        objects = [replace(o, origin=self.origin) for o in await self._list(model_uri)]
+        refuse_changed(model_uri, {o.uri: PinnedObject(o.etag, o.size) for o in objects}, pins)
+        return objects if not pinned_under(model_uri, pins) else [o for o in objects if o.uri in pins]
 
     async def _list(self, model_uri: str) -> list[S3Object]:
         if is_gguf_uri(model_uri):
@@ -225,43 +292,43 @@ class WeightStore:
             raise ColdStartFailed(f"missing object s3://{bucket}/{prefix}model.safetensors")
         return [o for o in objects if not o.key.endswith(SKIP_SUFFIXES)]
 
-    async def fetch_model(self, model_uri: str, objects: Optional[list[S3Object]] = None) -> ModelFiles:
+    async def fetch_model(self, model_uri: str, objects: Optional[list[S3Object]] = None,
+                          pins: Pins = NO_PINS) -> ModelFiles:
         """Every file of the model in the cache, linked into one folder; pins the entries.
-        A `.gguf` object: the folder imported from it (one entry)."""
+        A `.gguf` object: the folder imported from it (one entry). `pins`: the objects
+        as the revision was deployed with them; other bytes are a ColdStartFailed."""
         if is_gguf_uri(model_uri):
-            return await self._fetch_gguf(model_uri)
+            return await self._fetch_gguf(model_uri, pins)
         started = time.monotonic()
-        objects = objects if objects is not None else await self.list_model(model_uri)
+        objects = objects if objects is not None else await self.list_model(model_uri, pins)
         keys = tuple(entry_key(o) for o in objects)
         self.cache.pin(keys)
         try:
-            fresh = [o for o in objects if o not in self.cache]
-            paths = await settle_all([self.fetch_object(o) for o in objects])
-            model_dir = self._link(objects, paths, _package_prefix(model_uri, objects))
+            fetched = await settle_all([self._fetch(o) for o in objects])
+            model_dir = self._link(objects, [path for path, _ in fetched], _package_prefix(model_uri, objects))
         except BaseException:
             self.cache.unpin(keys)
             raise
-        downloaded = sum(o.size for o in fresh)
+        downloaded = sum(n for _, n in fetched)
         return ModelFiles(model_dir, keys, downloaded, sum(o.size for o in objects) - downloaded,
                           time.monotonic() - started)
 
-    async def cache_model(self, model_uri: str) -> CachedModel:
+    async def cache_model(self, model_uri: str, pins: Pins = NO_PINS) -> CachedModel:
         """Every file of the model into the cache, the way fetch_model gets them (a
         download in flight for a cold start is joined, not repeated), but with no model
         folder made and nothing left pinned: evictable like any idle entry."""
         if is_gguf_uri(model_uri):
-            files = await self._fetch_gguf(model_uri)
+            files = await self._fetch_gguf(model_uri, pins)
             self.release(files)
             return CachedModel(files.keys, files.downloaded_bytes)
-        objects = await self.list_model(model_uri)
+        objects = await self.list_model(model_uri, pins)
         keys = tuple(entry_key(o) for o in objects)
-        fresh = sum(o.size for o in objects if o not in self.cache)
         self.cache.pin(keys)                # the first files stay while the rest download
         try:
-            await settle_all([self.fetch_object(o) for o in objects])
+            fetched = await settle_all([self._fetch(o) for o in objects])
         finally:
             self.cache.unpin(keys)
-        return CachedModel(keys, fresh)
+        return CachedModel(keys, sum(n for _, n in fetched))
 
     def release(self, files: ModelFiles) -> None:
         self.cache.unpin(files.keys)
@@ -282,13 +349,13 @@ class WeightStore:
         os.rename(staging, folder)
         return folder
 
-    async def _fetch_gguf(self, model_uri: str) -> ModelFiles:
+    async def _fetch_gguf(self, model_uri: str, pins: Pins) -> ModelFiles:
         started = time.monotonic()
-        (obj,) = await self.list_model(model_uri)
+        (obj,) = await self.list_model(model_uri, pins)
         key = gguf.imported_key(obj)
         self.cache.pin([key])
         try:
-            folder = self.cache.lookup_folder(key)
+            folder = await self.cache.lookup_folder(key)
             fresh = folder is None and obj not in self.cache
             if folder is None:
                 folder = await self._once(key, lambda: self._import(obj, key))
@@ -305,8 +372,9 @@ class WeightStore:
         staging = self.cache.tmp / f"import-{uuid.uuid4().hex}"
         try:
             await gguf.run_import(await self.fetch_object(obj), staging, obj.uri)
+            digests = await asyncio.to_thread(digests_of, staging)
             return self.cache.admit_folder(key, staging, {"bucket": obj.bucket, "key": obj.key,
-                                                          "etag": obj.etag, "imported": "gguf"})
+                                                          "etag": obj.etag, "imported": "gguf"}, digests)
         finally:
             self.cache.unpin(raw)
             shutil.rmtree(staging, ignore_errors=True)
@@ -314,10 +382,14 @@ class WeightStore:
     async def fetch_object(self, obj: S3Object) -> Path:
         """The cached path of obj; concurrent callers share one download, which is
         cancelled when the last of them stops waiting."""
-        hit = self.cache.lookup(obj)
+        return (await self._fetch(obj))[0]
+
+    async def _fetch(self, obj: S3Object) -> tuple[Path, int]:
+        """fetch_object, and the bytes it waited to download (0: a cache hit)."""
+        hit = await self.cache.lookup(obj)
         if hit is not None:
-            return hit
-        return await self._once(entry_key(obj), lambda: self._download_into_cache(obj))
+            return hit, 0
+        return await self._once(entry_key(obj), lambda: self._download_into_cache(obj)), obj.size
 
     async def _once(self, key: str, work: Callable[[], Awaitable[Path]]) -> Path:
         """work() run once for all concurrent callers of one key; cancelled when the
@@ -342,39 +414,39 @@ class WeightStore:
         self.cache.make_room(obj.size)
         temp = self.cache.temp_path()
         try:
-            await self.download(obj, temp)
-            return self.cache.admit(obj, temp)
+            sha256 = await self.download(obj, temp)
+            return self.cache.admit(obj, temp, sha256)
         finally:
             temp.unlink(missing_ok=True)
 
-    async def download(self, obj: S3Object, dest: Path) -> None:
-        """Parallel ranged GETs of one object into dest, then verified."""
+    async def download(self, obj: S3Object, dest: Path) -> str:
+        """Parallel ranged GETs of one object into dest, then verified; its SHA-256."""
         ranges = part_ranges(obj.size, self.settings.part_size_bytes)
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, obj.size)
-            check_md5 = self.settings.verify_md5 and not obj.is_multipart_etag
-            hasher = OrderedHasher(dest, len(ranges)) if check_md5 else None
+            hasher = OrderedHasher(dest, len(ranges))
             tasks = [asyncio.ensure_future(self._part(obj, fd, i, rng, hasher)) for i, rng in enumerate(ranges)]
-            hashing = asyncio.ensure_future(hasher.run(ranges)) if hasher else None
+            hashing = asyncio.ensure_future(hasher.run(ranges))
             try:
                 written = sum(await asyncio.gather(*tasks))
-                digest = await hashing if hashing else None
+                md5_hex, sha256_hex = await hashing
             except BaseException:
-                for t in tasks + ([hashing] if hashing else []):
+                for t in tasks + [hashing]:
                     t.cancel()
-                await asyncio.gather(*tasks, *([hashing] if hashing else []), return_exceptions=True)
+                await asyncio.gather(*tasks, hashing, return_exceptions=True)
                 raise
         finally:
             os.close(fd)
-        verify(obj, written, dest.stat().st_size, digest)
+        check_md5 = self.settings.verify_md5 and not obj.is_multipart_etag
+        verify(obj, written, dest.stat().st_size, md5_hex if check_md5 else None)
+        return sha256_hex
 
     async def _part(self, obj: S3Object, fd: int, index: int, rng: tuple[int, int],
-                    hasher: Optional["OrderedHasher"]) -> int:
+                    hasher: "OrderedHasher") -> int:
         async with self._parts:
             n = await self.retry(lambda: self._get_range(obj, fd, rng))
-        if hasher:
-            hasher.done(index)
+        hasher.done(index)
         return n
 
     async def _get_range(self, obj: S3Object, fd: int, rng: tuple[int, int]) -> int:
@@ -421,6 +493,25 @@ def raise_clear(obj: S3Object, exc: Exception) -> None:
     raise exc
 
 
+def pinned_under(model_uri: str, pins: Pins) -> Pins:
+    """The pins of the objects under model_uri (of a revision's model, or of its draft)."""
+    under = model_uri if is_gguf_uri(model_uri) else "s3://{}/{}".format(*parse_uri(model_uri))
+    return {uri: pin for uri, pin in pins.items() if uri.startswith(under)}
+
+
+def refuse_changed(model_uri: str, found: Pins, pins: Pins) -> None:
+    """ColdStartFailed unless every object pinned under model_uri is found as pinned (the
+    same ETag and size); objects added since are not the revision's and are left out."""
+    for uri, pin in pinned_under(model_uri, pins).items():
+        now = found.get(uri)
+        if now is None and not uri.endswith(SKIP_SUFFIXES):
+            raise ColdStartFailed(f"missing object {uri}: its revision was deployed with it")
+        if now is not None and now != pin:
+            raise ColdStartFailed(f"{uri} changed since its revision was deployed (ETag {now.etag}, "
+                                  f"{now.size} bytes; deployed: ETag {pin.etag}, {pin.size} bytes): "
+                                  "deploy a new revision to run it")
+
+
 def _package_prefix(model_uri: str, objects: list[S3Object]) -> Optional[str]:
     """A function package's key prefix: its files keep their sub-folders (a model's
     folder is flat). None for a model."""
@@ -442,7 +533,8 @@ def verify(obj: S3Object, written: int, on_disk: int, md5_hex: Optional[str]) ->
 
 
 class OrderedHasher:
-    """MD5 of a file whose parts arrive out of order: hashes each contiguous prefix as it lands."""
+    """MD5 and SHA-256 of a file whose parts arrive out of order: hashes each contiguous
+    prefix as it lands."""
 
     def __init__(self, path: Path, parts: int):
         self.path = path
@@ -451,17 +543,56 @@ class OrderedHasher:
     def done(self, index: int) -> None:
         self.events[index].set()
 
-    async def run(self, ranges: list[tuple[int, int]]) -> str:
-        md5 = hashlib.md5()
+    async def run(self, ranges: list[tuple[int, int]]) -> tuple[str, str]:
+        hashes = (hashlib.md5(), hashlib.sha256())
         loop = asyncio.get_running_loop()
         with open(self.path, "rb") as f:
             for event, (start, end) in zip(self.events, ranges):
                 await event.wait()
-                await loop.run_in_executor(None, _hash_range, f.fileno(), start, end, md5)
-        return md5.hexdigest()
+                await loop.run_in_executor(None, _hash_range, f.fileno(), start, end, hashes)
+        return hashes[0].hexdigest(), hashes[1].hexdigest()
 
 
-def _hash_range(fd: int, start: int, end: int, md5: "hashlib._Hash") -> None:
+def _hash_range(fd: int, start: int, end: int, hashes: Iterable["hashlib._Hash"]) -> None:
     step = 4 * 1024 * 1024
     for offset in range(start, end + 1, step):
-        md5.update(os.pread(fd, min(step, end + 1 - offset), offset))
+        chunk = os.pread(fd, min(step, end + 1 - offset), offset)
+        for h in hashes:
+            h.update(chunk)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a file's stat says of its bytes: any write changes ctime."""
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+# An entry's files by path within it ("": the entry's data is one file)
+Digests = dict[str, str]                # -> SHA-256
+Fingerprint = dict[str, Signature]      # -> stat
+
+
+def signature(path: Path) -> Signature:
+    st = path.stat()
+    return Signature(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def fingerprint(data: Path) -> Fingerprint:
+    if data.is_file():
+        return {"": signature(data)}
+    return {str(f.relative_to(data)): signature(f) for f in sorted(data.rglob("*")) if f.is_file()}
+
+
+def digests_of(data: Path) -> Digests:
+    return {rel: sha256_of(data / rel if rel else data) for rel in fingerprint(data)}
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK * 4):
+            h.update(chunk)
+    return h.hexdigest()

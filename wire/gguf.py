@@ -23,6 +23,14 @@ Buffer = Union[bytes, mmap.mmap]
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_COUNT = 1 << 24                  # more tensors or metadata entries than any model has
+# The header (metadata and tensor infos) is read whole into memory, at deploy by the pool:
+# a file whose header goes past this is refused, whatever its size, before the bytes are
+# read or a value allocated. A vocabulary of 256k tokens with its merges takes ~20 MiB.
+HEADER_MAX_BYTES = 64 << 20
+# The fewest bytes one tensor info (name length, one dim, type, offset) and one metadata
+# entry (key length, type, a one-byte value) take: counts that cannot fit are refused.
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8
+_MIN_ENTRY_BYTES = 8 + 4 + 1
 
 # ggml type id -> (name, elements per block, bytes per block): ggml's own table.
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
@@ -97,12 +105,16 @@ class _Reader:
         self.pos = 0
         self.file_size = file_size
         self.where = "header"
+        self.limit = HEADER_MAX_BYTES if file_size is None else min(file_size, HEADER_MAX_BYTES)
 
     def take(self, n: int) -> bytes:
         end = self.pos + n
         if end > len(self.buf):
             if self.file_size is not None and end > self.file_size:
                 raise GGUFError(f"{self.where}: runs past the end of the file ({self.file_size} bytes)")
+            if end > HEADER_MAX_BYTES:
+                raise GGUFError(f"{self.where}: the header runs past {HEADER_MAX_BYTES} bytes, "
+                                "the most this reader takes")
             raise Truncated(end, self.where)
         out = bytes(self.buf[self.pos:end])
         self.pos = end
@@ -114,10 +126,15 @@ class _Reader:
 
     def count(self, what: str, item_bytes: int = 1) -> int:
         n: int = self.scalar("Q")
-        room = (self.file_size or 1 << 62) - self.pos
-        if n > room // max(item_bytes, 1):
-            raise GGUFError(f"{self.where}: {what} {n} does not fit in the file")
+        self.check_room(what, n, item_bytes)
         return n
+
+    def check_room(self, what: str, n: int, item_bytes: int) -> None:
+        """Refuses n items of at least item_bytes each that cannot fit in what is left
+        of the file or of the header cap, before any of them is read."""
+        if n > (self.limit - self.pos) // max(item_bytes, 1):
+            raise GGUFError(f"{self.where}: {what} {n} does not fit in the file or in the "
+                            f"{HEADER_MAX_BYTES}-byte header this reader takes")
 
     def string(self) -> str:
         raw = self.take(self.count("string length"))
@@ -165,6 +182,9 @@ def parse_header(buf: Buffer, file_size: Optional[int] = None) -> GGUFHeader:
     if n_tensors > MAX_COUNT or n_kv > MAX_COUNT:
         raise GGUFError(f"{'tensor_count' if n_tensors > MAX_COUNT else 'kv_count'}: "
                         f"{max(n_tensors, n_kv)} is not a plausible count")
+    r.where = "header"
+    r.check_room("tensor_count", n_tensors, _MIN_TENSOR_INFO_BYTES)
+    r.check_room("kv_count", n_kv, _MIN_ENTRY_BYTES)
     metadata: dict[str, Any] = {}
     for index in range(n_kv):
         r.where = f"metadata entry {index}"

@@ -4,7 +4,9 @@ A revision also keeps what the deploy read from the model (architecture,
 context length, vocabulary size), so the gateway can check a request against
 the model without a replica. Revisions written before migration 0002 have no
 context length or vocabulary size (NULL); readers fall back as documented where
-they read them (`controlplane.gateway.FALLBACK_CONTEXT_LEN`).
+they read them (`controlplane.gateway.FALLBACK_CONTEXT_LEN`). It keeps the ETag
+and size of every object its deploy read (`pinned_objects`), which the pool's
+cold starts hold the bytes to (`RevisionSpec.pins`).
 """
 from __future__ import annotations
 
@@ -18,10 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from controlplane.deployment_spec import NAME, DeploymentSpec, Resources, RevisionConfig, Scaling
 from controlplane.models import Deployment, Revision, utcnow
 from controlplane.store.errors import AlreadyExists, NotFound
-from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, RevisionSpec, TenantQuota
+from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, PinnedObject, Pins, RevisionSpec, TenantQuota
 
 async def create(session: AsyncSession, tenant_id: str, spec: DeploymentSpec,
-                 model: ModelInfo) -> tuple[Deployment, list[Revision]]:
+                 model: ModelInfo, pins: Pins) -> tuple[Deployment, list[Revision]]:
     deployment = Deployment(tenant_id=tenant_id, name=spec.name, traffic={"r1": 100},
                             **asdict(spec.scaling))
     session.add(deployment)
@@ -29,7 +31,7 @@ async def create(session: AsyncSession, tenant_id: str, spec: DeploymentSpec,
         await session.flush()
     except IntegrityError:
         raise AlreadyExists("deployment", spec.name) from None
-    revision = _new_revision(deployment, 1, spec.revision, model)
+    revision = _new_revision(deployment, 1, spec.revision, model, pins)
     session.add(revision)
     await session.flush()
     return deployment, [revision]
@@ -71,7 +73,7 @@ async def list_for(session: AsyncSession,
 
 
 async def change(session: AsyncSession, deployment: Deployment, revisions: list[Revision],
-                 scaling: Scaling, new_revision: Optional[tuple[RevisionConfig, ModelInfo]],
+                 scaling: Scaling, new_revision: Optional[tuple[RevisionConfig, ModelInfo, Pins]],
                  promote: bool) -> tuple[Deployment, list[Revision]]:
     """A PATCH of a deployment the caller has locked (`find(..., for_update=True)`) and
     read `revisions` of: scaling in place; a changed config makes a revision (taking
@@ -79,8 +81,8 @@ async def change(session: AsyncSession, deployment: Deployment, revisions: list[
     for field_name, value in asdict(scaling).items():
         setattr(deployment, field_name, value)
     if new_revision is not None:
-        config, model = new_revision
-        revision = _new_revision(deployment, revisions[-1].number + 1, config, model)
+        config, model, pins = new_revision
+        revision = _new_revision(deployment, revisions[-1].number + 1, config, model, pins)
         session.add(revision)
         revisions.append(revision)
         if promote:
@@ -106,11 +108,12 @@ async def delete(session: AsyncSession, tenant_id: str, name: str) -> str:
 
 
 def _new_revision(deployment: Deployment, number: int, config: RevisionConfig,
-                  model: ModelInfo) -> Revision:
+                  model: ModelInfo, pins: Pins) -> Revision:
     return Revision(deployment_id=deployment.id, tenant_id=deployment.tenant_id, number=number,
                     model_uri=config.model_uri, architecture=model.architecture,
                     context_length=model.max_position_embeddings or None,
                     vocab_size=model.vocab_size or None,
+                    pinned_objects={uri: {"etag": p.etag, "size": p.size} for uri, p in pins.items()},
                     engine=config.engine, gpu_memory_gb=config.resources.gpu_memory_gb,
                     gpu_count=config.resources.gpu_count)
 
@@ -143,7 +146,13 @@ def revision_spec(deployment: Deployment, revision: Revision, quota: TenantQuota
         target_concurrency=deployment.target_concurrency,
         idle_timeout_s=deployment.idle_timeout_s, engine=dict(revision.engine), quota=quota,
         kind=kind_of(revision), sleep_timeout_s=deployment.sleep_timeout_s,
-        prefetch=deployment.prefetch)
+        prefetch=deployment.prefetch, pins=pins_of(revision))
+
+
+def pins_of(revision: Revision) -> Pins:
+    """The objects the revision was deployed with (none kept before migration 0012)."""
+    return {uri: PinnedObject(str(p["etag"]), int(p["size"]))
+            for uri, p in (revision.pinned_objects or {}).items()}
 
 
 async def names_of(session: AsyncSession, tenant_id: str) -> dict[str, str]:

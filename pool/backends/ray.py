@@ -42,7 +42,7 @@ from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
 
 from pool import function_env
 from pool.adoption import Registration, ReplicaRecord, record_for
-from pool.api import ColdStartFailed, RevisionSpec
+from pool.api import ColdStartFailed, Pins, RevisionSpec
 from pool.backends.base import ReplicaHandle, Survivor
 from pool.backends.ray_actor import Child, ReplicaActor, cache_entries, node_cache_dir
 from pool.backends.runtime_args import (auth_headers, draft_model_uri, engine_flags, engine_for, new_secret,
@@ -184,7 +184,7 @@ class RayBackend:
                       slots: Sequence[Slot], model_dir: Optional[Path], replica_id: str) -> RayReplica:
         s = self.settings
         local = str(model_dir) if model_dir is not None else None
-        folder = await self._await(actor.model_folder.remote(local, spec.model_uri, s),
+        folder = await self._await(actor.model_folder.remote(local, spec.model_uri, s, dict(spec.pins)),
                                    s.pull_timeout_s, "placing the replica or pulling its weights")
         if spec.kind == "function":
             child, env_s = await self._function_child(actor, spec, slots, folder)
@@ -200,7 +200,7 @@ class RayBackend:
     async def _model_child(self, actor: Any, spec: RevisionSpec, slots: Sequence[Slot], folder: str) -> Child:
         """runtime.server on the node's interpreter, with the engine the slots imply."""
         engine = engine_for(spec, slots, self.settings.kv_cache_tokens_default, isolated=True)
-        engine = await self._pull_draft(actor, engine)
+        engine = await self._pull_draft(actor, engine, spec.pins)
         return Child(("-m", "runtime.server", "--model", folder, "--served-model-name", spec.revision_id,
                       *engine_flags(engine)))
 
@@ -266,12 +266,12 @@ class RayBackend:
         self.replicas[record.replica_id] = handle
         return Survivor(record, handle)
 
-    async def _pull_draft(self, actor: Any, engine: dict[str, Any]) -> dict[str, Any]:
+    async def _pull_draft(self, actor: Any, engine: dict[str, Any], pins: Pins) -> dict[str, Any]:
         """A speculative draft model named by URI is pulled into the node's cache too."""
         uri = draft_model_uri(engine)
         if uri is None:
             return engine
-        folder = await self._await(actor.model_folder.remote(None, uri, self.settings),
+        folder = await self._await(actor.model_folder.remote(None, uri, self.settings, dict(pins)),
                                    self.settings.pull_timeout_s, "pulling the draft model")
         return with_draft_folder(engine, folder)
 

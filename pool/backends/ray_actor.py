@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
 from pool import function_env
+from pool.api import Pins
 from pool.model_info import FUNCTION_MANIFEST
 from pool.processes import free_port
 from pool.settings import PoolSettings
@@ -112,13 +113,14 @@ class ReplicaActor:
 
     # -- weights -----------------------------------------------------------
 
-    def model_folder(self, model_dir: Optional[str], model_uri: str, settings: PoolSettings) -> str:
+    def model_folder(self, model_dir: Optional[str], model_uri: str, settings: PoolSettings,
+                     pins: Pins) -> str:
         """model_dir when given and readable on this node, else the model (or function
         package) pulled into this node's cache (settings carry the S3 endpoint and
-        credentials, if any)."""
+        credentials, if any), held to the objects its revision pinned."""
         if model_dir and any((Path(model_dir) / marker).is_file() for marker in FOLDER_MARKERS):
             return model_dir
-        return asyncio.run(pull_model(model_uri, node_settings(settings)))
+        return asyncio.run(pull_model(model_uri, node_settings(settings), pins))
 
     def cached(self, default_cache_dir: str) -> list[str]:
         return cache_entries(node_cache_dir(Path(default_cache_dir)))
@@ -216,7 +218,7 @@ def wait_quietly(process: subprocess.Popen[bytes], timeout_s: float) -> bool:
         return False
 
 
-async def pull_model(model_uri: str, settings: PoolSettings) -> str:
+async def pull_model(model_uri: str, settings: PoolSettings, pins: Pins) -> str:
     """Fetch a model into this node's cache with the same WeightStore the pool uses locally.
 
     One pull at a time per node cache: each replica's actor is its own process,
@@ -231,7 +233,7 @@ async def pull_model(model_uri: str, settings: PoolSettings) -> str:
         async with AsyncExitStack() as stack:
             client = await open_client(settings, stack)
             store = WeightStore(client, WeightCache(settings.cache_dir, settings.cache_budget_bytes), settings)
-            files = await store.fetch_model(model_uri)
+            files = await store.fetch_model(model_uri, pins=pins)
             return str(files.model_dir)
 
 

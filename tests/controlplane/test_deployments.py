@@ -9,7 +9,8 @@ from sqlalchemy import select
 from controlplane.store.desired_state import PostgresDesiredState, PostgresReplicaEvents
 from controlplane.models import ReplicaLifetime
 from controlplane.quotas import Quota
-from pool.api import ReplicaEvent, TenantQuota
+from pool.api import PinnedObject, ReplicaEvent, TenantQuota
+from pool.s3 import parse_uri
 from tests.controlplane.conftest import make_settings, running_control_plane
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -273,3 +274,18 @@ async def test_config_and_headers_are_read_with_caps(plane, which, request):
         f"capped-{which[:4]}", request.getfixturevalue(which)))
     assert response.status_code == 422, response.text
     assert response.json()["error"]["param"] == "model_uri"
+
+
+async def test_a_revision_pins_the_objects_its_deploy_read(plane, model_uri, s3_server):
+    """Their ETags and sizes reach the pool with the revision: a cold start refuses other bytes."""
+    client = plane.client(await plane.tenant_key("pins"))
+    created = await client.post("/v1/deployments", json=body("pinned", model_uri))
+    assert created.status_code == 201, created.text
+    desired = PostgresDesiredState(plane.app.state.sessions, QUOTA, plane.app.state.sealer)
+    (spec,) = [s for s in await desired.revisions() if s.deployment_id == created.json()["id"]]
+    bucket, prefix = parse_uri(model_uri)
+    listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]
+    assert spec.pins == {f"s3://{bucket}/{o['Key']}": PinnedObject(o["ETag"].strip('"'), o["Size"])
+                         for o in listed}
+    assert any(uri.endswith("/model.safetensors") for uri in spec.pins)
+    await client.delete("/v1/deployments/pinned")

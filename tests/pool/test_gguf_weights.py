@@ -1,8 +1,11 @@
 """A `.gguf` model URI in the pool, against real S3 (SeaweedFS): inspected at deploy from
 its header with ranged GETs, imported on a cold start into a cache entry keyed by the
 object's ETag, and found there by the next cold start."""
+import asyncio
 import json
 import os
+import struct
+import time
 
 import pytest
 
@@ -12,6 +15,7 @@ from pool.model_info import inspect_model
 from pool.weights import WeightCache, WeightStore, entry_key
 from tests.pool.conftest import FlakyS3
 from tests.support.gguf_files import write_model_gguf
+from wire import gguf as wire_gguf
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -94,3 +98,80 @@ async def test_an_import_that_fails_says_why(s3, s3_server, pool_bucket, fresh_p
     uri = upload(s3_server, tmp_path / "bad.gguf", pool_bucket, f"{fresh_prefix}/bad.gguf")
     with pytest.raises(ColdStartFailed, match=f"importing {uri} failed: .*tokenizer.ggml.pre: 'klingon'"):
         await store_for(s3, settings).fetch_model(uri)
+
+
+def gguf_with_array(count: int, item_type: int, items: bytes) -> bytes:
+    """A GGUF header of one metadata array (and no tensors) followed by its items."""
+    key = b"tokenizer.ggml.tokens"
+    return (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+            + struct.pack("<IIQ", 9, item_type, count) + items)
+
+
+class RangeLog(FlakyS3):
+    """Counts the bytes of every ranged GET."""
+
+    def __init__(self, client):
+        super().__init__(client)
+        self.bytes_asked = 0
+
+    async def get_object(self, **kwargs):
+        start, end = kwargs["Range"].removeprefix("bytes=").split("-")
+        self.bytes_asked += int(end) - int(start) + 1
+        return await super().get_object(**kwargs)
+
+
+async def test_a_header_past_the_cap_is_refused_without_reading_it(s3, s3_server, pool_bucket, fresh_prefix,
+                                                                   monkeypatch):
+    monkeypatch.setattr(wire_gguf, "HEADER_MAX_BYTES", 64 << 10)
+    monkeypatch.setattr(gguf, "FIRST_READ", 16 << 10)
+    key = f"{fresh_prefix}/big-header.gguf"
+    s3_server.client().put_object(Bucket=pool_bucket, Key=key, Body=gguf_with_array(1 << 20, 0, bytes(1 << 20)))
+    log = RangeLog(s3)
+    with pytest.raises(ModelUnavailable, match=r"array length 1048576 does not fit .* 65536-byte header"):
+        await inspect_model(log, f"s3://{pool_bucket}/{key}")
+    assert log.bytes_asked <= 16 << 10              # refused from the first read: its count
+
+
+async def test_a_large_header_is_parsed_off_the_event_loop(s3, s3_server, pool_bucket, fresh_prefix):
+    """Two million strings: seconds of parsing, in a thread, while the loop keeps its beat."""
+    n = 2_000_000
+    items = b"".join(struct.pack("<Q", 7) + b"t%06d" % (i % 10**6) for i in range(n))
+    key = f"{fresh_prefix}/many-strings.gguf"
+    s3_server.client().put_object(Bucket=pool_bucket, Key=key, Body=gguf_with_array(n, 8, items))
+    inspection = asyncio.ensure_future(inspect_model(s3, f"s3://{pool_bucket}/{key}"))
+    longest = 0.0
+    while not inspection.done():
+        before = time.monotonic()
+        await asyncio.sleep(0.01)
+        longest = max(longest, time.monotonic() - before)
+    with pytest.raises(ModelUnavailable, match="general.architecture"):    # parsed whole, then described
+        inspection.result()
+    assert longest < 0.5
+
+
+async def test_a_gguf_swapped_after_deploy_is_refused(s3, s3_server, pool_bucket, fresh_prefix, settings, tiny_gguf):
+    uri = upload(s3_server, tiny_gguf, pool_bucket, f"{fresh_prefix}/tiny.Q8_0.gguf")
+    deployed = (await inspect_model(s3, uri)).objects
+    assert list(deployed) == [uri]
+    s3_server.client().put_object(Bucket=pool_bucket, Key=f"{fresh_prefix}/tiny.Q8_0.gguf",
+                                  Body=tiny_gguf.read_bytes() + bytes(4096))
+    store = store_for(s3, settings)
+    with pytest.raises(ColdStartFailed, match=r"tiny.Q8_0.gguf changed since its revision was deployed"):
+        await store.fetch_model(uri, pins=deployed)
+    assert store.cache.used_bytes == 0
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["same-store", "after-restart"])
+async def test_an_imported_folder_overwritten_on_disk_is_imported_again(s3, s3_server, pool_bucket, fresh_prefix,
+                                                                        settings, tiny_gguf, restart):
+    uri = upload(s3_server, tiny_gguf, pool_bucket, f"{fresh_prefix}/m.gguf")
+    store = store_for(s3, settings)
+    first = await store.fetch_model(uri)
+    weights = (first.model_dir / "model.safetensors")
+    imported = weights.read_bytes()
+    os.chmod(weights, 0o644)
+    weights.write_bytes(os.urandom(len(imported)))           # the same size, other bytes
+    store.release(first)
+    again = await (store_for(s3, settings) if restart else store).fetch_model(uri)
+    assert (again.model_dir / "model.safetensors").read_bytes() == imported
+    assert again.downloaded_bytes == 0                        # imported again from the cached object

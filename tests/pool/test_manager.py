@@ -404,3 +404,29 @@ async def until(predicate, timeout_s: float = 30.0) -> bool:
     while not predicate() and loop.time() < deadline:
         await asyncio.sleep(0.05)
     return predicate()
+
+
+async def test_weights_swapped_after_deploy_are_refused_before_placement(pool, s3_server, pool_bucket, tiny_model,
+                                                                          model_factory):
+    """A revision pins the bytes its deploy read: a bigger model put under the same keys
+    since (and read by a later deploy of the same URI) never sizes or loads its replicas."""
+    manager, desired, events, _, _ = pool
+    prefix = f"{uuid.uuid4().hex[:8]}/swapped"
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, prefix)
+    spec = spec_for(uri, pins=(await manager.inspect_model(uri)).objects)
+    bigger = model_factory(arch="llama", hidden_size=128, num_hidden_layers=4, seed=2)
+    s3_server.client().upload_file(str(bigger / "model.safetensors"), pool_bucket, f"{prefix}/model.safetensors")
+    assert (await manager.inspect_model(uri)).num_parameters > 2 * param_count(tiny_model)
+    desired.put(spec)
+    with pytest.raises(ColdStartFailed, match=rf"{prefix}/model.safetensors changed since its revision was deployed"):
+        await manager.acquire(spec, request_id="s1", prefix_key=None, prompt_tokens=1, timeout_s=60)
+    mine = [e for e in events.events if e.revision_id == spec.revision_id]
+    assert [e.state for e in mine][-1] == "failed" and not any(e.slot_ids for e in mine)   # never placed
+    desired.remove(spec.revision_id)
+    await manager.refresh()
+
+
+def param_count(model_dir) -> int:
+    from safetensors.numpy import load_file
+
+    return sum(t.size for t in load_file(str(model_dir / "model.safetensors")).values())

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pool.api import RevisionSpec
+from pool.api import Pins, RevisionSpec
 from pool.desired import EventLog, InMemoryDesiredState
 from pool.manager import PoolManager
 from pool.prefetch import Target
@@ -139,7 +139,7 @@ class RecordingStores:
         self.asked.append((tenant_id, uri))
         return self
 
-    async def cache_model(self, uri: str) -> CachedModel:
+    async def cache_model(self, uri: str, pins: Pins) -> CachedModel:
         return CachedModel((f"key-of-{uri}",), 1)
 
 

@@ -2,10 +2,12 @@
 import hashlib
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
 from pool.api import ColdStartFailed
+from pool.model_info import inspect_model
 from pool.s3 import list_objects
 from pool.weights import WeightCache, WeightStore, entry_key, part_ranges
 from tests.pool.conftest import FlakyS3
@@ -115,7 +117,7 @@ async def test_lru_eviction_under_budget_spares_pinned(s3, s3_server, pool_bucke
     path_a = await store.fetch_object(objs["a"])
     store.cache.pin(["pinned-a"])
     await store.fetch_object(objs["b"])
-    store.cache.lookup(objs["a"])                      # a is now the most recently used
+    await store.cache.lookup(objs["a"])                # a is now the most recently used
     await store.fetch_object(objs["c"])                # over budget: evicts b, the oldest
     assert objs["a"] in store.cache and objs["c"] in store.cache and objs["b"] not in store.cache
     assert path_a.read_bytes() == blobs["a"]
@@ -129,3 +131,85 @@ async def test_a_new_cache_folder_is_its_owners_alone(tmp_path):
     root = tmp_path / "fresh" / "cache"
     WeightCache(root, 1024)
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
+
+
+def overwrite_keeping_mtime(path, data: bytes) -> None:
+    """What a process with write access to the cache could do: other bytes, same size, the
+    old mtime put back."""
+    before = path.stat()
+    os.chmod(path, 0o644)
+    path.write_bytes(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["same-store", "after-restart"])
+async def test_a_cache_entry_overwritten_with_same_size_bytes_is_fetched_again(
+        s3, s3_server, pool_bucket, fresh_prefix, settings, tiny_model, restart):
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    store = store_for(s3, settings)
+    first = await store.fetch_model(uri)
+    cached = (first.model_dir / "model.safetensors").resolve()
+    size = cached.stat().st_size
+    overwrite_keeping_mtime(cached, os.urandom(size))
+    store.release(first)
+    again = await (store_for(s3, settings) if restart else store).fetch_model(uri)
+    assert digest(again.model_dir / "model.safetensors") == digest(tiny_model / "model.safetensors")
+    assert again.downloaded_bytes == size
+
+
+async def test_an_untouched_entry_is_not_hashed_again_on_a_hit(s3, s3_server, pool_bucket, fresh_prefix, settings,
+                                                             tiny_model, monkeypatch):
+    from pool import weights
+
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    store = store_for(s3, settings)
+    await store.fetch_model(uri)
+    hashed = []
+    monkeypatch.setattr(weights, "sha256_of", lambda path: hashed.append(path) or "")
+    again = await store.fetch_model(uri)
+    assert hashed == [] and again.downloaded_bytes == 0
+
+
+async def test_a_pinned_object_swapped_under_its_key_is_refused(s3, s3_server, pool_bucket, fresh_prefix, settings,
+                                                               tiny_model):
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    deployed = (await inspect_model(s3, uri)).objects
+    key = f"{fresh_prefix}/tiny/model.safetensors"
+    size = (tiny_model / "model.safetensors").stat().st_size
+    for swapped in (os.urandom(size), os.urandom(3 * size)):       # the same size, and a bigger model
+        s3_server.client().put_object(Bucket=pool_bucket, Key=key, Body=swapped)
+        store = store_for(s3, settings)
+        with pytest.raises(ColdStartFailed, match=rf"s3://{pool_bucket}/{key} changed since its revision "
+                                                  rf"was deployed \(ETag \w+, {len(swapped)} bytes; deployed: "
+                                                  rf"ETag \w+, {size} bytes\)"):
+            await store.fetch_model(uri, pins=deployed)
+        with pytest.raises(ColdStartFailed, match="changed since its revision was deployed"):
+            await store.cache_model(uri, pins=deployed)
+        assert store.cache.used_bytes == 0
+
+
+async def test_objects_added_after_deploy_are_not_the_revisions(s3, s3_server, pool_bucket, fresh_prefix, settings,
+                                                               tiny_model):
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    deployed = (await inspect_model(s3, uri)).objects
+    s3_server.client().put_object(Bucket=pool_bucket, Key=f"{fresh_prefix}/tiny/extra.safetensors", Body=b"x" * 99)
+    files = await store_for(s3, settings).fetch_model(uri, pins=deployed)
+    assert sorted(p.name for p in files.model_dir.iterdir()) == sorted(p.name for p in tiny_model.iterdir())
+    s3_server.client().delete_object(Bucket=pool_bucket, Key=f"{fresh_prefix}/tiny/tokenizer.json")
+    with pytest.raises(ColdStartFailed, match=r"missing object s3://.*/tiny/tokenizer.json: its revision was "
+                                              r"deployed with it"):
+        await store_for(s3, settings).fetch_model(uri, pins=deployed)
+
+
+async def test_a_node_pull_holds_to_the_revisions_pins(s3, s3_server, pool_bucket, fresh_prefix, settings, tiny_model):
+    """A backend that pulls on its node (Ray's ReplicaActor.model_folder) refuses swapped bytes too."""
+    from pool.backends.ray_actor import pull_model
+
+    uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
+    deployed = (await inspect_model(s3, uri)).objects
+    assert (Path(await pull_model(uri, settings, deployed)) / "model.safetensors").is_file()
+    size = (tiny_model / "model.safetensors").stat().st_size
+    s3_server.client().put_object(Bucket=pool_bucket, Key=f"{fresh_prefix}/tiny/model.safetensors",
+                                  Body=os.urandom(size))
+    with pytest.raises(ColdStartFailed, match="model.safetensors changed since its revision was deployed"):
+        await pull_model(uri, settings, deployed)
