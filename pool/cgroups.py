@@ -39,7 +39,9 @@ class Cgroups:
 
     def create(self, name: str, limits: Limits) -> list[Path]:
         """The groups' `cgroup.procs` files the process writes its PID to; [] where the
-        host lets us make none."""
+        host lets us make none. A CPU group only with a quota to enforce: a group's
+        threads share one scheduling weight, which under load would give a sandboxed
+        replica less CPU than the same process outside one."""
         try:
             if self.version == 2:
                 return [self._create_v2(name, limits)]
@@ -65,7 +67,8 @@ class Cgroups:
     def _create_v2(self, name: str, limits: Limits) -> Path:
         parent = self.root / PARENT
         parent.mkdir(exist_ok=True)
-        wanted = {"memory", "pids", "cpu"} & set((self.root / "cgroup.controllers").read_text().split())
+        wanted = {"memory", "pids", *(["cpu"] if limits.cpus is not None else [])} \
+            & set((self.root / "cgroup.controllers").read_text().split())
         for folder in (self.root, parent):
             (folder / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in sorted(wanted)))
         group = parent / name
@@ -82,7 +85,7 @@ class Cgroups:
     def _create_v1(self, name: str, limits: Limits) -> list[Path]:
         groups = []
         for controller in V1_CONTROLLERS:
-            if not (self.root / controller).is_dir():
+            if not (self.root / controller).is_dir() or (controller == "cpu" and limits.cpus is None):
                 continue
             group = self.root / controller / PARENT / name
             group.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import resource
@@ -41,6 +40,7 @@ from runtime.function_worker import FunctionWorker
 from runtime.server import SECRET_ENV, SECRET_FILE_ENV, RequireSecret, health_for, read_secret
 from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
+from wire.json_input import parse_json
 from wire.request_id import RequestIdMiddleware
 
 log = logging.getLogger("thawpool.function")
@@ -167,7 +167,7 @@ async def invoke(request: Request) -> Response:
     if len(raw) > MAX_BODY_BYTES:
         return _error(413, f"body: over {MAX_BODY_BYTES} bytes", param="body")
     try:
-        parsed = parse_function_request(_json(raw))
+        parsed = parse_function_request(parse_json(raw, "body", param="body"))
         if host.worker is None:
             return _error(503, f"function is {host.state}", code="not_ready")
         results = await host.worker.submit(parsed.items)
@@ -179,13 +179,6 @@ async def invoke(request: Request) -> Response:
     body["usage"] = {"items": len(results), "compute_s": sum(r.compute_s for r in results),
                      "batch_sizes": [r.batch_size for r in results]}
     return JSONResponse(body)
-
-
-def _json(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise ProtocolError("body: invalid JSON", param="body") from None
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

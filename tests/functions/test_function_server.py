@@ -51,8 +51,10 @@ async def test_bad_input_is_400_and_never_reaches_the_handler(probe_server):
         before = (await c.get("/stats")).json()
         bad_json = await c.post("/invoke", content=b"{not json")
         bad_item = await c.post("/invoke", json={"inputs": [{"echo": 1}, "two", {}, {}]})
+        deep = await c.post("/invoke", content=b'{"input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
         after = (await c.get("/stats")).json()
     assert bad_json.status_code == 400 and bad_json.json()["error"]["param"] == "body"
+    assert deep.status_code == 400 and deep.json()["error"]["code"] == "too_deep"
     assert bad_item.status_code == 400 and bad_item.json()["error"]["param"] == "inputs[1]"
     assert (after["requests"], after["items"]) == (before["requests"], before["items"])
 
