@@ -32,6 +32,7 @@ import time
 import tomllib
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -46,6 +47,8 @@ from controlplane.embedded import EmbeddedPostgres, EmbeddedS3  # noqa: E402
 from tests.controlplane.conftest import (MODELS_BUCKET, cpu_pool_settings, create_database,  # noqa: E402
                                          make_settings, real_pool, running_control_plane)
 from tests.functions.test_function_deploy import upload  # noqa: E402
+from pool.replica_http import ReplicaTransport  # noqa: E402
+from wire.replica_address import address_of  # noqa: E402
 
 TEXT = {"text": "the food was really good and the service pleasant"}
 
@@ -73,11 +76,15 @@ def closed_loop(url: str, headers: dict[str, str], concurrency: int,
     control plane's process their CPU would be counted against it."""
     import aiohttp
 
+    socket = address_of(url).socket          # a sandboxed replica listens on a unix socket
+    if socket is not None:
+        url = f"http://replica{urlsplit(url).path}"
+
     async def run() -> tuple[float, list[float]]:
         latencies: list[float] = []
         left = [requests]
-        async with aiohttp.ClientSession(headers=headers,
-                                         connector=aiohttp.TCPConnector(limit=0)) as http:
+        connector = aiohttp.UnixConnector(path=socket, limit=0) if socket else aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(headers=headers, connector=connector) as http:
             async def one_client() -> None:
                 while left[0] > 0:
                     left[0] -= 1
@@ -178,7 +185,7 @@ async def run(args, work: Path) -> None:
             print(f"example classifier, hidden {args.hidden}, {args.layers} layers; "
                   f"{args.requests} calls per level\n")
             replicas = {name: replica_target(plane, rev) for name, rev in revisions.items()}
-            stats = {name: httpx.AsyncClient(base_url=url, headers=headers)
+            stats = {name: httpx.AsyncClient(base_url=url, headers=headers, transport=ReplicaTransport())
                      for name, (url, headers) in replicas.items()}
             routes = {"control plane": lambda name: through_plane[name],
                       "replica": lambda name: (f"{replicas[name][0]}/invoke", replicas[name][1])}
