@@ -49,13 +49,14 @@ class Settings:
     # Seals what must be kept to be used again (a tenant bucket's secret key): 32 bytes,
     # base64; None: a key file made once in the data dir (controlplane.sealing).
     secrets_key: Optional[str] = None
-    # Model sources: each tenant deploys from s3://<models_bucket>/<tenant name>/ and
-    # from what an admin grants; uploads land under the same prefix.
+    # Model sources: each tenant deploys from s3://<models_bucket>/tenants/<tenant id>/,
+    # where its uploads land, and from what an admin grants (never inside tenants/).
     models_bucket: str = "thawpool-models"
     upload_part_bytes: int = 64 * 1024 ** 2       # S3 refuses parts under 5 MiB but the last
     upload_max_file_bytes: int = 100 * GIB
     upload_url_ttl_s: int = 3600                  # presigned part URLs
     upload_ttl_s: int = 86_400                    # a pending upload expires after this
+    upload_sweep_s: float = 600.0                 # how often expired multipart uploads are aborted
     # /metrics: on the public listener only with this token (platform metrics only);
     # per-tenant metrics on the internal listener at metrics_host:metrics_port.
     metrics_token: Optional[str] = None
