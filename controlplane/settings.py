@@ -76,6 +76,7 @@ class Settings:
     quota_max_upload_bytes: Optional[int] = 200 * GIB
     quota_requests_per_min: Optional[int] = None      # tenant-wide, over all its keys
     quota_tokens_per_min: Optional[int] = None
+    quota_max_async_calls: Optional[int] = 64         # /invoke?async=true calls in flight
 
     @property
     def outbox_path(self) -> Path:
@@ -95,7 +96,7 @@ class Settings:
         return Quota(self.quota_max_gpus, self.quota_max_replicas_per_deployment,
                      self.quota_max_deployments, self.quota_max_queued_requests,
                      self.quota_max_upload_bytes, self.quota_requests_per_min,
-                     self.quota_tokens_per_min)
+                     self.quota_tokens_per_min, self.quota_max_async_calls)
 
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)
@@ -153,7 +154,7 @@ _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
     *[(f"quota_{name}", f"THAWPOOL_QUOTA_{name.upper()}", _limit)
       for name in ("max_gpus", "max_replicas_per_deployment", "max_deployments",
                    "max_queued_requests", "max_upload_bytes", "requests_per_min",
-                   "tokens_per_min")],
+                   "tokens_per_min", "max_async_calls")],
 ]
 
 
