@@ -22,7 +22,9 @@ from controlplane.listener import libpq_dsn
 from controlplane.lookups import Lookups
 from controlplane.metering import UsageWriter
 from controlplane.metrics import Metrics, MetricsMiddleware
+from controlplane.models import utcnow
 from controlplane.outbox import DeadLetters, Outbox
+from controlplane.periodic import Periodic
 from controlplane.routes import (billing, deployments, functions, gateway, health, model_sources,
                                  models_list, openapi, prices, quotas, tenants, uploads)
 from controlplane.refusals import DeadLetteringSink
@@ -99,6 +101,10 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
             state.lookups, state.async_calls = lookups, calls
             state.writer, state.pool, state.sealer = writer, the_pool, sealer
             _workers(state, s3, http)
+            sweeper = Periodic("abort expired uploads", settings.upload_sweep_s,
+                               lambda: state.uploads.abort_expired(utcnow()))
+            sweeper.start()
+            stack.push_async_callback(sweeper.stop)
             yield
 
     app = Starlette(

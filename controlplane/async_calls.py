@@ -7,13 +7,16 @@ outage the app answers 503 with Retry-After; down when a call ends, the answer i
 written again every `retry_s` until it lands or its retention is over (reads are 503
 meanwhile). `start`, at the control plane's start, marks the calls still `running` as
 failed: the control plane is a single instance, so they were cut by its restart.
-`stop` cancels the calls in flight, which the next start marks the same way. Expired
-rows are deleted lazily, one bounded batch at a time, when a call is accepted.
+Calls in flight are capped per tenant (its quota's `max_async_calls`) and in all, each
+refusal TooManyInFlight (429): one tenant's flood leaves room for every other's. `stop`
+cancels the calls in flight, which the next start marks the same way. Expired rows are
+deleted lazily, one bounded batch at a time, when a call is accepted.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from datetime import datetime
 from typing import Any, Awaitable, Callable, Optional
 
@@ -35,7 +38,11 @@ MAX_IN_FLIGHT = 10_000       # each holds its request's body in memory until it 
 
 
 class TooManyInFlight(Exception):
-    pass
+    """Refused before anything is stored; `param` names the limit."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
 
 
 class AsyncCalls:
@@ -49,6 +56,7 @@ class AsyncCalls:
         self.max_in_flight = max_in_flight
         self._sweep = SweepState()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._by_tenant: Counter[str] = Counter()
 
     @property
     def in_flight(self) -> int:
@@ -72,17 +80,41 @@ class AsyncCalls:
         """Until every call in flight has ended and its answer was recorded (or given up)."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def accept(self, tenant_id: str, deployment: str, work: Work) -> StoredCall:
-        if self.in_flight >= self.max_in_flight:
-            raise TooManyInFlight(f"{self.max_in_flight} asynchronous calls are running")
-        call = new_call(tenant_id, deployment, self.clock())
-        async with self.sessions.begin() as session:
-            await store.add(session, call)
-            await self._sweep_if_due(session, call.created_at)
+    def in_flight_for(self, tenant_id: str) -> int:
+        return self._by_tenant[tenant_id]
+
+    async def accept(self, tenant_id: str, deployment: str, work: Work, *,
+                     tenant_limit: Optional[int] = None) -> StoredCall:
+        """`tenant_limit`: the tenant's calls in flight at once (None: only the global cap)."""
+        self._admit(tenant_id, tenant_limit)
+        self._by_tenant[tenant_id] += 1        # before any await: the count is the check's
+        try:
+            call = new_call(tenant_id, deployment, self.clock())
+            async with self.sessions.begin() as session:
+                await store.add(session, call)
+                await self._sweep_if_due(session, call.created_at)
+        except BaseException:
+            self._release(tenant_id)
+            raise
         task = asyncio.create_task(self._run(call, work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._release(tenant_id))
         return call
+
+    def _admit(self, tenant_id: str, tenant_limit: Optional[int]) -> None:
+        if tenant_limit is not None and self._by_tenant[tenant_id] >= tenant_limit:
+            raise TooManyInFlight("max_async_calls", f"this tenant has {tenant_limit} "
+                                  "asynchronous calls running, its limit (max_async_calls); "
+                                  "retry when one has ended")
+        if self.in_flight >= self.max_in_flight:
+            raise TooManyInFlight("max_in_flight",
+                                  f"{self.max_in_flight} asynchronous calls are running")
+
+    def _release(self, tenant_id: str) -> None:
+        self._by_tenant[tenant_id] -= 1
+        if self._by_tenant[tenant_id] <= 0:
+            del self._by_tenant[tenant_id]
 
     async def get(self, tenant_id: str, call_id: str) -> Optional[StoredCall]:
         """The tenant's own call until its retention is over; None otherwise."""

@@ -278,7 +278,7 @@ async def _demo(app, settings: Settings, base_url: str) -> None:
         _, key = await create_key(session, tenant, ["billing:read", "deploy", "invoke"],
                                   name="demo")
     print(f"thawpool: demo tenant key {key.secret}", flush=True)
-    await run_demo(settings, base_url, key.secret, app.state.writer.flush)
+    await run_demo(settings, base_url, tenant.id, key.secret, app.state.writer.flush)
 
 
 def _report_demo(task: asyncio.Task) -> None:

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import httpx
 
+from controlplane.model_sources import own_key_prefix
 from controlplane.pricing import Pricing
 from controlplane.settings import Settings
 
 DEMO_TENANT = "demo"
-DEMO_OBJECT = f"{DEMO_TENANT}/SmolLM2-135M-Instruct.Q4_1.gguf"   # under the demo tenant's own prefix
+DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"      # put under the demo tenant's own prefix
 DEMO_QUESTION = "Write a Python function that reverses a string."
 DEMO_DEPLOYMENT = "demo-chat"
 # The demo tenant's plan, set by the operator side of `thawpool up --demo`.
@@ -39,7 +40,7 @@ def demo_gguf() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def upload(settings: Settings, gguf: Path) -> str:
+def upload(settings: Settings, gguf: Path, tenant_id: str) -> str:
     import boto3
     from botocore.config import Config
 
@@ -50,18 +51,20 @@ def upload(settings: Settings, gguf: Path) -> str:
     bucket = settings.models_bucket
     if bucket not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
         s3.create_bucket(Bucket=bucket)
-    s3.upload_file(str(gguf), bucket, DEMO_OBJECT)
-    return f"s3://{bucket}/{DEMO_OBJECT}"
+    key = f"{own_key_prefix(tenant_id)}{DEMO_FILE}"
+    s3.upload_file(str(gguf), bucket, key)
+    return f"s3://{bucket}/{key}"
 
 
-async def run_demo(settings: Settings, base_url: str, key: str, flush, out=None) -> None:
+async def run_demo(settings: Settings, base_url: str, tenant_id: str, key: str, flush,
+                   out=None) -> None:
     """With the demo tenant's `key`: deploy, stream, report; prints every step to `out`."""
     out = out or sys.stdout
     def say(*parts, end="\n"):
         print(*parts, file=out, flush=True, end=end)
 
     gguf = await asyncio.to_thread(demo_gguf)
-    model_uri = await asyncio.to_thread(upload, settings, gguf)
+    model_uri = await asyncio.to_thread(upload, settings, gguf, tenant_id)
     say(f"demo: uploaded {gguf.name} to {model_uri}")
     async with httpx.AsyncClient(base_url=base_url, timeout=600,
                                  headers={"authorization": f"Bearer {key}"}) as client:

@@ -41,6 +41,12 @@ class Resources:
     gpu_count: int = 1
 
 
+# Requests one replica is given before the autoscaler adds another: a replica batches no
+# more than this, and past it a deployment would pile one tenant's load onto a replica or
+# two instead of scaling.
+MAX_TARGET_CONCURRENCY = 1024
+
+
 @dataclass(frozen=True)
 class Scaling:
     min_replicas: int = 0
@@ -155,9 +161,8 @@ def parse_scaling(value: Any, base: Scaling) -> Scaling:
                              value.get("min_replicas", base.min_replicas), minimum=0),
         max_replicas=integer("scaling.max_replicas",
                              value.get("max_replicas", base.max_replicas), minimum=1),
-        target_concurrency=integer("scaling.target_concurrency",
-                                   value.get("target_concurrency", base.target_concurrency),
-                                   minimum=1),
+        target_concurrency=_target_concurrency(
+            value.get("target_concurrency", base.target_concurrency)),
         idle_timeout_s=number("scaling.idle_timeout_s",
                               value.get("idle_timeout_s", base.idle_timeout_s), minimum=0.0),
         sleep_timeout_s=number("scaling.sleep_timeout_s",
@@ -166,6 +171,15 @@ def parse_scaling(value: Any, base: Scaling) -> Scaling:
     if scaling.min_replicas > scaling.max_replicas:
         raise InvalidField("scaling.min_replicas", "must not exceed scaling.max_replicas")
     return scaling
+
+
+def _target_concurrency(value: Any) -> int:
+    target = integer("scaling.target_concurrency", value, minimum=1)
+    if target > MAX_TARGET_CONCURRENCY:
+        raise InvalidField("scaling.target_concurrency",
+                           f"at most {MAX_TARGET_CONCURRENCY} requests per replica; for more "
+                           "load, raise scaling.max_replicas")
+    return target
 
 
 def parse_engine(raw: Any, kind: str = "model") -> dict[str, Any]:

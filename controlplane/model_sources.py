@@ -1,8 +1,12 @@
 """Where a tenant may deploy from: pure rules over S3 URIs, no I/O.
 
 Each tenant may read models under its own prefix of the platform's models
-bucket, `s3://<models bucket>/<tenant name>/`, and under the prefixes an admin
-granted it or every tenant (a shared catalogue). A URI outside them is refused
+bucket, `s3://<models bucket>/tenants/<tenant id>/` (where its uploads land), and
+under the prefixes an admin granted it or every tenant (a shared catalogue). The
+`tenants/` namespace belongs to uploads alone: its folders are named by the
+server-made tenant id, never by a name a tenant or an admin chose, and no grant may
+overlap it, so no grant can hand one tenant's uploads to another or let a tenant's
+uploads land in a shared catalogue. A URI outside them is refused
 with one message, the same whether or not anything exists there, before any S3
 request is made. URIs are compared as written, segment by segment: `.`, `..`
 and empty segments are refused outright, so no spelling of another prefix can
@@ -22,8 +26,25 @@ DENIED = ("not under a model source this tenant may deploy from "
 MAX_URI = 1024
 
 
-def own_prefix(models_bucket: str, tenant_name: str) -> str:
-    return f"s3://{models_bucket}/{tenant_name}/"
+TENANTS = "tenants"            # the models bucket's folder of tenants' own prefixes
+
+
+def own_key_prefix(tenant_id: str) -> str:
+    """The object keys of the tenant's own prefix start with this."""
+    return f"{TENANTS}/{tenant_id}/"
+
+
+def own_prefix(models_bucket: str, tenant_id: str) -> str:
+    return f"s3://{models_bucket}/{own_key_prefix(tenant_id)}"
+
+
+def check_grantable(prefix: str, models_bucket: str) -> None:
+    """A grant (parsed by parse_s3_uri) may not reach into the tenants' namespace, nor
+    contain it (the models bucket's root)."""
+    namespace = f"s3://{models_bucket}/{TENANTS}/"
+    if is_under(prefix, namespace) or is_under(namespace, prefix):
+        raise InvalidField("prefix", f"overlaps {namespace}, where tenants' own uploads live; "
+                                     "grant a prefix outside it")
 
 
 def parse_s3_uri(field: str, value: Any, *, bucket_root: bool = False) -> str:

@@ -252,6 +252,7 @@ class QuotaOverride(Base):
     max_upload_bytes: Mapped[Optional[int]] = mapped_column(BigInteger)
     requests_per_min: Mapped[Optional[int]] = mapped_column(Integer)    # all the tenant's keys
     tokens_per_min: Mapped[Optional[int]] = mapped_column(Integer)
+    max_async_calls: Mapped[Optional[int]] = mapped_column(Integer)     # in flight at once
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

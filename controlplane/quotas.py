@@ -5,7 +5,9 @@ A tenant's `Quota` is the settings default with the admin's overrides on top
 the gateway's rate limiter (controlplane.ratelimit). Deployments, replicas per deployment, GPUs a deployment could
 hold at its maximum and GPUs its minimum keeps held are checked here, at deploy
 time (422 naming the limit); GPUs held at once and queued requests travel to
-the pool in `RevisionSpec.quota`, which enforces them while running.
+the pool in `RevisionSpec.quota`, which enforces them while running. Asynchronous
+calls in flight are counted by controlplane.async_calls (429 with Retry-After past
+`max_async_calls`).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class Quota:
     max_upload_bytes: Optional[int] = None
     requests_per_min: Optional[int] = None      # over all the tenant's keys (each key has its own too)
     tokens_per_min: Optional[int] = None
+    max_async_calls: Optional[int] = None       # `/invoke?async=true` calls running at once
 
     def with_overrides(self, overrides: Mapping[str, Optional[int]]) -> "Quota":
         """The admin's overrides (a None override keeps the default)."""

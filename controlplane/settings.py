@@ -58,13 +58,14 @@ class Settings:
     # Seals what must be kept to be used again (a tenant bucket's secret key): 32 bytes,
     # base64; None: a key file made once in the data dir (controlplane.sealing).
     secrets_key: Optional[str] = field(default=None, repr=False)
-    # Model sources: each tenant deploys from s3://<models_bucket>/<tenant name>/ and
-    # from what an admin grants; uploads land under the same prefix.
+    # Model sources: each tenant deploys from s3://<models_bucket>/tenants/<tenant id>/,
+    # where its uploads land, and from what an admin grants (never inside tenants/).
     models_bucket: str = "thawpool-models"
     upload_part_bytes: int = 64 * 1024 ** 2       # S3 refuses parts under 5 MiB but the last
     upload_max_file_bytes: int = 100 * GIB
     upload_url_ttl_s: int = 3600                  # presigned part URLs
     upload_ttl_s: int = 86_400                    # a pending upload expires after this
+    upload_sweep_s: float = 600.0                 # how often expired multipart uploads are aborted
     # /metrics: on the public listener only with this token (platform metrics only);
     # per-tenant metrics on the internal listener at metrics_host:metrics_port.
     metrics_token: Optional[str] = field(default=None, repr=False)
@@ -84,6 +85,7 @@ class Settings:
     quota_max_upload_bytes: Optional[int] = 200 * GIB
     quota_requests_per_min: Optional[int] = None      # tenant-wide, over all its keys
     quota_tokens_per_min: Optional[int] = None
+    quota_max_async_calls: Optional[int] = 64         # /invoke?async=true calls in flight
 
     @property
     def outbox_path(self) -> Path:
@@ -107,7 +109,7 @@ class Settings:
         return Quota(self.quota_max_gpus, self.quota_max_replicas_per_deployment,
                      self.quota_max_deployments, self.quota_max_queued_requests,
                      self.quota_max_upload_bytes, self.quota_requests_per_min,
-                     self.quota_tokens_per_min)
+                     self.quota_tokens_per_min, self.quota_max_async_calls)
 
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)
@@ -168,7 +170,7 @@ _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
     *[(f"quota_{name}", f"THAWPOOL_QUOTA_{name.upper()}", _limit)
       for name in ("max_gpus", "max_replicas_per_deployment", "max_deployments",
                    "max_queued_requests", "max_upload_bytes", "requests_per_min",
-                   "tokens_per_min")],
+                   "tokens_per_min", "max_async_calls")],
 ]
 
 

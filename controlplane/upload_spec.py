@@ -1,7 +1,7 @@
 """Upload bodies and part plans, pure: what a tenant may upload and how it is cut.
 
 A tenant uploads a model folder `name` of files (relative paths and sizes) to
-its own prefix, `s3://<models bucket>/<tenant>/<name>/`. Each file becomes one
+its own prefix, `s3://<models bucket>/tenants/<tenant id>/<name>/`. Each file becomes one
 S3 multipart upload of `part_size` parts (the last one shorter), at most
 10,000 parts, as S3 allows. The completion names, per file, each part's ETag.
 """

@@ -1,9 +1,16 @@
 """Uploads of model folders without S3 credentials: presigned multipart URLs.
 
 `create` starts one S3 multipart upload per file under the tenant's own prefix
-and hands back a presigned URL per part; the tenant PUTs each part there and
-calls `complete` with the parts' ETags; the control plane checks them against
-what S3 holds (count, sizes, ETags) and completes the uploads. Tenants see
+(`tenants/<tenant id>/<upload name>/`, controlplane.model_sources) and hands back
+a presigned URL per part; the tenant PUTs each part there and calls `complete`
+with the parts' ETags; the control plane checks them against what S3 holds
+(count, sizes, ETags) and completes the uploads. Each URL signs its part's length
+(`Content-Length` is a signed header), so S3 refuses a part of any other size and
+an upload never stores more than it declared. An upload never replaces an object:
+`create` refuses a key that holds one (409), and `complete` writes each file with
+`If-None-Match: *`, so an object that appeared meanwhile is kept and the completion
+refused (409). Multipart uploads left pending past their expiry are aborted by
+`abort_expired`, which the control plane runs periodically. Tenants see
 their upload's id, its model URI and the part URLs, never the platform's
 credentials, object keys or S3's upload ids. Sizes count against the tenant's
 `max_upload_bytes` quota from the moment an upload starts (until it expires
@@ -12,18 +19,21 @@ pending or is deleted).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from dataclasses import asdict, dataclass
-from datetime import timedelta
-from typing import Any, AsyncIterator
+from datetime import datetime, timedelta
+from typing import Any, AsyncIterator, Optional
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from controlplane.model_sources import TENANTS, own_key_prefix
 from controlplane.models import ModelUpload, utcnow
 from controlplane.quotas import Quota, check_upload
 from controlplane.store import quotas, uploads
 from controlplane.store.errors import Conflict, InvalidField, Unavailable
 from controlplane.upload_spec import PartPlan, UploadSpec, plan_parts
 
+EXPIRY_GRACE_S = 300       # S3's clock and ours may differ; a completion may be under way
 S3Client = Any            # an aiobotocore S3 client (the library has no type hints)
 PartUrls = dict[str, list[str]]         # path -> presigned URL of each part, in order
 
@@ -44,15 +54,21 @@ class Uploads:
         self.s3 = s3
         self.config = config
 
-    def model_uri(self, upload: ModelUpload, tenant_name: str) -> str:
-        return f"s3://{self.config.bucket}/{tenant_name}/{upload.name}/"
+    def model_uri(self, upload: ModelUpload) -> str:
+        """The folder its files' keys lie in (uploads made before the tenants' namespace
+        keep the folder they were written to)."""
+        first = upload.files[0]
+        return f"s3://{self.config.bucket}/{first['key'].removesuffix(first['path'])}"
 
     async def create(self, tenant_id: str, spec: UploadSpec) -> tuple[ModelUpload, PartUrls]:
         """The upload row and one multipart upload per file, under the tenant's lock (the
         quota counts what every upload of the tenant holds)."""
         now = utcnow()
+        folder = f"{own_key_prefix(tenant_id)}{spec.name}/"
         async with self.sessions.begin() as session:
-            tenant = await quotas.lock_tenant(session, tenant_id)
+            await quotas.lock_tenant(session, tenant_id)
+            for f in spec.files:
+                await self._refuse_existing(f"{folder}{f.path}", f.path)
             quota = await quotas.quota_for(session, tenant_id, self.config.default_quota)
             check_upload(quota, await uploads.bytes_used(session, tenant_id, now),
                          spec.total_bytes)
@@ -60,7 +76,7 @@ class Uploads:
                 tenant_id=tenant_id, name=spec.name, status="pending",
                 total_bytes=spec.total_bytes, files=[], created_at=now,
                 expires_at=now + timedelta(seconds=self.config.upload_ttl_s)))
-            files = [await self._start(f"{tenant.name}/{spec.name}/{f.path}", f.path, f.size)
+            files = [await self._start(f"{folder}{f.path}", f.path, f.size)
                      for f in spec.files]
             uploads.set_files(upload, files)
         return upload, {f["path"]: await self._part_urls(f) for f in files}
@@ -75,7 +91,8 @@ class Uploads:
             if upload.expires_at <= utcnow():
                 raise Conflict("upload_expired", "this upload expired; delete it and start again")
             _same_paths(upload.files, parts)
-            pending = [f for f in upload.files if not await self._stored(f)]
+            pending = [f for f in upload.files
+                       if not await self._stored(f, parts[f["path"]])]
             for entry in pending:
                 index = next(i for i, f in enumerate(upload.files) if f["path"] == entry["path"])
                 await self._check_parts(entry, parts[entry["path"]], f"files[{index}].parts")
@@ -94,7 +111,7 @@ class Uploads:
                     if entry["completed"]:
                         await self.s3.delete_object(Bucket=self.config.bucket, Key=entry["key"])
                     else:
-                        await self._abort(entry)
+                        await self._abort(entry["key"], entry["s3_upload_id"])
             upload.status = "deleted"
 
     async def _start(self, key: str, path: str, size: int) -> dict[str, Any]:
@@ -104,11 +121,46 @@ class Uploads:
         return {"path": path, "key": key, "size": size, **asdict(plan),
                 "s3_upload_id": started["UploadId"], "completed": False}
 
+    async def abort_expired(self, now: datetime) -> int:
+        """Aborts the multipart uploads under the tenants' namespace started longer than an
+        upload's lifetime (and a grace for clocks) before `now`, those of uploads that
+        never completed and of creations cut halfway alike; how many it aborted."""
+        before = now - timedelta(seconds=self.config.upload_ttl_s + EXPIRY_GRACE_S)
+        aborted = 0
+        async for key, upload_id, initiated in self._multipart_uploads(f"{TENANTS}/"):
+            if initiated <= before:
+                await self._abort(key, upload_id)
+                aborted += 1
+        return aborted
+
+    async def _multipart_uploads(self, prefix: str) -> AsyncIterator[tuple[str, str, datetime]]:
+        markers: dict[str, str] = {}
+        while True:
+            async with _storage():
+                page = await self.s3.list_multipart_uploads(
+                    Bucket=self.config.bucket, Prefix=prefix, **markers)
+            for started in page.get("Uploads", []):
+                yield started["Key"], started["UploadId"], started["Initiated"]
+            if not page.get("IsTruncated"):
+                return
+            markers = {marker: page[given] for marker, given in
+                       (("KeyMarker", "NextKeyMarker"), ("UploadIdMarker", "NextUploadIdMarker"))
+                       if page.get(given)}
+
+    async def _refuse_existing(self, key: str, path: str) -> None:
+        if await self._head(key) is not None:
+            raise Conflict("object_exists", f"{path}: an object is stored under this upload's "
+                                            "name already; delete that upload or choose "
+                                            "another name")
+
     async def _part_urls(self, entry: dict[str, Any]) -> list[str]:
+        """ContentLength is signed: S3 refuses a body of any other length at this URL."""
+        plan = PartPlan(entry["part_size"], entry["part_count"])
         return [await self.s3.generate_presigned_url(
             "upload_part", ExpiresIn=self.config.url_ttl_s,
             Params={"Bucket": self.config.bucket, "Key": entry["key"],
-                    "UploadId": entry["s3_upload_id"], "PartNumber": number})
+                    "UploadId": entry["s3_upload_id"], "PartNumber": number,
+                    "ContentLength": plan.size_of(number, entry["size"])})
             for number in range(1, entry["part_count"] + 1)]
 
     async def _check_parts(self, entry: dict[str, Any], given: list[tuple[int, str]],
@@ -141,28 +193,52 @@ class Uploads:
 
     async def _finish(self, entry: dict[str, Any], given: list[tuple[int, str]]) -> None:
         parts = [{"PartNumber": n, "ETag": f'"{etag}"'} for n, etag in sorted(given)]
-        async with _storage():
-            await self.s3.complete_multipart_upload(
-                Bucket=self.config.bucket, Key=entry["key"], UploadId=entry["s3_upload_id"],
-                MultipartUpload={"Parts": parts})
-
-    async def _stored(self, entry: dict[str, Any]) -> bool:
-        """The file is whole in S3 already (an earlier completion that got that far)."""
         try:
-            head = await self.s3.head_object(Bucket=self.config.bucket, Key=entry["key"])
+            async with _storage():
+                await self.s3.complete_multipart_upload(
+                    Bucket=self.config.bucket, Key=entry["key"], UploadId=entry["s3_upload_id"],
+                    MultipartUpload={"Parts": parts}, IfNoneMatch="*")
+        except Unavailable as exc:
+            if _code(exc.__cause__ or exc) == "PreconditionFailed":
+                raise Conflict("object_exists", f"{entry['path']}: an object was stored under "
+                                                "this upload's key meanwhile; it was kept and "
+                                                "this upload not completed") from None
+            raise
+
+    async def _stored(self, entry: dict[str, Any], given: list[tuple[int, str]]) -> bool:
+        """The file is whole in S3 already, made of these very parts (an earlier completion
+        that got that far); an object of other parts is not this upload's."""
+        head = await self._head(entry["key"])
+        expected = multipart_etag(given)
+        return head is not None and expected is not None and \
+            str(head.get("ETag", "")).strip('"') == expected
+
+    async def _head(self, key: str) -> Optional[dict[str, Any]]:
+        """The object's HEAD; None when there is none."""
+        try:
+            return dict(await self.s3.head_object(Bucket=self.config.bucket, Key=key))
         except Exception as exc:  # noqa: BLE001 - not there yet is the usual answer
             if _code(exc) in ("404", "NoSuchKey", "NotFound"):
-                return False
+                return None
             raise Unavailable(f"object storage did not answer ({type(exc).__name__})") from exc
-        return bool(int(head.get("ContentLength", -1)) == entry["size"])
 
-    async def _abort(self, entry: dict[str, Any]) -> None:
+    async def _abort(self, key: str, upload_id: str) -> None:
         try:
-            await self.s3.abort_multipart_upload(Bucket=self.config.bucket, Key=entry["key"],
-                                                 UploadId=entry["s3_upload_id"])
+            await self.s3.abort_multipart_upload(Bucket=self.config.bucket, Key=key,
+                                                 UploadId=upload_id)
         except Exception as exc:  # noqa: BLE001 - already gone is fine; others re-raised
             if _code(exc) not in ("NoSuchUpload", "404"):
                 raise
+
+
+def multipart_etag(given: list[tuple[int, str]]) -> Optional[str]:
+    """S3's ETag of an object completed from parts of these ETags: the MD5 of their
+    digests, then "-" and how many there are; None when an ETag is no MD5."""
+    try:
+        digests = b"".join(bytes.fromhex(etag) for _, etag in sorted(given))
+    except ValueError:
+        return None
+    return f"{hashlib.md5(digests).hexdigest()}-{len(given)}"
 
 
 def _same_paths(files: list[dict[str, Any]], parts: dict[str, list[tuple[int, str]]]) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from controlplane.deployment_spec import NAME, parse_create, parse_patch
+from controlplane.deployment_spec import (MAX_TARGET_CONCURRENCY, NAME, parse_create,
+                                         parse_patch)
 from controlplane.models import Deployment, Revision
 from controlplane.routes.api import ApiRoute, Operation, data_of, scope, string_schema
 from controlplane.routes.context import app_state, read_json, require
@@ -106,7 +107,7 @@ RESOURCES = {"type": "object", "additionalProperties": False, "properties": {
 SCALING = {"type": "object", "additionalProperties": False, "properties": {
     "min_replicas": {"type": "integer", "minimum": 0},
     "max_replicas": {"type": "integer", "minimum": 1},
-    "target_concurrency": {"type": "integer", "minimum": 1},
+    "target_concurrency": {"type": "integer", "minimum": 1, "maximum": MAX_TARGET_CONCURRENCY},
     "idle_timeout_s": {"type": "number", "minimum": 0},
     "sleep_timeout_s": {"type": "number", "minimum": 0, "description":
                         "after idle_timeout_s, replicas sleep this long (no GPU billed, a wake "

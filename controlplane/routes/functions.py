@@ -36,9 +36,12 @@ async def invoke(request: Request) -> Response:
             refusal = api_error_for(exc)
             return refusal.status, refusal.body()
     try:      # Postgres down here: the app's database handler answers 503 with Retry-After
-        stored = await state.async_calls.accept(principal.tenant_id, target.deployment.name, run)
+        stored = await state.async_calls.accept(
+            principal.tenant_id, target.deployment.name, run,
+            tenant_limit=state.lookups.quota(principal.tenant_id).max_async_calls)
     except TooManyInFlight as exc:
-        raise ApiError(429, str(exc), code="too_many_async_calls", retry_after_s=5) from None
+        raise ApiError(429, str(exc), code="too_many_async_calls", param=exc.param,
+                       retry_after_s=5) from None
     return JSONResponse(stored.view(), status_code=202)
 
 

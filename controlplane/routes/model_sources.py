@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from controlplane.fields import obj, text
-from controlplane.model_sources import parse_s3_uri
+from controlplane.model_sources import check_grantable, parse_s3_uri
 from controlplane.routes.api import (ADMIN, ApiRoute, Operation, Param, data_of, scope,
                                      string_schema)
 from controlplane.routes.context import (app_state, read_json, require, require_admin,
@@ -27,10 +27,11 @@ async def grant(request: Request) -> Response:
     require_admin(request)
     body = obj("body", await read_json(request), {"prefix", "tenant", CREDENTIALS})
     prefix = parse_s3_uri("prefix", body.get("prefix"), bucket_root=True)
+    state = app_state(request)
+    check_grantable(prefix, state.settings.models_bucket)
     access = _credentials(body.get(CREDENTIALS))
     if access is not None and body.get("tenant") is None:
         raise InvalidField(CREDENTIALS, "a bucket's own credentials are granted to one tenant")
-    state = app_state(request)
     async with state.sessions.begin() as session:
         tenant = (await tenants.find_tenant(session, text("tenant", body["tenant"]))
                   if body.get("tenant") is not None else None)

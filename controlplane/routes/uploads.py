@@ -11,7 +11,6 @@ from controlplane.models import ModelUpload
 from controlplane.routes.api import ApiRoute, Operation, data_of, scope, string_schema
 from controlplane.routes.context import app_state, read_json, require
 from controlplane.store import uploads
-from controlplane.store.tenants import Principal
 from controlplane.upload_spec import MAX_FILES, UPLOAD_NAME, parse_completion, parse_upload
 from controlplane.uploads import PartUrls
 
@@ -22,21 +21,21 @@ async def create(request: Request) -> Response:
     state = app_state(request)
     spec = parse_upload(await read_json(request), state.settings.upload_max_file_bytes)
     upload, urls = await state.uploads.create(principal.tenant_id, spec)
-    return JSONResponse(view(request, principal, upload, urls), status_code=201)
+    return JSONResponse(view(request, upload, urls), status_code=201)
 
 
 async def list_all(request: Request) -> Response:
     principal = require(request, "deploy")
     async with app_state(request).sessions() as session:
         rows = await uploads.list_for(session, principal.tenant_id)
-    return JSONResponse({"data": [view(request, principal, u) for u in rows]})
+    return JSONResponse({"data": [view(request, u) for u in rows]})
 
 
 async def get(request: Request) -> Response:
     principal = require(request, "deploy")
     async with app_state(request).sessions() as session:
         upload = await uploads.find(session, principal.tenant_id, request.path_params["id"])
-    return JSONResponse(view(request, principal, upload))
+    return JSONResponse(view(request, upload))
 
 
 async def complete(request: Request) -> Response:
@@ -45,7 +44,7 @@ async def complete(request: Request) -> Response:
     parts = parse_completion(await read_json(request))
     upload = await app_state(request).uploads.complete(principal.tenant_id,
                                                        request.path_params["id"], parts)
-    return JSONResponse(view(request, principal, upload))
+    return JSONResponse(view(request, upload))
 
 
 async def delete(request: Request) -> Response:
@@ -54,7 +53,7 @@ async def delete(request: Request) -> Response:
     return Response(status_code=204)
 
 
-def view(request: Request, principal: Principal, upload: ModelUpload,
+def view(request: Request, upload: ModelUpload,
          urls: Optional[PartUrls] = None) -> dict[str, Any]:
     """What the tenant sees: never the object keys or S3's upload ids."""
     def file_view(entry: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +64,7 @@ def view(request: Request, principal: Principal, upload: ModelUpload,
         return shown
 
     return {"id": upload.id, "name": upload.name, "status": upload.status,
-            "model_uri": app_state(request).uploads.model_uri(upload, principal.tenant_name),
+            "model_uri": app_state(request).uploads.model_uri(upload),
             "total_bytes": upload.total_bytes, "files": [file_view(f) for f in upload.files],
             "created_at": upload.created_at.isoformat(),
             "expires_at": upload.expires_at.isoformat(),

@@ -68,7 +68,7 @@ async def sources_for(session: AsyncSession, tenant: Tenant, models_bucket: str)
     """The tenant's own prefix, then what admins granted every tenant or this one."""
     granted = [Source(g.row.prefix, "granted" if g.row.tenant_id else "shared")
                for g in await list_grants(session, tenant)]
-    return [Source(own_prefix(models_bucket, tenant.name), "own"), *granted]
+    return [Source(own_prefix(models_bucket, tenant.id), "own"), *granted]
 
 
 async def access_for_tenant(session: AsyncSession, tenant_id: str, uri: str,

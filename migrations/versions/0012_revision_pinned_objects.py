@@ -13,7 +13,7 @@ from alembic import op
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-revision = '0012_h4_pins'
+revision = '0012'
 down_revision = '0011'
 branch_labels = None
 depends_on = None

@@ -48,14 +48,15 @@ def test_push_deploy_thaw_chat_and_bill(tenant, tiny_model):
     env = tenant.env
     pushed = run_cli(env, "models", "push", str(tiny_model), "tiny")
     assert pushed.returncode == 0, pushed.stderr
-    assert "s3://" in pushed.stdout and "/acme/tiny/" in pushed.stdout
+    assert "s3://" in pushed.stdout and "/tenants/" in pushed.stdout and "/tiny/" in pushed.stdout
     assert "model.safetensors part 1/1 uploaded" in pushed.stderr
     assert [(u["name"], u["status"]) for u in ok_json(env, "models", "ls")] == [("tiny", "complete")]
 
     deployed = ok_json(env, "deploy", "tiny-chat", "--model", "tiny", "--max-replicas", "1",
                        "--idle-timeout", "600")
     assert deployed["traffic"] == {"r1": 100}
-    assert deployed["revisions"][0]["model_uri"].endswith("/acme/tiny/")
+    assert "/tenants/" in deployed["revisions"][0]["model_uri"]
+    assert deployed["revisions"][0]["model_uri"].endswith("/tiny/")
     assert ok_json(env, "status", "tiny-chat")["status"]["r1"]["state"] == "scaled_to_zero"
 
     completed = run_cli(env, "complete", "tiny-chat", "Hello there", "--max-tokens", "6",

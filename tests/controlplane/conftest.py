@@ -89,8 +89,15 @@ def runtime_replica(tiny_model, tmp_path_factory):
 
 MODELS_BUCKET = "cp-models"
 # The shared catalogue every tenant of a test control plane may deploy from (as an operator
-# would grant one); each tenant's own prefix is s3://cp-models/<tenant>/.
+# would grant one). Each tenant's own prefix is s3://cp-models/tenants/<tenant id>/, where
+# its uploads land; the fixtures put models under s3://cp-models/<tenant name>/ with the
+# platform's keys, which tenant_key grants the tenant it makes (as an operator grants a
+# tenant the prefix its deployments used before the tenants/ namespace).
 CATALOGUE = f"s3://{MODELS_BUCKET}/tiny/"
+
+
+def legacy_prefix(tenant: str) -> str:
+    return f"s3://{MODELS_BUCKET}/{tenant}/"
 METRICS_TOKEN = "metrics-token-for-tests"
 
 
@@ -126,6 +133,8 @@ class ControlPlane:
         admin = self.admin
         response = await admin.post("/v1/tenants", json={"name": tenant})
         assert response.status_code in (201, 409), response.text
+        if response.status_code == 201:
+            await self.grant(legacy_prefix(tenant), tenant)
         response = await admin.post(f"/v1/tenants/{tenant}/keys",
                                     json={"scopes": list(scopes), **limits})
         assert response.status_code == 201, response.text

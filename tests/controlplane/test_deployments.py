@@ -69,6 +69,7 @@ async def test_create_get_list_delete(plane, model_uri):
     ({"model_uri": "s3://"}, "model_uri"),
     ({"scaling": {"min_replicas": 3, "max_replicas": 2}}, "scaling.min_replicas"),
     ({"scaling": {"max_replicas": 0}}, "scaling.max_replicas"),
+    ({"scaling": {"target_concurrency": 1025}}, "scaling.target_concurrency"),
     ({"scaling": {"warp": 1}}, "scaling.warp"),
     ({"resources": {"gpu_count": 0}}, "resources.gpu_count"),
     ({"resources": {"gpu_memory_gb": "lots"}}, "resources.gpu_memory_gb"),
@@ -289,3 +290,19 @@ async def test_a_revision_pins_the_objects_its_deploy_read(plane, model_uri, s3_
                          for o in listed}
     assert any(uri.endswith("/model.safetensors") for uri in spec.pins)
     await client.delete("/v1/deployments/pinned")
+
+
+async def test_target_concurrency_has_an_upper_bound_on_create_and_patch(plane, model_uri):
+    """A replica is given at most 1024 requests before another starts: past it a deployment
+    would pile its load onto one replica instead of scaling."""
+    client = plane.client(await plane.tenant_key("bounded"))
+    made = await client.post("/v1/deployments", json={
+        **body("bounded", model_uri), "scaling": {"target_concurrency": 1024}})
+    assert made.status_code == 201, made.text
+    refused = await client.patch("/v1/deployments/bounded",
+                                 json={"scaling": {"target_concurrency": 1025}})
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "scaling.target_concurrency" and "max_replicas" in error["message"]
+    shown = (await client.get("/v1/deployments/bounded")).json()
+    assert shown["scaling"]["target_concurrency"] == 1024, "the refusal changed nothing"

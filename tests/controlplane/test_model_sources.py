@@ -7,13 +7,14 @@ import pytest_asyncio
 from cryptography.exceptions import InvalidTag
 from sqlalchemy import select
 
-from controlplane.model_sources import check_source, own_prefix, parse_s3_uri
+from controlplane.model_sources import check_grantable, check_source, own_prefix, parse_s3_uri
 from controlplane.models import ModelSource
 from controlplane.store import tenants
 from controlplane.store.desired_state import PostgresDesiredState
 from controlplane.store.errors import Forbidden, InvalidField
 from pool.api import S3Access
-from tests.controlplane.conftest import CATALOGUE, make_settings, running_control_plane
+from tests.controlplane.conftest import (CATALOGUE, legacy_prefix, make_settings,
+                                         running_control_plane)
 from tests.support.model_factory import upload_model
 
 in_session_loop = pytest.mark.asyncio(loop_scope="session")
@@ -29,11 +30,25 @@ def test_uris_that_could_name_another_prefix_are_refused(uri):
 
 def test_prefixes_match_whole_segments():
     mine = [own_prefix("models", "acme")]
-    check_source("model_uri", parse_s3_uri("model_uri", "s3://models/acme/chat"), mine)
-    for other in ("s3://models/acme-2/chat/", "s3://models/acm/", "s3://other/acme/chat/"):
+    assert mine == ["s3://models/tenants/acme/"]
+    check_source("model_uri", parse_s3_uri("model_uri", "s3://models/tenants/acme/chat"), mine)
+    for other in ("s3://models/tenants/acme-2/chat/", "s3://models/tenants/acm/",
+                  "s3://other/tenants/acme/chat/", "s3://models/acme/chat/"):
         with pytest.raises(Forbidden):
             check_source("model_uri", parse_s3_uri("model_uri", other), mine)
     assert parse_s3_uri("prefix", "s3://models/", bucket_root=True) == "s3://models/"
+
+
+@pytest.mark.parametrize("prefix", ["s3://models/", "s3://models/tenants/",
+                                    "s3://models/tenants/0b7c5e0e-9f1a-4d43-9d0e-1c2b3a4d5e6f/",
+                                    "s3://models/tenants/x/chat/"])
+def test_no_grant_reaches_into_the_tenants_namespace(prefix):
+    with pytest.raises(InvalidField) as refused:
+        check_grantable(parse_s3_uri("prefix", prefix, bucket_root=True), "models")
+    assert refused.value.field == "prefix"
+    for fine in ("s3://models/tenants-old/", "s3://models/catalogue/tenants/", "s3://other/",
+                 "s3://other/tenants/"):
+        check_grantable(parse_s3_uri("prefix", fine, bucket_root=True), "models")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -106,7 +121,8 @@ async def test_a_grant_lets_a_tenant_deploy_and_a_revoke_stops_new_revisions(pla
     assert grant["tenant"] == "src-a" and grant["prefix"] == models["b"]
     sources = (await a.get("/v1/models/sources")).json()["data"]
     assert {(s["prefix"], s["kind"]) for s in sources} == {
-        (own_prefix("cp-models", "src-a"), "own"), (CATALOGUE, "shared"), (models["b"], "granted")}
+        (own_prefix("cp-models", await tenant_id(plane, "src-a")), "own"), (CATALOGUE, "shared"),
+        (legacy_prefix("src-a"), "granted"), (models["b"], "granted")}
     c_sources = (await c.get("/v1/models/sources")).json()["data"]
     assert models["b"] not in [s["prefix"] for s in c_sources], "a grant to A is A's alone"
     denied(await c.post("/v1/deployments", json=deploy("borrowed", models["b"])))
@@ -124,6 +140,34 @@ async def test_a_grant_lets_a_tenant_deploy_and_a_revoke_stops_new_revisions(pla
     assert scaled.status_code == 200, "no new revision, no new read: scaling still works"
     assert (await plane.admin.delete(f"/v1/model-sources/{grant['id']}")).status_code == 404
     assert (await a.post("/v1/model-sources", json={"prefix": models["b"]})).status_code == 403
+
+
+async def tenant_id(plane, name: str) -> str:
+    listed = (await plane.admin.get("/v1/tenants")).json()["data"]
+    return next(t["id"] for t in listed if t["name"] == name)
+
+
+@in_session_loop
+async def test_grants_into_the_tenants_namespace_are_refused_and_names_reach_nothing(
+        plane, models, models_bucket):
+    """A tenant named like a granted prefix gets nothing of it; no grant, shared or to one
+    tenant, can reach another tenant's uploads (or every tenant's, from the bucket's root)."""
+    await plane.tenant_key("src-a")
+    await plane.tenant_key("src-b")
+    victim = await tenant_id(plane, "src-b")
+    for prefix in (f"s3://{models_bucket}/", f"s3://{models_bucket}/tenants/",
+                   own_prefix(models_bucket, victim), f"{own_prefix(models_bucket, victim)}x/"):
+        for tenant in (None, "src-a"):
+            refused = await plane.admin.post("/v1/model-sources",
+                                             json={"prefix": prefix, "tenant": tenant})
+            assert refused.status_code == 422, (prefix, refused.text)
+            assert refused.json()["error"]["param"] == "prefix"
+    shared = await plane.admin.post("/v1/tenants", json={"name": "tiny"})   # CATALOGUE's name
+    assert shared.status_code in (201, 409), shared.text
+    key = await plane.admin.post("/v1/tenants/tiny/keys", json={"scopes": ["deploy"]})
+    sources = (await plane.client(key.json()["key"]).get("/v1/models/sources")).json()["data"]
+    assert {(s["prefix"], s["kind"]) for s in sources} == {
+        (own_prefix(models_bucket, await tenant_id(plane, "tiny")), "own"), (CATALOGUE, "shared")}
 
 
 @in_session_loop

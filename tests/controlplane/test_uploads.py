@@ -1,14 +1,19 @@
 """Uploads without S3 credentials, against the real SeaweedFS: presigned part URLs PUT to
 with httpx, a completion with the ETags, then a deploy from the uploaded model."""
+import asyncio
 import os
+import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 import pytest_asyncio
 
+from controlplane.models import utcnow
 from controlplane.upload_spec import plan_parts
-from tests.controlplane.conftest import make_settings, running_control_plane
+from controlplane.uploads import EXPIRY_GRACE_S
+from tests.controlplane.conftest import CATALOGUE, make_settings, running_control_plane
 
 in_session_loop = pytest.mark.asyncio(loop_scope="session")
 MIB = 1024 ** 2
@@ -41,6 +46,16 @@ def model_files(tiny_model, tmp_path_factory) -> dict[str, Path]:
     return {**files, "extra/padding.bin": extra}
 
 
+async def own_prefix(client: httpx.AsyncClient) -> str:
+    sources = (await client.get("/v1/models/sources")).json()["data"]
+    return next(s["prefix"] for s in sources if s["kind"] == "own")
+
+
+def key_of(uri: str) -> str:
+    """The object key (prefix) an s3://cp-models/... URI names."""
+    return uri.removeprefix("s3://cp-models/")
+
+
 def manifest(files: dict[str, Path]) -> list[dict]:
     return [{"path": path, "size": file.stat().st_size} for path, file in files.items()]
 
@@ -69,7 +84,7 @@ async def test_upload_then_deploy_the_uploaded_model(plane, model_files, s3_serv
                                                             "files": manifest(model_files)})
     assert started.status_code == 201, started.text
     upload = started.json()
-    assert upload["model_uri"] == "s3://cp-models/uploader/my-llama/"
+    assert upload["model_uri"] == f"{await own_prefix(client)}my-llama/"
     assert upload["status"] == "pending"
     padding = next(f for f in upload["files"] if f["path"] == "extra/padding.bin")
     assert (padding["part_count"], len(padding["parts"])) == (2, 2)
@@ -94,7 +109,7 @@ async def test_upload_then_deploy_the_uploaded_model(plane, model_files, s3_serv
     again = await client.post(f"/v1/models/uploads/{upload['id']}/complete", json={"files": done})
     assert again.status_code == 200, "completing twice is harmless"
     stored = s3_server.client().get_object(Bucket="cp-models",
-                                           Key="uploader/my-llama/extra/padding.bin")
+                                           Key=f"{key_of(upload['model_uri'])}extra/padding.bin")
     assert stored["Body"].read() == model_files["extra/padding.bin"].read_bytes()
 
     deployed = await client.post("/v1/deployments", json={"name": "uploaded",
@@ -139,3 +154,113 @@ async def test_upload_limits_and_isolation(plane, model_files):
         {"path": "a.bin", "size": 2 * MIB}]})).status_code == 201, "deleting frees the quota"
     quota = (await owner.get("/v1/quota")).json()
     assert quota["usage"]["upload_bytes"] == 2 * MIB
+
+
+@in_session_loop
+async def test_uploads_land_in_the_tenants_namespace_by_id_never_in_a_prefix_named_alike(
+        plane, s3_server):
+    """A tenant named like the shared catalogue (granted to every tenant) uploads into its
+    own folder under tenants/, named by its id: never into the catalogue."""
+    client = plane.client(await plane.tenant_key("tiny"))           # CATALOGUE is .../tiny/
+    tenants = (await plane.admin.get("/v1/tenants")).json()["data"]
+    tenant_id = next(t["id"] for t in tenants if t["name"] == "tiny")
+    started = await client.post("/v1/models/uploads", json={"name": "llama", "files": [
+        {"path": "config.json", "size": 3}]})
+    assert started.status_code == 201, started.text
+    assert started.json()["model_uri"] == f"s3://cp-models/tenants/{tenant_id}/llama/"
+    assert not started.json()["model_uri"].startswith(CATALOGUE)
+
+
+@in_session_loop
+async def test_an_upload_never_replaces_an_object(plane, s3_server):
+    """409 at creation where the key holds an object; 409 at completion where one appeared
+    meanwhile (S3's If-None-Match), the object kept either way."""
+    client = plane.client(await plane.tenant_key("no-overwrite"))
+    s3, folder = s3_server.client(), key_of(await own_prefix(client))
+    s3.put_object(Bucket="cp-models", Key=f"{folder}taken/a.bin", Body=b"first")
+    taken = await client.post("/v1/models/uploads", json={"name": "taken", "files": [
+        {"path": "a.bin", "size": 6}]})
+    assert taken.status_code == 409, taken.text
+    assert taken.json()["error"]["code"] == "object_exists"
+
+    started = await client.post("/v1/models/uploads", json={"name": "late", "files": [
+        {"path": "a.bin", "size": 6}]})
+    assert started.status_code == 201, started.text
+    upload = started.json()
+    done = await put_parts(upload, {"a.bin": _file_of(b"second")})
+    s3.put_object(Bucket="cp-models", Key=f"{folder}late/a.bin", Body=b"racer!")
+    refused = await client.post(f"/v1/models/uploads/{upload['id']}/complete",
+                                json={"files": done})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "object_exists"
+    for key, body in ((f"{folder}taken/a.bin", b"first"), (f"{folder}late/a.bin", b"racer!")):
+        assert s3.get_object(Bucket="cp-models", Key=key)["Body"].read() == body
+    assert (await client.get(f"/v1/models/uploads/{upload['id']}")).json()["status"] == "pending"
+
+
+@in_session_loop
+async def test_a_part_url_takes_only_the_parts_length(plane):
+    """Each URL signs its part's length: S3 refuses a longer (or shorter) body, so an upload
+    stores no more than it declared."""
+    client = plane.client(await plane.tenant_key("part-length"))
+    started = await client.post("/v1/models/uploads", json={"name": "m", "files": [
+        {"path": "w.bin", "size": 6 * MIB}]})
+    assert started.status_code == 201, started.text
+    first, last = started.json()["files"][0]["parts"]
+    async with httpx.AsyncClient(timeout=60) as s3:
+        assert (await s3.put(first["url"], content=b"x" * (64 * MIB))).status_code == 403
+        assert (await s3.put(last["url"], content=b"x" * (MIB - 1))).status_code == 403
+        assert (await s3.put(last["url"], content=b"x" * MIB)).status_code == 200
+
+
+@in_session_loop
+async def test_expired_multipart_uploads_are_aborted(plane, s3_server):
+    client = plane.client(await plane.tenant_key("sweep"))
+    s3 = s3_server.client()
+    started = await client.post("/v1/models/uploads", json={"name": "stale", "files": [
+        {"path": "a.bin", "size": 1}]})
+    assert started.status_code == 201, started.text
+    key = f"{key_of(started.json()['model_uri'])}a.bin"
+    s3.put_object(Bucket="cp-models", Key="operator/in-progress.bin", Body=b"x")
+    operators = s3.create_multipart_upload(Bucket="cp-models", Key="operator/big.bin")
+
+    def pending() -> set[str]:
+        return {u["Key"] for u in s3.list_multipart_uploads(Bucket="cp-models").get("Uploads", [])}
+
+    uploads = plane.app.state.uploads
+    assert key in pending()
+    assert await uploads.abort_expired(utcnow()) == 0 and key in pending(), "not expired yet"
+    later = utcnow() + timedelta(seconds=plane.app.state.settings.upload_ttl_s + EXPIRY_GRACE_S + 1)
+    assert await uploads.abort_expired(later) >= 1
+    assert key not in pending()
+    assert "operator/big.bin" in pending(), "only the tenants' namespace is swept"
+    s3.abort_multipart_upload(Bucket="cp-models", Key="operator/big.bin",
+                              UploadId=operators["UploadId"])
+
+
+@in_session_loop
+async def test_the_control_plane_aborts_expired_uploads_on_its_own(db_url, s3_server,
+                                                                   tmp_path_factory):
+    """Uploads that expire at once (a negative lifetime past the grace), swept every 0.2 s."""
+    settings = make_settings(db_url, s3_server, tmp_path_factory.mktemp("cp-sweeper"),
+                             upload_ttl_s=-EXPIRY_GRACE_S - 60, upload_sweep_s=0.2)
+    async with running_control_plane(settings) as swept:
+        client = swept.client(await swept.tenant_key("swept"))
+        started = await client.post("/v1/models/uploads", json={"name": "gone", "files": [
+            {"path": "a.bin", "size": 1}]})
+        assert started.status_code == 201, started.text
+        key = f"{key_of(started.json()['model_uri'])}a.bin"
+        s3 = s3_server.client()
+        for _ in range(100):
+            keys = {u["Key"] for u in
+                    s3.list_multipart_uploads(Bucket="cp-models").get("Uploads", [])}
+            if key not in keys:
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError("the expired multipart upload was never aborted")
+
+
+def _file_of(data: bytes) -> Path:
+    path = Path(tempfile.mkdtemp()) / "data.bin"
+    path.write_bytes(data)
+    return path

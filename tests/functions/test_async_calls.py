@@ -9,7 +9,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.async_calls import AsyncCalls
+from controlplane.async_calls import AsyncCalls, TooManyInFlight
 from controlplane.db import create_db_engine, sessionmaker
 from controlplane.function_calls import RESTARTED, expired_before, finished, new_call
 from controlplane.models import FunctionCall, Tenant
@@ -200,6 +200,65 @@ async def test_an_answer_is_written_once_postgres_is_back(sessions, tenants):
     await calls.wait()
     assert flaky.failures == 0
     assert (await calls.get(tenants[0], call.id)).view()["output"] == {"kept": True}
+
+
+async def test_calls_in_flight_are_capped_per_tenant_and_freed_as_they_end(sessions, tenants):
+    acme, other = tenants
+    go = asyncio.Event()
+    calls = AsyncCalls(sessions, RETENTION_S, clock=Clock())
+    for _ in range(2):
+        await calls.accept(acme, "f", lambda: answer_when(go, 200, {}), tenant_limit=2)
+    with pytest.raises(TooManyInFlight) as refused:
+        await calls.accept(acme, "f", lambda: answer_when(go, 200, {}), tenant_limit=2)
+    assert refused.value.param == "max_async_calls"
+    assert calls.in_flight_for(acme) == 2, "a refusal holds no slot"
+    await calls.accept(other, "f", lambda: answer_when(go, 200, {}), tenant_limit=2)
+    go.set()
+    await calls.wait()
+    assert calls.in_flight_for(acme) == 0
+    await calls.accept(acme, "f", lambda: answer_when(go, 200, {}), tenant_limit=2)
+    await calls.wait()
+
+
+async def test_past_its_async_call_quota_a_tenant_gets_429_and_others_are_served(
+        db_url, s3_server, models_bucket, probe_package, tmp_path):
+    """Batches of 2 that wait for a full one: a call of one item stays running."""
+    package = probe_package(max_batch_size=2)
+    server = FunctionProcess(package, tmp_path / "function.log")
+    settings = make_settings(db_url, s3_server, tmp_path / "cp", quota_max_async_calls=1)
+    pool = static_pool(settings, [server.base_url])
+    pool.lease_headers = server.headers
+    await pool.start()
+    try:
+        server.wait()
+        async with running_control_plane(settings, pool=pool) as plane:
+            flood = plane.client(await plane.tenant_key("flood-acme"))
+            calm = plane.client(await plane.tenant_key("flood-calm"))
+            for tenant, client in (("flood-acme", flood), ("flood-calm", calm)):
+                created = await client.post("/v1/deployments", json={
+                    "name": "probe", "kind": "function",
+                    "model_uri": upload(package, s3_server, models_bucket, f"{tenant}/probe")})
+                assert created.status_code == 201, created.text
+            first = await flood.post("/v1/functions/probe/invoke", params={"async": "true"},
+                                     json={"input": {"echo": 1}})
+            assert first.status_code == 202, first.text
+            refused = await flood.post("/v1/functions/probe/invoke", params={"async": "true"},
+                                       json={"input": {"echo": 2}})
+            assert refused.status_code == 429, refused.text
+            assert refused.headers["retry-after"]
+            error = refused.json()["error"]
+            assert (error["code"], error["param"]) == ("too_many_async_calls", "max_async_calls")
+            served = await calm.post("/v1/functions/probe/invoke", params={"async": "true"},
+                                     json={"input": {"echo": 3}})
+            assert served.status_code == 202, "another tenant's calls are not held back"
+            await plane.app.state.async_calls.wait()       # the two single calls made a batch
+            again = await flood.post("/v1/functions/probe/invoke", params={"async": "true"},
+                                     json={"inputs": [{"echo": 4}, {"echo": 5}]})
+            assert again.status_code == 202, "an ended call frees its slot"
+            await plane.app.state.async_calls.wait()
+    finally:
+        await pool.stop()
+        server.stop()
 
 
 async def test_an_async_call_outlives_a_restart_of_the_control_plane(db_url, s3_server, models_bucket,

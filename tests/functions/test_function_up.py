@@ -61,9 +61,12 @@ def up(s3_server, tmp_path_factory):
         stack.stop()
 
 
-def tenant_client(base_url: str, admin_key: str, tenant: str) -> httpx.Client:
+def tenant_client(base_url: str, admin_key: str, tenant: str, bucket: str) -> httpx.Client:
+    """A new tenant granted s3://<bucket>/<tenant>/, where these tests put its packages."""
     admin = httpx.Client(base_url=base_url, headers={"authorization": f"Bearer {admin_key}"}, timeout=60)
     assert admin.post("/v1/tenants", json={"name": tenant}).status_code == 201
+    granted = admin.post("/v1/model-sources", json={"prefix": f"s3://{bucket}/{tenant}/", "tenant": tenant})
+    assert granted.status_code == 201, granted.text
     made = admin.post(f"/v1/tenants/{tenant}/keys", json={"scopes": ["deploy", "invoke", "billing:read"]})
     return httpx.Client(base_url=base_url, timeout=240,
                         headers={"authorization": f"Bearer {made.json()['key']}"})
@@ -71,7 +74,7 @@ def tenant_client(base_url: str, admin_key: str, tenant: str) -> httpx.Client:
 
 def test_the_example_function_through_thawpool_up(up, s3_server, example_package: Path, probe_package):
     base_url, admin_key, bucket = up
-    client = tenant_client(base_url, admin_key, "acme")
+    client = tenant_client(base_url, admin_key, "acme", bucket)
     uri = upload(example_package, s3_server, bucket, "acme/text-classifier")
     created = client.post("/v1/deployments", json={"name": "sentiment", "kind": "function", "model_uri": uri})
     assert created.status_code == 201, created.text
