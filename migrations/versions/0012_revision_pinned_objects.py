@@ -5,7 +5,7 @@ objects whose ETag or size differ from what the deploy read (placement was sized
 from those bytes). Revisions made before this migration keep NULL and are not
 checked.
 
-Revision ID: 0012_h4_pins
+Revision ID: 0012
 Revises: 0011
 Create Date: 2027-05-04
 """

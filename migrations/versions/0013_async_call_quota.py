@@ -5,7 +5,7 @@ their number in flight is capped per tenant (the settings default, an admin's ov
 here; NULL keeps the default), so one tenant's flood cannot take every slot.
 
 Revision ID: 0013
-Revises: 0011
+Revises: 0012
 Create Date: 2027-05-04
 """
 from alembic import op
