@@ -95,6 +95,7 @@ def cmd_up(args) -> int:
     import uvloop
 
     from controlplane.db import migrate
+    from controlplane.embedded.data_dir_lock import DataDirInUse
     from controlplane.logs import configure_logging
     from controlplane.settings import Settings
     from controlplane.stack import EmbeddedStack
@@ -102,8 +103,13 @@ def cmd_up(args) -> int:
     settings = Settings.from_env(data_dir=args.data_dir, host=args.host, port=args.port,
                                  database_url=args.database_url, s3_endpoint=args.s3_endpoint)
     configure_logging(settings.log_level)
-    signal.signal(signal.SIGTERM, _raise_interrupt)       # stop children even mid-start
     stack = EmbeddedStack(settings)
+    try:
+        stack.claim()
+    except DataDirInUse as exc:
+        print(f"thawpool up: {exc}", file=sys.stderr, flush=True)
+        return 1
+    signal.signal(signal.SIGTERM, _raise_interrupt)       # stop children even mid-start
     try:
         settings = stack.start()
         migrate(settings.database_url)

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 from typing import Optional
+
+from controlplane.embedded.leftovers import PidFile
 
 log = logging.getLogger(__name__)
 
@@ -11,17 +14,22 @@ log = logging.getLogger(__name__)
 class EmbeddedPostgres:
     """Init-or-reuse a data dir, start, stop and restart a Postgres server.
 
-    Data survives stop/start; `url` is a SQLAlchemy asyncpg URL.
+    Data survives stop/start; `url` is a SQLAlchemy asyncpg URL. A Postgres that an
+    earlier run left on the data dir is stopped first (pgserver would connect to it).
     """
 
     def __init__(self, data_dir: Path | str):
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).absolute()       # as /proc shows it: see leftovers
         self._server = None
+        # SIGINT: Postgres's fast shutdown (sessions ended, no recovery on the next start)
+        self._pid_file = PidFile(self.data_dir / "postmaster.pid", "postgres", "-D", self.data_dir,
+                                 signal.SIGINT)
 
     def start(self) -> "EmbeddedPostgres":
         import pgserver
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._pid_file.clear_leftover(spare=self._running_pid())
         if self._server is None:
             # cleanup_mode=None: we decide when it stops, not pgserver's atexit.
             self._server = pgserver.get_server(self.data_dir, cleanup_mode=None)
@@ -38,6 +46,13 @@ class EmbeddedPostgres:
             return
         pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.data_dir,
                         user=self._server.system_user, timeout=30)
+
+    def _running_pid(self) -> Optional[int]:
+        """The postmaster this object started, while it runs."""
+        if self._server is None or not self.is_running():
+            return None
+        pid: int = self._server.get_pid()
+        return pid
 
     def is_running(self) -> bool:
         from pgserver.utils import PostmasterInfo
