@@ -46,11 +46,19 @@ class PidFile:
         """Stop the server this pid file names if it is still running (not `spare`, the one
         the caller started itself), or remove the file if it names anything else."""
         pid = self.pid()
-        if pid is None or pid == spare:
-            if pid is None and self.path.exists():
-                log.warning("removing unreadable pid file %s", self.path)
-                self.remove()
-            return
+        if pid is None and self.path.exists():
+            log.warning("removing unreadable pid file %s", self.path)
+            self.remove()
+        if pid is not None and pid != spare:
+            self._stop_or_forget(pid, "left running by an earlier run", timeout_s)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the server this pid file names by its PID (when its own tool failed to)."""
+        pid = self.pid()
+        if pid is not None:
+            self._stop_or_forget(pid, "stopped by its PID", timeout_s)
+
+    def _stop_or_forget(self, pid: int, why: str, timeout_s: float) -> None:
         try:
             handle = os.pidfd_open(pid)
         except ProcessLookupError:
@@ -58,21 +66,14 @@ class PidFile:
             self.remove()
             return
         try:
-            self._stop_or_forget(handle, pid, timeout_s)
+            if not self.names(pid):
+                log.warning("removing stale %s: PID %d is not %s on %s", self.path, pid,
+                            self.program, self.data_dir)
+            else:
+                log.warning("stopping %s (PID %d) on %s: %s", self.program, pid, self.data_dir, why)
+                _stop(handle, pid, self.program, self.stop_signal, timeout_s)
         finally:
             os.close(handle)
-
-    def _stop_or_forget(self, handle: int, pid: int, timeout_s: float) -> None:
-        if not self.names(pid):
-            log.warning("removing stale %s: PID %d is not %s on %s", self.path, pid, self.program,
-                        self.data_dir)
-            self.remove()
-            return
-        log.warning("stopping %s (PID %d) left running on %s by an earlier run", self.program, pid,
-                    self.data_dir)
-        if not _signal_and_wait(handle, self.stop_signal, timeout_s):
-            log.warning("%s (PID %d) ignored %s: SIGKILL", self.program, pid, self.stop_signal.name)
-            _signal_and_wait(handle, signal.SIGKILL, timeout_s)
         self.remove()
 
     def names(self, pid: int) -> bool:
@@ -103,6 +104,12 @@ def _same_dir(a: Path, b: Path) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
+
+
+def _stop(handle: int, pid: int, program: str, sig: signal.Signals, timeout_s: float) -> None:
+    if not _signal_and_wait(handle, sig, timeout_s):
+        log.warning("%s (PID %d) ignored %s: SIGKILL", program, pid, sig.name)
+        _signal_and_wait(handle, signal.SIGKILL, timeout_s)
 
 
 def _signal_and_wait(handle: int, sig: signal.Signals, timeout_s: float) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import subprocess
 from pathlib import Path
 from typing import Optional
 
@@ -29,7 +30,7 @@ class EmbeddedPostgres:
         import pgserver
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._pid_file.clear_leftover(spare=self._running_pid())
+        self._pid_file.clear_leftover(spare=self.pid)
         if self._server is None:
             # cleanup_mode=None: we decide when it stops, not pgserver's atexit.
             self._server = pgserver.get_server(self.data_dir, cleanup_mode=None)
@@ -39,20 +40,29 @@ class EmbeddedPostgres:
         return self
 
     def stop(self) -> None:
-        """Fast shutdown (terminates sessions), as an outage would."""
+        """Fast shutdown (terminates sessions), as an outage would; by its PID when pg_ctl
+        fails (pgserver has logged why), so a stop never leaves it running."""
         import pgserver
 
         if self._server is None or not self.is_running():
             return
-        pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.data_dir,
-                        user=self._server.system_user, timeout=30)
+        try:
+            pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.data_dir,
+                            user=self._server.system_user, timeout=30)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            self._pid_file.stop()
 
-    def _running_pid(self) -> Optional[int]:
-        """The postmaster this object started, while it runs."""
-        if self._server is None or not self.is_running():
+    @property
+    def pid(self) -> Optional[int]:
+        """The postmaster this object started, while it runs (and its pid file names it)."""
+        from pgserver.utils import PostmasterInfo
+
+        if self._server is None:
             return None
-        pid: int = self._server.get_pid()
-        return pid
+        info = PostmasterInfo.read_from_pgdata(self.data_dir)
+        if info is None or not info.is_running():
+            return None
+        return info.pid if info.pid == self._server.get_pid() else None
 
     def is_running(self) -> bool:
         from pgserver.utils import PostmasterInfo

@@ -53,8 +53,8 @@ def test_a_restart_stops_what_a_killed_up_left(tmp_path):
             tenants = httpx.get(f"{second.base_url}/v1/tenants", headers=headers).json()["data"]
             assert "kept" in [t["name"] for t in tenants], "the data dir's data is kept"
             log = second.log()
-            assert f"stopping postgres (PID {left['postgres']}) left running" in log
-            assert f"stopping weed (PID {left['weed']}) left running" in log
+            for name, pid in left.items():
+                assert f"stopping {name} (PID {pid}) on {data_dir}/" in log and "left running by an earlier run" in log
             second.signal(signal.SIGTERM)
             assert second.wait(90) == 0, second.log()[-3000:]
         finally:
@@ -79,13 +79,13 @@ def test_a_postgres_pid_file_naming_another_process_is_stale(tmp_path, unrelated
     server = EmbeddedPostgres(tmp_path / "pg").start()
     pid_file = server.data_dir / "postmaster.pid"
     lines = pid_file.read_text().splitlines(keepends=True)
-    others = (unrelated, pg_server._server.get_pid())       # the session's: Postgres on another dir
+    others = (unrelated, pg_server.pid)       # the session's: Postgres on another dir
     try:
         for other in others:
             server.stop()
             pid_file.write_text("".join([f"{other}\n", *lines[1:]]))   # as a kill -9 leaves it
             server.start()
-            assert server.is_running() and server._server.get_pid() not in others
+            assert server.is_running() and server.pid not in others
             assert alive(unrelated) and pg_server.is_running()
     finally:
         server.stop()
@@ -103,3 +103,16 @@ def test_a_weed_pid_file_naming_another_process_is_stale(tmp_path, unrelated, s3
         finally:
             server.stop()
         assert not (tmp_path / "s3" / "weed.pid").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root pgserver runs pg_ctl as its own user, whom chmod can lock out")
+def test_a_postgres_whose_pg_ctl_fails_is_stopped_by_its_pid(tmp_path):
+    server = EmbeddedPostgres(tmp_path / "pg").start()
+    pid = server.pid
+    try:
+        (server.data_dir / "postmaster.pid").chmod(0)    # pg_ctl cannot read it: "could not open PID file"
+        server.stop()
+        assert wait_gone([pid], 30) == []
+        assert not (server.data_dir / "postmaster.pid").exists()
+    finally:
+        kill_left(processes_naming(server.data_dir))
