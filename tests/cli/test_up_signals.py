@@ -12,7 +12,8 @@ import time
 import httpx
 import pytest
 
-from tests.cli.up_process import UpProcess, embedded_env, kill_left, processes_naming, wait_gone
+from tests.cli.up_process import (UpProcess, embedded_env, eventually, kill_left, processes_naming,
+                                  wait_gone)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,12 +53,13 @@ def test_a_signal_stops_replicas_postgres_and_s3(tmp_path, sig):
         kill_left(processes_naming(up.data_dir))
 
 
-def test_a_stalled_request_does_not_hold_the_stop(tmp_path):
+@pytest.mark.parametrize("grace, second", [("2", False), ("120", True)], ids=["grace", "second-signal"])
+def test_a_stalled_request_does_not_hold_the_stop(tmp_path, grace, second):
     """A client that never sends the rest of its body holds a request open: the stop waits
-    for it at most --stop-grace, then goes on (else systemd's SIGKILL, 90 s later, would end
-    `up` with its replicas, Postgres and S3 still running)."""
+    for it at most --stop-grace, or until a second signal, then goes on with the pool's
+    close (else systemd's SIGKILL, 90 s later, would end `up` with all still running)."""
     up = UpProcess(tmp_path, embedded_env(THAWPOOL_WARM_POOL_SIZE="1"), "--cpu-slots", "1",
-                   "--stop-grace", "2")
+                   "--stop-grace", grace)
     try:
         up.wait_banner()
         children = [up.postgres_pid(), up.weed_pid(), *replica_pids(up)]
@@ -67,10 +69,15 @@ def test_a_stalled_request_does_not_hold_the_stop(tmp_path):
                             b"\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{")
             time.sleep(1)
             up.signal(signal.SIGTERM)
+            if second:
+                assert eventually(lambda: "SIGTERM received, stopping" in up.log(), 30), up.log()[-3000:]
+                time.sleep(1)
+                up.signal(signal.SIGTERM)
             code = up.wait(60)
         assert code == 0, up.log()[-3000:]
         assert wait_gone(children, 10) == [] and processes_naming(up.data_dir) == []
         assert registered(up) == [], "the pool's close ran"
+        assert ("SIGTERM received again; cutting requests short" in up.log()) == second
     finally:
         up.kill_group()
         kill_left(processes_naming(up.data_dir))
