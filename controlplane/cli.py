@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--ray-address", default=None,
                     help="Ray cluster to join, e.g. HEAD:6379 or 'auto'; implies --backend ray "
                          "(THAWPOOL_RAY_ADDRESS)")
+    up.add_argument("--stop-grace", type=float, default=30.0, metavar="SECONDS",
+                    help="how long requests in flight may finish after SIGTERM or SIGINT before "
+                         "they are cut and the shutdown goes on (default 30)")
     up.add_argument("--demo", action="store_true",
                     help="deploy a small model, stream a completion, print the bill")
     up.set_defaults(func=cmd_up)
@@ -95,6 +98,7 @@ def cmd_up(args) -> int:
     import uvloop
 
     from controlplane.db import migrate
+    from controlplane.embedded.data_dir_lock import DataDirInUse
     from controlplane.logs import configure_logging
     from controlplane.settings import Settings
     from controlplane.stack import EmbeddedStack
@@ -102,8 +106,14 @@ def cmd_up(args) -> int:
     settings = Settings.from_env(data_dir=args.data_dir, host=args.host, port=args.port,
                                  database_url=args.database_url, s3_endpoint=args.s3_endpoint)
     configure_logging(settings.log_level)
-    signal.signal(signal.SIGTERM, _raise_interrupt)       # stop children even mid-start
     stack = EmbeddedStack(settings)
+    try:
+        stack.claim()
+    except DataDirInUse as exc:
+        print(f"thawpool up: {exc}", file=sys.stderr, flush=True)
+        return 1
+    for sig in STOP_SIGNALS:                # stop children even mid-start
+        signal.signal(sig, _raise_interrupt)
     try:
         settings = stack.start()
         migrate(settings.database_url)
@@ -114,13 +124,35 @@ def cmd_up(args) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        # the loop's handlers are gone with the loop (SIGTERM's default would kill us now):
+        # a second signal must not cut the stop of Postgres and S3 short
+        _hold_signals()
+        print("thawpool: stopping embedded servers", flush=True)
         stack.stop()
         print("thawpool: stopped", flush=True)
     return 0
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)      # systemd's stop, Ctrl-C
+
+
 def _raise_interrupt(signum, frame):
+    _say_stopping(signum)
+    _hold_signals()                 # the cleanup the interrupt starts runs to its end
     raise KeyboardInterrupt
+
+
+def _hold_signals() -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _still_stopping)
+
+
+def _say_stopping(signum: int) -> None:
+    print(f"thawpool: {signal.Signals(signum).name} received, stopping", flush=True)
+
+
+def _still_stopping(signum: int, frame=None) -> None:
+    print(f"thawpool: {signal.Signals(signum).name} received again; still stopping", flush=True)
 
 
 async def _serve(settings: Settings, args) -> None:
@@ -135,13 +167,16 @@ async def _serve(settings: Settings, args) -> None:
     app = create_app(settings, pool_factory=_pool_factory(pool_settings))
     # proxy_headers off: nothing reads the client's address, and uvicorn's rewrite of it
     # from X-Forwarded-For would be one more layer on every call
+    # timeout_graceful_shutdown: a request that never ends (a stalled client) must not hold
+    # the stop of the pool and the servers until systemd's SIGKILL ends `up` without it
     server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
                                            lifespan="on", log_level="warning",
-                                           access_log=False, proxy_headers=False))
+                                           access_log=False, proxy_headers=False,
+                                           timeout_graceful_shutdown=args.stop_grace))
     server.capture_signals = contextlib.nullcontext      # ours below: stop, then clean up
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, _stopper(server))
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, _stopper(server), sig)
     serving = asyncio.create_task(server.serve())
     metrics = _metrics_server(app, settings)
     metrics_serving = asyncio.create_task(metrics.serve()) if metrics else None
@@ -177,9 +212,16 @@ def _metrics_server(app, settings: Settings):
 
 
 def _stopper(server):
-    def stop():
+    """A signal stops the server, then the lifespan stops the pool (replicas, Ray actors)
+    and flushes metering. A second one cuts requests in flight at once (force_exit): the
+    lifespan's cleanup still runs when the closing event loop cancels it."""
+    def stop(signum: int):
         if server.should_exit:
+            print(f"thawpool: {signal.Signals(signum).name} received again; cutting requests short",
+                  flush=True)
             server.force_exit = True
+            return
+        _say_stopping(signum)
         server.should_exit = True
     return stop
 

@@ -1,10 +1,15 @@
-"""The embedded stack behind `thawpool up`: Postgres and S3 unless external ones are given."""
+"""The embedded stack behind `thawpool up`: Postgres and S3 unless external ones are given.
+
+It holds the data dir's lock from start to stop, so what it finds running there is a
+leftover of an earlier run (stopped by EmbeddedPostgres/EmbeddedS3 before they start),
+never the servers of another live `up`."""
 from __future__ import annotations
 
 import logging
 from typing import Optional
 
 from controlplane.embedded import EmbeddedPostgres, EmbeddedS3
+from controlplane.embedded.data_dir_lock import DataDirLock
 from controlplane.settings import Settings
 
 log = logging.getLogger("thawpool.stack")
@@ -18,10 +23,16 @@ class EmbeddedStack:
         self.requested = settings
         self.postgres: Optional[EmbeddedPostgres] = None
         self.s3: Optional[EmbeddedS3] = None
+        self.lock = DataDirLock(settings.data_dir)
+
+    def claim(self) -> None:
+        """Take the data dir; DataDirInUse while another `up` runs on it."""
+        self.requested.data_dir.mkdir(parents=True, exist_ok=True)
+        self.lock.take()
 
     def start(self) -> Settings:
         settings = self.requested
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self.claim()
         try:
             if not settings.database_url:
                 self.postgres = EmbeddedPostgres(settings.data_dir / "postgres").start()
@@ -40,7 +51,8 @@ class EmbeddedStack:
         return settings
 
     def stop(self) -> None:
-        """Stops every child this stack started, S3 first, each even if another fails."""
+        """Stops every child this stack started, S3 first, each even if another fails,
+        then lets go of the data dir."""
         for service in (self.s3, self.postgres):
             if service is None:
                 continue
@@ -49,3 +61,4 @@ class EmbeddedStack:
             except Exception:  # noqa: BLE001 - keep stopping the rest
                 log.exception("stopping %s failed", type(service).__name__)
         self.s3 = self.postgres = None
+        self.lock.release()

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import logging
+import signal
+import subprocess
 from pathlib import Path
 from typing import Optional
+
+from controlplane.embedded.leftovers import PidFile
 
 log = logging.getLogger(__name__)
 
@@ -11,17 +15,22 @@ log = logging.getLogger(__name__)
 class EmbeddedPostgres:
     """Init-or-reuse a data dir, start, stop and restart a Postgres server.
 
-    Data survives stop/start; `url` is a SQLAlchemy asyncpg URL.
+    Data survives stop/start; `url` is a SQLAlchemy asyncpg URL. A Postgres that an
+    earlier run left on the data dir is stopped first (pgserver would connect to it).
     """
 
     def __init__(self, data_dir: Path | str):
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).absolute()       # as /proc shows it: see leftovers
         self._server = None
+        # SIGINT: Postgres's fast shutdown (sessions ended, no recovery on the next start)
+        self._pid_file = PidFile(self.data_dir / "postmaster.pid", "postgres", "-D", self.data_dir,
+                                 signal.SIGINT)
 
     def start(self) -> "EmbeddedPostgres":
         import pgserver
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._pid_file.clear_leftover(spare=self.pid)
         if self._server is None:
             # cleanup_mode=None: we decide when it stops, not pgserver's atexit.
             self._server = pgserver.get_server(self.data_dir, cleanup_mode=None)
@@ -31,13 +40,29 @@ class EmbeddedPostgres:
         return self
 
     def stop(self) -> None:
-        """Fast shutdown (terminates sessions), as an outage would."""
+        """Fast shutdown (terminates sessions), as an outage would; by its PID when pg_ctl
+        fails (pgserver has logged why), so a stop never leaves it running."""
         import pgserver
 
         if self._server is None or not self.is_running():
             return
-        pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.data_dir,
-                        user=self._server.system_user, timeout=30)
+        try:
+            pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.data_dir,
+                            user=self._server.system_user, timeout=30)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            self._pid_file.stop()
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The postmaster this object started, while it runs (and its pid file names it)."""
+        from pgserver.utils import PostmasterInfo
+
+        if self._server is None:
+            return None
+        info = PostmasterInfo.read_from_pgdata(self.data_dir)
+        if info is None or not info.is_running():
+            return None
+        return info.pid if info.pid == self._server.get_pid() else None
 
     def is_running(self) -> bool:
         from pgserver.utils import PostmasterInfo

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from controlplane.embedded.leftovers import PidFile
 from controlplane.embedded.ports import free_ports, wait_for_port
 
 log = logging.getLogger(__name__)
@@ -32,11 +33,14 @@ class EmbeddedS3:
     """SeaweedFS master + volume + filer + S3 gateway bound to 127.0.0.1.
 
     Each server's HTTP and gRPC port is chosen free, so several can run at once.
-    SeaweedFS is slow to stop on SIGTERM: stop() escalates to SIGKILL.
+    SeaweedFS is slow to stop on SIGTERM: stop() escalates to SIGKILL. Its PID is kept in
+    `weed.pid` while it runs, so a start on a data dir an earlier run left a weed on
+    stops that one first (two on one volume dir would both write it).
     """
 
     def __init__(self, data_dir: Path | str, port: Optional[int] = None):
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).absolute()       # as /proc shows it: see leftovers
+        self.pid_file = PidFile(self.data_dir / "weed.pid", "weed", "-dir=", self.data_dir, signal.SIGTERM)
         self.host = "127.0.0.1"
         self.port = port
         self.process: Optional[subprocess.Popen] = None
@@ -49,6 +53,7 @@ class EmbeddedS3:
 
     def start(self, timeout_s: float = 60.0) -> "EmbeddedS3":
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.pid_file.clear_leftover(spare=self.process.pid if self.process else None)
         ports = free_ports(8)
         if self.port is None:
             self.port = ports[7]
@@ -69,6 +74,7 @@ class EmbeddedS3:
         self.process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
         log_file.close()
+        self.pid_file.write(self.process.pid)
         if not wait_for_port(self.host, self.port, timeout_s) or not self._wait_s3_ready(timeout_s):
             self.stop()
             raise RuntimeError(f"SeaweedFS S3 did not start; see {self.data_dir / 'weed.log'}")
@@ -130,6 +136,7 @@ class EmbeddedS3:
     def stop(self, timeout_s: float = 3.0) -> None:
         proc, self.process = self.process, None
         if proc is None or proc.poll() is not None:
+            self._forget(proc)
             return
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -139,6 +146,12 @@ class EmbeddedS3:
             proc.wait(timeout=timeout_s)
         except ProcessLookupError:
             pass
+        self._forget(proc)
+
+    def _forget(self, proc: Optional[subprocess.Popen]) -> None:
+        """Remove the pid file if it names proc (a later start may have written its own)."""
+        if proc is not None and self.pid_file.pid() == proc.pid:
+            self.pid_file.remove()
 
     def __enter__(self) -> "EmbeddedS3":
         return self.start()

@@ -28,11 +28,14 @@ those whose runtime process has exited. One pool per namespace.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayError
@@ -121,7 +124,8 @@ class RayBackend:
 
     async def start(self) -> None:
         if not ray.is_initialized():        # tests and embedders may have connected already
-            ray.init(address=self.address, namespace=self.namespace, log_to_driver=False)
+            with embedders_signal_handlers():
+                ray.init(address=self.address, namespace=self.namespace, log_to_driver=False)
             self._owns_ray = True
 
     async def close(self) -> None:
@@ -337,6 +341,27 @@ class RayBackend:
 
 
 # ----------------------------------------------------------------- helpers
+
+@contextlib.contextmanager
+def embedders_signal_handlers() -> Iterator[None]:
+    """Puts back the process's SIGTERM and SIGINT handlers after the block (ray.init).
+
+    ray.init sets a SIGTERM handler of its own (sys.exit) in the driver: a SIGTERM to
+    the process that embeds the pool (`thawpool up` under systemd) would then end it
+    without its shutdown, leaving its replica actors, Postgres and S3 running.
+    signal.signal re-arms the C handler too, over any a native library set meanwhile.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield                           # handlers belong to the main thread only
+        return
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            if handler is not None:     # None: set outside Python, nothing to put back
+                signal.signal(sig, handler)
+
 
 def node_cache_keys(default_cache_dir: str) -> list[str]:
     """Runs on one node as a Ray task: the keys in that node's weight cache."""
