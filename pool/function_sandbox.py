@@ -71,7 +71,7 @@ class FunctionSandboxes:
         return self.settings.replica_state_dir / "sandbox" / "replicas" / replica_id
 
     def server_profile(self, uid: int, replica_id: str, package_dir: Path, python: str, secret: str,
-                       memory_mb: int | None) -> SandboxProfile:
+                       memory_mb: int | None, devices: tuple[Path, ...] = ()) -> SandboxProfile:
         """The server's profile; writes its replica folder (socket and secret) first."""
         folder = self.replica_dir(replica_id)
         shutil.rmtree(folder, ignore_errors=True)
@@ -83,17 +83,23 @@ class FunctionSandboxes:
         os.chown(secret_file, uid, uid)
         venv = Path(python).parent.parent
         binds = (*package_binds(package_dir), Bind(venv, VENV), Bind(folder, REPLICA, writable=True))
-        return SandboxProfile(uid, binds, self._limits(memory_mb), self.settings.sandbox_tmp_mb * MB)
+        return SandboxProfile(uid, binds, self._limits(memory_mb), self.settings.sandbox_tmp_mb * MB,
+                              devices=devices)
 
     def socket_path(self, replica_id: str) -> Path:
         return self.replica_dir(replica_id) / SOCKET
 
     def remove(self, replica_id: str) -> None:
-        self.sandbox.release(f"replica-{replica_id}")
+        self.sandbox.release(server_name(replica_id))
         shutil.rmtree(self.replica_dir(replica_id), ignore_errors=True)
 
     def _limits(self, memory_mb: int | None) -> Limits:
         return Limits(memory_mb * MB if memory_mb else None, self.settings.sandbox_pids, self.settings.sandbox_cpus)
+
+
+def server_name(replica_id: str) -> str:
+    """What names a replica's server in its sandbox (its cgroups)."""
+    return f"replica-{replica_id}"
 
 
 def cuda_devices(slots: Sequence[Slot]) -> tuple[Path, ...]:

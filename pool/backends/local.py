@@ -28,7 +28,7 @@ import asyncio
 import logging
 import os
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -42,7 +42,8 @@ from pool import function_env
 from pool.backends.local_state import ProcessEntry, ProcessRegistry
 from pool.backends.runtime_args import (SECRET_ENV, SECRET_FILE_ENV, auth_headers, engine_flags, engine_for,
                                         new_secret, runtime_env)
-from pool.function_sandbox import PACKAGE, REPLICA, SECRET, SOCKET, VENV, FunctionSandboxes, cuda_devices
+from pool.function_sandbox import (PACKAGE, REPLICA, SECRET, SOCKET, VENV, FunctionSandboxes, cuda_devices,
+                                   server_name)
 from pool.sandbox import sandbox_env
 from wire.replica_address import address_of, unix_base_url
 from pool.inventory import Slot, discover_slots
@@ -215,32 +216,33 @@ class LocalBackend:
                         replica_id: str) -> LocalReplica:
         """runtime.function_server in the venv cold_start built, with a clean environment,
         in its sandbox (pool/function_sandbox.py) unless the operator turned that off."""
-        port, secret = free_port(self.settings.host), new_secret()
+        secret = new_secret()
         cuda = [s.device_index for s in slots if s.kind == "cuda" and s.device_index is not None]
         limit = function_env.memory_limit_mb(spec.gpu_memory_gb, len(slots), on_cuda=bool(cuda))
         python = str(spec.engine[function_env.FUNCTION_PYTHON])
-        if self.sandboxes is None:
-            args = function_env.server_args(python, self.settings.host, port, package_dir, spec.revision_id, limit)
-            env = function_env.server_env(os.environ, runtime_env(self.settings.runtime_threads, secret), cuda)
-            proc = self._spawn(args, f"function-{replica_id}", slots, secret, port, env)
-            return LocalReplica(replica_id, f"http://{self.settings.host}:{port}", proc, warm=False, secret=secret)
-        return self._start_sandboxed(spec, slots, package_dir, replica_id, python, limit, secret)
+        if self.sandboxes is not None:
+            return self._start_sandboxed(spec, slots, package_dir, replica_id, python, limit, secret)
+        port = free_port(self.settings.host)
+        args = function_env.server_args(python, self.settings.host, port, package_dir, spec.revision_id, limit)
+        env = function_env.server_env(os.environ, runtime_env(self.settings.runtime_threads, secret), cuda)
+        proc = self._spawn(args, f"function-{replica_id}", slots, secret, port, env)
+        return LocalReplica(replica_id, f"http://{self.settings.host}:{port}", proc, warm=False, secret=secret)
 
     def _start_sandboxed(self, spec: RevisionSpec, slots: Sequence[Slot], package_dir: Path, replica_id: str,
                          python: str, limit: Optional[int], secret: str) -> LocalReplica:
+        """The same server as the tenant's uid, on a unix socket, its secret in a file."""
         assert self.sandboxes is not None
         uid = self.sandboxes.uid(spec.tenant_id)
-        profile = self.sandboxes.server_profile(uid, replica_id, package_dir, python, secret, limit)
-        devices = cuda_devices(slots)
-        profile = replace(profile, devices=devices) if devices else profile
+        profile = self.sandboxes.server_profile(uid, replica_id, package_dir, python, secret, limit,
+                                                cuda_devices(slots))
         args = [str(VENV / "bin" / "python"), *function_env.function_server_args(PACKAGE, spec.revision_id, limit),
                 "--uds", str(REPLICA / SOCKET)]
         runtime = runtime_env(self.settings.runtime_threads, secret)
-        del runtime[SECRET_ENV]                      # by a file only the tenant's uid reads
+        del runtime[SECRET_ENV]
         runtime[SECRET_FILE_ENV] = str(REPLICA / SECRET)
         cuda = [s.device_index for s in slots if s.kind == "cuda" and s.device_index is not None]
         env = sandbox_env(os.environ, function_env.server_env({}, runtime, cuda))
-        command = self.sandboxes.sandbox.command(f"replica-{replica_id}", profile, args)
+        command = self.sandboxes.sandbox.command(server_name(replica_id), profile, args)
         proc = self._spawn(command, f"function-{replica_id}", slots, secret, 0, env)
         base_url = unix_base_url(str(self.sandboxes.socket_path(replica_id)))
         return LocalReplica(replica_id, base_url, proc, warm=False, secret=secret)

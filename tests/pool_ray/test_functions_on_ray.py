@@ -72,7 +72,8 @@ async def test_a_function_runs_in_a_venv_built_on_its_node(cluster, s3_server, s
             answer = await invoke(lease, {"echo": "hi"})
             seen = set((await invoke(lease, {"env": True}))["env"])
             assert lease.cold_start is not None and lease.cold_start.env_s > 0     # its own stage
-        assert answer == {"echo": "hi", "batch": 1, "pid": handle.pid, "weights": "probe-weights-v1"}
+        assert answer == {"echo": "hi", "batch": 1, "pid": handle.pid, "weights": "probe-weights-v1",
+                          "instance": answer["instance"]}
         python, *args = command_line(handle.pid)
         assert Path(python).parent.parent.parent == cluster.node_cache(handle.node_id) / "function-envs"
         assert args[:2] == ["-m", "runtime.function_server"]

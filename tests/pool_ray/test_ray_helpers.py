@@ -75,7 +75,7 @@ def test_the_installers_answer_is_the_venv_or_its_reason(tmp_path):
     from pool.api import ColdStartFailed
     from pool.function_env import FunctionEnv, builder_command, built_env
 
-    root = builder_command("/py", tmp_path / "pkg", tmp_path / "node")[-2:]
+    root = builder_command("/py", tmp_path / "pkg", tmp_path / "node" / "function-envs")[-2:]
     assert root == ["--root", str(tmp_path / "node" / "function-envs")]      # the node's own cache
     ok = b'{"python": "/e/bin/python", "cached": true, "seconds": 0.25}\n'
     assert built_env(0, ok, b"") == FunctionEnv("/e/bin/python", True, 0.25)

@@ -55,12 +55,12 @@ def node(s3_server, tmp_path_factory, probe_package):
     stack = ThawpoolUp(work, env)
     try:
         admin_key = stack.admin_key()
-        victim = tenant_client(stack.base_url, admin_key, "victim")
+        victim = tenant_client(stack.base_url, admin_key, "victim", bucket)
         uri = upload(probe_package(max_batch_size=1, max_wait_ms=0), s3_server, bucket, "victim/probe")
         assert victim.post("/v1/deployments", json={"name": "probe", "kind": "function",
                                                      "model_uri": uri}).status_code == 201
         assert victim.post("/v1/functions/probe/invoke", json={"input": {"echo": 1}}).status_code == 200
-        mallory = tenant_client(stack.base_url, admin_key, "mallory")
+        mallory = tenant_client(stack.base_url, admin_key, "mallory", bucket)
         uri = upload(HOSTILE, s3_server, bucket, "mallory/hostile")
         created = mallory.post("/v1/deployments", json={"name": "hostile", "kind": "function", "model_uri": uri})
         assert created.status_code == 201, created.text
