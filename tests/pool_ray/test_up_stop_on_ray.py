@@ -36,6 +36,8 @@ def upload(folder, endpoint: str, bucket: str, prefix: str) -> str:
 def deploy_one_replica(up: UpProcess, tiny_model) -> None:
     admin = httpx.Client(base_url=up.base_url, headers=up.admin_headers(), timeout=60)
     assert admin.post("/v1/tenants", json={"name": "acme"}).status_code == 201
+    granted = admin.post("/v1/model-sources", json={"prefix": "s3://thawpool-models/acme/", "tenant": "acme"})
+    assert granted.status_code == 201, granted.text
     key = admin.post("/v1/tenants/acme/keys", json={"scopes": ["deploy"]}).json()["key"]
     uri = upload(tiny_model, up.s3_endpoint(), "thawpool-models", "acme/tiny")
     created = httpx.post(f"{up.base_url}/v1/deployments", timeout=60, headers={"authorization": f"Bearer {key}"},
