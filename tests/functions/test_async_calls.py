@@ -3,6 +3,7 @@ their own tenant only, expired and swept, failed when a restart cut them, writte
 after an outage; and end to end, a call's answer read from a control plane that started
 after the one that ran it."""
 import asyncio
+import contextlib
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -224,13 +225,8 @@ async def test_past_its_async_call_quota_a_tenant_gets_429_and_others_are_served
         db_url, s3_server, models_bucket, probe_package, tmp_path):
     """Batches of 2 that wait for a full one: a call of one item stays running."""
     package = probe_package(max_batch_size=2)
-    server = FunctionProcess(package, tmp_path / "function.log")
     settings = make_settings(db_url, s3_server, tmp_path / "cp", quota_max_async_calls=1)
-    pool = static_pool(settings, [server.base_url])
-    pool.lease_headers = server.headers
-    await pool.start()
-    try:
-        server.wait()
+    async with function_pool(package, settings, tmp_path) as pool:
         async with running_control_plane(settings, pool=pool) as plane:
             flood = plane.client(await plane.tenant_key("flood-acme"))
             calm = plane.client(await plane.tenant_key("flood-calm"))
@@ -256,9 +252,6 @@ async def test_past_its_async_call_quota_a_tenant_gets_429_and_others_are_served
                                      json={"inputs": [{"echo": 4}, {"echo": 5}]})
             assert again.status_code == 202, "an ended call frees its slot"
             await plane.app.state.async_calls.wait()
-    finally:
-        await pool.stop()
-        server.stop()
 
 
 async def test_an_async_call_outlives_a_restart_of_the_control_plane(db_url, s3_server, models_bucket,
@@ -267,13 +260,8 @@ async def test_an_async_call_outlives_a_restart_of_the_control_plane(db_url, s3_
     failed with a retryable answer. Batches of 2 that wait for a full one: a call of two
     items runs at once, a call of one is still waiting when the first plane stops."""
     package = probe_package(max_batch_size=2)
-    server = FunctionProcess(package, tmp_path / "function.log")
     settings = make_settings(db_url, s3_server, tmp_path / "cp")
-    pool = static_pool(settings, [server.base_url])
-    pool.lease_headers = server.headers
-    await pool.start()
-    try:
-        server.wait()
+    async with function_pool(package, settings, tmp_path) as pool:
         async with running_control_plane(settings, pool=pool) as plane:
             client = plane.client(await plane.tenant_key("restart-acme"))
             created = await client.post("/v1/deployments", json={
@@ -302,6 +290,18 @@ async def test_an_async_call_outlives_a_restart_of_the_control_plane(db_url, s3_
                 theirs = await other.get(f"/v1/functions/calls/{call_id}")
                 assert (theirs.status_code, theirs.json()["error"]["code"]) == (
                     unknown.status_code, unknown.json()["error"]["code"]) == (404, "call_not_found")
+
+
+@contextlib.asynccontextmanager
+async def function_pool(package, settings, tmp_path):
+    """A real function server on the package behind a static pool, both stopped after."""
+    server = FunctionProcess(package, tmp_path / "function.log")
+    pool = static_pool(settings, [server.base_url])
+    pool.lease_headers = server.headers
+    await pool.start()
+    try:
+        server.wait()
+        yield pool
     finally:
         await pool.stop()
         server.stop()
