@@ -412,7 +412,7 @@ async def test_a_call_cut_by_a_killed_process_is_billed_what_it_delivered(engine
     assert not list(tmp_path.glob("calls-journal-*.log")), "the call journal is forgotten once billed"
 
 
-def test_the_answer_caps_and_the_replica_dead_letters_are_settings(tmp_path):
+async def test_the_answer_caps_and_the_replica_dead_letters_are_settings(tmp_path):
     settings = Settings.from_env({
         "THAWPOOL_OUTBOX_DIR": str(tmp_path / "ebs"), "THAWPOOL_UPSTREAM_MAX_ANSWER_BYTES": "1000",
         "THAWPOOL_UPSTREAM_MAX_LINE_BYTES": "100"})

@@ -77,7 +77,7 @@ async def test_served_token_counters_out_of_range_are_not_read(stats, read):
         assert await served_tokens(Handle("r", base), http) == read
 
 
-def test_load_stages_keep_only_finite_seconds_in_range():
+async def test_load_stages_keep_only_finite_seconds_in_range():
     timings = {"weights_s": 1.5, "nan_s": math.nan, "inf_s": math.inf, "negative_s": -2.0,
                "years_s": 1e12, "huge_int_s": 10 ** 400, "flag_s": True, "text_s": "3",
                "x" * 10_000: 0.25}
