@@ -28,6 +28,7 @@ class Limits:
 class Cgroups:
     def __init__(self, root: Path = Path("/sys/fs/cgroup")):
         self.root = root
+        self._released: set[str] = set()      # groups whose process was still exiting
 
     @property
     def version(self) -> Optional[int]:
@@ -42,6 +43,7 @@ class Cgroups:
         host lets us make none. A CPU group only with a quota to enforce: a group's
         threads share one scheduling weight, which under load would give a sandboxed
         replica less CPU than the same process outside one."""
+        self._remove_released()
         try:
             if self.version == 2:
                 return [self._create_v2(name, limits)]
@@ -52,12 +54,16 @@ class Cgroups:
         return []
 
     def remove(self, name: str) -> None:
-        """The process's groups, once it has exited (a group with a process stays)."""
-        for folder in self._folders(name):
-            try:
-                folder.rmdir()
-            except OSError:
-                pass
+        """The process's groups, once it has exited. A sandbox's inner processes die a
+        moment after the one the pool waited for, and a group with a process in it
+        cannot go: such a group is removed again at the next create or remove."""
+        self._released.add(name)
+        self._remove_released()
+
+    def _remove_released(self) -> None:
+        for name in list(self._released):
+            if all(_rmdir(folder) for folder in self._folders(name)):
+                self._released.discard(name)
 
     def _folders(self, name: str) -> list[Path]:
         if self.version == 2:
@@ -98,6 +104,17 @@ class Cgroups:
                 _write(group / "cpu.cfs_period_us", str(CPU_PERIOD_US))
                 _write(group / "cpu.cfs_quota_us", str(int(limits.cpus * CPU_PERIOD_US)))
         return [g / "cgroup.procs" for g in groups]
+
+
+def _rmdir(folder: Path) -> bool:
+    """True once the folder is gone."""
+    try:
+        folder.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
 
 
 def _write(path: Path, value: str) -> None:

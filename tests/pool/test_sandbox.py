@@ -3,6 +3,8 @@ program, and one real bubblewrap run (tests/security runs hostile code in it).""
 from __future__ import annotations
 
 import subprocess
+import time
+import uuid
 import sys
 from pathlib import Path
 
@@ -94,3 +96,24 @@ def test_a_real_sandbox_runs_python_as_the_tenant_with_nothing_of_the_host(tmp_p
     assert done.returncode == 0, done.stderr
     uid, _, rest = done.stdout.strip().partition(" ")
     assert int(uid) == 200_000 and rest.endswith("False")             # the test's folder is not there
+
+
+def test_a_group_whose_process_is_still_exiting_is_removed_later():
+    cgroups = Cgroups()
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    procs = cgroups.create(name, Limits(64 << 20, 8, None))
+    if not procs:
+        pytest.skip("no writable cgroup hierarchy on this machine")
+    joins = " && ".join(f"echo $$ > {p}" for p in procs)
+    sleeper = subprocess.Popen(["/bin/sh", "-c", f"{joins} && exec sleep 60"])
+    try:
+        while not procs[0].read_text().strip():
+            time.sleep(0.01)
+        cgroups.remove(name)                                 # busy: kept for later
+        assert procs[0].parent.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    cgroups.create(f"{name}-next", Limits(None, 8, None))     # the next create sweeps it
+    cgroups.remove(f"{name}-next")
+    assert not any(p.parent.exists() for p in procs)
