@@ -81,13 +81,16 @@ def builder_env(environ: Mapping[str, str], index_url: Optional[str] = None) -> 
 async def build_env(settings: PoolSettings, package_dir: Path, sandboxes: Optional[FunctionSandboxes],
                     tenant_id: str) -> FunctionEnv:
     """The package's venv on this node; ColdStartFailed with the installer's reason."""
-    command = builder_command(settings.runtime_python, package_dir, tenant_envs_root(settings.cache_dir, tenant_id))
     env = builder_env(os.environ, settings.function_index_url)
     name = f"build-{uuid.uuid4().hex[:12]}"
-    if sandboxes is not None:
+    if sandboxes is None:
+        command = builder_command(settings.runtime_python, package_dir,
+                                  tenant_envs_root(settings.cache_dir, tenant_id))
+    else:
         uid = sandboxes.uid(tenant_id)
-        inner = builder_command(settings.runtime_python, PACKAGE, sandboxes.envs_root(uid))
-        command = sandboxes.sandbox.command(name, sandboxes.build_profile(uid, package_dir), inner)
+        root = sandboxes.envs_root(uid)
+        command = sandboxes.sandbox.command(name, sandboxes.build_profile(uid, package_dir, root),
+                                            builder_command(settings.runtime_python, PACKAGE, root))
         env = {**env, "HOME": "/tmp", "TMPDIR": "/tmp"}
     proc = await asyncio.create_subprocess_exec(
         *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

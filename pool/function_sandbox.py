@@ -61,8 +61,8 @@ class FunctionSandboxes:
         _own_folder(root, uid, 0o755)
         return root
 
-    def build_profile(self, uid: int, package_dir: Path) -> SandboxProfile:
-        root = self.envs_root(uid)
+    def build_profile(self, uid: int, package_dir: Path, root: Path) -> SandboxProfile:
+        """A build's profile, its tenant's venvs folder (`envs_root`) writable."""
         binds = (*package_binds(package_dir), Bind(root, root, writable=True))
         return SandboxProfile(uid, binds, self._limits(None), self.settings.sandbox_tmp_mb * MB,
                               network=not (package_dir / "wheels").is_dir())

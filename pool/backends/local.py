@@ -221,7 +221,7 @@ class LocalBackend:
         limit = function_env.memory_limit_mb(spec.gpu_memory_gb, len(slots), on_cuda=bool(cuda))
         python = str(spec.engine[function_env.FUNCTION_PYTHON])
         if self.sandboxes is not None:
-            return self._start_sandboxed(spec, slots, package_dir, replica_id, python, limit, secret)
+            return self._start_sandboxed(spec, slots, package_dir, replica_id, python, limit, secret, cuda)
         port = free_port(self.settings.host)
         args = function_env.server_args(python, self.settings.host, port, package_dir, spec.revision_id, limit)
         env = function_env.server_env(os.environ, runtime_env(self.settings.runtime_threads, secret), cuda)
@@ -229,7 +229,7 @@ class LocalBackend:
         return LocalReplica(replica_id, f"http://{self.settings.host}:{port}", proc, warm=False, secret=secret)
 
     def _start_sandboxed(self, spec: RevisionSpec, slots: Sequence[Slot], package_dir: Path, replica_id: str,
-                         python: str, limit: Optional[int], secret: str) -> LocalReplica:
+                         python: str, limit: Optional[int], secret: str, cuda: list[int]) -> LocalReplica:
         """The same server as the tenant's uid, on a unix socket, its secret in a file."""
         assert self.sandboxes is not None
         uid = self.sandboxes.uid(spec.tenant_id)
@@ -240,7 +240,6 @@ class LocalBackend:
         runtime = runtime_env(self.settings.runtime_threads, secret)
         del runtime[SECRET_ENV]
         runtime[SECRET_FILE_ENV] = str(REPLICA / SECRET)
-        cuda = [s.device_index for s in slots if s.kind == "cuda" and s.device_index is not None]
         env = sandbox_env(os.environ, function_env.server_env({}, runtime, cuda))
         command = self.sandboxes.sandbox.command(server_name(replica_id), profile, args)
         proc = self._spawn(command, f"function-{replica_id}", slots, secret, 0, env)
