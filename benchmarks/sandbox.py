@@ -12,13 +12,17 @@ files cached). Then, rounds taking turns between the two:
   cold start   a new deployment of the same package, one call (then deleted): the
                client's wall time of a cold start with the weights and the venv cached
                (issue 30's target: at most +10%)
+  model cold start
+               a new deployment of the real SmolLM2-135M (its Q4_1 GGUF, `make model`),
+               one chat completion of 4 tokens (then deleted, and its replica waited
+               out): a warm standby takes the load, weights and packed layers cached on
+               the node (target: at most +5%)
   throughput   concurrency 32, `--requests` calls through the control plane, dynamic
                batching on (target: at least 0.97x)
 
-A throughput pass of each before the rounds is not counted. Printed: every round of
-both, the medians and the ratios sandbox / unconfined. Model
-replicas are not sandboxed yet, so their cold start has no ratio to show. The report
-is also written to benchmarks/results/sandbox.txt.
+A throughput pass and a model cold start of each before the rounds are not counted.
+Printed: every round of both, the medians and the ratios sandbox / unconfined. The
+report is also written to benchmarks/results/sandbox.txt.
 """
 from __future__ import annotations
 
@@ -44,13 +48,14 @@ from tests.controlplane.conftest import (MODELS_BUCKET, cpu_pool_settings, creat
 from tests.functions.test_function_deploy import upload  # noqa: E402
 
 MODES = {"sandbox": "bwrap", "unconfined": "off"}
+MODEL_FILE = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"      # make model
 
 
 class Side:
     """One control plane and its deployment."""
 
-    def __init__(self, plane, client, uri: str):
-        self.plane, self.client, self.uri = plane, client, uri
+    def __init__(self, plane, client, uri: str, model_uri: str):
+        self.plane, self.client, self.uri, self.model_uri = plane, client, uri, model_uri
 
     @property
     def url(self) -> str:
@@ -71,6 +76,23 @@ class Side:
         assert (await self.client.delete(f"/v1/deployments/{name}")).status_code in (200, 202, 204)
         return seconds
 
+    async def model_cold_call(self, name: str) -> float:
+        made = await self.client.post("/v1/deployments", json={
+            "name": name, "model_uri": self.model_uri, "resources": {"gpu_memory_gb": 1},
+            "engine": {"kv_cache_tokens": 512}, "scaling": {"min_replicas": 0, "max_replicas": 1}})
+        assert made.status_code == 201, made.text
+        revision = made.json()["revisions"][0]["id"]
+        started = time.perf_counter()
+        answer = await self.client.post("/v1/chat/completions", json={
+            "model": name, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+        seconds = time.perf_counter() - started
+        assert answer.status_code == 200, answer.text
+        assert (await self.client.delete(f"/v1/deployments/{name}")).status_code in (200, 202, 204)
+        pool = self.plane.app.state.pool
+        while pool.revision_status(revision).replicas:      # stopped: its slot free, its packs kept
+            await asyncio.sleep(0.05)
+        return seconds
+
 
 async def side(stack, mode: str, folder: Path, uri_prefix: str, work: Path, stack_ctx) -> Side:
     pg, s3 = stack
@@ -79,7 +101,7 @@ async def side(stack, mode: str, folder: Path, uri_prefix: str, work: Path, stac
     settings = make_settings(db_url, s3, work / mode / "cp", acquire_timeout_s=300,
                              default_requests_per_min=10_000_000)
     pool = real_pool(cpu_pool_settings(s3, work / mode / "cache", cpu_slots=2, load_timeout_s=300,
-                                       sandbox=MODES[mode]))
+                                       warm_pool_size=1, sandbox=MODES[mode]))
     plane = await stack_ctx.enter_async_context(running_control_plane(settings, pool_factory=pool))
     client = plane.client(await plane.tenant_key("bench"))
     uri = upload(folder, s3, MODELS_BUCKET, uri_prefix)
@@ -89,7 +111,8 @@ async def side(stack, mode: str, folder: Path, uri_prefix: str, work: Path, stac
     assert made.status_code == 201, made.text
     first = await client.post("/v1/functions/classify/invoke", json={"input": TEXT})
     assert first.status_code == 200, first.text
-    return Side(plane, client, uri)
+    s3.client().upload_file(str(MODEL_FILE), MODELS_BUCKET, f"{uri_prefix}/model/{MODEL_FILE.name}")
+    return Side(plane, client, uri, f"s3://{MODELS_BUCKET}/{uri_prefix}/model/{MODEL_FILE.name}")
 
 
 def report(name: str, unit: str, rounds: dict[str, list[float]], better_low: bool) -> None:
@@ -117,17 +140,22 @@ async def run(args, work: Path) -> None:
                   f"new deployment, cache warm; throughput at concurrency 32, {args.requests} calls\n")
             for mode in MODES:                      # warm-up: connections, batching, the allocator
                 await clients.closed_loop(sides[mode].url, sides[mode].headers, 32, args.requests)
+                await sides[mode].model_cold_call("model-warmup")   # the weights and packs cached
             cold: dict[str, list[float]] = {m: [] for m in MODES}
+            model: dict[str, list[float]] = {m: [] for m in MODES}
             rate: dict[str, list[float]] = {m: [] for m in MODES}
             for r in range(args.rounds):
                 order = list(MODES) if r % 2 == 0 else list(reversed(MODES))
                 for mode in order:
                     cold[mode].append(await sides[mode].cold_call(f"cold-{r}"))
                 for mode in order:
+                    model[mode].append(await sides[mode].model_cold_call(f"model-{r}"))
+                for mode in order:
                     calls_s, _ = await clients.closed_loop(sides[mode].url, sides[mode].headers, 32,
                                                            args.requests)
                     rate[mode].append(calls_s)
             report("cold start (s)", "s", cold, better_low=True)
+            report("model cold start (s)", "s", model, better_low=True)
             report("throughput (calls/s)", "calls/s", rate, better_low=False)
     finally:
         clients.pool.shutdown()

@@ -269,8 +269,8 @@ def _without_password(url: str) -> str:
 
 def _sandbox_line(pool_settings) -> str:
     if pool_settings.sandbox == "off":
-        return "OFF: tenants' functions run unconfined (THAWPOOL_SANDBOX=off)"
-    return "bubblewrap: each function as its tenant's uid, no network (docs/security.md)"
+        return "OFF: tenants' functions and models run unconfined (THAWPOOL_SANDBOX=off)"
+    return "bubblewrap: each replica and build as a uid of its own, no network (docs/security.md)"
 
 
 def _backend_line(pool_settings) -> str:

@@ -53,6 +53,18 @@ class Cgroups:
             self.remove(name)
         return []
 
+    def limit_memory(self, name: str, memory_bytes: int) -> bool:
+        """A running group's memory limit, now that its use is known (a standby's at its
+        load); False where the host gave it no memory group or refused the limit."""
+        files = {2: [self.root / PARENT / name / "memory.max"],
+                 1: [self.root / "memory" / PARENT / name / "memory.limit_in_bytes"]}.get(self.version or 0, [])
+        try:
+            for path in files:
+                _write(path, str(memory_bytes))
+        except OSError:
+            return False
+        return bool(files)
+
     def remove(self, name: str) -> None:
         """The process's groups, once it has exited. A sandbox's inner processes die a
         moment after the one the pool waited for, and a group with a process in it

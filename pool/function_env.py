@@ -32,14 +32,14 @@ from typing import Mapping, Optional, Sequence
 
 from pool.api import ColdStartFailed
 from pool.backends.runtime_args import PROJECT_ROOT
-from pool.function_sandbox import PACKAGE, FunctionSandboxes
+from pool.egress import EgressProxy, allowed_hosts
+from pool.function_sandbox import EGRESS, EGRESS_SOCKET, PACKAGE, FunctionSandboxes, function_server_args
 from pool.settings import PoolSettings
 
 PLAIN_VARS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
 INSTALLER_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
                   "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 FUNCTION_PYTHON = "function_python"       # the engine key cold_start hands the backend
-MAX_OPEN_FILES = 4096
 BASE_MEMORY_MB = 3072
 
 
@@ -81,30 +81,61 @@ def builder_env(environ: Mapping[str, str], index_url: Optional[str] = None) -> 
 async def build_env(settings: PoolSettings, package_dir: Path, sandboxes: Optional[FunctionSandboxes],
                     tenant_id: str) -> FunctionEnv:
     """The package's venv on this node; ColdStartFailed with the installer's reason."""
-    env = builder_env(os.environ, settings.function_index_url)
-    name = f"build-{uuid.uuid4().hex[:12]}"
-    if sandboxes is None:
-        command = builder_command(settings.runtime_python, package_dir,
-                                  tenant_envs_root(settings.cache_dir, tenant_id))
-    else:
+    build = Build.of(settings, settings.runtime_python, package_dir, sandboxes, tenant_id,
+                     f"build-{uuid.uuid4().hex[:12]}")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *build.command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL, env=build.env, start_new_session=True)
+        try:
+            out, err = await proc.communicate()
+        except asyncio.CancelledError:          # the stage timed out, or the pool stops
+            _kill_group(proc.pid)
+            await proc.wait()
+            raise
+    finally:
+        build.close()
+    return built_env(proc.returncode, out, err)
+
+
+@dataclass
+class Build:
+    """One run of the installer: its command line and environment, and in a sandbox the
+    cgroups (`name`) and the egress proxy to the index that `close` ends."""
+    command: list[str]
+    env: dict[str, str]
+    name: str
+    sandboxes: Optional[FunctionSandboxes] = None
+    proxy: Optional[EgressProxy] = None
+
+    @classmethod
+    def of(cls, settings: PoolSettings, python: str, package_dir: Path, sandboxes: Optional[FunctionSandboxes],
+           tenant_id: str, name: str) -> "Build":
+        """In the tenant's sandbox (no network: the index only, through the proxy, where the
+        package brings no wheels/), else with the tenant's own venvs folder."""
+        env = builder_env(os.environ, settings.function_index_url)
+        if sandboxes is None:
+            return cls(builder_command(python, package_dir, tenant_envs_root(settings.cache_dir, tenant_id)), env,
+                       name)
         uid = sandboxes.uid(tenant_id)
         root = sandboxes.envs_root(uid)
-        command = sandboxes.sandbox.command(name, sandboxes.build_profile(uid, package_dir, root),
-                                            builder_command(settings.runtime_python, PACKAGE, root))
-        env = {**env, "HOME": "/tmp", "TMPDIR": "/tmp"}
-    proc = await asyncio.create_subprocess_exec(
-        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        stdin=asyncio.subprocess.DEVNULL, env=env, start_new_session=True)
-    try:
-        out, err = await proc.communicate()
-    except asyncio.CancelledError:              # the stage timed out, or the pool stops
-        _kill_group(proc.pid)
-        await proc.wait()
-        raise
-    finally:
-        if sandboxes is not None:
-            sandboxes.sandbox.release(name)
-    return built_env(proc.returncode, out, err)
+        command = builder_command(python, PACKAGE, root)
+        proxy = None
+        if not (package_dir / "wheels").is_dir():
+            proxy = EgressProxy(sandboxes.egress_folder(name) / EGRESS_SOCKET,
+                                allowed_hosts(settings.function_index_url))
+            proxy.start()
+            command += ["--egress-socket", str(EGRESS / EGRESS_SOCKET)]
+        profile = sandboxes.build_profile(uid, package_dir, root, sandboxes.egress_folder(name) if proxy else None)
+        return cls(sandboxes.sandbox.command(name, profile, command), {**env, "HOME": "/tmp", "TMPDIR": "/tmp"},
+                   name, sandboxes, proxy)
+
+    def close(self) -> None:
+        if self.proxy is not None:
+            self.proxy.close()
+        if self.sandboxes is not None:
+            self.sandboxes.sandbox.release(self.name)
+            self.sandboxes.remove_egress(self.name)
 
 
 def built_env(returncode: int | None, out: bytes, err: bytes) -> FunctionEnv:
@@ -132,12 +163,6 @@ def server_args(python: str, host: str, port: int, package_dir: Path, served_nam
     return [python, *function_server_args(package_dir, served_name, memory_limit_mb),
             "--host", host, "--port", str(port)]
 
-
-def function_server_args(package_dir: Path, served_name: str, memory_limit_mb: Optional[int]) -> list[str]:
-    """What follows the venv's interpreter but for --host/--port (a Ray node picks its port)."""
-    args = ["-m", "runtime.function_server", "--package", str(package_dir), "--served-model-name", served_name,
-            "--max-open-files", str(MAX_OPEN_FILES)]
-    return args + (["--memory-limit-mb", str(memory_limit_mb)] if memory_limit_mb else [])
 
 
 def memory_limit_mb(gpu_memory_gb: float, slot_count: int, on_cuda: bool) -> Optional[int]:

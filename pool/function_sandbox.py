@@ -18,13 +18,14 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Mapping, Optional, Sequence
 
 from pool.api import ColdStartFailed
-from pool.backends.runtime_args import PROJECT_ROOT
+from pool.backends.runtime_args import PROJECT_ROOT, SECRET_ENV, SECRET_FILE_ENV
 from pool.cgroups import Limits
 from pool.inventory import Slot
-from pool.sandbox import Bind, Platform, Sandbox, SandboxProfile
+from pool.sandbox import (Bind, Platform, Sandbox, SandboxedServer, SandboxProfile, files_under, own_folder,
+                          replica_folder, sandbox_env)
 from pool.settings import MB, PoolSettings
 
 PACKAGE = Path("/srv/package")
@@ -32,6 +33,9 @@ VENV = Path("/srv/venv")               # a venv runs from anywhere but for its c
 REPLICA = Path("/run/replica")
 SOCKET = "http.sock"
 SECRET = "secret"
+EGRESS = Path("/run/egress")           # a build's way to the index (pool/egress.py)
+EGRESS_SOCKET = "proxy.sock"
+MAX_OPEN_FILES = 4096
 
 
 @dataclass(frozen=True)
@@ -58,14 +62,24 @@ class FunctionSandboxes:
     def envs_root(self, uid: int) -> Path:
         """The tenant's venvs on this node, owned by its uid."""
         root = Path(self.settings.cache_dir) / "function-envs" / str(uid)
-        _own_folder(root, uid, 0o755)
+        own_folder(root, uid, 0o755)
         return root
 
-    def build_profile(self, uid: int, package_dir: Path, root: Path) -> SandboxProfile:
-        """A build's profile, its tenant's venvs folder (`envs_root`) writable."""
-        binds = (*package_binds(package_dir), Bind(root, root, writable=True))
-        return SandboxProfile(uid, binds, self._limits(None), self.settings.sandbox_tmp_mb * MB,
-                              network=not (package_dir / "wheels").is_dir())
+    def build_profile(self, uid: int, package_dir: Path, root: Path, egress: Optional[Path]) -> SandboxProfile:
+        """A build's profile, its tenant's venvs folder (`envs_root`) writable, no network:
+        the egress proxy's folder (pool/egress.py) at /run/egress where it needs the index."""
+        binds = (*package_binds(package_dir), Bind(root, root, writable=True),
+                 *([Bind(egress, EGRESS)] if egress is not None else []))
+        return SandboxProfile(uid, binds, self._limits(None), self.settings.sandbox_tmp_mb * MB)
+
+    def egress_folder(self, build: str) -> Path:
+        """The folder of a build's egress proxy socket: root's, which any uid may enter."""
+        folder = self.settings.replica_state_dir / "sandbox" / "builds" / build
+        folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+        return folder
+
+    def remove_egress(self, build: str) -> None:
+        shutil.rmtree(self.settings.replica_state_dir / "sandbox" / "builds" / build, ignore_errors=True)
 
     def replica_dir(self, replica_id: str) -> Path:
         return self.settings.replica_state_dir / "sandbox" / "replicas" / replica_id
@@ -74,17 +88,24 @@ class FunctionSandboxes:
                        memory_mb: int | None, devices: tuple[Path, ...] = ()) -> SandboxProfile:
         """The server's profile; writes its replica folder (socket and secret) first."""
         folder = self.replica_dir(replica_id)
-        shutil.rmtree(folder, ignore_errors=True)
-        _own_folder(folder, uid, 0o700)
-        secret_file = folder / SECRET
-        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
-        with os.fdopen(fd, "w") as out:
-            out.write(secret)
-        os.chown(secret_file, uid, uid)
+        replica_folder(folder, uid, secret, SECRET)
         venv = Path(python).parent.parent
         binds = (*package_binds(package_dir), Bind(venv, VENV), Bind(folder, REPLICA, writable=True))
         return SandboxProfile(uid, binds, self._limits(memory_mb), self.settings.sandbox_tmp_mb * MB,
                               devices=devices)
+
+    def server(self, tenant_id: str, replica_id: str, package_dir: Path, python: str, served_name: str,
+               memory_mb: int | None, env: Mapping[str, str], gpus: Sequence[int]) -> SandboxedServer:
+        """runtime.function_server as the tenant's uid, on a unix socket, its secret in a
+        file; `env` is the server's whole environment as an unconfined one would get it,
+        `gpus` the device indices of its GPUs."""
+        uid = self.uid(tenant_id)
+        profile = self.server_profile(uid, replica_id, package_dir, python, env[SECRET_ENV], memory_mb,
+                                      cuda_devices(gpus))
+        args = [str(VENV / "bin" / "python"), *function_server_args(PACKAGE, served_name, memory_mb),
+                "--uds", str(REPLICA / SOCKET)]
+        command = self.sandbox.command(server_name(replica_id), profile, args)
+        return SandboxedServer(command, sandbox_env(os.environ, secret_as_file(env)), self.socket_path(replica_id))
 
     def socket_path(self, replica_id: str) -> Path:
         return self.replica_dir(replica_id) / SOCKET
@@ -102,10 +123,21 @@ def server_name(replica_id: str) -> str:
     return f"replica-{replica_id}"
 
 
-def cuda_devices(slots: Sequence[Slot]) -> tuple[Path, ...]:
-    """The device files of the slots' GPUs and the driver's shared ones, where present:
-    a sandbox sees no other GPU."""
-    own = [f"/dev/nvidia{s.device_index}" for s in slots if s.kind == "cuda" and s.device_index is not None]
+def secret_as_file(env: Mapping[str, str]) -> dict[str, str]:
+    """A server's environment with its secret named by its file in /run/replica in place
+    of the secret itself (its uid alone may read the file)."""
+    moved = {k: v for k, v in env.items() if k != SECRET_ENV}
+    return {**moved, SECRET_FILE_ENV: str(REPLICA / SECRET)}
+
+
+def gpu_indices(slots: Sequence[Slot]) -> list[int]:
+    return [s.device_index for s in slots if s.kind == "cuda" and s.device_index is not None]
+
+
+def cuda_devices(gpus: Sequence[int]) -> tuple[Path, ...]:
+    """The device files of these GPUs and the driver's shared ones, where present: a
+    sandbox sees no other GPU."""
+    own = [f"/dev/nvidia{i}" for i in gpus]
     shared = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"] if own else []
     return tuple(Path(p) for p in [*own, *shared] if os.path.exists(p))
 
@@ -113,16 +145,11 @@ def cuda_devices(slots: Sequence[Slot]) -> tuple[Path, ...]:
 def package_binds(package_dir: Path) -> tuple[Bind, ...]:
     """Each file of the package folder, by its link's target, under /srv/package."""
     return tuple(Bind(path.resolve(), PACKAGE / path.relative_to(package_dir))
-                 for path in _files(package_dir))
+                 for path in files_under(package_dir))
 
 
-def _files(folder: Path) -> Iterator[Path]:
-    for root, _, names in os.walk(folder):
-        for name in sorted(names):
-            yield Path(root) / name
-
-
-def _own_folder(folder: Path, uid: int, mode: int) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    os.chown(folder, uid, uid)
-    os.chmod(folder, mode)
+def function_server_args(package_dir: Path, served_name: str, memory_limit_mb: Optional[int]) -> list[str]:
+    """What follows the venv's interpreter but for --host/--port (a Ray node picks its port)."""
+    args = ["-m", "runtime.function_server", "--package", str(package_dir), "--served-model-name", served_name,
+            "--max-open-files", str(MAX_OPEN_FILES)]
+    return args + (["--memory-limit-mb", str(memory_limit_mb)] if memory_limit_mb else [])

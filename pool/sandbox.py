@@ -30,16 +30,18 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
 from pool.cgroups import Cgroups, Limits
 from pool.seccomp import SeccompUnavailable, write_filter
 
 TOOLS = ("bwrap", "setpriv", "prlimit")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf")
-NETWORK_FILES = ("/etc/resolv.conf", "/etc/hosts", "/etc/ssl", "/etc/ca-certificates")
+# the public CA certificates too: an installer checks the bundle its settings name at start
+SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf", "/etc/ssl", "/etc/ca-certificates")
+NETWORK_FILES = ("/etc/resolv.conf", "/etc/hosts")
 SECCOMP_FD = 9                      # sh (dash) redirects single-digit descriptors only
+REPLICA_UIDS_FROM = 1_000_000       # model replicas' uids, above any tenant's (TenantUids)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,14 @@ class SandboxProfile:
 
 
 @dataclass(frozen=True)
+class SandboxedServer:
+    """A sandboxed server as the host starts it, and the unix socket it listens on."""
+    command: list[str]
+    env: dict[str, str]
+    socket: Path
+
+
+@dataclass(frozen=True)
 class Platform:
     """The read-only code every sandboxed Python needs: the interpreter, the platform's
     environment (site-packages, torch) and this checkout's packages a replica imports."""
@@ -70,7 +80,8 @@ class Platform:
     def of_this_interpreter(cls, project_root: Path) -> "Platform":
         roots = {Path(sys.base_prefix), Path(sys.prefix), *map(Path, site.getsitepackages())}
         own = [project_root / name for name in ("runtime", "wire", "kernels")]
-        return cls(_outermost({p.resolve() for p in roots} | set(own)))
+        # by their real paths, and by a link's too (a venv reached through a link to it)
+        return cls(_outermost({p.resolve() for p in roots} | roots | set(own)))
 
 
 class TenantUids:
@@ -94,6 +105,37 @@ class TenantUids:
             return known[tenant_id]
 
 
+class ReplicaUids:
+    """A uid of its own for each model replica process, from `base` on in turn: a warm
+    standby starts before any tenant is known, so its uid cannot be its tenant's. One
+    still held by a running process is passed over, so no two live replicas share one."""
+
+    def __init__(self, path: Path, base: int, span: int = 1 << 16):
+        self.path, self.base, self.span = path, base, span
+
+    def take(self) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            start = int(self.path.read_text() or 0) if self.path.exists() else 0
+            busy = running_uids()
+            turn = next((t for t in range(start, start + self.span) if self.base + t % self.span not in busy), start)
+            self.path.write_text(str(turn + 1))
+            return self.base + turn % self.span
+
+
+def running_uids() -> set[int]:
+    """The real uids of this host's processes."""
+    uids = set()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            line = next(x for x in status.read_text().splitlines() if x.startswith("Uid:"))
+        except (OSError, StopIteration):
+            continue
+        uids.add(int(line.split()[1]))
+    return uids
+
+
 @dataclass
 class Sandbox:
     state_dir: Path                 # the seccomp program and the uid table live here
@@ -109,6 +151,9 @@ class Sandbox:
 
     def uids(self) -> TenantUids:
         return TenantUids(self.state_dir / "tenant-uids.json", self.uid_base)
+
+    def replica_uids(self) -> ReplicaUids:
+        return ReplicaUids(self.state_dir / "replica-uid-turn", self.uid_base + REPLICA_UIDS_FROM)
 
     def check(self) -> Optional[str]:
         """Why no process can be sandboxed on this node, or None; asked once."""
@@ -139,10 +184,17 @@ class Sandbox:
         """argv inside the sandbox, as one command line for the host; `name` (unique while
         the process lives) names its cgroups, which `release(name)` removes."""
         joins = [f"echo $$ > {shlex.quote(str(p))}" for p in self.cgroups.create(name, profile.limits)]
-        inner = [*self._bwrap(profile), "--", *_drop_to(profile.uid), "--", *argv]
+        inner = [*self._bwrap(profile), "--", *_drop_to(profile.uid), "--",
+                 "/usr/bin/env", "--default-signal=TERM", "--", *argv]
         nproc = profile.limits.pids * 4          # per uid where no pids cgroup counts per replica
         launch = shlex.join(["prlimit", f"--nproc={nproc}", "--core=0", "--", *inner])
-        script = " && ".join([*joins, f"exec {launch} {SECCOMP_FD}< {shlex.quote(str(self.seccomp_path))}"])
+        # sh stays bwrap's parent, and bwrap dies with it (--die-with-parent), its sandbox
+        # with bwrap: a SIGKILL to the PID the pool knows ends it all, while the pool's own
+        # death ends nothing (a replica outlives its control plane, to be adopted). sh and
+        # bwrap ignore the SIGTERM a stop sends the group; the command (env resets it) gets
+        # it and stops gracefully.
+        script = " && ".join([*joins, "trap '' TERM",
+                              f"{launch} {SECCOMP_FD}< {shlex.quote(str(self.seccomp_path))}"])
         return ["/bin/sh", "-c", script]
 
     def release(self, name: str) -> None:
@@ -195,6 +247,31 @@ def _open_parents(targets: Sequence[Path]) -> list[str]:
 def _drop_to(uid: int) -> list[str]:
     return ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
             "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+
+
+def replica_folder(folder: Path, uid: int, secret: str, secret_name: str) -> None:
+    """A sandboxed server's own folder, afresh: its uid's alone (0700), holding the secret
+    file (0400) the server reads and, later, the unix socket it listens on."""
+    shutil.rmtree(folder, ignore_errors=True)
+    own_folder(folder, uid, 0o700)
+    secret_file = folder / secret_name
+    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+    with os.fdopen(fd, "w") as out:
+        out.write(secret)
+    os.chown(secret_file, uid, uid)
+
+
+def files_under(folder: Path) -> Iterator[Path]:
+    """Every file below `folder` (links too, not followed into folders), in order."""
+    for root, _, names in os.walk(folder):
+        for name in sorted(names):
+            yield Path(root) / name
+
+
+def own_folder(folder: Path, uid: int, mode: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chown(folder, uid, uid)
+    os.chmod(folder, mode)
 
 
 def sandbox_env(environ: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:

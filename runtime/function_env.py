@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from runtime.function_package import MANIFEST, FunctionPackage, parse_manifest
+from wire.socket_forward import SocketForward
 
 PLATFORM_PTH = "_thawpool_platform.pth"
 INSTALL_TIMEOUT_S = 900
@@ -114,11 +115,26 @@ def _run(command: list[str], what: str) -> None:
         raise EnvBuildFailed(f"{what} failed ({done.returncode}): {' | '.join(tail)}")
 
 
+def through_egress(socket: Path) -> str:
+    """The installer's HTTP proxy: a loopback port carried to the pool's egress proxy
+    (pool/egress.py), the sandbox's only way out, which opens the index's hosts only."""
+    proxy = f"http://127.0.0.1:{SocketForward('127.0.0.1', socket).start()}"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        os.environ[name] = proxy
+    for name in ("NO_PROXY", "no_proxy"):
+        os.environ.pop(name, None)
+    return proxy
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m runtime.function_env")
     p.add_argument("--package", required=True, type=Path)
     p.add_argument("--root", required=True, type=Path)
+    p.add_argument("--egress-socket", type=Path, default=None,
+                   help="reach the package index through this proxy socket only (a sandboxed build)")
     args = p.parse_args(argv)
+    if args.egress_socket is not None:
+        through_egress(args.egress_socket)
     try:
         env = prepare(args.package, args.root)
     except (EnvBuildFailed, ValueError, OSError) as exc:

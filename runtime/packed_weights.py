@@ -92,7 +92,10 @@ class PackedWeightCache:
         base = _address(mapping)
         layers = [layer_type(**{name: _rebuild(entry, mapping, base) for name, entry in fields.items()})
                   for fields in header["layers"]]
-        os.utime(path)                     # recently used: the last to be evicted
+        try:
+            os.utime(path)                 # recently used: the last to be evicted
+        except PermissionError:            # a sandbox's read-only link: the pool keeps the order
+            pass
         return MappedLayers(layers, mapping, nbytes)
 
     def store(self, key: str, layers: Sequence[Any]) -> int:

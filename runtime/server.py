@@ -63,6 +63,7 @@ ENGINE_PROCESS_ENV = "THAWPOOL_ENGINE_PROCESS"
 class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8000
+    uds: Optional[str] = None      # a unix socket in place of host and port (sandboxed: no network)
     model: Optional[str] = None
     served_model_name: Optional[str] = None
     standby: bool = False
@@ -108,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m runtime.server", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--uds", default=None, help="listen on this unix socket instead of --host/--port")
     parser.add_argument("--model", help="model folder (config.json, safetensors, tokenizer)")
     parser.add_argument("--served-model-name", help="name clients pass as `model`")
     parser.add_argument("--log-level", default="warning",
@@ -140,7 +142,7 @@ def parse_settings(argv: Optional[Sequence[str]] = None,
     engine_process = args.engine_process
     if engine_process is None:
         engine_process = env.get(ENGINE_PROCESS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-    return ServerSettings(host=args.host, port=args.port, model=args.model,
+    return ServerSettings(host=args.host, port=args.port, uds=args.uds, model=args.model,
                           served_model_name=args.served_model_name, standby=args.standby,
                           log_level=args.log_level, engine_kwargs=engine_kwargs, secret=secret,
                           engine_process=engine_process)
@@ -406,7 +408,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     # The engine thread holds the GIL between torch ops; at the default 5 ms switch
     # interval the event loop waits that long to send each SSE chunk.
     sys.setswitchinterval(0.001)
-    uvicorn.run(build_app(settings), host=settings.host, port=settings.port,
+    uvicorn.run(build_app(settings), host=settings.host, port=settings.port, uds=settings.uds,
                 log_level=settings.log_level, timeout_graceful_shutdown=5,
                 timeout_keep_alive=REPLICA_KEEPALIVE_S,
                 access_log=settings.log_level in ("info", "debug"))

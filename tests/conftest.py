@@ -69,3 +69,7 @@ def model_factory(tmp_path_factory):
 def tiny_model(model_factory) -> Path:
     """The default tiny Llama (GQA 4:2, 2 layers, vocab 512), fp32."""
     return model_factory(arch="llama")
+
+
+# the session's loopback Ray cluster, one for every folder that needs one
+from tests.support.ray_cluster import cluster, ray_cluster  # noqa: E402,F401

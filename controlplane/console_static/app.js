@@ -393,5 +393,17 @@ function keysTable(keys, redraw) {
 }
 
 document.getElementById("sign-out").addEventListener("click", signOut);
+// Whether tenants' code runs in the sandbox, as /readyz says (no key needed): an operator
+// who turned it off (THAWPOOL_SANDBOX=off) sees it on every page.
+async function showSandbox() {
+  const badge = document.getElementById("sandbox");
+  try {
+    const mode = (await (await fetch("/readyz")).json()).sandbox;
+    badge.textContent = mode === "off" ? "sandbox OFF: tenants' code runs unconfined" : "sandbox: " + mode;
+    badge.classList.toggle("off", mode === "off");
+  } catch (e) { badge.textContent = "sandbox: unknown"; }
+}
+
 window.addEventListener("hashchange", route);
+showSandbox();
 route();

@@ -3,7 +3,10 @@
 The shared object is built with the system C compiler (`cc`, else `gcc`) for this
 very CPU (-march=native) and cached under the temp dir, keyed by the source, the
 flags and the CPU, so a machine compiles each kernel once (about a second) and
-every later process just loads it. Concurrent builders each write a private file
+every later process just loads it. A sandboxed replica has a private temp dir, so
+the pool builds every kernel once (`prebuild`, `python -m kernels.cpu.build DIR`)
+into a folder it binds read-only into each sandbox and names in KERNELS_DIR_ENV;
+a library found there is loaded, any other is built as before. Concurrent builders each write a private file
 and rename it into place, so a half-written library is never loaded.
 
 Load after torch is imported: the library links libgomp by soname, and the
@@ -32,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 # CPU to flush subnormals to zero for the whole process (crtfastmath.o) as it loads.
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11")
 LINK_FLAGS = ("-shared", "-fopenmp")
+KERNELS_DIR_ENV = "THAWPOOL_KERNELS_DIR"      # kernels built ahead, read-only
 
 
 class NativeUnavailable(RuntimeError):
@@ -50,16 +54,35 @@ def load(name: str) -> ctypes.CDLL:
     cc = compiler()
     if cc is None:
         raise NativeUnavailable("no C compiler (cc or gcc) on PATH")
-    try:
-        target = _cache_dir() / f"{name}-{_build_key(source, cc)}.so"
-    except OSError as exc:
-        raise NativeUnavailable(f"no cache folder for the built kernels: {exc}") from exc
+    built = f"{name}-{_build_key(source, cc)}.so"
+    ahead = os.environ.get(KERNELS_DIR_ENV)
+    target = Path(ahead) / built if ahead else None
+    if target is None or not target.exists():
+        try:
+            target = _cache_dir() / built
+        except OSError as exc:
+            raise NativeUnavailable(f"no cache folder for the built kernels: {exc}") from exc
     if not target.exists():
         _compile(cc, source, target)
     try:
         return ctypes.CDLL(str(target))
     except OSError as exc:
         raise NativeUnavailable(f"{target}: {exc}") from exc
+
+
+def prebuild(folder: Path) -> list[Path]:
+    """Every kernel of this folder built into `folder` (what KERNELS_DIR_ENV names)."""
+    cc = compiler()
+    if cc is None:
+        raise NativeUnavailable("no C compiler (cc or gcc) on PATH")
+    folder.mkdir(parents=True, exist_ok=True)
+    built = []
+    for source in sorted(HERE.glob("*.c")):
+        target = folder / f"{source.stem}-{_build_key(source, cc)}.so"
+        if not target.exists():
+            _compile(cc, source, target)
+        built.append(target)
+    return built
 
 
 def function(name: str, symbol: str, argtypes: list, restype=None) -> ctypes._CFuncPtr:
@@ -113,3 +136,10 @@ def _run(cmd: list[str]) -> None:
         raise NativeUnavailable(f"{' '.join(cmd)}: {exc}") from exc
     if done.returncode != 0:
         raise NativeUnavailable(f"{' '.join(cmd)} failed: {done.stderr.strip()[-2000:]}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    for path in prebuild(Path(sys.argv[1])):
+        print(path)

@@ -27,24 +27,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import uuid
 import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import httpx
 
 from pool.adoption import Registration, record_for
-from pool.api import RevisionSpec
+from pool.api import ColdStartFailed, RevisionSpec
 from pool.backends.base import ReplicaHandle, Survivor
 from pool import function_env
 from pool.backends.local_state import ProcessEntry, ProcessRegistry
-from pool.backends.runtime_args import (SECRET_ENV, SECRET_FILE_ENV, auth_headers, engine_flags, engine_for,
+from pool.backends.runtime_args import (auth_headers, engine_flags, engine_for,
                                         new_secret, runtime_env)
-from pool.function_sandbox import (PACKAGE, REPLICA, SECRET, SOCKET, VENV, FunctionSandboxes, cuda_devices,
-                                   server_name)
-from pool.sandbox import sandbox_env
+from pool.function_sandbox import FunctionSandboxes, gpu_indices
+from pool.model_sandbox import MODEL, ModelSandboxes
 from wire.replica_address import address_of, unix_base_url
 from pool.inventory import Slot, discover_slots
 from pool.processes import RuntimeProcess, free_port
@@ -84,9 +84,10 @@ class LocalReplica:
 @dataclass
 class WarmProcess:
     process: RuntimeProcess
-    port: int
+    base_url: str
     ready: asyncio.Future[bool]      # True once /health says standby
     secret: str = field(repr=False)
+    sandbox: Optional[str] = None    # its sandbox's name (pool/model_sandbox.py); None: unconfined
 
 
 class LocalBackend:
@@ -104,6 +105,9 @@ class LocalBackend:
         self._closed = False
         self._state = ProcessRegistry(settings.replica_state_dir / "local")
         self.sandboxes = FunctionSandboxes.from_settings(settings)
+        self.models = ModelSandboxes(self.sandboxes.sandbox, settings) if self.sandboxes else None
+        self._sandbox_of: dict[str, str] = {}              # replica id -> its model sandbox's name
+        self._kernels: Optional[asyncio.Future[None]] = None
         self._left_behind: list[ProcessEntry] = []        # what an earlier pool registered
         # last resort if close() never ran (a crashed test, interpreter exit): SIGKILL by PID
         self._finalizer = weakref.finalize(self, _kill_all, self._all)
@@ -113,6 +117,10 @@ class LocalBackend:
     async def start(self) -> None:
         self._state.lock()
         self._left_behind = self._state.entries()
+        if self.models is not None:
+            env = {**os.environ, **runtime_env(None, "")}
+            self._kernels = asyncio.ensure_future(
+                asyncio.to_thread(self.models.prebuild_kernels, self.settings.runtime_python, env))
         self.refill()
 
     async def close(self) -> None:
@@ -129,6 +137,10 @@ class LocalBackend:
             self._state.remove(pid)
         for replica_id in self._replicas:
             self._unsandbox(replica_id)
+        for warm in self._warm:
+            self._unsandbox_standby(warm)
+        if self._kernels is not None:
+            await asyncio.gather(self._kernels, return_exceptions=True)
         self._warm.clear()
         self._all.clear()
         self._replicas.clear()
@@ -168,7 +180,9 @@ class LocalBackend:
             return replica
         engine = engine_for(spec, slots, self.settings.kv_cache_tokens_default, isolated=False,
                             packed=(self.settings.packed_dir, self.settings.packed_cache_gb))
-        warm = None if needs_own_process(slots) else await self._take_warm()
+        # a sandboxed standby sees no GPU: a CUDA replica in a sandbox starts directly
+        direct = needs_own_process(slots) or (self.models is not None and any(s.kind == "cuda" for s in slots))
+        warm = None if direct else await self._take_warm()
         if warm is None:
             replica = self._start_direct(spec, slots, model_dir, engine, replica_id)
         else:
@@ -192,25 +206,59 @@ class LocalBackend:
 
     async def _load_into(self, warm: WarmProcess, model_dir: Path, spec: RevisionSpec,
                          engine: dict[str, Any], replica_id: str) -> LocalReplica:
-        base_url = f"http://{self.settings.host}:{warm.port}"
-        body = {"model": str(model_dir), "served_model_name": spec.revision_id, "engine": engine}
+        base_url, model = warm.base_url, str(model_dir)
+        if warm.sandbox is not None:
+            assert self.models is not None
+            engine = self.models.place(warm.sandbox, model_dir, spec.tenant_id, self._memory_mb(spec, []), engine)
+            self._sandbox_of[replica_id], model = warm.sandbox, str(MODEL)
+        body = {"model": model, "served_model_name": spec.revision_id, "engine": engine}
         try:
             resp = await self.http.post(f"{base_url}/admin/load", json=body, headers=auth_headers(warm.secret))
         except httpx.HTTPError as exc:
-            await self._discard(warm.process)
+            await self._discard_standby(warm)
             raise RuntimeError(f"warm runtime did not take the load command: {exc!r}") from exc
         if resp.status_code != 202:
-            await self._discard(warm.process)
+            await self._discard_standby(warm)
             raise RuntimeError(f"warm runtime refused the load command: {resp.status_code} {resp.text[:300]}")
         return LocalReplica(replica_id, base_url, warm.process, warm=True, secret=warm.secret)
 
     def _start_direct(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Path,
                       engine: dict[str, Any], replica_id: str) -> LocalReplica:
+        if self.models is not None:
+            return self._start_model_sandboxed(spec, slots, model_dir, engine, replica_id)
         port, secret = free_port(self.settings.host), new_secret()
         args = [*self._server_args(port), "--model", str(model_dir),
                 "--served-model-name", spec.revision_id, *engine_flags(engine)]
         proc = self._spawn(args, f"replica-{replica_id}", slots, secret, port)
         return LocalReplica(replica_id, f"http://{self.settings.host}:{port}", proc, warm=False, secret=secret)
+
+    def _start_model_sandboxed(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Path,
+                               engine: dict[str, Any], replica_id: str) -> LocalReplica:
+        """runtime.server with its model in a sandbox of its own (pool/model_sandbox.py)."""
+        models = self.models
+        assert models is not None
+        name, secret, memory = f"model-{replica_id}", new_secret(), self._memory_mb(spec, slots)
+        proc, base_url = self._spawn_model_sandbox(name, secret, memory, slots, lambda: [
+            "--model", str(MODEL), "--served-model-name", spec.revision_id,
+            *engine_flags(models.place(name, model_dir, spec.tenant_id, None, engine))])
+        self._sandbox_of[replica_id] = name
+        return LocalReplica(replica_id, base_url, proc, warm=False, secret=secret)
+
+    def _spawn_model_sandbox(self, name: str, secret: str, memory_mb: Optional[int], slots: Sequence[Slot],
+                             args: Callable[[], list[str]]) -> tuple[RuntimeProcess, str]:
+        """runtime.server in the sandbox `name` (ModelSandboxes.server)."""
+        assert self.models is not None
+        gpus = gpu_indices(slots)
+        env = runtime_env(self.settings.runtime_threads, secret)
+        if len(gpus) > 1:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
+        server = self.models.server(name, self.settings.runtime_python, env, memory_mb, gpus, args)
+        proc = self._spawn(server.command, name, slots, secret, 0, server.env)
+        return proc, unix_base_url(str(server.socket))
+
+    def _memory_mb(self, spec: RevisionSpec, slots: Sequence[Slot]) -> Optional[int]:
+        on_cuda = any(s.kind == "cuda" for s in slots)
+        return function_env.memory_limit_mb(spec.gpu_memory_gb, len(slots), on_cuda=on_cuda)
 
     def _start_function(self, spec: RevisionSpec, slots: Sequence[Slot], package_dir: Path,
                         replica_id: str) -> LocalReplica:
@@ -232,24 +280,20 @@ class LocalBackend:
                          python: str, limit: Optional[int], secret: str, cuda: list[int]) -> LocalReplica:
         """The same server as the tenant's uid, on a unix socket, its secret in a file."""
         assert self.sandboxes is not None
-        uid = self.sandboxes.uid(spec.tenant_id)
-        profile = self.sandboxes.server_profile(uid, replica_id, package_dir, python, secret, limit,
-                                                cuda_devices(slots))
-        args = [str(VENV / "bin" / "python"), *function_env.function_server_args(PACKAGE, spec.revision_id, limit),
-                "--uds", str(REPLICA / SOCKET)]
-        runtime = runtime_env(self.settings.runtime_threads, secret)
-        del runtime[SECRET_ENV]
-        runtime[SECRET_FILE_ENV] = str(REPLICA / SECRET)
-        env = sandbox_env(os.environ, function_env.server_env({}, runtime, cuda))
-        command = self.sandboxes.sandbox.command(server_name(replica_id), profile, args)
-        proc = self._spawn(command, f"function-{replica_id}", slots, secret, 0, env)
-        base_url = unix_base_url(str(self.sandboxes.socket_path(replica_id)))
-        return LocalReplica(replica_id, base_url, proc, warm=False, secret=secret)
+        env = function_env.server_env({}, runtime_env(self.settings.runtime_threads, secret), cuda)
+        server = self.sandboxes.server(spec.tenant_id, replica_id, package_dir, python, spec.revision_id, limit,
+                                       env, cuda)
+        proc = self._spawn(server.command, f"function-{replica_id}", slots, secret, 0, server.env)
+        return LocalReplica(replica_id, unix_base_url(str(server.socket)), proc, warm=False, secret=secret)
 
     async def _discard(self, proc: RuntimeProcess) -> None:
         await proc.stop(self.settings.stop_timeout_s)
         self._all.pop(proc.pid, None)
         self._state.remove(proc.pid)
+
+    async def _discard_standby(self, warm: WarmProcess) -> None:
+        await self._discard(warm.process)
+        self._unsandbox_standby(warm)
 
     def forget(self, handle: ReplicaHandle) -> None:
         replica = self._replicas.pop(handle.replica_id, None)
@@ -259,9 +303,16 @@ class LocalBackend:
         self._unsandbox(handle.replica_id)
 
     def _unsandbox(self, replica_id: str) -> None:
-        """A stopped replica's sandbox folder and cgroups (none for a model replica)."""
-        if self.sandboxes is not None:
+        """A stopped replica's sandbox folder and cgroups."""
+        model = self._sandbox_of.pop(replica_id, None)
+        if model is not None and self.models is not None:
+            self.models.remove(model)
+        elif self.sandboxes is not None:
             self.sandboxes.remove(replica_id)
+
+    def _unsandbox_standby(self, warm: WarmProcess) -> None:
+        if warm.sandbox is not None and self.models is not None:
+            self.models.remove(warm.sandbox)
 
     # -- what an earlier pool left -----------------------------------------
 
@@ -273,15 +324,33 @@ class LocalBackend:
             if entry.replica is None or not process.is_alive():
                 await self._discard(process)          # a standby serves nobody: stopped; a dead one: unregistered
                 if entry.replica is not None:
+                    self._adopt_sandbox(entry.replica)
                     self._unsandbox(entry.replica.replica_id)
                     survivors.append(Survivor(entry.replica, None))
                 continue
             replica = LocalReplica(entry.replica.replica_id, entry.replica.base_url, process, warm=False,
                                    secret=entry.replica.secret)
+            self._adopt_sandbox(replica)
             self._all[process.pid] = process
             self._replicas[replica.replica_id] = replica
             survivors.append(Survivor(entry.replica, replica))
+        self._sweep_sandboxes()
         return survivors
+
+    def _sweep_sandboxes(self) -> None:
+        """Model sandboxes no process of ours holds any more (an earlier pool's standbys)."""
+        if self.models is None or not self.models.root.is_dir():
+            return
+        held = {*self._sandbox_of.values(), *(w.sandbox for w in self._warm)}
+        for folder in self.models.root.iterdir():
+            if folder.name not in held:
+                self.models.remove(folder.name)
+
+    def _adopt_sandbox(self, replica: Any) -> None:
+        """An earlier pool's model sandbox, by its socket's folder (models/<name>/run)."""
+        socket = address_of(replica.base_url).socket
+        if socket and self.models is not None and Path(socket).parent.parent.parent == self.models.root:
+            self._sandbox_of[replica.replica_id] = Path(socket).parent.parent.name
 
     # -- warm pool ---------------------------------------------------------
 
@@ -297,10 +366,10 @@ class LocalBackend:
             await asyncio.wait_for(asyncio.shield(warm.ready), self.settings.load_timeout_s)
             return warm
         except asyncio.CancelledError:
-            await self._discard(warm.process)
+            await self._discard_standby(warm)
             raise
         except Exception:  # noqa: BLE001 - a standby that never came up: start directly
-            await self._discard(warm.process)
+            await self._discard_standby(warm)
             return None
 
     def refill(self) -> None:
@@ -311,15 +380,27 @@ class LocalBackend:
     async def _refill(self) -> None:
         self._warm = [w for w in self._warm if w.process.is_alive() and not _failed(w.ready)]
         while not self._closed and len(self._warm) < self.settings.warm_pool_size:
-            port, secret = free_port(self.settings.host), new_secret()
-            proc = self._spawn([*self._server_args(port), "--standby"], f"standby-{port}", [], secret, port)
-            warm = WarmProcess(proc, port, asyncio.get_running_loop().create_future(), secret)
+            try:
+                warm = self._spawn_standby()
+            except ColdStartFailed as exc:          # no sandbox here: cold starts say why
+                log.warning("no standby: %s", exc)
+                return
             self._warm.append(warm)
             if not await self._watch_standby(warm):
                 return                       # broken runtime: retry at the next refill
 
+    def _spawn_standby(self) -> WarmProcess:
+        secret, ready = new_secret(), asyncio.get_running_loop().create_future()
+        if self.models is not None:
+            name = f"standby-{uuid.uuid4().hex[:12]}"
+            proc, base_url = self._spawn_model_sandbox(name, secret, None, [], lambda: ["--standby"])
+            return WarmProcess(proc, base_url, ready, secret, sandbox=name)
+        port = free_port(self.settings.host)
+        proc = self._spawn([*self._server_args(port), "--standby"], f"standby-{port}", [], secret, port)
+        return WarmProcess(proc, f"http://{self.settings.host}:{port}", ready, secret)
+
     async def _watch_standby(self, warm: WarmProcess) -> bool:
-        url = f"http://{self.settings.host}:{warm.port}/health"
+        url = f"{warm.base_url}/health"
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.load_timeout_s
         while loop.time() < deadline and warm.process.is_alive():
@@ -334,7 +415,7 @@ class LocalBackend:
             await asyncio.sleep(self.settings.health_poll_s * 2)
         if not warm.ready.done():
             warm.ready.set_exception(RuntimeError(f"standby runtime did not come up: {warm.process.log_tail()}"))
-        await self._discard(warm.process)
+        await self._discard_standby(warm)
         return False
 
     # -- processes ---------------------------------------------------------

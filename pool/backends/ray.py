@@ -47,9 +47,11 @@ from pool import function_env
 from pool.adoption import Registration, ReplicaRecord, record_for
 from pool.api import ColdStartFailed, Pins, RevisionSpec
 from pool.backends.base import ReplicaHandle, Survivor
-from pool.backends.ray_actor import Child, ReplicaActor, cache_entries, node_cache_dir
+from pool.backends.ray_actor import (Child, ReplicaActor, SandboxedFunction, SandboxedModel, cache_entries,
+                                     node_cache_dir)
 from pool.backends.runtime_args import (auth_headers, draft_model_uri, engine_flags, engine_for, new_secret,
                                         runtime_env, with_draft_folder)
+from pool.function_sandbox import function_server_args
 from pool.inventory import Slot
 from pool.settings import GB, PoolSettings
 
@@ -190,6 +192,7 @@ class RayBackend:
         local = str(model_dir) if model_dir is not None else None
         folder = await self._await(actor.model_folder.remote(local, spec.model_uri, s, dict(spec.pins)),
                                    s.pull_timeout_s, "placing the replica or pulling its weights")
+        child: Child | SandboxedModel | SandboxedFunction
         if spec.kind == "function":
             child, env_s = await self._function_child(actor, spec, slots, folder)
         else:
@@ -201,29 +204,36 @@ class RayBackend:
         return RayReplica(replica_id, where["base_url"], where["node_id"], tuple(where["gpu_ids"]),
                           where["child_pid"], actor, secret, group, env_s=env_s)
 
-    async def _model_child(self, actor: Any, spec: RevisionSpec, slots: Sequence[Slot], folder: str) -> Child:
-        """runtime.server on the node's interpreter, with the engine the slots imply."""
+    async def _model_child(self, actor: Any, spec: RevisionSpec, slots: Sequence[Slot],
+                           folder: str) -> Child | SandboxedModel:
+        """runtime.server on the node's interpreter, with the engine the slots imply, in its
+        sandbox on the node unless the operator turned that off."""
         engine = engine_for(spec, slots, self.settings.kv_cache_tokens_default, isolated=True)
         engine = await self._pull_draft(actor, engine, spec.pins)
+        if self.settings.sandbox != "off":
+            return SandboxedModel(self.settings, spec.tenant_id, folder, spec.revision_id, engine,
+                                  memory_limit(spec, slots))
         return Child(("-m", "runtime.server", "--model", folder, "--served-model-name", spec.revision_id,
                       *engine_flags(engine)))
 
     async def _function_child(self, actor: Any, spec: RevisionSpec, slots: Sequence[Slot],
-                              package_dir: str) -> tuple[Child, float]:
+                              package_dir: str) -> tuple[Child | SandboxedFunction, float]:
         """runtime.function_server in the package's venv on the node, with the local backend's
-        limits and clean environment; and the seconds the venv took."""
-        env = await self._function_env(actor, package_dir)
-        on_cuda = any(slot.kind == "cuda" for slot in slots)
-        limit = function_env.memory_limit_mb(spec.gpu_memory_gb, len(slots), on_cuda=on_cuda)
-        args = function_env.function_server_args(Path(package_dir), spec.revision_id, limit)
+        limits, clean environment and sandbox; and the seconds the venv took."""
+        env = await self._function_env(actor, package_dir, spec.tenant_id)
+        limit = memory_limit(spec, slots)
+        if self.settings.sandbox != "off":
+            return SandboxedFunction(self.settings, spec.tenant_id, package_dir, env.python, spec.revision_id,
+                                     limit), env.seconds
+        args = function_server_args(Path(package_dir), spec.revision_id, limit)
         return Child(tuple(args), python=env.python, clean_env=True), env.seconds
 
-    async def _function_env(self, actor: Any, package_dir: str) -> function_env.FunctionEnv:
+    async def _function_env(self, actor: Any, package_dir: str, tenant_id: str) -> function_env.FunctionEnv:
         """The package's venv on the actor's node, built or found in its cache (the same stage
         and timeout as the local backend's). A build cut short is stopped there first: pip's
         own children would outlive the actor."""
         try:
-            answer = await self._await(actor.function_env.remote(package_dir, str(self.settings.cache_dir)),
+            answer = await self._await(actor.function_env.remote(package_dir, self.settings, tenant_id),
                                        self.settings.pull_timeout_s, "building the function's environment")
         except BaseException:
             await stop_children(actor, self.settings.stop_timeout_s)
@@ -445,6 +455,11 @@ def release(actor: Any, group: Optional[PlacementGroup]) -> None:
             remove_placement_group(group)
         except RayError:
             pass
+
+
+def memory_limit(spec: RevisionSpec, slots: Sequence[Slot]) -> Optional[int]:
+    on_cuda = any(slot.kind == "cuda" for slot in slots)
+    return function_env.memory_limit_mb(spec.gpu_memory_gb, len(slots), on_cuda=on_cuda)
 
 
 def short_error(exc: BaseException) -> str:

@@ -26,12 +26,17 @@ import sys
 from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from pool import function_env
 from pool.api import Pins
+from pool.backends.runtime_args import engine_flags
+from wire.socket_forward import SocketForward
+from pool.function_sandbox import FunctionSandboxes
+from pool.model_sandbox import MODEL, ModelSandboxes
 from pool.model_info import FUNCTION_MANIFEST
 from pool.processes import free_port
+from pool.sandbox import SandboxedServer
 from pool.settings import PoolSettings
 
 PR_SET_PDEATHSIG = 1
@@ -54,12 +59,75 @@ class Child:
     clean_env: bool = False
 
 
+@dataclass(frozen=True)
+class SandboxedModel:
+    """runtime.server for a model, in its sandbox on the node (pool/model_sandbox.py)."""
+    settings: PoolSettings               # the pool's: the node's own cache replaces its cache_dir
+    tenant_id: str
+    model_dir: str
+    served_name: str
+    engine: dict[str, Any]
+    memory_mb: Optional[int]
+
+    def server(self, replica_id: str, env: Mapping[str, str], gpus: Sequence[str]) -> SandboxedServer:
+        """`env`: what an unconfined child gets added; `gpus`: the actor's visible GPUs."""
+        models, name = self._sandboxes(), f"model-{replica_id}"
+        if not models.kernels_dir.is_dir():          # once per node: a sandbox's /tmp is its own
+            models.prebuild_kernels(sys.executable, {**os.environ, "PYTHONPATH": env.get("PYTHONPATH", "")})
+        added = {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else dict(env)
+        return models.server(name, sys.executable, added, self.memory_mb, _indices(gpus), lambda: [
+            "--model", str(MODEL), "--served-model-name", self.served_name,
+            *engine_flags(models.place(name, Path(self.model_dir), self.tenant_id, None, self.engine))])
+
+    def remove(self, replica_id: str) -> None:
+        self._sandboxes().remove(f"model-{replica_id}")
+
+    def _sandboxes(self) -> ModelSandboxes:
+        node = node_settings(self.settings)
+        functions = FunctionSandboxes.from_settings(node)
+        assert functions is not None, "a sandboxed child where the sandbox is off"
+        return ModelSandboxes(functions.sandbox, node)
+
+
+@dataclass(frozen=True)
+class SandboxedFunction:
+    """runtime.function_server in its venv, in its tenant's sandbox on the node
+    (pool/function_sandbox.py)."""
+    settings: PoolSettings
+    tenant_id: str
+    package_dir: str
+    python: str                          # the venv's interpreter, as the node built it
+    served_name: str
+    memory_mb: Optional[int]
+
+    def server(self, replica_id: str, env: Mapping[str, str], gpus: Sequence[str]) -> SandboxedServer:
+        sandboxes = self._sandboxes()
+        return sandboxes.server(self.tenant_id, replica_id, Path(self.package_dir), self.python, self.served_name,
+                                self.memory_mb, function_env.server_env({}, env, gpus), _indices(gpus))
+
+    def remove(self, replica_id: str) -> None:
+        self._sandboxes().remove(replica_id)
+
+    def _sandboxes(self) -> FunctionSandboxes:
+        sandboxes = FunctionSandboxes.from_settings(node_settings(self.settings))
+        assert sandboxes is not None, "a sandboxed child where the sandbox is off"
+        return sandboxes
+
+
+def _indices(gpus: Sequence[str]) -> list[int]:
+    return [int(g) for g in gpus if g.isdigit()]
+
+
+def visible_gpus(environ: Mapping[str, str]) -> list[str]:
+    """The GPUs Ray gave the actor (CUDA_VISIBLE_DEVICES)."""
+    return [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+
+
 def child_environ(child: Child, environ: Mapping[str, str], added: Mapping[str, str]) -> dict[str, str]:
     """The child's whole environment, from the actor's (environ) and the pool's (added)."""
     if not child.clean_env:
         return {**environ, **added}
-    visible = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
-    return function_env.server_env(environ, added, visible)
+    return function_env.server_env(environ, added, visible_gpus(environ))
 
 
 def die_with_parent() -> None:
@@ -100,6 +168,8 @@ class ReplicaActor:
         self.installer: Optional[subprocess.Popen[bytes]] = None   # a function's venv build
         self.where: dict[str, Any] = {}          # what launch() answered
         self.record: Optional[dict[str, Any]] = None   # pool.adoption.ReplicaRecord.to_json()
+        self.sandboxed: Optional[SandboxedModel | SandboxedFunction] = None
+        self.forward: Optional[SocketForward] = None    # the node's port to a sandboxed child's socket
 
     # -- where am I --------------------------------------------------------
 
@@ -127,36 +197,54 @@ class ReplicaActor:
 
     # -- a function's venv -------------------------------------------------
 
-    def function_env(self, package_dir: str, default_cache_dir: str) -> tuple[Optional[int], bytes, bytes]:
+    def function_env(self, package_dir: str, settings: PoolSettings,
+                     tenant_id: str) -> tuple[Optional[int], bytes, bytes]:
         """Build (or find) the package's venv under this node's cache with this node's
-        interpreter, in a child of its own session: pip may run a dependency's build code,
-        never in the actor. Answers the installer's exit code and output, which the pool
-        reads (pool.function_env.built_env); stop() ends a build still running."""
-        command = function_env.builder_command(sys.executable, Path(package_dir),
-                                               node_cache_dir(Path(default_cache_dir)) / "function-envs")
-        self.installer = subprocess.Popen(
-            command, env=function_env.builder_env(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
-        out, err = self.installer.communicate()
+        interpreter, in the tenant's sandbox as on the local backend (unless the operator
+        turned it off), in a child of its own session: pip may run a dependency's build
+        code, never in the actor. Answers the installer's exit code and output, which the
+        pool reads (pool.function_env.built_env); stop() ends a build still running."""
+        node = node_settings(settings)
+        build = function_env.Build.of(node, sys.executable, Path(package_dir), FunctionSandboxes.from_settings(node),
+                                      tenant_id, f"build-{self.replica_id}")
+        try:
+            self.installer = subprocess.Popen(
+                build.command, env=build.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+            out, err = self.installer.communicate()
+        finally:
+            build.close()
         return self.installer.returncode, out, err
 
     # -- the runtime process -----------------------------------------------
 
-    def launch(self, child: Child, env: Mapping[str, str], bind_host: str,
+    def launch(self, child: Child | SandboxedModel | SandboxedFunction, env: Mapping[str, str], bind_host: str,
                advertise_host: Optional[str]) -> dict[str, Any]:
-        """Start `<python> args --host --port`; returns the base_url and where it runs."""
-        port = free_port(bind_host)
-        command = [child.python or sys.executable, *child.args, "--host", bind_host, "--port", str(port)]
+        """Start the child on a port of this node (`<python> args --host --port`, or a
+        sandboxed server on its unix socket, which a SocketForward carries the port to);
+        returns the base_url and where it runs."""
+        if isinstance(child, Child):
+            port = free_port(bind_host)
+            command = [child.python or sys.executable, *child.args, "--host", bind_host, "--port", str(port)]
+            process = self._spawn(command, child_environ(child, os.environ, env))
+        else:
+            server = child.server(self.replica_id, env, visible_gpus(os.environ))
+            self.sandboxed = child
+            process = self._spawn(server.command, server.env)
+            self.forward = SocketForward(bind_host, server.socket)
+            port = self.forward.start()
+        where = self.node()
+        host = advertise_host or (where["ip"] if bind_host == "0.0.0.0" else bind_host)
+        self.where = {**where, "base_url": f"http://{host}:{port}", "child_pid": process.pid}
+        return self.where
+
+    def _spawn(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                command, env=child_environ(child, os.environ, env),
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, preexec_fn=die_with_parent)
-        where = self.node()
-        host = advertise_host or (where["ip"] if bind_host == "0.0.0.0" else bind_host)
-        self.where = {**where, "base_url": f"http://{host}:{port}", "child_pid": self.process.pid}
-        return self.where
+        return self.process
 
     def remember(self, record: dict[str, Any]) -> None:
         self.record = record
@@ -194,6 +282,10 @@ class ReplicaActor:
         for child in (self.installer, self.process):
             if child is not None:
                 stop_group(child, timeout_s)
+        if self.forward is not None:
+            self.forward.close()
+        if self.sandboxed is not None and self.returncode() is not None:
+            self.sandboxed.remove(self.replica_id)
         return self.returncode()
 
 

@@ -155,3 +155,15 @@ def test_the_admin_page_lists_tenants_and_shows_a_new_key_once(browser, stack, w
 def _wait_for_usage(client: httpx.Client) -> None:
     """The usage writer batches: the world's request is in the report once written."""
     until(lambda: client.get("/v1/billing/report").json()["totals"]["requests"] >= 1)
+
+
+def test_the_header_says_whether_tenants_code_runs_in_the_sandbox(browser, stack, world):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    mode = httpx.get(f"{stack.base_url}/readyz", timeout=10).json()["sandbox"]
+    sign_in(browser, stack.base_url, world.viewer.key)
+    badge = browser.find_element(By.ID, "sandbox")
+    WebDriverWait(browser, 10).until(lambda _: badge.text)
+    assert badge.text == ("sandbox OFF: tenants' code runs unconfined" if mode == "off" else f"sandbox: {mode}")
+    assert mode == "bwrap" and "off" not in badge.get_attribute("class"), "this stack runs the sandbox"

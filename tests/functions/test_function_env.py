@@ -8,6 +8,7 @@ from pool.api import ColdStartFailed
 from pool.function_env import build_env, installer_env, plain_env, server_env
 from pool.function_sandbox import FunctionSandboxes
 from pool.settings import PoolSettings
+from tests.support.local_index import local_index
 
 async_test = pytest.mark.asyncio(loop_scope="function")
 
@@ -38,6 +39,20 @@ async def test_a_requirement_the_wheels_do_not_hold_fails_with_pips_reason(probe
                         FunctionSandboxes.from_settings(settings), "tenant-a")
     assert "installing requirements failed" in failed.value.reason and "tinydep" in failed.value.reason
     assert not list((tmp_path / "function-envs").glob("*/*-w"))     # nothing half-built kept
+
+
+@async_test
+async def test_without_wheels_a_sandboxed_build_installs_from_the_operators_index(probe_package, tmp_path):
+    """No network in the build's sandbox: pip reaches the index the operator names through
+    the egress proxy (pool/egress.py), which opens nothing else (tests/pool/test_egress.py)."""
+    source = probe_package(requirements='["tinydep==0.1"]', wheels=True)
+    with local_index(source / "wheels", tmp_path / "www") as url:
+        settings = PoolSettings(accelerator="cpu", cache_dir=tmp_path / "cache", function_index_url=url)
+        built = await build_env(settings, probe_package(requirements='["tinydep==0.1"]'),
+                                FunctionSandboxes.from_settings(settings), "tenant-a")
+    probe = subprocess.run([built.python, "-c", "import tinydep; print(tinydep.VALUE)"], capture_output=True,
+                           text=True)
+    assert probe.stdout.strip() == "42", probe.stderr
 
 
 def test_children_never_see_the_platforms_credentials():

@@ -21,6 +21,7 @@ from pool.api import (ColdStartFailed, ColdStartTimeout, ModelUnavailable, Never
                       ReplicaShape, RevisionSpec, TenantQuota)
 from pool.desired import EventLog, InMemoryDesiredState
 from pool.manager import PoolManager
+from tests.support.replica_client import host_pid, replica_http
 from tests.pool.conftest import FlakyS3, make_settings
 from tests.support.clock import SteppedClock
 from tests.support.model_factory import upload_model
@@ -72,7 +73,7 @@ async def pool(s3_server, pool_bucket, tiny_model, tmp_path_factory):
 
 async def complete(lease, **extra) -> dict:
     body = {"model": lease.revision_id, "prompt": PROMPT, "max_tokens": 8, "temperature": 0.0, **extra}
-    async with httpx.AsyncClient(timeout=60, headers=lease.headers) as client:
+    async with replica_http(timeout=60, headers=lease.headers) as client:
         resp = await client.post(f"{lease.base_url}/v1/completions", json=body)
     assert resp.status_code == 200, resp.text
     return resp.json()
@@ -143,7 +144,7 @@ async def test_killed_replica_gives_clean_error_then_a_fresh_replica(pool):
             "ignore_eos": True, "stream": True}
     got_first = False
     with pytest.raises(httpx.HTTPError):
-        async with httpx.AsyncClient(timeout=30, headers=lease.headers) as client:
+        async with replica_http(timeout=30, headers=lease.headers) as client:
             async with client.stream("POST", f"{lease.base_url}/v1/completions", json=body) as resp:
                 async for line in resp.aiter_lines():
                     if line.startswith("data:") and not got_first:
@@ -259,7 +260,7 @@ async def test_tensor_parallel_replica_spans_two_slots_and_is_replaced_whole(poo
     async with await manager.acquire(spec, request_id="tp1", prefix_key=None, prompt_tokens=4,
                                      timeout_s=120) as lease:
         text = (await complete(lease))["choices"][0]["text"]
-        async with httpx.AsyncClient(timeout=10, headers=lease.headers) as client:
+        async with replica_http(timeout=10, headers=lease.headers) as client:
             health = (await client.get(f"{lease.base_url}/health")).json()
     assert text and health["tensor_parallel"]["size"] == 2
     (worker_pid,) = health["tensor_parallel"]["worker_pids"]
@@ -267,7 +268,7 @@ async def test_tensor_parallel_replica_spans_two_slots_and_is_replaced_whole(poo
     assert len(ready.slot_ids) == 2
 
     handle = manager.handle(lease.replica_id)
-    os.kill(worker_pid, signal.SIGKILL)                # one rank dies: the whole replica goes
+    os.kill(host_pid(worker_pid, handle.process.pid), signal.SIGKILL)   # one rank dies: the replica goes
     ok = await events.wait_for(lambda evs: any(e.replica_id == lease.replica_id and e.state == "failed"
                                                for e in evs), 30)
     assert ok
@@ -290,7 +291,7 @@ async def test_a_replica_answers_only_calls_that_carry_its_secret(pool):
     async with await manager.acquire(spec, request_id="s1", prefix_key=None, prompt_tokens=4,
                                      timeout_s=120) as lease:
         body = {"model": lease.revision_id, "prompt": PROMPT, "max_tokens": 2}
-        async with httpx.AsyncClient(base_url=lease.base_url, timeout=60) as client:
+        async with replica_http(base_url=lease.base_url, timeout=60) as client:
             for headers in ({}, {"Authorization": "Bearer not-the-secret"}):
                 refused = await client.post("/v1/completions", json=body, headers=headers)
                 assert refused.status_code == 401, refused.text
@@ -371,7 +372,7 @@ async def test_a_draft_model_is_pulled_by_uri_cached_and_released_with_its_repli
     async with await manager.acquire(spec, request_id="d1", prefix_key=None, prompt_tokens=4,
                                      timeout_s=120) as lease:
         assert (await complete(lease, max_tokens=16, ignore_eos=True))["usage"]["completion_tokens"] == 16
-        async with httpx.AsyncClient(timeout=10, headers=lease.headers) as client:
+        async with replica_http(timeout=10, headers=lease.headers) as client:
             metrics = (await client.get(f"{lease.base_url}/metrics")).text
         model_files, draft_files = manager._registry.replica(lease.replica_id).files
         draft_keys = set(draft_files.keys)

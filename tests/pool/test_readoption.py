@@ -17,7 +17,6 @@ import signal
 import uuid
 from contextlib import AsyncExitStack
 
-import httpx
 import pytest
 
 from pool.adoption import ADOPTED
@@ -25,6 +24,7 @@ from pool.desired import EventLog, InMemoryDesiredState
 from pool.manager import PoolManager
 from pool.processes import process_start_ticks
 from pool.s3 import open_client
+from tests.support.replica_client import replica_http
 from tests.pool.conftest import make_settings
 from tests.pool.test_manager import complete, spec_for, until
 from tests.support.clock import SteppedClock
@@ -137,7 +137,7 @@ async def check_the_restart(second: PoolManager, events: EventLog, held: Held, k
         assert (lease.replica_id, lease.cold_start, dict(lease.headers)) == \
             (kept_id, None, held.headers[kept.revision_id])
         assert (await complete(lease))["usage"]["completion_tokens"] == 8
-        async with httpx.AsyncClient(base_url=lease.base_url, timeout=10) as client:
+        async with replica_http(base_url=lease.base_url, timeout=10) as client:
             assert (await client.get("/stats")).status_code == 401          # its counters need its secret
             stats = (await client.get("/stats", headers=lease.headers)).json()
         assert stats == {"model": kept.revision_id, "requests": 2, "prompt_tokens": 2 * held.prompt_tokens,

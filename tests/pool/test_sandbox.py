@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pool.cgroups import Cgroups, Limits
-from pool.sandbox import Bind, Platform, Sandbox, SandboxProfile, TenantUids
+from pool.sandbox import Bind, Platform, ReplicaUids, Sandbox, SandboxProfile, TenantUids
 from pool.seccomp import write_filter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +22,11 @@ def test_each_tenant_gets_its_own_uid_and_keeps_it(tmp_path):
     first = [uids.uid(t) for t in ("a", "b", "a", "c")]
     assert first == [300_000, 300_001, 300_000, 300_002]
     assert TenantUids(tmp_path / "uids.json", 300_000).uid("b") == 300_001      # kept in the file
+
+
+def test_replica_uids_go_in_turn_passing_over_one_a_process_holds(tmp_path):
+    uids = ReplicaUids(tmp_path / "turn", base=0, span=3)      # uid 0: this test's own process
+    assert [uids.take() for _ in range(4)] == [1, 2, 1, 2]
 
 
 def test_the_command_binds_only_what_the_profile_names(tmp_path):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import uuid
 from contextlib import AsyncExitStack
 
-import httpx
 import pytest
 
 from pool.api import ModelUnavailable, RevisionSpec, S3Access
@@ -19,6 +18,7 @@ from pool.desired import EventLog, InMemoryDesiredState
 from pool.manager import PoolManager
 from pool.s3 import S3Object, access_for
 from pool.weights import entry_key
+from tests.support.replica_client import replica_http
 from tests.pool.conftest import make_settings
 from tests.support.model_factory import upload_model
 
@@ -82,7 +82,7 @@ async def test_a_granted_bucket_is_read_with_its_own_credentials(s3_server, tena
         desired.put(spec)
         lease = await manager.acquire(spec, request_id="own-1", prefix_key=None, prompt_tokens=1,
                                       timeout_s=180)
-        async with lease, httpx.AsyncClient(timeout=60, headers=lease.headers) as client:
+        async with lease, replica_http(timeout=60, headers=lease.headers) as client:
             resp = await client.post(f"{lease.base_url}/v1/completions", json={
                 "model": spec.revision_id, "prompt": "hello", "max_tokens": 2, "temperature": 0})
         assert resp.status_code == 200, resp.text

@@ -28,6 +28,7 @@ from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, ray_settings, wait
 from tests.pool_ray.test_backend import wait_ready
 from tests.pool_ray.test_manager_on_ray import pool_settings, running_pool
 from tests.pool_ray.test_node_loss import process_gone
+from tests.support.replica_client import host_pid
 from tests.support.model_factory import upload_model
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
@@ -72,11 +73,12 @@ async def test_a_function_runs_in_a_venv_built_on_its_node(cluster, s3_server, s
             answer = await invoke(lease, {"echo": "hi"})
             seen = set((await invoke(lease, {"env": True}))["env"])
             assert lease.cold_start is not None and lease.cold_start.env_s > 0     # its own stage
-        assert answer == {"echo": "hi", "batch": 1, "pid": handle.pid, "weights": "probe-weights-v1",
+        assert answer == {"echo": "hi", "batch": 1, "pid": answer["pid"], "weights": "probe-weights-v1",
                           "instance": answer["instance"]}
-        python, *args = command_line(handle.pid)
-        assert Path(python).parent.parent.parent == cluster.node_cache(handle.node_id) / "function-envs"
-        assert args[:2] == ["-m", "runtime.function_server"]
+        python, *args = command_line(host_pid(answer["pid"], handle.pid))   # in its sandbox's PID namespace
+        assert python == "/srv/venv/bin/python" and args[:2] == ["-m", "runtime.function_server"]
+        venv = command_line(handle.pid)[-1].split(" /srv/venv ")[0].rsplit(" ", 1)[-1]   # bound there by bwrap
+        assert Path(venv).parent.parent == cluster.node_cache(handle.node_id) / "function-envs"   # /<uid>/<venv>
         assert "CUDA_VISIBLE_DEVICES" in seen                          # the actor's GPU, as Ray gave it
         assert not seen & {"THAWPOOL_CACHE_DIR", "THAWPOOL_REPLICA_SECRET"}, seen   # the node's env, the secret
         assert not [name for name in seen if name.startswith("RAY_")], seen
@@ -94,6 +96,7 @@ async def test_the_next_pool_finds_a_function_replica_still_serving(cluster, tmp
     handle = await first.start_replica(spec, [slot], probe_package(tmp_path / "probe"), "fn-kept")
     try:
         assert await wait_ready(handle), handle.exit_reason()
+        served = (await invoke(handle, {"echo": 1}))["pid"]
         first.forget(handle)                  # its pool goes away without stopping it, as in a crash
         await second.start()
         (survivor,) = await second.survivors()
@@ -102,7 +105,7 @@ async def test_the_next_pool_finds_a_function_replica_still_serving(cluster, tmp
         assert (found.pid, found.base_url, found.headers) == (handle.pid, handle.base_url, handle.headers)
         async with httpx.AsyncClient(timeout=10) as http:
             assert await serves(found, http, spec.revision_id)
-        assert (await invoke(found, {"echo": 2}))["pid"] == handle.pid
+        assert host_pid((await invoke(found, {"echo": 2}))["pid"], found.pid) == host_pid(served, handle.pid)
         await second.close()                  # stops what it adopted
         assert await wait_until(lambda: process_gone(handle.pid), 30)
     finally:

@@ -86,7 +86,8 @@ def test_the_installers_answer_is_the_venv_or_its_reason(tmp_path):
 
 
 def test_a_function_server_gets_the_same_arguments_on_ray_as_locally(tmp_path):
-    from pool.function_env import function_server_args, server_args
+    from pool.function_env import server_args
+    from pool.function_sandbox import function_server_args
 
     ray_args = function_server_args(tmp_path, "rev-1", None)
     assert server_args("/venv/bin/python", "127.0.0.1", 9, tmp_path, "rev-1", None) == [

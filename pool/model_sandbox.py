@@ -1,0 +1,202 @@
+"""The sandbox of a model replica: the runtime's server as a uid of its own, seeing its model only.
+
+A model's files are tenant input too (its GGUF, safetensors headers, tokenizer and
+chat template), and the process that parses them serves every call of the replica.
+Each model replica process (a warm standby too) runs in pool/sandbox.py's sandbox
+with a uid of its own (`ReplicaUids`: a standby starts before its tenant is known)
+and, under the node's cache, a folder of its own:
+
+  run/     its uid's alone, at /run/replica: the secret file and its unix socket;
+           no network at all
+  model/   read-only at /srv/model: hard links to the cache entries of the model it
+           serves, made when it is placed (a standby's folder is bound empty at its
+           start and filled at its load, so a standby still skips the interpreter's
+           start), so it sees no other entry of the cache; draft/ likewise at
+           /srv/draft for a speculative draft model
+  packed/  writable at /srv/packed: its packed-layer cache (runtime/packed_weights.py),
+           hard links to its tenant's packed files; what it packs anew is moved to its
+           tenant's packed folder when it has stopped, so no tenant maps another's
+
+The kernels the node built ahead (`prebuild_kernels`) are read-only at /srv/kernels.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import shutil
+import stat
+import subprocess
+from dataclasses import dataclass
+from hashlib import sha256
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from pool.api import ColdStartFailed
+from pool.cgroups import Limits
+from kernels.cpu.build import KERNELS_DIR_ENV
+from pool.backends.runtime_args import SECRET_ENV
+from pool.function_sandbox import REPLICA, SECRET, SOCKET, cuda_devices, secret_as_file
+from pool.sandbox import (Bind, Sandbox, SandboxedServer, SandboxProfile, files_under, own_folder, replica_folder,
+                          sandbox_env)
+from pool.settings import MB, PoolSettings
+
+log = logging.getLogger(__name__)
+
+MODEL = Path("/srv/model")
+DRAFT = Path("/srv/draft")
+PACKED = Path("/srv/packed")
+KERNELS = Path("/srv/kernels")
+PACK_NAME = re.compile(r"[0-9a-f]{32}\.pack")
+TENANT_FILE = "tenant"
+
+
+@dataclass(frozen=True)
+class ModelSandboxes:
+    sandbox: Sandbox
+    settings: PoolSettings
+
+    @property
+    def root(self) -> Path:
+        """Under the weight cache's own folder: its entries hard-link into ours."""
+        return Path(self.settings.cache_dir) / "sandbox" / "models"
+
+    @property
+    def kernels_dir(self) -> Path:
+        return self.sandbox.state_dir / "kernels"
+
+    def folder(self, name: str) -> Path:
+        return self.root / name
+
+    def socket_path(self, name: str) -> Path:
+        return self.folder(name) / "run" / SOCKET
+
+    def profile(self, name: str, secret: str, memory_mb: Optional[int],
+                devices: tuple[Path, ...] = ()) -> SandboxProfile:
+        """A new replica process's folder (empty model, no tenant yet) and profile;
+        ColdStartFailed where no sandbox can be made here (fail closed)."""
+        problem = self.sandbox.check()
+        if problem is not None:
+            raise ColdStartFailed(f"the sandbox cannot start on this node, so no model replica runs: {problem}")
+        uid = self.sandbox.replica_uids().take()
+        folder = self.folder(name)
+        shutil.rmtree(folder, ignore_errors=True)
+        replica_folder(folder / "run", uid, secret, SECRET)
+        (folder / "model").mkdir(mode=0o755)
+        (folder / "draft").mkdir(mode=0o755)
+        own_folder(folder / "packed", uid, 0o755)
+        binds = (Bind(folder / "run", REPLICA, writable=True), Bind(folder / "model", MODEL),
+                 Bind(folder / "draft", DRAFT), Bind(folder / "packed", PACKED, writable=True),
+                 *self._kernels())
+        limits = Limits(memory_mb * MB if memory_mb else None, self.settings.sandbox_pids, self.settings.sandbox_cpus)
+        return SandboxProfile(uid, binds, limits, self.settings.sandbox_tmp_mb * MB, devices=devices)
+
+    def server(self, name: str, python: str, env: Mapping[str, str], memory_mb: Optional[int],
+               gpus: Sequence[int], args: Callable[[], list[str]]) -> SandboxedServer:
+        """`python -m runtime.server <args()>` in the sandbox `name`, on its unix socket;
+        `env` is what an unconfined server would add to the node's environment (its secret
+        among it), `gpus` its GPUs' device indices; args() runs once the folder is made."""
+        profile = self.profile(name, env[SECRET_ENV], memory_mb, cuda_devices(gpus))
+        argv = [python, "-m", "runtime.server", "--uds", str(REPLICA / SOCKET), *args()]
+        inside = {**secret_as_file(env), KERNELS_DIR_ENV: str(KERNELS)}
+        return SandboxedServer(self.sandbox.command(name, profile, argv), sandbox_env(os.environ, inside),
+                               self.socket_path(name))
+
+    def place(self, name: str, model_dir: Path, tenant_id: str, memory_mb: Optional[int],
+              engine: dict[str, Any]) -> dict[str, Any]:
+        """The model's files (its draft's too) and its tenant's packed layers into the
+        process's folder; the engine options as the process sees them."""
+        folder = self.folder(name)
+        (folder / TENANT_FILE).write_text(tenant_id)
+        _link_files(model_dir, folder / "model")
+        speculative = engine.get("speculative")
+        if isinstance(speculative, dict) and speculative.get("model"):
+            _link_files(Path(speculative["model"]), folder / "draft")
+            engine = {**engine, "speculative": {**speculative, "model": str(DRAFT)}}
+        for pack in self._tenant_packs(tenant_id).glob("*.pack"):
+            os.utime(pack)                 # recently used: the last its tenant's budget evicts
+            _link(pack, folder / "packed" / pack.name)
+        if memory_mb is not None and not self.sandbox.cgroups.limit_memory(name, memory_mb * MB):
+            log.warning("no memory limit for %s: the host refused it", name)
+        return {**engine, "packed_cache_dir": str(PACKED)} if "packed_cache_dir" in engine else engine
+
+    def remove(self, name: str) -> None:
+        """A stopped process's cgroups and folder, its new packed layers kept for its tenant."""
+        self.sandbox.release(name)
+        folder = self.folder(name)
+        try:
+            tenant_id = (folder / TENANT_FILE).read_text()
+        except OSError:
+            tenant_id = None
+        if tenant_id is not None:
+            self._keep_packs(folder, tenant_id)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def prebuild_kernels(self, python: str, env: dict[str, str]) -> None:
+        """The C kernels built once for every sandbox (their /tmp is their own); a
+        kernel missing there is built inside the sandbox, slower but the same."""
+        done = subprocess.run([python, "-m", "kernels.cpu.build", str(self.kernels_dir)], env=env,
+                              capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            log.warning("kernels not built ahead: %s", done.stderr.strip()[-500:])
+
+    def _kernels(self) -> tuple[Bind, ...]:
+        return (Bind(self.kernels_dir, KERNELS),) if self.kernels_dir.is_dir() else ()
+
+    def _tenant_packs(self, tenant_id: str) -> Path:
+        """The tenant's packed layers, by a digest of its id (a path of any id is safe)."""
+        folder = Path(self.settings.packed_dir) / "tenants" / sha256(tenant_id.encode()).hexdigest()[:32]
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return folder
+
+    def _keep_packs(self, folder: Path, tenant_id: str) -> None:
+        """Files the process packed (its own, plain, whole) become its tenant's, read-only
+        and root's; then its tenant's least recently used go beyond the node's budget."""
+        packed, uid = folder / "packed", _owner(folder / "run")
+        keep = self._tenant_packs(tenant_id)
+        for path in packed.iterdir() if packed.is_dir() else ():
+            info = path.lstat()
+            if (PACK_NAME.fullmatch(path.name) and stat.S_ISREG(info.st_mode) and info.st_uid == uid
+                    and info.st_nlink == 1):
+                os.chown(path, 0, 0)
+                os.chmod(path, 0o444)
+                os.replace(path, keep / path.name)
+        _evict(keep, int(self.settings.packed_cache_gb * (1 << 30)))
+
+
+def _owner(path: Path) -> Optional[int]:
+    try:
+        return path.stat().st_uid
+    except OSError:
+        return None
+
+
+def _evict(folder: Path, budget: int) -> None:
+    packs = sorted(((p.stat().st_mtime, p.stat().st_size, p) for p in folder.glob("*.pack")), reverse=True)
+    total = 0
+    for _, size, path in packs:
+        total += size
+        if total > budget:
+            path.unlink(missing_ok=True)
+
+
+def _link_files(source: Path, target: Path) -> None:
+    for path in files_under(source):
+        _link(path.resolve(), target / path.relative_to(source))
+
+
+def _link(source: Path, target: Path) -> None:
+    """A hard link (the cache's entries are read-only to all); a copy where the sandbox
+    folder is on another filesystem than the file, or the file is not for all to read (a
+    folder given to a Ray node as it is: a link would share its mode)."""
+    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    if source.stat().st_mode & stat.S_IROTH:
+        try:
+            os.link(source, target)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+    shutil.copyfile(source, target)
+    os.chmod(target, 0o444)

@@ -1,0 +1,147 @@
+"""Model replicas in their sandbox (pool/model_sandbox.py), on real runtime.server processes.
+
+Two tenants' models on one pool: one replica thawed from a sandboxed warm standby,
+one started directly. Each is looked at from the host, as an attacker inside it
+would find itself: its uid, capabilities, seccomp, network namespace and the files
+its root holds. Each assertion fails with the sandbox off (THAWPOOL_SANDBOX=off:
+uid 0, the host's network and files). The packed-layer hand-over is tested on its
+own, with the files a hostile replica could leave behind.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pool.api import RevisionSpec
+from pool.desired import EventLog, InMemoryDesiredState
+from pool.manager import PoolManager
+from pool.model_sandbox import ModelSandboxes
+from pool.sandbox import Platform, Sandbox, own_folder
+from pool.settings import PoolSettings
+from tests.pool.conftest import make_settings
+from tests.support.clock import SteppedClock
+from tests.support.model_factory import upload_model
+from tests.support.replica_client import replica_http
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="session")]
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox needs root (no root here)")
+
+
+def spec_for(uri: str, tenant: str) -> RevisionSpec:
+    return RevisionSpec(revision_id=f"rev-{uuid.uuid4().hex[:8]}", deployment_id=f"dep-{tenant}",
+                        tenant_id=tenant, model_uri=uri, gpu_memory_gb=0.25, idle_timeout_s=600.0,
+                        engine={"kv_cache_tokens": 512})
+
+
+@pytest.fixture(scope="module")
+async def two_tenants(s3_server, pool_bucket, tiny_model, model_factory, tmp_path_factory):
+    from contextlib import AsyncExitStack
+    from pool.s3 import open_client
+
+    settings = make_settings(s3_server, tmp_path_factory.mktemp("sandboxed-pool"), cpu_slots=2,
+                             slot_memory_gb=1, warm_pool_size=1, tick_s=0.2, runtime_threads=1,
+                             kv_cache_tokens_default=512, load_timeout_s=120, pull_timeout_s=60)
+    other = model_factory(arch="llama", hidden_size=32)
+    uris = [upload_model(m, s3_server.client(), pool_bucket, f"{uuid.uuid4().hex[:8]}/m") for m in (tiny_model, other)]
+    desired = InMemoryDesiredState()
+    async with AsyncExitStack() as stack:
+        manager = PoolManager(settings, desired, EventLog(), s3_client=await open_client(settings, stack),
+                              clock=SteppedClock())
+        try:
+            await manager.start()
+            yield manager, desired, settings, uris
+        finally:
+            await manager.stop()
+
+
+async def serving(manager: PoolManager, desired: InMemoryDesiredState, spec: RevisionSpec) -> dict:
+    """The replica's server process as the host sees it, after it answered a completion."""
+    desired.put(spec)
+    async with await manager.acquire(spec, request_id=uuid.uuid4().hex, prefix_key=None, prompt_tokens=4,
+                                     timeout_s=120) as lease:
+        async with replica_http(timeout=60, headers=lease.headers) as client:
+            answer = await client.post(f"{lease.base_url}/v1/completions",
+                                       json={"model": spec.revision_id, "prompt": "hi", "max_tokens": 3})
+        assert answer.status_code == 200, answer.text
+        group = manager.handle(lease.replica_id).process.pid
+        return {"pid": server_pid(group)}
+
+
+def server_pid(group: int) -> int:
+    """The host PID of the group's runtime.server (the sandbox's own processes run it)."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.getpgid(int(proc.name)) != group:
+                continue
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"runtime.server" in argv and b"bwrap" not in argv[0] and b"sh" != Path(argv[0].decode()).name.encode():
+            return int(proc.name)
+    raise LookupError(f"no runtime.server in group {group}")
+
+
+def status_of(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in lines if ":" in line)}
+
+
+@needs_root
+async def test_each_model_replica_is_a_uid_of_its_own_seeing_only_its_model(two_tenants):
+    manager, desired, settings, (uri_a, uri_b) = two_tenants
+    a = await serving(manager, desired, spec_for(uri_a, "tenant-a"))
+    b = await serving(manager, desired, spec_for(uri_b, "tenant-b"))
+    uids = []
+    for replica in (a, b):
+        status = status_of(replica["pid"])
+        uid = int(status["Uid"].split()[0])
+        assert uid != 0 and status["CapEff"] == "0000000000000000", status
+        assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2", status
+        assert os.readlink(f"/proc/{replica['pid']}/ns/net") != os.readlink("/proc/self/ns/net"), "no network"
+        root = Path(f"/proc/{replica['pid']}/root")
+        assert (root / "srv/model/config.json").is_file()
+        assert not (root / Path(settings.cache_dir).relative_to("/")).exists(), "the node's cache is not there"
+        uids.append(uid)
+    assert uids[0] != uids[1]
+    sizes = {r["pid"]: (Path(f"/proc/{r['pid']}/root") / "srv/model/model.safetensors").stat().st_size for r in (a, b)}
+    assert sizes[a["pid"]] != sizes[b["pid"]], "each sees its own model, not the other's"
+
+
+@needs_root
+async def test_packed_layers_go_to_their_tenant_and_nothing_else_does(tmp_path):
+    settings = PoolSettings(accelerator="cpu", cache_dir=tmp_path / "cache")
+    models = ModelSandboxes(Sandbox(tmp_path / "state", Platform(())), settings)
+    uid, name = 345_678, "model-r1"
+    folder = models.folder(name)
+    own_folder(folder / "run", uid, 0o700)
+    (folder / "packed").mkdir(parents=True)
+    (folder / "tenant").write_text("tenant-a")
+    secret = tmp_path / "admin-key"
+    secret.write_text("the node's")
+    planted = {
+        "a" * 32 + ".pack": "its own",                    # kept
+        "b" * 32 + ".pack": "a link to a host file",      # a second name of another file
+        "c" * 32 + ".pack": None,                         # a symlink
+        "d" * 32 + ".pack": "root's",                     # not written by the replica
+        "not-a-pack.txt": "its own",                      # not a pack
+    }
+    for file, text in planted.items():
+        path = folder / "packed" / file
+        if text is None:
+            path.symlink_to(secret)
+        elif text == "a link to a host file":
+            os.link(secret, path)
+            os.chown(path, uid, uid)
+        else:
+            path.write_text(text)
+            if text != "root's":
+                os.chown(path, uid, uid)
+    models.remove(name)
+    kept = list(models._tenant_packs("tenant-a").iterdir())
+    assert [p.name for p in kept] == ["a" * 32 + ".pack"]
+    info = kept[0].stat()
+    assert (info.st_uid, info.st_mode & 0o777) == (0, 0o444), "the tenant's, read-only, the replica's no more"
+    assert not folder.exists() and list(models._tenant_packs("tenant-b").iterdir()) == []
