@@ -53,18 +53,18 @@ browser:
 
 # The sandbox of every tenant process (docs/security.md): Debian's bubblewrap, with
 # util-linux's setpriv and prlimit and libseccomp, which it depends on. Installed with
-# apt as root; elsewhere function replicas refuse to start (fail closed) unless the
+# apt as root; elsewhere replicas refuse to start (fail closed) unless the
 # operator sets THAWPOOL_SANDBOX=off.
 SANDBOX_PACKAGES := bubblewrap libseccomp2 util-linux
 
 sandbox:
 	@if command -v bwrap >/dev/null && command -v setpriv >/dev/null && command -v prlimit >/dev/null; then :; \
 	elif ! command -v apt-get >/dev/null; then \
-	  echo "make sandbox: no apt-get; install bubblewrap, or functions refuse to start"; \
+	  echo "make sandbox: no apt-get; install bubblewrap, or replicas refuse to start"; \
 	elif [ "$$(id -u)" = 0 ]; then \
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(SANDBOX_PACKAGES)) \
-	    || echo "make sandbox: apt-get failed; functions refuse to start"; \
-	else echo "make sandbox: not root; install $(SANDBOX_PACKAGES), or functions refuse to start"; fi
+	    || echo "make sandbox: apt-get failed; replicas refuse to start"; \
+	else echo "make sandbox: not root; install $(SANDBOX_PACKAGES), or replicas refuse to start"; fi
 
 setup: $(STAMP) $(SCAN_STAMP) $(MODEL_STAMP) browser sandbox
 

@@ -253,6 +253,7 @@ class QuotaOverride(Base):
     requests_per_min: Mapped[Optional[int]] = mapped_column(Integer)    # all the tenant's keys
     tokens_per_min: Mapped[Optional[int]] = mapped_column(Integer)
     max_async_calls: Mapped[Optional[int]] = mapped_column(Integer)     # in flight at once
+    egress: Mapped[Optional[list[str]]] = mapped_column(JSONB)         # "host:port" granted
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -7,15 +7,19 @@ hold at its maximum and GPUs its minimum keeps held are checked here, at deploy
 time (422 naming the limit); GPUs held at once and queued requests travel to
 the pool in `RevisionSpec.quota`, which enforces them while running. Asynchronous
 calls in flight are counted by controlplane.async_calls (429 with Retry-After past
-`max_async_calls`).
+`max_async_calls`). `egress` is a grant rather than a limit: the hosts the tenant's
+function servers may reach (none by default), which the pool's sandbox opens.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from controlplane.store.errors import QuotaExceeded
 from pool.api import TenantQuota
+from pool.egress import parse_host
+
+MAX_EGRESS_HOSTS = 32
 
 
 @dataclass(frozen=True)
@@ -28,16 +32,37 @@ class Quota:
     requests_per_min: Optional[int] = None      # over all the tenant's keys (each key has its own too)
     tokens_per_min: Optional[int] = None
     max_async_calls: Optional[int] = None       # `/invoke?async=true` calls running at once
+    # a grant more than a limit: "host:port" its function servers may reach (pool/egress.py)
+    egress: Optional[tuple[str, ...]] = None
 
-    def with_overrides(self, overrides: Mapping[str, Optional[int]]) -> "Quota":
+    def with_overrides(self, overrides: Mapping[str, Any]) -> "Quota":
         """The admin's overrides (a None override keeps the default)."""
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+        given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                 for k, v in overrides.items() if v is not None}
+        return replace(self, **given)
 
     def for_pool(self) -> TenantQuota:
-        return TenantQuota(max_gpus=self.max_gpus, max_queued_requests=self.max_queued_requests)
+        return TenantQuota(max_gpus=self.max_gpus, max_queued_requests=self.max_queued_requests,
+                           egress=tuple(self.egress or ()))
 
-    def as_dict(self) -> dict[str, Optional[int]]:
-        return asdict(self)
+    def as_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def egress_hosts(value: Any) -> Optional[list[str]]:
+    """An admin's egress grant: null, or up to MAX_EGRESS_HOSTS "host:port" strings
+    (normalised); ValueError naming the first it cannot take."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > MAX_EGRESS_HOSTS:
+        raise ValueError(f"a list of at most {MAX_EGRESS_HOSTS} \"host:port\" strings")
+    hosts = []
+    for entry in value:
+        if not isinstance(entry, str):
+            raise ValueError("each entry is a \"host:port\" string")
+        host, port = parse_host(entry)          # ValueError names the entry
+        hosts.append(f"{host}:{port}")
+    return sorted(set(hosts))
 
 
 LIMITS = tuple(Quota.__dataclass_fields__)

@@ -38,6 +38,8 @@ class TenantQuota:
     GPU; past `max_queued_requests` waiting requests, acquire() raises QueueFull."""
     max_gpus: Optional[int] = None
     max_queued_requests: Optional[int] = None
+    # "host:port" its function servers may reach (pool/egress.py); none by default
+    egress: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The one way out of a sandboxed venv build: an HTTP proxy that reaches the package index only.
+"""The one way out of a sandbox: an HTTP proxy that opens only the hosts granted.
 
 A build runs pip, and pip runs a requirement's build code: the tenant's code. Its
 sandbox has no network (pool/sandbox.py). The installer inside
@@ -7,13 +7,17 @@ unix socket, bound into the sandbox, and points pip (and uv) at it; the proxy,
 outside, in the platform's process, opens a connection only to the hosts the
 operator's index names (`allowed_hosts`): CONNECT for https, absolute-form
 requests for plain http. Anything else is a 403, and the build code has no other
-route: not loopback, not the node's metadata address, not Ray's GCS.
+route: not loopback, not the node's metadata address, not Ray's GCS. A function's
+server has no way out at all unless the operator grants its tenant hosts (the
+quota's `egress`); then runtime/function_server.py carries a port to a proxy of
+those hosts the same way.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Optional
 from urllib.parse import urlsplit
@@ -26,6 +30,7 @@ PYPI = (("pypi.org", 443), ("files.pythonhosted.org", 443))
 CONNECT_TIMEOUT_S = 30.0
 
 Host = tuple[str, int]
+HOST_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*")
 
 
 def allowed_hosts(index_url: Optional[str]) -> frozenset[Host]:
@@ -35,6 +40,14 @@ def allowed_hosts(index_url: Optional[str]) -> frozenset[Host]:
     parts = urlsplit(index_url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     return frozenset({(parts.hostname or "", port)})
+
+
+def parse_host(entry: str) -> Host:
+    """`host:port` (a DNS name or an IPv4 address, a port 1-65535); ValueError otherwise."""
+    host, _, port = entry.strip().lower().rpartition(":")
+    if not HOST_NAME.fullmatch(host) or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{entry!r} is not host:port")
+    return host, int(port)
 
 
 def target_of(head: bytes) -> tuple[str, Host, bytes]:

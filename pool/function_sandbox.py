@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from pool.api import ColdStartFailed
 from pool.backends.runtime_args import PROJECT_ROOT, SECRET_ENV, SECRET_FILE_ENV
 from pool.cgroups import Limits
+from pool.egress import EgressProxy, parse_host
 from pool.inventory import Slot
 from pool.sandbox import (Bind, Platform, Sandbox, SandboxedServer, SandboxProfile, files_under, own_folder,
                           replica_folder, sandbox_env)
 from pool.settings import MB, PoolSettings
+from wire.socket_forward import EGRESS_SOCKET_ENV
 
 PACKAGE = Path("/srv/package")
 VENV = Path("/srv/venv")               # a venv runs from anywhere but for its console scripts
@@ -95,17 +97,32 @@ class FunctionSandboxes:
                               devices=devices)
 
     def server(self, tenant_id: str, replica_id: str, package_dir: Path, python: str, served_name: str,
-               memory_mb: int | None, env: Mapping[str, str], gpus: Sequence[int]) -> SandboxedServer:
+               memory_mb: int | None, env: Mapping[str, str], gpus: Sequence[int],
+               egress: Sequence[str] = ()) -> SandboxedServer:
         """runtime.function_server as the tenant's uid, on a unix socket, its secret in a
         file; `env` is the server's whole environment as an unconfined one would get it,
-        `gpus` the device indices of its GPUs."""
+        `gpus` the device indices of its GPUs, `egress` the hosts its tenant was granted."""
         uid = self.uid(tenant_id)
         profile = self.server_profile(uid, replica_id, package_dir, python, env[SECRET_ENV], memory_mb,
                                       cuda_devices(gpus))
         args = [str(VENV / "bin" / "python"), *function_server_args(PACKAGE, served_name, memory_mb),
                 "--uds", str(REPLICA / SOCKET)]
+        inside = secret_as_file(env)
+        proxy = self._egress(replica_id, egress)
+        if proxy is not None:
+            profile = replace(profile, binds=(*profile.binds, Bind(proxy.socket.parent, EGRESS)))
+            inside[EGRESS_SOCKET_ENV] = str(EGRESS / EGRESS_SOCKET)
         command = self.sandbox.command(server_name(replica_id), profile, args)
-        return SandboxedServer(command, sandbox_env(os.environ, secret_as_file(env)), self.socket_path(replica_id))
+        return SandboxedServer(command, sandbox_env(os.environ, inside), self.socket_path(replica_id), proxy)
+
+    def _egress(self, replica_id: str, hosts: Sequence[str]) -> Optional[EgressProxy]:
+        """The proxy of the hosts its tenant was granted, listening; None without a grant."""
+        if not hosts:
+            return None
+        proxy = EgressProxy(self.egress_folder(server_name(replica_id)) / EGRESS_SOCKET,
+                            frozenset(parse_host(h) for h in hosts))
+        proxy.start()
+        return proxy
 
     def socket_path(self, replica_id: str) -> Path:
         return self.replica_dir(replica_id) / SOCKET
@@ -113,6 +130,7 @@ class FunctionSandboxes:
     def remove(self, replica_id: str) -> None:
         self.sandbox.release(server_name(replica_id))
         shutil.rmtree(self.replica_dir(replica_id), ignore_errors=True)
+        self.remove_egress(server_name(replica_id))
 
     def _limits(self, memory_mb: int | None) -> Limits:
         return Limits(memory_mb * MB if memory_mb else None, self.settings.sandbox_pids, self.settings.sandbox_cpus)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence
 
 from pool.cgroups import Cgroups, Limits
+from pool.egress import EgressProxy
 from pool.seccomp import SeccompUnavailable, write_filter
 
 TOOLS = ("bwrap", "setpriv", "prlimit")
@@ -64,10 +65,12 @@ class SandboxProfile:
 
 @dataclass(frozen=True)
 class SandboxedServer:
-    """A sandboxed server as the host starts it, and the unix socket it listens on."""
+    """A sandboxed server as the host starts it, the unix socket it listens on, and the
+    egress proxy of its granted hosts (its owner closes it when the server stops)."""
     command: list[str]
     env: dict[str, str]
     socket: Path
+    egress: Optional[EgressProxy] = None
 
 
 @dataclass(frozen=True)
@@ -173,9 +176,10 @@ class Sandbox:
         except (SeccompUnavailable, OSError) as exc:
             return f"no seccomp filter: {exc}"
         profile = SandboxProfile(self.uid_base, (), Limits(None, 64, None), 1 << 20)
-        trial = subprocess.run(self.command("check", profile, ["/bin/true"]), capture_output=True,
+        name = f"check-{os.getpid()}"         # several processes of a node check at once (Ray actors)
+        trial = subprocess.run(self.command(name, profile, ["/bin/true"]), capture_output=True,
                                timeout=30, stdin=subprocess.DEVNULL)
-        self.cgroups.remove("check")
+        self.cgroups.remove(name)
         if trial.returncode != 0:
             return f"bubblewrap cannot make a sandbox here: {trial.stderr.decode(errors='replace')[-300:]}"
         return None

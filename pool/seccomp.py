@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import os
 from pathlib import Path
 
 REFUSED = (
@@ -82,9 +83,16 @@ def write_filter(path: Path) -> None:
         _rule(lib, ctx, _errno(errno.ENOSYS), "clone3")
         for flag in _bits(NAMESPACE_FLAGS):
             _rule(lib, ctx, _errno(errno.EPERM), "clone", _ArgCmp(0, _CMP_MASKED_EQ, flag, flag))
-        with open(path, "wb") as out:
-            if lib.seccomp_export_bpf(ctx, out.fileno()) != 0:
-                raise SeccompUnavailable("seccomp_export_bpf failed")
+        # whole, then renamed: a sandbox another process (a Ray actor) launches meanwhile
+        # reads the old program or the new one, never half of one
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        try:
+            with open(partial, "wb") as out:
+                if lib.seccomp_export_bpf(ctx, out.fileno()) != 0:
+                    raise SeccompUnavailable("seccomp_export_bpf failed")
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
     finally:
         lib.seccomp_release(ctx)
 

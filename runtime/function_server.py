@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runtime.function_batcher import Batcher
+from runtime.function_env import through_egress
 from runtime.function_handler import Handler, HandlerError, load_handler, run_batch
 from runtime.function_package import MANIFEST, FunctionPackage, parse_manifest
 from runtime.function_request import parse_function_request
@@ -42,6 +43,7 @@ from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
 from wire.json_input import parse_json
 from wire.request_id import RequestIdMiddleware
+from wire.socket_forward import EGRESS_SOCKET_ENV
 
 log = logging.getLogger("thawpool.function")
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -235,6 +237,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if settings.secret is None:
         log.warning("no replica secret: this function server answers every caller")
     apply_limits(settings)
+    egress = os.environ.pop(EGRESS_SOCKET_ENV, None)
+    if egress:                              # hosts the operator granted its tenant, and only those
+        through_egress(Path(egress))
     uvicorn.run(build_app(settings), host=settings.host, port=settings.port, uds=settings.uds,
                 log_level=settings.log_level, timeout_graceful_shutdown=5,
                 timeout_keep_alive=REPLICA_KEEPALIVE_S, access_log=False)

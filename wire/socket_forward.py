@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Awaitable, Callable, Optional
 
 CHUNK_BYTES = 1 << 16
+# a sandboxed function server's way out, where its tenant was granted one: the unix
+# socket of the pool's egress proxy (pool/egress.py) as the server sees it
+EGRESS_SOCKET_ENV = "THAWPOOL_EGRESS_SOCKET"
 
 
 class ThreadServer:

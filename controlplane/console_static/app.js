@@ -342,25 +342,33 @@ async function tenantDetail(tenant, el) {
   document.body.dataset.ready = "admin/" + tenant;
 }
 
-// Each limit's override: a whole number, or blank for the default. Only changed ones are
-// sent; the API checks them (its refusal is shown under the table).
+// Each limit's override: a whole number, or blank for the default; the egress grant: its
+// "host:port" entries, comma-separated. Only changed ones are sent; the API checks them
+// (its refusal is shown under the table).
 function quotaForm(tenant, quota, redraw) {
   const overrides = quota.overrides || {};
+  const shown = (v) => v == null ? "" : String(v);          // an array shows comma-separated
   const inputs = Object.keys(quota.limits).map((k) => h("input", { name: k, "data-limit": k,
-    inputmode: "numeric", placeholder: "default", value: overrides[k] == null ? "" : overrides[k] }));
+    inputmode: k === "egress" ? "text" : "numeric", placeholder: "default", value: shown(overrides[k]) }));
   const error = h("p", { class: "error", id: "quota-error" });
   const form = h("form", { id: "quota-form", on: { submit: (event) => {
     event.preventDefault();
-    const changed = inputs.filter((i) => i.value.trim() !== String(overrides[i.name] ?? ""));
-    const body = Object.fromEntries(changed.map((i) => [i.name, wholeOrText(i.value.trim())]));
+    const changed = inputs.filter((i) => i.value.trim() !== shown(overrides[i.name]));
+    const body = Object.fromEntries(changed.map((i) => [i.name, i.name === "egress" ?
+      hostList(i.value) : wholeOrText(i.value.trim())]));
     attempt(error, async () => {
       await api("/v1/tenants/" + tenant + "/quota", { method: "PATCH", body: body });
       await redraw();
     });
   } } }, table(["limit", "in effect", "override"], Object.entries(quota.limits).map(([k, v], i) =>
-    [k, v === null ? "none" : v, inputs[i]]), { id: "quota-table" }),
+    [k, v === null ? "none" : shown(v), inputs[i]]), { id: "quota-table" }),
     h("button", { type: "submit", id: "quota-save" }, "Save quota"));
   return h("div", {}, form, error);
+}
+
+function hostList(value) {
+  const hosts = value.split(",").map((x) => x.trim()).filter(Boolean);
+  return hosts.length ? hosts : null;
 }
 
 function wholeOrText(value) {

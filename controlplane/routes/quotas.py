@@ -10,11 +10,12 @@ from starlette.responses import JSONResponse, Response
 
 from controlplane.fields import MAX_BIGINT, MAX_INT, obj, optional_integer
 from controlplane.lookups import Change
-from controlplane.quotas import LIMITS
+from controlplane.quotas import LIMITS, MAX_EGRESS_HOSTS, egress_hosts
 from controlplane.routes.api import ADMIN, ApiRoute, Operation, scope
 from controlplane.routes.context import app_state, read_json, require, require_admin
 from controlplane.settings import Settings
 from controlplane.store import quotas, tenants, uploads
+from controlplane.store.errors import InvalidField
 
 
 async def get_for_tenant(request: Request) -> Response:
@@ -31,9 +32,7 @@ async def set_for_tenant(request: Request) -> Response:
     require_admin(request)
     state = app_state(request)
     body = obj("body", await read_json(request), set(LIMITS))
-    changes = {name: optional_integer(name, value, minimum=0,
-                                      maximum=MAX_BIGINT if name == "max_upload_bytes" else MAX_INT)
-               for name, value in body.items()}
+    changes = {name: _override(name, value) for name, value in body.items()}
     async with state.sessions.begin() as session:
         tenant = await tenants.find_tenant(session, request.path_params["tenant"])
         await quotas.set_overrides(session, tenant.id, changes)
@@ -41,6 +40,15 @@ async def set_for_tenant(request: Request) -> Response:
     await state.lookups.changed(Change("tenant_quotas", tenant.id))    # rate limits
     await state.pool.refresh()          # the pool enforces GPUs and queued requests
     return JSONResponse(view)
+
+
+def _override(name: str, value: Any) -> Any:
+    if name == "egress":
+        try:
+            return egress_hosts(value)
+        except ValueError as exc:
+            raise InvalidField("egress", str(exc)) from None
+    return optional_integer(name, value, minimum=0, maximum=MAX_BIGINT if name == "max_upload_bytes" else MAX_INT)
 
 
 async def mine(request: Request) -> Response:
@@ -62,7 +70,9 @@ async def quota_view(session: AsyncSession, tenant_id: str, settings: Settings) 
 
 
 LIMITS_SCHEMA = {"type": "object", "properties": {
-    name: {"type": ["integer", "null"], "minimum": 0} for name in LIMITS}}
+    **{name: {"type": ["integer", "null"], "minimum": 0} for name in LIMITS if name != "egress"},
+    "egress": {"type": ["array", "null"], "items": {"type": "string", "description": "host:port"},
+               "maxItems": MAX_EGRESS_HOSTS}}}
 QUOTA = {"type": "object", "required": ["limits", "usage"],
          "properties": {"limits": LIMITS_SCHEMA, "usage": {"type": "object"}}}
 

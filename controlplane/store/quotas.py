@@ -2,7 +2,7 @@
 holds now (for the static checks of controlplane.quotas)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
@@ -22,7 +22,7 @@ async def lock_tenant(session: AsyncSession, tenant_id: str) -> Tenant:
     return tenant
 
 
-async def overrides_of(session: AsyncSession, tenant_id: str) -> dict[str, Optional[int]]:
+async def overrides_of(session: AsyncSession, tenant_id: str) -> dict[str, Any]:
     row = await session.get(QuotaOverride, tenant_id)
     return {name: getattr(row, name) if row else None for name in LIMITS}
 
@@ -39,7 +39,7 @@ async def quotas_by_tenant(session: AsyncSession, default: Quota) -> dict[str, Q
 
 
 async def set_overrides(session: AsyncSession, tenant_id: str,
-                        changes: dict[str, Optional[int]]) -> None:
+                        changes: dict[str, Any]) -> None:
     """Given limits replace the override; None resets one to the default."""
     values = {**changes, "updated_at": utcnow()}
     await session.execute(insert(QuotaOverride).values(tenant_id=tenant_id, **values)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Optional
+from typing import Any, Optional
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -15,7 +15,7 @@ from controlplane.quotas import LIMITS
 from controlplane.store.tenants import Principal
 
 Deployed = tuple[Deployment, list[Revision]]
-Overrides = dict[str, Optional[int]]
+Overrides = dict[str, Any]   # a limit (int) or a grant (list of "host:port")
 
 
 @dataclass(frozen=True)

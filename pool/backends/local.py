@@ -43,6 +43,7 @@ from pool import function_env
 from pool.backends.local_state import ProcessEntry, ProcessRegistry
 from pool.backends.runtime_args import (auth_headers, engine_flags, engine_for,
                                         new_secret, runtime_env)
+from pool.egress import EgressProxy
 from pool.function_sandbox import FunctionSandboxes, gpu_indices
 from pool.model_sandbox import MODEL, ModelSandboxes
 from wire.replica_address import address_of, unix_base_url
@@ -107,6 +108,7 @@ class LocalBackend:
         self.sandboxes = FunctionSandboxes.from_settings(settings)
         self.models = ModelSandboxes(self.sandboxes.sandbox, settings) if self.sandboxes else None
         self._sandbox_of: dict[str, str] = {}              # replica id -> its model sandbox's name
+        self._egress: dict[str, EgressProxy] = {}          # replica id -> its granted hosts' proxy
         self._kernels: Optional[asyncio.Future[None]] = None
         self._left_behind: list[ProcessEntry] = []        # what an earlier pool registered
         # last resort if close() never ran (a crashed test, interpreter exit): SIGKILL by PID
@@ -282,7 +284,9 @@ class LocalBackend:
         assert self.sandboxes is not None
         env = function_env.server_env({}, runtime_env(self.settings.runtime_threads, secret), cuda)
         server = self.sandboxes.server(spec.tenant_id, replica_id, package_dir, python, spec.revision_id, limit,
-                                       env, cuda)
+                                       env, cuda, spec.quota.egress)
+        if server.egress is not None:
+            self._egress[replica_id] = server.egress
         proc = self._spawn(server.command, f"function-{replica_id}", slots, secret, 0, server.env)
         return LocalReplica(replica_id, unix_base_url(str(server.socket)), proc, warm=False, secret=secret)
 
@@ -304,6 +308,9 @@ class LocalBackend:
 
     def _unsandbox(self, replica_id: str) -> None:
         """A stopped replica's sandbox folder and cgroups."""
+        proxy = self._egress.pop(replica_id, None)
+        if proxy is not None:
+            proxy.close()
         model = self._sandbox_of.pop(replica_id, None)
         if model is not None and self.models is not None:
             self.models.remove(model)

@@ -224,7 +224,7 @@ class RayBackend:
         limit = memory_limit(spec, slots)
         if self.settings.sandbox != "off":
             return SandboxedFunction(self.settings, spec.tenant_id, package_dir, env.python, spec.revision_id,
-                                     limit), env.seconds
+                                     limit, spec.quota.egress), env.seconds
         args = function_server_args(Path(package_dir), spec.revision_id, limit)
         return Child(tuple(args), python=env.python, clean_env=True), env.seconds
 

@@ -31,6 +31,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 from pool import function_env
 from pool.api import Pins
 from pool.backends.runtime_args import engine_flags
+from pool.egress import EgressProxy
 from wire.socket_forward import SocketForward
 from pool.function_sandbox import FunctionSandboxes
 from pool.model_sandbox import MODEL, ModelSandboxes
@@ -99,11 +100,12 @@ class SandboxedFunction:
     python: str                          # the venv's interpreter, as the node built it
     served_name: str
     memory_mb: Optional[int]
+    egress: tuple[str, ...] = ()         # the hosts its tenant was granted
 
     def server(self, replica_id: str, env: Mapping[str, str], gpus: Sequence[str]) -> SandboxedServer:
         sandboxes = self._sandboxes()
         return sandboxes.server(self.tenant_id, replica_id, Path(self.package_dir), self.python, self.served_name,
-                                self.memory_mb, function_env.server_env({}, env, gpus), _indices(gpus))
+                                self.memory_mb, function_env.server_env({}, env, gpus), _indices(gpus), self.egress)
 
     def remove(self, replica_id: str) -> None:
         self._sandboxes().remove(replica_id)
@@ -170,6 +172,7 @@ class ReplicaActor:
         self.record: Optional[dict[str, Any]] = None   # pool.adoption.ReplicaRecord.to_json()
         self.sandboxed: Optional[SandboxedModel | SandboxedFunction] = None
         self.forward: Optional[SocketForward] = None    # the node's port to a sandboxed child's socket
+        self.egress: Optional[EgressProxy] = None       # the proxy of its tenant's granted hosts
 
     # -- where am I --------------------------------------------------------
 
@@ -229,7 +232,7 @@ class ReplicaActor:
             process = self._spawn(command, child_environ(child, os.environ, env))
         else:
             server = child.server(self.replica_id, env, visible_gpus(os.environ))
-            self.sandboxed = child
+            self.sandboxed, self.egress = child, server.egress
             process = self._spawn(server.command, server.env)
             self.forward = SocketForward(bind_host, server.socket)
             port = self.forward.start()
@@ -282,8 +285,9 @@ class ReplicaActor:
         for child in (self.installer, self.process):
             if child is not None:
                 stop_group(child, timeout_s)
-        if self.forward is not None:
-            self.forward.close()
+        for server in (self.forward, self.egress):
+            if server is not None:
+                server.close()
         if self.sandboxed is not None and self.returncode() is not None:
             self.sandboxed.remove(self.replica_id)
         return self.returncode()

@@ -74,6 +74,24 @@ def test_an_operator_edits_a_quota_and_the_api_enforces_it(browser, stack, world
         assert viewer.get("/v1/quota").json()["limits"]["max_deployments"] != 1
 
 
+def test_an_operator_grants_egress_in_the_quota_form(browser, stack, world):
+    egress = "#quota-form input[data-limit='egress']"
+    with api(stack, stack.admin_key) as admin:
+        open_tenant(browser, stack, "viewer")
+        fill(browser, egress, "api.example.com:443, 10.0.0.5:8080")
+        click(browser, "#quota-save")
+        wait_ready(browser, "admin/viewer")
+        assert admin.get("/v1/tenants/viewer/quota").json()["limits"]["egress"] == [
+            "10.0.0.5:8080", "api.example.com:443"]
+        fill(browser, egress, "not a host")
+        click(browser, "#quota-save")
+        assert "egress" in shown_error(browser, "quota-error")
+        fill(browser, egress, "")                      # blank: back to none
+        click(browser, "#quota-save")
+        wait_ready(browser, "admin/viewer")
+        assert admin.get("/v1/tenants/viewer/quota").json()["limits"]["egress"] is None
+
+
 def test_an_operator_sets_a_deployment_price_and_the_tenant_reads_it(browser, stack, world,
                                                                     screenshots):
     sign_in(browser, stack.base_url, stack.admin_key)

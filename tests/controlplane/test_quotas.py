@@ -121,3 +121,29 @@ async def test_admin_overrides_and_a_lowered_quota_lets_a_tenant_shrink(plane, m
     assert bad.status_code == 422 and bad.json()["error"]["param"] == "max_gpus"
     assert (await admin.get("/v1/tenants/nobody/quota")).status_code == 404
     assert (await client.patch("/v1/tenants/grows/quota", json={"max_gpus": 99})).status_code == 403
+
+
+@in_session_loop
+async def test_an_egress_grant_is_the_admins_and_travels_to_the_pool(plane, model_uri):
+    from controlplane.store.desired_state import PostgresDesiredState
+
+    client = plane.client(await plane.tenant_key("reaches"))
+    assert (await client.get("/v1/quota")).json()["limits"]["egress"] is None, "none by default"
+    granted = await plane.admin.patch("/v1/tenants/reaches/quota", json={
+        "egress": ["API.example.com:443", "10.0.0.5:8080", "api.example.com:443"]})
+    assert granted.status_code == 200, granted.text
+    hosts = ["10.0.0.5:8080", "api.example.com:443"]
+    assert granted.json()["limits"]["egress"] == hosts
+    assert (await client.get("/v1/quota")).json()["limits"]["egress"] == hosts, "its tenant sees its grant"
+    for bad in (["api.example.com"], ["a b:1"], ["x:99999"], [1], "api.example.com:443", ["h:1"] * 33):
+        refused = await plane.admin.patch("/v1/tenants/reaches/quota", json={"egress": bad})
+        assert refused.status_code == 422 and refused.json()["error"]["param"] == "egress", (bad, refused.text)
+    assert (await client.patch("/v1/tenants/reaches/quota", json={"egress": ["evil.example:443"]})).status_code == 403
+    made = await client.post("/v1/deployments", json=deploy("out", model_uri))
+    assert made.status_code == 201, made.text
+    desired = PostgresDesiredState(plane.app.state.sessions, plane.app.state.settings.default_quota,
+                                   plane.app.state.sealer)
+    (spec,) = [s for s in await desired.revisions() if s.deployment_id == made.json()["id"]]
+    assert spec.quota.egress == tuple(hosts), "the pool's sandbox opens these for its function servers"
+    cleared = await plane.admin.patch("/v1/tenants/reaches/quota", json={"egress": None})
+    assert cleared.json()["limits"]["egress"] is None

@@ -26,13 +26,13 @@ class ThawpoolUp(RuntimeProcess):
     """`thawpool up` as its own process (embedded Postgres, the session's S3), stopped by
     PID like a runtime (SIGTERM to its group: it stops its replicas and Postgres)."""
 
-    def __init__(self, work: Path, env: dict[str, str]):
+    def __init__(self, work: Path, env: dict[str, str], slots: int = 1):
         self.port, self.log_path = free_port(), work / "up.log"
         self.base_url, self.key_file = f"http://127.0.0.1:{self.port}", work / "data" / "admin-key"
         with open(self.log_path, "wb") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "controlplane.cli", "up", "--data-dir", str(work / "data"),
-                 "--port", str(self.port), "--cpu-slots", "1", "--slot-memory-gb", "2"], cwd=ROOT, env=env,
+                 "--port", str(self.port), "--cpu-slots", str(slots), "--slot-memory-gb", "2"], cwd=ROOT, env=env,
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def admin_key(self, timeout_s: float = 240) -> str:

@@ -1,7 +1,7 @@
 """Pool test helpers: settings pointed at the session S3, an aiobotocore client."""
 from __future__ import annotations
 
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
 
@@ -74,3 +74,23 @@ def fresh_prefix() -> str:
     import uuid
 
     return f"t{uuid.uuid4().hex[:10]}"
+
+
+@asynccontextmanager
+async def running_manager(settings: PoolSettings):
+    """A PoolManager over an in-memory desired state and the session S3, started; stopped
+    on the way out."""
+    from pool.desired import EventLog, InMemoryDesiredState
+    from pool.manager import PoolManager
+    from pool.s3 import open_client
+    from tests.support.clock import SteppedClock
+
+    desired = InMemoryDesiredState()
+    async with AsyncExitStack() as stack:
+        manager = PoolManager(settings, desired, EventLog(), s3_client=await open_client(settings, stack),
+                              clock=SteppedClock())
+        try:
+            await manager.start()
+            yield manager, desired
+        finally:
+            await manager.stop()

@@ -16,13 +16,12 @@ from pathlib import Path
 import pytest
 
 from pool.api import RevisionSpec
-from pool.desired import EventLog, InMemoryDesiredState
+from pool.desired import InMemoryDesiredState
 from pool.manager import PoolManager
 from pool.model_sandbox import ModelSandboxes
 from pool.sandbox import Platform, Sandbox, own_folder
 from pool.settings import PoolSettings
-from tests.pool.conftest import make_settings
-from tests.support.clock import SteppedClock
+from tests.pool.conftest import make_settings, running_manager
 from tests.support.model_factory import upload_model
 from tests.support.replica_client import replica_http
 
@@ -38,23 +37,13 @@ def spec_for(uri: str, tenant: str) -> RevisionSpec:
 
 @pytest.fixture(scope="module")
 async def two_tenants(s3_server, pool_bucket, tiny_model, model_factory, tmp_path_factory):
-    from contextlib import AsyncExitStack
-    from pool.s3 import open_client
-
     settings = make_settings(s3_server, tmp_path_factory.mktemp("sandboxed-pool"), cpu_slots=2,
                              slot_memory_gb=1, warm_pool_size=1, tick_s=0.2, runtime_threads=1,
                              kv_cache_tokens_default=512, load_timeout_s=120, pull_timeout_s=60)
     other = model_factory(arch="llama", hidden_size=32)
     uris = [upload_model(m, s3_server.client(), pool_bucket, f"{uuid.uuid4().hex[:8]}/m") for m in (tiny_model, other)]
-    desired = InMemoryDesiredState()
-    async with AsyncExitStack() as stack:
-        manager = PoolManager(settings, desired, EventLog(), s3_client=await open_client(settings, stack),
-                              clock=SteppedClock())
-        try:
-            await manager.start()
-            yield manager, desired, settings, uris
-        finally:
-            await manager.stop()
+    async with running_manager(settings) as (manager, desired):
+        yield manager, desired, settings, uris
 
 
 async def serving(manager: PoolManager, desired: InMemoryDesiredState, spec: RevisionSpec) -> dict:

@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 import pytest
 
 from pool.api import Pins, RevisionSpec
-from pool.desired import EventLog, InMemoryDesiredState
-from pool.manager import PoolManager
 from pool.prefetch import Target
 from pool.prefetcher import Prefetcher
 from pool.registry import RevisionState
 from pool.weights import CachedModel, WeightCache, WeightStore
-from tests.pool.conftest import FlakyS3, make_settings
-from tests.support.clock import SteppedClock
+from tests.pool.conftest import FlakyS3, make_settings, running_manager
 from tests.support.model_factory import upload_model
 from tests.support.waiting import eventually
 
@@ -39,20 +35,11 @@ def spec_for(uri: str, **changes) -> RevisionSpec:
 
 @pytest.fixture(scope="module")
 async def pool(s3_server, tmp_path_factory):
-    from pool.s3 import open_client
-
     settings = make_settings(s3_server, tmp_path_factory.mktemp("prefetch-pool"), cpu_slots=1,
                              slot_memory_gb=1, warm_pool_size=0, tick_s=0.2, runtime_threads=1,
                              kv_cache_tokens_default=512, load_timeout_s=120, pull_timeout_s=60)
-    desired = InMemoryDesiredState()
-    async with AsyncExitStack() as stack:
-        manager = PoolManager(settings, desired, EventLog(), s3_client=await open_client(settings, stack),
-                              clock=SteppedClock())
-        try:
-            await manager.start()
-            yield manager, desired
-        finally:
-            await manager.stop()
+    async with running_manager(settings) as (manager, desired):
+        yield manager, desired
 
 
 async def test_a_prefetched_revision_is_cached_without_a_replica_and_its_cold_start_downloads_nothing(

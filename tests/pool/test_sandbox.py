@@ -103,6 +103,24 @@ def test_a_real_sandbox_runs_python_as_the_tenant_with_nothing_of_the_host(tmp_p
     assert int(uid) == 200_000 and rest.endswith("False")             # the test's folder is not there
 
 
+CHECK = """
+import sys
+from pathlib import Path
+from pool.sandbox import Platform, Sandbox
+print(Sandbox(Path(sys.argv[1]), Platform.of_this_interpreter(Path(sys.argv[2]))).check())
+"""
+
+
+def test_the_processes_of_a_node_check_the_sandbox_at_once(tmp_path):
+    """Ray actors on one node each check it as they start: the checks must not trip on
+    each other (one seccomp file, one state folder)."""
+    if Sandbox(tmp_path / "first", Platform.of_this_interpreter(ROOT)).check() is not None:
+        pytest.skip("no sandbox on this machine")
+    checks = [subprocess.Popen([sys.executable, "-c", CHECK, str(tmp_path / "state"), str(ROOT)], cwd=ROOT,
+                               stdout=subprocess.PIPE, text=True) for _ in range(16)]
+    assert [c.communicate(timeout=120)[0].strip() for c in checks] == ["None"] * 16
+
+
 def test_a_group_whose_process_is_still_exiting_is_removed_later():
     cgroups = Cgroups()
     name = f"test-{uuid.uuid4().hex[:8]}"

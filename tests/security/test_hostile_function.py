@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.functions.test_function_deploy import upload
+from tests.support.local_index import local_index
 from tests.functions.test_function_up import ThawpoolUp, tenant_client
 
 pytestmark = pytest.mark.timeout(600)
@@ -28,11 +29,14 @@ PIDS = 64                     # the stack's sandbox_pids: a fork bomb stops ther
 
 
 class Node:
-    def __init__(self, base_url: str, data: Path, victim: httpx.Client, mallory: httpx.Client, s3_port: int):
+    def __init__(self, base_url: str, data: Path, victim: httpx.Client, mallory: httpx.Client, s3_port: int,
+                 admin: httpx.Client, hostile_uri: str):
         self.base_url, self.data, self.victim, self.mallory, self.s3_port = base_url, data, victim, mallory, s3_port
+        self.admin, self.hostile_uri = admin, hostile_uri
 
-    def probe(self, probe: str, **args: Any) -> dict[str, Any]:
-        answer = self.mallory.post("/v1/functions/hostile/invoke", json={"input": {"probe": probe, "args": args}})
+    def probe(self, probe: str, deployment: str = "hostile", **args: Any) -> dict[str, Any]:
+        answer = self.mallory.post(f"/v1/functions/{deployment}/invoke",
+                                   json={"input": {"probe": probe, "args": args}})
         assert answer.status_code == 200, answer.text
         return answer.json()["output"]
 
@@ -52,7 +56,7 @@ def node(s3_server, tmp_path_factory, probe_package):
     env.pop("THAWPOOL_DATABASE_URL", None)
     env.pop("THAWPOOL_SANDBOX", None)
     work = tmp_path_factory.mktemp("security")
-    stack = ThawpoolUp(work, env)
+    stack = ThawpoolUp(work, env, slots=2)      # the victim and mallory; a third for a granted egress
     try:
         admin_key = stack.admin_key()
         victim = tenant_client(stack.base_url, admin_key, "victim", bucket)
@@ -65,7 +69,8 @@ def node(s3_server, tmp_path_factory, probe_package):
         created = mallory.post("/v1/deployments", json={"name": "hostile", "kind": "function", "model_uri": uri})
         assert created.status_code == 201, created.text
         s3_port = int(s3_server.endpoint.rsplit(":", 1)[1])
-        yield Node(stack.base_url, work / "data", victim, mallory, s3_port)
+        admin = httpx.Client(base_url=stack.base_url, headers={"authorization": f"Bearer {admin_key}"}, timeout=60)
+        yield Node(stack.base_url, work / "data", victim, mallory, s3_port, admin, uri)
     finally:
         stack.stop()
 
@@ -146,3 +151,25 @@ def test_a_cold_start_refuses_where_no_sandbox_can_be_made(tmp_path, monkeypatch
     assert FunctionSandboxes.from_settings(PoolSettings(cache_dir=tmp_path, sandbox="off")) is None
     with pytest.raises(ValueError, match="sandbox"):
         PoolSettings(sandbox="none")
+
+
+def test_it_reaches_the_hosts_the_operator_granted_and_no_other(node, tmp_path):
+    (tmp_path / "www").mkdir()
+    with local_index(tmp_path / "none", tmp_path / "www") as granted:
+        port = int(granted.split(":")[2].split("/")[0])
+        assert "error" in node.probe("fetch", url=granted), "no grant: no way out at all"
+        made = node.admin.patch("/v1/tenants/mallory/quota", json={"egress": [f"127.0.0.1:{port}"]})
+        assert made.status_code == 200, made.text
+        deployed = node.mallory.post("/v1/deployments", json={"name": "reaches", "kind": "function",
+                                                               "model_uri": node.hostile_uri})
+        assert deployed.status_code == 201, deployed.text
+        try:
+            assert node.probe("fetch", "reaches", url=granted) == {"status": 200}
+            for elsewhere in (f"{node.base_url}/readyz", f"http://127.0.0.1:{node.s3_port}/",
+                              "http://169.254.169.254/latest/meta-data/"):
+                assert node.probe("fetch", "reaches", url=elsewhere) == {"status": 403}, elsewhere
+            assert node.probe("connect", "reaches", tcp=[["127.0.0.1", port]], unix=[])["reached"] == [], \
+                "only through the proxy"
+        finally:
+            node.admin.patch("/v1/tenants/mallory/quota", json={"egress": None})
+            node.mallory.delete("/v1/deployments/reaches")

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +92,16 @@ class Hostile:
         interfaces = [line.split(":")[0].strip() for line in _read(Path("/proc/net/dev")).splitlines()[2:]]
         routes = _read(Path("/proc/net/route")).splitlines()[1:]
         return {"interfaces": interfaces, "routes": routes}
+
+    def probe_fetch(self, url: str) -> dict[str, Any]:
+        """An HTTP GET the ordinary way (urllib, with whatever proxy it was given)."""
+        try:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                return {"status": answer.status}
+        except urllib.error.HTTPError as exc:
+            return {"status": exc.code}
+        except OSError as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
 
     def probe_devices(self) -> dict[str, Any]:
         return {"gpu": sorted(n for n in os.listdir("/dev") if n.startswith("nvidia") or n.startswith("dri"))}
