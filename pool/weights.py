@@ -563,11 +563,16 @@ def _hash_range(fd: int, start: int, end: int, hashes: Iterable["hashlib._Hash"]
 
 @dataclass(frozen=True)
 class Signature:
-    """What a file's stat says of its bytes: any write changes ctime."""
+    """What a file's stat says of its bytes. Not ctime: a sandboxed model replica's hard
+    links to an entry (pool/model_sandbox.py) change it at every placement, and a changed
+    signature costs a full re-hash. An entry's files are root's and read-only (0444) in a
+    folder of root's alone, so writing one takes a chmod first, which the mode shows; a
+    writer able to put back mode, owner and mtime is root, whom no stat can catch."""
     inode: int
     size: int
     mtime_ns: int
-    ctime_ns: int
+    mode: int
+    owner: int
 
 
 # An entry's files by path within it ("": the entry's data is one file)
@@ -577,7 +582,7 @@ Fingerprint = dict[str, Signature]      # -> stat
 
 def signature(path: Path) -> Signature:
     st = path.stat()
-    return Signature(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return Signature(st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode, st.st_uid)
 
 
 def fingerprint(data: Path) -> Fingerprint:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -52,9 +53,23 @@ class Env:
 
 
 def env_dir(root: Path, package: FunctionPackage, package_dir: Path) -> Path:
-    """Keyed by the requirements and whether they come from the package's own wheels."""
-    own = "w" if (package_dir / "wheels").is_dir() else "i"
-    return root / f"{package.requirements_hash}-{own}"
+    """Keyed by the requirements and, where they come from the package's own wheels, by
+    those wheels' bytes: a revision that ships other wheels under the same requirement
+    lines gets a venv of its own, never the one built from the earlier wheels."""
+    wheels = package_dir / "wheels"
+    if not wheels.is_dir():
+        return root / f"{package.requirements_hash}-i"
+    return root / f"{package.requirements_hash}-w{wheels_digest(wheels)}"
+
+
+def wheels_digest(wheels: Path) -> str:
+    """A digest of the folder's files, by name and content."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in wheels.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(wheels)).encode() + b"\0")
+        with open(path, "rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
+    return digest.hexdigest()[:16]
 
 
 def prepare(package_dir: Path, root: Path) -> Env:
@@ -116,8 +131,9 @@ def _run(command: list[str], what: str) -> None:
 
 
 def through_egress(socket: Path) -> str:
-    """The installer's HTTP proxy: a loopback port carried to the pool's egress proxy
-    (pool/egress.py), the sandbox's only way out, which opens the index's hosts only."""
+    """This process's (and its children's) HTTP proxy: a loopback port carried to the
+    pool's egress proxy (pool/egress.py), the sandbox's only way out, which opens only the
+    hosts granted (a build's: the index's; a function server's: its tenant's grant)."""
     proxy = f"http://127.0.0.1:{SocketForward('127.0.0.1', socket).start()}"
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         os.environ[name] = proxy

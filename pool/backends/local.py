@@ -361,6 +361,11 @@ class LocalBackend:
 
     # -- warm pool ---------------------------------------------------------
 
+    @property
+    def standbys_ready(self) -> int:
+        """Warm standbys up and waiting for a load (a benchmark waits for the refill)."""
+        return sum(1 for w in self._warm if w.ready.done() and not _failed(w.ready) and w.process.is_alive())
+
     async def _take_warm(self) -> Optional[WarmProcess]:
         """A standby process: a ready one if any, else one still starting, else None."""
         self._warm = [w for w in self._warm if w.process.is_alive() and not _failed(w.ready)]

@@ -67,7 +67,7 @@ def make_wheel(folder: Path, name: str, version: str, init: str) -> Path:
     wheel = folder / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         for path, text in files.items():
-            zf.writestr(path, text)
+            zf.writestr(zipfile.ZipInfo(path, date_time=(2024, 1, 1, 0, 0, 0)), text)   # the same bytes each time
     return wheel
 
 

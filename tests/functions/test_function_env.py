@@ -1,5 +1,6 @@
 """Per-revision venvs on the node: built once per requirements hash, the platform's torch
 visible, the package's own wheels only, failures with pip's reason."""
+import shutil
 import subprocess
 
 import pytest
@@ -8,6 +9,7 @@ from pool.api import ColdStartFailed
 from pool.function_env import build_env, installer_env, plain_env, server_env
 from pool.function_sandbox import FunctionSandboxes
 from pool.settings import PoolSettings
+from tests.functions.conftest import make_wheel
 from tests.support.local_index import local_index
 
 async_test = pytest.mark.asyncio(loop_scope="function")
@@ -32,13 +34,28 @@ async def test_requirements_install_from_the_packages_wheels_and_are_cached(prob
 
 
 @async_test
+async def test_other_wheels_under_the_same_requirement_lines_get_a_venv_of_their_own(probe_package, tmp_path):
+    settings = PoolSettings(accelerator="cpu", cache_dir=tmp_path)
+    sandboxes = FunctionSandboxes.from_settings(settings)
+    first = await build_env(settings, probe_package(requirements='["tinydep==0.1"]', wheels=True), sandboxes, "t")
+    changed = probe_package(requirements='["tinydep==0.1"]', wheels=True)
+    shutil.rmtree(changed / "wheels")
+    make_wheel(changed / "wheels", "tinydep", "0.1", "VALUE = 43\n")      # same name and version, other bytes
+    second = await build_env(settings, changed, sandboxes, "t")
+    assert not second.cached and second.python != first.python
+    probe = subprocess.run([second.python, "-c", "import tinydep; print(tinydep.VALUE)"], capture_output=True,
+                           text=True)
+    assert probe.stdout.strip() == "43", probe.stderr
+
+
+@async_test
 async def test_a_requirement_the_wheels_do_not_hold_fails_with_pips_reason(probe_package, tmp_path):
     settings = PoolSettings(accelerator="cpu", cache_dir=tmp_path)
     with pytest.raises(ColdStartFailed) as failed:
         await build_env(settings, probe_package(requirements='["tinydep==9.9"]', wheels=True),
                         FunctionSandboxes.from_settings(settings), "tenant-a")
     assert "installing requirements failed" in failed.value.reason and "tinydep" in failed.value.reason
-    assert not list((tmp_path / "function-envs").glob("*/*-w"))     # nothing half-built kept
+    assert not [p for p in (tmp_path / "function-envs").glob("*/*-w*") if p.is_dir()]   # nothing half-built
 
 
 @async_test
