@@ -37,6 +37,7 @@ SOCKET = "http.sock"
 SECRET = "secret"
 EGRESS = Path("/run/egress")           # a build's way to the index (pool/egress.py)
 EGRESS_SOCKET = "proxy.sock"
+EGRESS_ROOT = Path("/run/thawpool-egress")  # on the host: the proxies' sockets
 MAX_OPEN_FILES = 4096
 
 
@@ -74,14 +75,16 @@ class FunctionSandboxes:
                  *([Bind(egress, EGRESS)] if egress is not None else []))
         return SandboxProfile(uid, binds, self._limits(None), self.settings.sandbox_tmp_mb * MB)
 
-    def egress_folder(self, build: str) -> Path:
-        """The folder of a build's egress proxy socket: root's, which any uid may enter."""
-        folder = self.settings.replica_state_dir / "sandbox" / "builds" / build
+    def egress_folder(self, name: str) -> Path:
+        """The folder of an egress proxy's socket (a build's, a server's): root's, which any
+        uid may enter. Under /run, not the state dir: a unix socket's path has at most 107
+        bytes, which a deep state dir leaves too few of. Names are unique (a uuid, a replica id)."""
+        folder = EGRESS_ROOT / name
         folder.mkdir(mode=0o755, parents=True, exist_ok=True)
         return folder
 
-    def remove_egress(self, build: str) -> None:
-        shutil.rmtree(self.settings.replica_state_dir / "sandbox" / "builds" / build, ignore_errors=True)
+    def remove_egress(self, name: str) -> None:
+        shutil.rmtree(EGRESS_ROOT / name, ignore_errors=True)
 
     def replica_dir(self, replica_id: str) -> Path:
         return self.settings.replica_state_dir / "sandbox" / "replicas" / replica_id
