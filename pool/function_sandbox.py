@@ -38,6 +38,9 @@ SECRET = "secret"
 EGRESS = Path("/run/egress")           # a build's way to the index (pool/egress.py)
 EGRESS_SOCKET = "proxy.sock"
 EGRESS_ROOT = Path("/run/thawpool-egress")  # on the host: the proxies' sockets
+# on the host: each sandboxed server's folder (its socket, its secret), under /run because a
+# unix socket's path has at most 107 bytes, which a deep state dir leaves too few of
+RUN_ROOT = Path("/run/thawpool-replicas")
 MAX_OPEN_FILES = 4096
 
 
@@ -87,7 +90,7 @@ class FunctionSandboxes:
         shutil.rmtree(EGRESS_ROOT / name, ignore_errors=True)
 
     def replica_dir(self, replica_id: str) -> Path:
-        return self.settings.replica_state_dir / "sandbox" / "replicas" / replica_id
+        return RUN_ROOT / replica_id
 
     def server_profile(self, uid: int, replica_id: str, package_dir: Path, python: str, secret: str,
                        memory_mb: int | None, devices: tuple[Path, ...] = ()) -> SandboxProfile:

@@ -37,7 +37,7 @@ from pool.api import ColdStartFailed
 from pool.cgroups import Limits
 from kernels.cpu.build import KERNELS_DIR_ENV
 from pool.backends.runtime_args import SECRET_ENV
-from pool.function_sandbox import REPLICA, SECRET, SOCKET, cuda_devices, secret_as_file
+from pool.function_sandbox import REPLICA, RUN_ROOT, SECRET, SOCKET, cuda_devices, secret_as_file
 from pool.sandbox import (Bind, Sandbox, SandboxedServer, SandboxProfile, files_under, own_folder, replica_folder,
                           sandbox_env)
 from pool.settings import MB, PoolSettings
@@ -69,8 +69,12 @@ class ModelSandboxes:
     def folder(self, name: str) -> Path:
         return self.root / name
 
+    def run_folder(self, name: str) -> Path:
+        """Its socket and secret: under /run (a socket's path is short), not the cache."""
+        return RUN_ROOT / name
+
     def socket_path(self, name: str) -> Path:
-        return self.folder(name) / "run" / SOCKET
+        return self.run_folder(name) / SOCKET
 
     def profile(self, name: str, secret: str, memory_mb: Optional[int],
                 devices: tuple[Path, ...] = ()) -> SandboxProfile:
@@ -82,11 +86,12 @@ class ModelSandboxes:
         uid = self.sandbox.replica_uids().take()
         folder = self.folder(name)
         shutil.rmtree(folder, ignore_errors=True)
-        replica_folder(folder / "run", uid, secret, SECRET)
+        replica_folder(self.run_folder(name), uid, secret, SECRET)
+        folder.mkdir(mode=0o755, parents=True)
         (folder / "model").mkdir(mode=0o755)
         (folder / "draft").mkdir(mode=0o755)
         own_folder(folder / "packed", uid, 0o755)
-        binds = (Bind(folder / "run", REPLICA, writable=True), Bind(folder / "model", MODEL),
+        binds = (Bind(self.run_folder(name), REPLICA, writable=True), Bind(folder / "model", MODEL),
                  Bind(folder / "draft", DRAFT), Bind(folder / "packed", PACKED, writable=True),
                  *self._kernels())
         limits = Limits(memory_mb * MB if memory_mb else None, self.settings.sandbox_pids, self.settings.sandbox_cpus)
@@ -130,8 +135,9 @@ class ModelSandboxes:
         except OSError:
             tenant_id = None
         if tenant_id is not None:
-            self._keep_packs(folder, tenant_id)
+            self._keep_packs(name, tenant_id)
         shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(self.run_folder(name), ignore_errors=True)
 
     def prebuild_kernels(self, python: str, env: dict[str, str]) -> None:
         """The C kernels built once for every sandbox (their /tmp is their own); a
@@ -150,10 +156,10 @@ class ModelSandboxes:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         return folder
 
-    def _keep_packs(self, folder: Path, tenant_id: str) -> None:
+    def _keep_packs(self, name: str, tenant_id: str) -> None:
         """Files the process packed (its own, plain, whole) become its tenant's, read-only
         and root's; then its tenant's least recently used go beyond the node's budget."""
-        packed, uid = folder / "packed", _owner(folder / "run")
+        packed, uid = self.folder(name) / "packed", _owner(self.run_folder(name))
         keep = self._tenant_packs(tenant_id)
         for path in packed.iterdir() if packed.is_dir() else ():
             info = path.lstat()

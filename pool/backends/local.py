@@ -354,10 +354,10 @@ class LocalBackend:
                 self.models.remove(folder.name)
 
     def _adopt_sandbox(self, replica: Any) -> None:
-        """An earlier pool's model sandbox, by its socket's folder (models/<name>/run)."""
+        """An earlier pool's model sandbox, by the name of its socket's folder (RUN_ROOT/<name>)."""
         socket = address_of(replica.base_url).socket
-        if socket and self.models is not None and Path(socket).parent.parent.parent == self.models.root:
-            self._sandbox_of[replica.replica_id] = Path(socket).parent.parent.name
+        if socket and self.models is not None and (self.models.root / Path(socket).parent.name).is_dir():
+            self._sandbox_of[replica.replica_id] = Path(socket).parent.name
 
     # -- warm pool ---------------------------------------------------------
 

@@ -105,7 +105,7 @@ async def test_packed_layers_go_to_their_tenant_and_nothing_else_does(tmp_path):
     models = ModelSandboxes(Sandbox(tmp_path / "state", Platform(())), settings)
     uid, name = 345_678, "model-r1"
     folder = models.folder(name)
-    own_folder(folder / "run", uid, 0o700)
+    own_folder(models.run_folder(name), uid, 0o700)
     (folder / "packed").mkdir(parents=True)
     (folder / "tenant").write_text("tenant-a")
     secret = tmp_path / "admin-key"
