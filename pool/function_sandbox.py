@@ -139,7 +139,12 @@ class FunctionSandboxes:
         self.remove_egress(server_name(replica_id))
 
     def _limits(self, memory_mb: int | None) -> Limits:
-        return Limits(memory_mb * MB if memory_mb else None, self.settings.sandbox_pids, self.settings.sandbox_cpus)
+        return sandbox_limits(self.settings, memory_mb)
+
+
+def sandbox_limits(settings: PoolSettings, memory_mb: Optional[int]) -> Limits:
+    """A sandboxed server's limits: its memory (None: none), the settings' pids and CPUs."""
+    return Limits(memory_mb * MB if memory_mb else None, settings.sandbox_pids, settings.sandbox_cpus)
 
 
 def server_name(replica_id: str) -> str:

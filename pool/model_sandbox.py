@@ -34,10 +34,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from pool.api import ColdStartFailed
-from pool.cgroups import Limits
 from kernels.cpu.build import KERNELS_DIR_ENV
 from pool.backends.runtime_args import SECRET_ENV
-from pool.function_sandbox import REPLICA, RUN_ROOT, SECRET, SOCKET, cuda_devices, secret_as_file
+from pool.function_sandbox import REPLICA, RUN_ROOT, SECRET, SOCKET, cuda_devices, sandbox_limits, secret_as_file
 from pool.sandbox import (Bind, Sandbox, SandboxedServer, SandboxProfile, files_under, own_folder, replica_folder,
                           sandbox_env)
 from pool.settings import MB, PoolSettings
@@ -94,8 +93,8 @@ class ModelSandboxes:
         binds = (Bind(self.run_folder(name), REPLICA, writable=True), Bind(folder / "model", MODEL),
                  Bind(folder / "draft", DRAFT), Bind(folder / "packed", PACKED, writable=True),
                  *self._kernels())
-        limits = Limits(memory_mb * MB if memory_mb else None, self.settings.sandbox_pids, self.settings.sandbox_cpus)
-        return SandboxProfile(uid, binds, limits, self.settings.sandbox_tmp_mb * MB, devices=devices)
+        return SandboxProfile(uid, binds, sandbox_limits(self.settings, memory_mb), self.settings.sandbox_tmp_mb * MB,
+                              devices=devices)
 
     def server(self, name: str, python: str, env: Mapping[str, str], memory_mb: Optional[int],
                gpus: Sequence[int], args: Callable[[], list[str]]) -> SandboxedServer:
