@@ -69,6 +69,22 @@ class RuntimeProcess:
             return "exited (started by an earlier pool: exit status unknown)"
         return f"exited with code {self.popen.poll()}"
 
+    def set_nice(self, nice: int) -> None:
+        """The scheduling weight of all its group's threads (a standby warming up is
+        background work: it yields the CPU to replicas serving calls). Where the kernel
+        groups a session's threads for the scheduler (autogroup), a nice weighs only
+        within the group, so the group's own nice is set too. Best effort: a process
+        that exited keeps nothing to set."""
+        try:
+            os.setpriority(os.PRIO_PGRP, self.pid, nice)
+        except OSError:
+            return
+        autogroup = Path(f"/proc/{self.pid}/autogroup")
+        try:
+            autogroup.write_text(str(nice))
+        except OSError:
+            pass                     # no autogroup on this kernel: the threads' nice is it
+
     def log_tail(self, limit: int = 600) -> str:
         try:
             return self.log_path.read_bytes()[-limit:].decode("utf-8", "replace").strip()

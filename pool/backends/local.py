@@ -3,7 +3,9 @@
 A warm pool keeps `warm_pool_size` standby processes (`--standby`: torch and
 the engine imported, no model); a cold start takes one and POSTs
 /admin/load, so it pays only for the weights. The pool is refilled in the
-background. Without a warm process (pool empty, size 0, or a multi-GPU
+background once that load is done, and a standby warms up at a low CPU weight
+(STANDBY_NICE) until it is taken: on a node of few cores its start would
+otherwise slow the cold start it stands by for. Without a warm process (pool empty, size 0, or a multi-GPU
 replica that needs its own CUDA_VISIBLE_DEVICES) the replica is started
 directly with `--model DIR`.
 
@@ -25,6 +27,7 @@ stopped there), a standby is stopped at once, a dead one is unregistered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import uuid
@@ -44,6 +47,7 @@ from pool.backends.local_state import ProcessEntry, ProcessRegistry
 from pool.backends.runtime_args import (auth_headers, engine_flags, engine_for,
                                         new_secret, runtime_env)
 from pool.egress import EgressProxy
+from pool.health import wait_healthy
 from pool.function_sandbox import FunctionSandboxes, gpu_indices
 from pool.model_sandbox import MODEL, ModelSandboxes
 from wire.replica_address import address_of, unix_base_url
@@ -53,6 +57,8 @@ from pool.replica_http import replica_client
 from pool.settings import PoolSettings
 
 log = logging.getLogger(__name__)
+
+STANDBY_NICE = 10
 
 
 @dataclass
@@ -185,13 +191,8 @@ class LocalBackend:
         # a sandboxed standby sees no GPU: a CUDA replica in a sandbox starts directly
         direct = needs_own_process(slots) or (self.models is not None and any(s.kind == "cuda" for s in slots))
         warm = None if direct else await self._take_warm()
-        if warm is None:
-            replica = self._start_direct(spec, slots, model_dir, engine, replica_id)
-        else:
-            try:
-                replica = await self._load_into(warm, model_dir, spec, engine, replica_id)
-            finally:
-                self.refill()
+        replica = self._start_direct(spec, slots, model_dir, engine, replica_id) if warm is None \
+            else await self._thaw(warm, model_dir, spec, engine, replica_id)
         self._replicas[replica_id] = replica
         self._register(replica, spec, slots, registration)
         return replica
@@ -205,6 +206,17 @@ class LocalBackend:
         process = replica.process
         port = address_of(replica.base_url).port            # 0: a unix socket
         self._state.write(ProcessEntry(process.pid, process.started, port, process.log_path, record))
+
+    async def _thaw(self, warm: WarmProcess, model_dir: Path, spec: RevisionSpec,
+                    engine: dict[str, Any], replica_id: str) -> LocalReplica:
+        """The standby loads the model; the pool refills once that load is done."""
+        try:
+            replica = await self._load_into(warm, model_dir, spec, engine, replica_id)
+        except BaseException:
+            self.refill()
+            raise
+        self.refill(after=replica)
+        return replica
 
     async def _load_into(self, warm: WarmProcess, model_dir: Path, spec: RevisionSpec,
                          engine: dict[str, Any], replica_id: str) -> LocalReplica:
@@ -374,6 +386,7 @@ class LocalBackend:
         ready = [w for w in self._warm if w.ready.done()]
         warm = (ready or self._warm)[0]
         self._warm.remove(warm)
+        warm.process.set_nice(0)               # now a replica a caller waits for
         try:
             await asyncio.wait_for(asyncio.shield(warm.ready), self.settings.load_timeout_s)
             return warm
@@ -384,12 +397,18 @@ class LocalBackend:
             await self._discard_standby(warm)
             return None
 
-    def refill(self) -> None:
+    def refill(self, after: Optional[LocalReplica] = None) -> None:
+        """Standbys up to `warm_pool_size`, started once `after` (a replica a caller
+        waits for) has loaded: a standby's start shares no CPU with that load."""
         if self._closed or (self._refilling and not self._refilling.done()):
             return
-        self._refilling = asyncio.ensure_future(self._refill())
+        self._refilling = asyncio.ensure_future(self._refill(after))
 
-    async def _refill(self) -> None:
+    async def _refill(self, after: Optional[LocalReplica]) -> None:
+        if after is not None:
+            with contextlib.suppress(ColdStartFailed, asyncio.TimeoutError):
+                await asyncio.wait_for(wait_healthy(after, self.http, self.settings.health_poll_s),
+                                       self.settings.load_timeout_s)
         self._warm = [w for w in self._warm if w.process.is_alive() and not _failed(w.ready)]
         while not self._closed and len(self._warm) < self.settings.warm_pool_size:
             try:
@@ -402,6 +421,13 @@ class LocalBackend:
                 return                       # broken runtime: retry at the next refill
 
     def _spawn_standby(self) -> WarmProcess:
+        """A standby at STANDBY_NICE until it is taken: its start (an interpreter and torch
+        importing, ~2 CPU-seconds) yields to the cold start that triggered the refill."""
+        warm = self._spawn_warm()
+        warm.process.set_nice(STANDBY_NICE)
+        return warm
+
+    def _spawn_warm(self) -> WarmProcess:
         secret, ready = new_secret(), asyncio.get_running_loop().create_future()
         if self.models is not None:
             name = f"standby-{uuid.uuid4().hex[:12]}"

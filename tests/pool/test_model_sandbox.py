@@ -16,12 +16,14 @@ from pathlib import Path
 import pytest
 
 from pool.api import RevisionSpec
+from pool.backends.local import STANDBY_NICE
 from pool.desired import InMemoryDesiredState
 from pool.manager import PoolManager
 from pool.model_sandbox import ModelSandboxes
 from pool.sandbox import Platform, Sandbox, own_folder
 from pool.settings import PoolSettings
 from tests.pool.conftest import make_settings, running_manager
+from tests.pool.test_manager import until
 from tests.support.model_factory import upload_model
 from tests.support.replica_client import replica_http
 
@@ -56,7 +58,7 @@ async def serving(manager: PoolManager, desired: InMemoryDesiredState, spec: Rev
                                        json={"model": spec.revision_id, "prompt": "hi", "max_tokens": 3})
         assert answer.status_code == 200, answer.text
         group = manager.handle(lease.replica_id).process.pid
-        return {"pid": server_pid(group)}
+        return {"pid": server_pid(group), "group": group}
 
 
 def server_pid(group: int) -> int:
@@ -71,6 +73,25 @@ def server_pid(group: int) -> int:
         if b"runtime.server" in argv and b"bwrap" not in argv[0] and b"sh" != Path(argv[0].decode()).name.encode():
             return int(proc.name)
     raise LookupError(f"no runtime.server in group {group}")
+
+
+def nice_values(group: int) -> set[int]:
+    """The nice of every thread of the group's processes, and of its autogroup where the
+    kernel has them (then the threads' nice weighs only within it)."""
+    values = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.getpgid(int(proc.name)) != group:
+                continue
+            for task in (proc / "task").iterdir():
+                stat = (task / "stat").read_text()
+                values.add(int(stat[stat.rfind(")") + 2:].split()[16]))
+        except (OSError, ValueError):
+            continue
+    autogroup = Path(f"/proc/{group}/autogroup")
+    if autogroup.exists():
+        values.add(int(autogroup.read_text().split()[-1]))
+    return values
 
 
 def status_of(pid: int) -> dict[str, str]:
@@ -134,3 +155,14 @@ async def test_packed_layers_go_to_their_tenant_and_nothing_else_does(tmp_path):
     info = kept[0].stat()
     assert (info.st_uid, info.st_mode & 0o777) == (0, 0o444), "the tenant's, read-only, the replica's no more"
     assert not folder.exists() and list(models._tenant_packs("tenant-b").iterdir()) == []
+
+
+@needs_root
+async def test_a_standby_warms_up_in_the_background_and_serves_at_full_weight(two_tenants):
+    manager, desired, _, (uri_a, _) = two_tenants
+    assert await until(lambda: manager.backend.standbys_ready >= 1, 120)
+    standby = manager.backend._warm[0].process.pid
+    assert nice_values(standby) == {STANDBY_NICE}, "its start yields the CPU to replicas serving calls"
+    served = await serving(manager, desired, spec_for(uri_a, "tenant-a"))
+    assert served["group"] == standby, "the ready standby took the load"
+    assert nice_values(standby) == {0}, "a replica a caller waits for runs at the normal weight"
