@@ -9,6 +9,7 @@ launcher sets still hold (per uid, not per replica).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -64,6 +65,30 @@ class Cgroups:
         except OSError:
             return False
         return bool(files)
+
+    def names(self) -> list[str]:
+        """The groups made here (by any pool of this host), by name."""
+        parents = [self.root / PARENT] if self.version == 2 else \
+            [self.root / c / PARENT for c in V1_CONTROLLERS] if self.version == 1 else []
+        return sorted({g.name for p in parents if p.is_dir() for g in p.iterdir() if g.is_dir()})
+
+    def members(self, name: str) -> list[int]:
+        """The PIDs in the group (every controller's group holds the same ones)."""
+        for folder in self._folders(name):
+            try:
+                return [int(pid) for pid in (folder / "cgroup.procs").read_text().split()]
+            except (OSError, ValueError):
+                continue
+        return []
+
+    def age_s(self, name: str) -> float:
+        """Seconds since the group was made (0 where it is not there)."""
+        for folder in self._folders(name):
+            try:
+                return max(0.0, time.time() - folder.stat().st_ctime)
+            except OSError:
+                continue
+        return 0.0
 
     def remove(self, name: str) -> None:
         """The process's groups, once it has exited. A sandbox's inner processes die a

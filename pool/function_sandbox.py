@@ -108,21 +108,24 @@ class FunctionSandboxes:
         """runtime.function_server as the tenant's uid, on a unix socket, its secret in a
         file; `env` is the server's whole environment as an unconfined one would get it,
         `gpus` the device indices of its GPUs, `egress` the hosts its tenant was granted."""
+        self.sandbox.sweep_orphans()
         uid = self.uid(tenant_id)
         profile = self.server_profile(uid, replica_id, package_dir, python, env[SECRET_ENV], memory_mb,
                                       cuda_devices(gpus))
         args = [str(VENV / "bin" / "python"), *function_server_args(PACKAGE, served_name, memory_mb),
                 "--uds", str(REPLICA / SOCKET)]
         inside = secret_as_file(env)
-        proxy = self._egress(replica_id, egress)
+        proxy = self.egress_proxy(replica_id, egress)
         if proxy is not None:
             profile = replace(profile, binds=(*profile.binds, Bind(proxy.socket.parent, EGRESS)))
             inside[EGRESS_SOCKET_ENV] = str(EGRESS / EGRESS_SOCKET)
         command = self.sandbox.command(server_name(replica_id), profile, args)
         return SandboxedServer(command, sandbox_env(os.environ, inside), self.socket_path(replica_id), proxy)
 
-    def _egress(self, replica_id: str, hosts: Sequence[str]) -> Optional[EgressProxy]:
-        """The proxy of the hosts its tenant was granted, listening; None without a grant."""
+    def egress_proxy(self, replica_id: str, hosts: Sequence[str]) -> Optional[EgressProxy]:
+        """The proxy of the hosts its tenant was granted, listening; None without a grant.
+        Started again at the same socket for a replica an earlier pool left running (its
+        proxy ended with that pool's process)."""
         if not hosts:
             return None
         proxy = EgressProxy(self.egress_folder(server_name(replica_id)) / EGRESS_SOCKET,

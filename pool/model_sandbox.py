@@ -82,7 +82,17 @@ class ModelSandboxes:
         problem = self.sandbox.check()
         if problem is not None:
             raise ColdStartFailed(f"the sandbox cannot start on this node, so no model replica runs: {problem}")
+        self.sandbox.sweep_orphans()
         uid = self.sandbox.replica_uids().take()
+        folder = self.folder(name)
+        self._make_folders(name, uid, secret)
+        binds = (Bind(self.run_folder(name), REPLICA, writable=True), Bind(folder / "model", MODEL),
+                 Bind(folder / "draft", DRAFT), Bind(folder / "packed", PACKED, writable=True),
+                 *self._kernels())
+        return SandboxProfile(uid, binds, sandbox_limits(self.settings, memory_mb), self.settings.sandbox_tmp_mb * MB,
+                              devices=devices)
+
+    def _make_folders(self, name: str, uid: int, secret: str) -> None:
         folder = self.folder(name)
         shutil.rmtree(folder, ignore_errors=True)
         replica_folder(self.run_folder(name), uid, secret, SECRET)
@@ -90,22 +100,21 @@ class ModelSandboxes:
         (folder / "model").mkdir(mode=0o755)
         (folder / "draft").mkdir(mode=0o755)
         own_folder(folder / "packed", uid, 0o755)
-        binds = (Bind(self.run_folder(name), REPLICA, writable=True), Bind(folder / "model", MODEL),
-                 Bind(folder / "draft", DRAFT), Bind(folder / "packed", PACKED, writable=True),
-                 *self._kernels())
-        return SandboxProfile(uid, binds, sandbox_limits(self.settings, memory_mb), self.settings.sandbox_tmp_mb * MB,
-                              devices=devices)
 
     def server(self, name: str, python: str, env: Mapping[str, str], memory_mb: Optional[int],
                gpus: Sequence[int], args: Callable[[], list[str]]) -> SandboxedServer:
         """`python -m runtime.server <args()>` in the sandbox `name`, on its unix socket;
         `env` is what an unconfined server would add to the node's environment (its secret
         among it), `gpus` its GPUs' device indices; args() runs once the folder is made."""
-        profile = self.profile(name, env[SECRET_ENV], memory_mb, cuda_devices(gpus))
-        argv = [python, "-m", "runtime.server", "--uds", str(REPLICA / SOCKET), *args()]
+        try:
+            profile = self.profile(name, env[SECRET_ENV], memory_mb, cuda_devices(gpus))
+            argv = [python, "-m", "runtime.server", "--uds", str(REPLICA / SOCKET), *args()]
+            command = self.sandbox.command(name, profile, argv)
+        except BaseException:
+            self.remove(name)                # no half-made folder or group outlives a failed start
+            raise
         inside = {**secret_as_file(env), KERNELS_DIR_ENV: str(KERNELS)}
-        return SandboxedServer(self.sandbox.command(name, profile, argv), sandbox_env(os.environ, inside),
-                               self.socket_path(name))
+        return SandboxedServer(command, sandbox_env(os.environ, inside), self.socket_path(name))
 
     def place(self, name: str, model_dir: Path, tenant_id: str, memory_mb: Optional[int],
               engine: dict[str, Any]) -> dict[str, Any]:

@@ -20,14 +20,17 @@ then refuses to start a tenant process rather than run it unconfined.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import shlex
 import shutil
+import signal
 import site
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence
@@ -37,6 +40,8 @@ from pool.egress import EgressProxy
 from pool.seccomp import SeccompUnavailable, write_filter
 
 TOOLS = ("bwrap", "setpriv", "prlimit")
+EMPTY_GROUP_AGE_S = 120.0      # a launcher joins its group within moments of its making
+SHELL = os.path.realpath("/bin/sh")            # what a launcher (Sandbox.command) runs
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # the public CA certificates too: an installer checks the bundle its settings name at start
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf", "/etc/ssl", "/etc/ca-certificates")
@@ -127,6 +132,13 @@ class ReplicaUids:
             return self.base + turn % self.span
 
 
+def _is_launcher(pid: int) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == 0 and os.readlink(f"/proc/{pid}/exe") == SHELL
+    except OSError:
+        return False
+
+
 def running_uids() -> set[int]:
     """The real uids of this host's processes."""
     uids = set()
@@ -203,6 +215,35 @@ class Sandbox:
 
     def release(self, name: str) -> None:
         self.cgroups.remove(name)
+
+    def sweep_orphans(self) -> list[str]:
+        """Sandboxes whose launcher is gone, ended: their processes killed, their groups
+        removed; their names. bwrap dies with the launcher once it armed that, but a
+        launcher killed in the moment before (its Ray actor killed as it started it)
+        leaves bwrap and the sandbox to init. A launcher is the group's root-owned shell:
+        a tenant's processes never run as root, so none can pose as one. Empty groups
+        long past their launch go too: one released while its processes were still
+        exiting is retried only by the Cgroups that released it, which may be gone."""
+        swept = []
+        for name in self.cgroups.names():
+            members = self.cgroups.members(name)
+            if members and not any(_is_launcher(pid) for pid in members):
+                self._kill_group(name, members)
+                swept.append(name)
+            elif not members and self.cgroups.age_s(name) > EMPTY_GROUP_AGE_S:
+                self.release(name)
+        return swept
+
+    def _kill_group(self, name: str, members: list[int]) -> None:
+        """SIGKILL to each, then the group removed once they have left it (at once, as a
+        rule: else at a later create or remove, as Cgroups does)."""
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 1.0
+        while self.cgroups.members(name) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.release(name)
 
     def _bwrap(self, profile: SandboxProfile) -> list[str]:
         args = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",

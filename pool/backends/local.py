@@ -161,6 +161,8 @@ class LocalBackend:
         self._closed = True
         if self._refilling:
             self._refilling.cancel()
+        for proxy in self._egress.values():
+            proxy.close()                          # threads of this process: a crash ends them
         self._finalizer.detach()
         self._state.unlock()
 
@@ -205,7 +207,8 @@ class LocalBackend:
                             registration=registration, started_at=datetime.now(timezone.utc))
         process = replica.process
         port = address_of(replica.base_url).port            # 0: a unix socket
-        self._state.write(ProcessEntry(process.pid, process.started, port, process.log_path, record))
+        egress = spec.quota.egress if replica.replica_id in self._egress else ()
+        self._state.write(ProcessEntry(process.pid, process.started, port, process.log_path, record, egress))
 
     async def _thaw(self, warm: WarmProcess, model_dir: Path, spec: RevisionSpec,
                     engine: dict[str, Any], replica_id: str) -> LocalReplica:
@@ -350,6 +353,7 @@ class LocalBackend:
             replica = LocalReplica(entry.replica.replica_id, entry.replica.base_url, process, warm=False,
                                    secret=entry.replica.secret)
             self._adopt_sandbox(replica)
+            self._adopt_egress(replica.replica_id, entry.egress)
             self._all[process.pid] = process
             self._replicas[replica.replica_id] = replica
             survivors.append(Survivor(entry.replica, replica))
@@ -364,6 +368,13 @@ class LocalBackend:
         for folder in self.models.root.iterdir():
             if folder.name not in held:
                 self.models.remove(folder.name)
+
+    def _adopt_egress(self, replica_id: str, hosts: tuple[str, ...]) -> None:
+        """The proxy of a function replica's granted hosts, which died with the earlier pool."""
+        if hosts and self.sandboxes is not None:
+            proxy = self.sandboxes.egress_proxy(replica_id, hosts)
+            if proxy is not None:
+                self._egress[replica_id] = proxy
 
     def _adopt_sandbox(self, replica: Any) -> None:
         """An earlier pool's model sandbox, by the name of its socket's folder (RUN_ROOT/<name>)."""

@@ -31,16 +31,19 @@ class ProcessEntry:
     port: int
     log_path: Path
     replica: Optional[ReplicaRecord] = None  # None: a warm standby, serving nobody yet
+    egress: tuple[str, ...] = ()             # the hosts its proxy lets it reach (a function's grant)
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "started": self.started, "port": self.port, "log_path": str(self.log_path),
-                "replica": self.replica.to_json() if self.replica else None}
+                "replica": self.replica.to_json() if self.replica else None, "egress": list(self.egress)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProcessEntry:
         try:
             replica = ReplicaRecord.from_json(data["replica"]) if data.get("replica") else None
-            return cls(int(data["pid"]), data.get("started"), int(data["port"]), Path(data["log_path"]), replica)
+            egress = tuple(str(host) for host in data.get("egress", ()))
+            return cls(int(data["pid"]), data.get("started"), int(data["port"]), Path(data["log_path"]), replica,
+                       egress)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a process entry: {exc}") from None
 

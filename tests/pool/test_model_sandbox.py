@@ -166,3 +166,17 @@ async def test_a_standby_warms_up_in_the_background_and_serves_at_full_weight(tw
     served = await serving(manager, desired, spec_for(uri_a, "tenant-a"))
     assert served["group"] == standby, "the ready standby took the load"
     assert nice_values(standby) == {0}, "a replica a caller waits for runs at the normal weight"
+
+
+@needs_root
+def test_a_start_that_fails_leaves_no_folder_behind(tmp_path):
+    settings = PoolSettings(accelerator="cpu", cache_dir=tmp_path / "cache")
+    models = ModelSandboxes(Sandbox(tmp_path / "state", Platform(())), settings)
+    name = f"model-{uuid.uuid4().hex[:8]}"
+
+    def args() -> list[str]:
+        raise FileNotFoundError("the model's folder went away")
+
+    with pytest.raises(FileNotFoundError):
+        models.server(name, "python", {"THAWPOOL_REPLICA_SECRET": "s"}, None, [], args)
+    assert not models.folder(name).exists() and not models.run_folder(name).exists()

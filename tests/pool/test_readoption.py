@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import uuid
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import pytest
 
 from pool.adoption import ADOPTED
+from pool.api import RevisionSpec, TenantQuota
 from pool.desired import EventLog, InMemoryDesiredState
 from pool.manager import PoolManager
 from pool.processes import process_start_ticks
@@ -28,9 +31,11 @@ from tests.support.replica_client import replica_http
 from tests.pool.conftest import make_settings
 from tests.pool.test_manager import complete, spec_for, until
 from tests.support.clock import SteppedClock
+from tests.support.local_index import local_index
 from tests.support.model_factory import upload_model
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
+PROBE = Path(__file__).resolve().parents[1] / "functions" / "packages" / "probe"
 
 
 def abandon(manager: PoolManager) -> None:
@@ -152,3 +157,54 @@ def check_the_stop(events: EventLog, kept_id: str, state_dir) -> None:
     assert stopped.completion_tokens == 16 and stopped.prompt_tokens == 2 * (events.beats[0].tokens[kept_id][0])
     assert events.beats[-1].replica_ids == (), "the pool's last heartbeat: nothing holds slots"
     assert not list((state_dir / "local").glob("*.json")), "every process it stopped is unregistered"
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox needs root (no root here)")
+
+
+@needs_root
+async def test_an_adopted_function_replica_still_reaches_its_granted_host(s3_server, pool_bucket, tmp_path):
+    """Its egress proxy lived in the crashed pool's process; the next pool starts it again."""
+    settings = make_settings(s3_server, tmp_path, cpu_slots=1, slot_memory_gb=1, warm_pool_size=0,
+                             tick_s=0.2, heartbeat_s=0.5, load_timeout_s=120, pull_timeout_s=60)
+    (tmp_path / "www").mkdir()
+    package = tmp_path / "probe"
+    shutil.copytree(PROBE, package)
+    manifest = package / "thawpool.toml"                # each call answered at once, not batched
+    manifest.write_text(manifest.read_text().replace("max_wait_ms = 60000", "max_wait_ms = 0"))
+    uri = upload_model(package, s3_server.client(), pool_bucket, f"{uuid.uuid4().hex[:8]}/probe")
+    with local_index(tmp_path / "none", tmp_path / "www") as granted:
+        host = granted.split("/")[2]
+        spec = RevisionSpec(f"rev-{uuid.uuid4().hex[:8]}", "dep-fn", "tenant-fn", uri, gpu_memory_gb=0.25,
+                            kind="function", quota=TenantQuota(egress=(host,)))
+        desired = InMemoryDesiredState([spec])
+        async with AsyncExitStack() as stack:
+            s3 = await open_client(settings, stack)
+            first = PoolManager(settings, desired, EventLog(), s3_client=s3, clock=SteppedClock())
+            await first.start()
+            try:
+                before = await fetch_through(first, spec, granted)
+            except BaseException:
+                await first.stop()
+                raise
+            abandon(first)
+            second = PoolManager(settings, desired, EventLog(), s3_client=s3, clock=SteppedClock())
+            await second.start()
+            try:
+                after = await fetch_through(second, spec, granted)
+            finally:
+                await second.stop()
+                for proc in list(first.backend._all.values()):
+                    proc.kill_now()                # only if the second pool left any
+    assert before["answer"] == after["answer"] == {"status": 200}
+    assert after["pid"] == before["pid"], "the same process, adopted, not a new cold start"
+
+
+async def fetch_through(manager: PoolManager, spec: RevisionSpec, url: str) -> dict:
+    async with await manager.acquire(spec, request_id=uuid.uuid4().hex, prefix_key=None, prompt_tokens=0,
+                                     timeout_s=120) as lease:
+        pid = manager.handle(lease.replica_id).process.pid
+        async with replica_http(timeout=60, headers=lease.headers) as client:
+            answer = await client.post(f"{lease.base_url}/invoke", json={"input": {"fetch": url}})
+    assert answer.status_code == 200, answer.text
+    return {"answer": answer.json()["output"], "pid": pid}

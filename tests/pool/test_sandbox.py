@@ -140,3 +140,31 @@ def test_a_group_whose_process_is_still_exiting_is_removed_later():
     cgroups.create(f"{name}-next", Limits(None, 8, None))     # the next create sweeps it
     cgroups.remove(f"{name}-next")
     assert not any(p.parent.exists() for p in procs)
+
+
+def test_a_sandbox_whose_launcher_died_is_ended_and_a_live_one_is_kept(tmp_path):
+    """The orphan stands in for the race a Ray actor killed as it launches can leave (its
+    launcher gone before bwrap armed --die-with-parent): processes in a group, none of them
+    a launcher. The same node's live sandbox is not touched."""
+    sandbox = Sandbox(tmp_path / "state", Platform.of_this_interpreter(ROOT))
+    problem = sandbox.check()
+    if problem is not None or not sandbox.cgroups.version:
+        pytest.skip(f"no sandbox with cgroups on this machine: {problem or 'no cgroup hierarchy'}")
+    live, orphan = (f"test-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    profile = SandboxProfile(sandbox.uids().uid("t"), (), Limits(None, 64, None), 1 << 20)
+    running = subprocess.Popen(sandbox.command(live, profile, ["/bin/sleep", "60"]))
+    joins = " && ".join(f"echo $$ > {p}" for p in sandbox.cgroups.create(orphan, Limits(None, 8, None)))
+    left = subprocess.Popen(["/bin/sh", "-c", f"{joins} && exec sleep 60"])    # no launcher left
+    try:
+        while len(sandbox.cgroups.members(live)) < 3 or not sandbox.cgroups.members(orphan):
+            time.sleep(0.01)                                 # sh, bwrap, ...: all joined
+        assert sandbox.sweep_orphans() == [orphan]
+        assert left.wait(timeout=10) == -9
+        assert running.poll() is None and live in sandbox.cgroups.names()
+        assert orphan not in sandbox.cgroups.names()
+    finally:
+        for process in (running, left):
+            process.kill()
+            process.wait()
+        sandbox.release(live)
+        sandbox.release(orphan)

@@ -6,10 +6,13 @@
 {"exit": code} -> the process exits at once       (a crash mid-call)
 {"env": true} -> {"env": sorted environment names}
 {"alloc_mb": n} -> allocates n MB                 (MemoryError past the limit)
+{"fetch": url} -> {"status": <HTTP status>} or {"error": ...}   (an ordinary GET: urllib, its proxy)
 """
 from __future__ import annotations
 
 import os
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -36,5 +39,17 @@ class Probe:
     def _one(self, item: dict[str, Any], batch: int) -> dict[str, Any]:
         if item.get("env"):
             return {"env": sorted(os.environ)}
+        if "fetch" in item:
+            return fetch(str(item["fetch"]))
         return {"echo": item.get("echo"), "batch": batch, "pid": os.getpid(), "weights": self.weights,
                 "instance": self.instance}
+
+
+def fetch(url: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return {"status": answer.status}
+    except urllib.error.HTTPError as exc:
+        return {"status": exc.code}
+    except OSError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
