@@ -50,6 +50,10 @@ class PoolSettings:
     drain_timeout_s: float = 300.0
     # runtime processes
     warm_pool_size: int = 1
+    # a standby taken is replaced this long after its load is done: the call that waited
+    # for that load goes first (a standby's start is ~2 CPU-seconds; on a node of few
+    # cores it slows the call), and the next cold start rarely comes sooner
+    standby_refill_delay_s: float = 1.0
     runtime_python: str = sys.executable
     runtime_threads: Optional[int] = None      # OMP/torch threads per CPU replica
     host: str = "127.0.0.1"

@@ -3,7 +3,7 @@
 A warm pool keeps `warm_pool_size` standby processes (`--standby`: torch and
 the engine imported, no model); a cold start takes one and POSTs
 /admin/load, so it pays only for the weights. The pool is refilled in the
-background once that load is done, and a standby warms up at a low CPU weight
+background a moment after that load is done, and a standby warms up at a low CPU weight
 (STANDBY_NICE) until it is taken: on a node of few cores its start would
 otherwise slow the cold start it stands by for. Without a warm process (pool empty, size 0, or a multi-GPU
 replica that needs its own CUDA_VISIBLE_DEVICES) the replica is started
@@ -409,8 +409,8 @@ class LocalBackend:
             return None
 
     def refill(self, after: Optional[LocalReplica] = None) -> None:
-        """Standbys up to `warm_pool_size`, started once `after` (a replica a caller
-        waits for) has loaded: a standby's start shares no CPU with that load."""
+        """Standbys up to `warm_pool_size`, started `standby_refill_delay_s` after `after`
+        (a replica a caller waits for) has loaded: its load and first call go first."""
         if self._closed or (self._refilling and not self._refilling.done()):
             return
         self._refilling = asyncio.ensure_future(self._refill(after))
@@ -420,6 +420,7 @@ class LocalBackend:
             with contextlib.suppress(ColdStartFailed, asyncio.TimeoutError):
                 await asyncio.wait_for(wait_healthy(after, self.http, self.settings.health_poll_s),
                                        self.settings.load_timeout_s)
+            await asyncio.sleep(self.settings.standby_refill_delay_s)
         self._warm = [w for w in self._warm if w.process.is_alive() and not _failed(w.ready)]
         while not self._closed and len(self._warm) < self.settings.warm_pool_size:
             try:
