@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/metering.py [--events 50000] [--baseline-events 3000]
 
 Starts its own EmbeddedPostgres in a temp dir and applies the migrations. The
-write path is controlplane.metering.UsageWriter (batched multi-row INSERT ...
+write path is controlplane.billing.metering.UsageWriter (batched multi-row INSERT ...
 ON CONFLICT DO NOTHING, one transaction per batch); the peer is the naive
 path, one INSERT and one commit per event, measured in the same run. 2% of
 the events are submitted twice; the row count proves none lost or doubled.
@@ -28,9 +28,9 @@ from sqlalchemy.dialects.postgresql import insert  # noqa: E402
 
 from controlplane.db import create_db_engine, migrate  # noqa: E402
 from controlplane.embedded import EmbeddedPostgres  # noqa: E402
-from controlplane.metering import UsageWriter  # noqa: E402
-from controlplane.models import UsageEvent  # noqa: E402
-from controlplane.outbox import Outbox  # noqa: E402
+from controlplane.billing.metering import UsageWriter  # noqa: E402
+from controlplane.store.tables import UsageEvent  # noqa: E402
+from controlplane.billing.outbox import Outbox  # noqa: E402
 from tests.controlplane.support.usage import make_record  # noqa: E402
 
 # The naive peer: one idempotent INSERT per event.

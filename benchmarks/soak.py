@@ -38,7 +38,7 @@ from typing import Awaitable, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controlplane.outbox import frame, unframe  # noqa: E402
+from controlplane.billing.outbox import frame, unframe  # noqa: E402
 from tests.controlplane.support.postgres import frozen  # noqa: E402
 from tests.faults.bill import reconcile, usage_rows  # noqa: E402
 from tests.faults.stack import FaultStack, alive  # noqa: E402

@@ -8,33 +8,33 @@ from typing import AsyncIterator, Callable, Optional
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from controlplane.async_calls import AsyncCalls
-from controlplane.auth import AuthMiddleware
+from controlplane.gateway.async_calls import AsyncCalls
+from controlplane.auth.middleware import AuthMiddleware
 from controlplane.console import ConsoleFiles
 from controlplane.routes import console
 from controlplane.db import create_db_engine, sessionmaker
-from controlplane.deployer import Deployer
+from controlplane.deploy.deployer import Deployer
 from controlplane.errors import (DATABASE_ERRORS, REFUSALS, database_error_handler,
                                  refusal_handler, unhandled_error_handler)
-from controlplane.gateway import Gateway
-from controlplane.gateway_functions import FunctionGateway
-from controlplane.listener import libpq_dsn
-from controlplane.lookups import Lookups
-from controlplane.metering import UsageWriter
+from controlplane.gateway.llm import Gateway
+from controlplane.gateway.functions import FunctionGateway
+from controlplane.lookups.listener import libpq_dsn
+from controlplane.lookups.service import Lookups
+from controlplane.billing.metering import UsageWriter
 from controlplane.metrics import Metrics, MetricsMiddleware
-from controlplane.models import utcnow
-from controlplane.outbox import DeadLetters, Outbox
+from controlplane.store.tables import utcnow
+from controlplane.billing.outbox import DeadLetters, Outbox
 from controlplane.periodic import Periodic
 from controlplane.routes import (billing, deployments, functions, gateway, health, model_sources,
                                  models_list, openapi, prices, quotas, tenants, uploads)
-from controlplane.refusals import DeadLetteringSink
+from controlplane.billing.refusals import DeadLetteringSink
 from controlplane.sealing import load_sealer
 from controlplane.settings import Settings
 from controlplane.state import AppState, state_of
 from controlplane.store.desired_state import PostgresDesiredState, PostgresReplicaEvents
 from controlplane.store.prices import seed_default
-from controlplane.uploads import S3Client, UploadConfig, Uploads, open_s3_client
-from controlplane.upstream import Upstream
+from controlplane.deploy.uploads import S3Client, UploadConfig, Uploads, open_s3_client
+from controlplane.gateway.upstream import Upstream
 from pool.api import Pool, ReplicaEventSink
 from wire.request_id import RequestIdMiddleware
 

@@ -2,11 +2,11 @@
 
 A tenant's `Quota` is the settings default with the admin's overrides on top
 (None: no limit). Requests and tokens per minute over all its keys are enforced by
-the gateway's rate limiter (controlplane.ratelimit). Deployments, replicas per deployment, GPUs a deployment could
-hold at its maximum and GPUs its minimum keeps held are checked here, at deploy
+the gateway's rate limiter (controlplane.gateway.ratelimit). Deployments, replicas per
+deployment, GPUs a deployment could hold at its maximum and GPUs its minimum keeps held are checked here, at deploy
 time (422 naming the limit); GPUs held at once and queued requests travel to
 the pool in `RevisionSpec.quota`, which enforces them while running. Asynchronous
-calls in flight are counted by controlplane.async_calls (429 with Retry-After past
+calls in flight are counted by controlplane.gateway.async_calls (429 with Retry-After past
 `max_async_calls`). `egress` is a grant rather than a limit: the hosts the tenant's
 function servers may reach (none by default), which the pool's sandbox opens.
 """

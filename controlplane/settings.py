@@ -8,7 +8,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from controlplane.pricing import Pricing
+from controlplane.billing.pricing import Pricing
 from controlplane.quotas import Quota
 
 GIB = 1024 ** 3

@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-    from controlplane.async_calls import AsyncCalls
-    from controlplane.deployer import Deployer
-    from controlplane.gateway import Gateway
-    from controlplane.gateway_functions import FunctionGateway
-    from controlplane.lookups import Lookups
-    from controlplane.metering import UsageWriter
+    from controlplane.gateway.async_calls import AsyncCalls
+    from controlplane.deploy.deployer import Deployer
+    from controlplane.gateway.llm import Gateway
+    from controlplane.gateway.functions import FunctionGateway
+    from controlplane.lookups.service import Lookups
+    from controlplane.billing.metering import UsageWriter
     from controlplane.metrics import Metrics
     from controlplane.sealing import Sealer
     from controlplane.settings import Settings
-    from controlplane.uploads import Uploads
+    from controlplane.deploy.uploads import Uploads
     from pool.api import Pool
 
 

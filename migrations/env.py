@@ -11,7 +11,7 @@ from alembic import context
 from sqlalchemy import pool
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from controlplane.models import Base
+from controlplane.store.tables import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -1,6 +1,6 @@
 """How long an idle connection on the gateway -> replica hop stays open, on each side.
 
-The client (controlplane/upstream.py) must give an idle connection up before the
+The client (controlplane/gateway/upstream.py) must give an idle connection up before the
 replica's server does: otherwise a request can go out on a connection the server is
 closing at that instant, and the call fails though nothing was wrong (the same rule
 as a load balancer's idle timeout under its backends' keep-alive).

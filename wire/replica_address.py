@@ -4,7 +4,7 @@ A sandboxed replica has no network of its own (docs/security.md): it listens on
 a unix socket in a folder the pool gave it, and its base URL names that socket
 as `http+unix://<hex of the socket's path>`. Hex, because URL hosts are
 case-folded and a path is not; the control plane's client to replicas
-(controlplane/upstream.py) and the pool's (pool/replica_http.py) both read a
+(controlplane/gateway/upstream.py) and the pool's (pool/replica_http.py) both read a
 base URL with `address_of`, so the two agree on one spelling.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every route of the API is an `ApiRoute`: a Starlette Route with the `Operation` that
-documents it (who may call it, its body, query and answer), so `controlplane.openapi`
+documents it (who may call it, its body, query and answer), so `controlplane.routes.openapi_document`
 builds /openapi.json from the route table and no route goes undocumented."""
 from __future__ import annotations
 

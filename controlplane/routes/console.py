@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from controlplane.errors import ApiError
-from controlplane.lifetimes import Window
+from controlplane.billing.lifetimes import Window
 from controlplane.routes.api import ApiRoute, Operation, Param, scope, string_schema
 from controlplane.routes.context import app_state, require
 from controlplane.store import activity, billing, deployments

@@ -9,7 +9,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from controlplane.errors import ApiError
 from controlplane.state import AppState, state_of
-from controlplane.models import Tenant
+from controlplane.store.tables import Tenant
 from controlplane.store.tenants import Principal, find_tenant
 from wire.json_input import parse_json
 

@@ -1,4 +1,4 @@
-"""Deployments, their revisions, the traffic split and rollback (work: controlplane.deployer)."""
+"""Deployments, their revisions, the traffic split and rollback (work: controlplane.deploy.deployer)."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from controlplane.deployment_spec import (MAX_TARGET_CONCURRENCY, NAME, parse_create,
+from controlplane.deploy.deployment_spec import (MAX_TARGET_CONCURRENCY, NAME, parse_create,
                                          parse_patch)
-from controlplane.models import Deployment, Revision
+from controlplane.store.tables import Deployment, Revision
 from controlplane.routes.api import ApiRoute, Operation, data_of, scope, string_schema
 from controlplane.routes.context import app_state, read_json, require
 from controlplane.store import deployments

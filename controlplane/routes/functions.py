@@ -6,7 +6,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from controlplane.async_calls import TooManyInFlight
+from controlplane.gateway.async_calls import TooManyInFlight
 from controlplane.errors import ApiError, api_error_for
 from controlplane.routes.api import OBJECT, ApiRoute, Operation, Param, scope
 from controlplane.routes.context import app_state, read_json, request_id, require
@@ -15,7 +15,7 @@ from pool.api import PoolError
 
 async def invoke(request: Request) -> Response:
     """auth → resolve → validate → admit, then the call: now, or in the background with
-    ?async=true (202 and a call id, once the call is in Postgres: controlplane.async_calls).
+    ?async=true (202 and a call id, once the call is in Postgres: controlplane.gateway.async_calls).
     Every refusal comes before a replica is woken."""
     state = app_state(request)
     functions, rid = state.functions, request_id(request)

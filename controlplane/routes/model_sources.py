@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from controlplane.fields import obj, text
-from controlplane.model_sources import check_grantable, parse_s3_uri
+from controlplane.deploy.model_sources import check_grantable, parse_s3_uri
 from controlplane.routes.api import (ADMIN, ApiRoute, Operation, Param, data_of, scope,
                                      string_schema)
 from controlplane.routes.context import (app_state, read_json, require, require_admin,

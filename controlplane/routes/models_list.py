@@ -11,7 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from controlplane.models import Deployment, Revision
+from controlplane.store.tables import Deployment, Revision
 from controlplane.routes.api import ApiRoute, Operation, scope
 from controlplane.routes.context import app_state, require
 from controlplane.store import deployments

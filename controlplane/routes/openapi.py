@@ -4,7 +4,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from controlplane.openapi import document
+from controlplane.routes.openapi_document import document
 from controlplane.routes.api import OBJECT, PUBLIC, ApiRoute, Operation
 
 

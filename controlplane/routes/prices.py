@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from controlplane.fields import obj, text, timestamp
-from controlplane.lookups import Change
-from controlplane.pricing import PRICE_FIELDS, PRICE_QUANTUM, PriceRow, Pricing, parse_price, price_at
+from controlplane.lookups.service import Change
+from controlplane.billing.pricing import PRICE_FIELDS, PRICE_QUANTUM, PriceRow, Pricing, parse_price, price_at
 from controlplane.routes.api import ADMIN, ApiRoute, Operation, Param, data_of, scope, string_schema
 from controlplane.routes.context import (app_state, read_json, require, require_admin,
                                          tenant_in_query)

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from controlplane.fields import MAX_BIGINT, MAX_INT, obj, optional_integer
-from controlplane.lookups import Change
+from controlplane.lookups.service import Change
 from controlplane.quotas import LIMITS, MAX_EGRESS_HOSTS, egress_hosts
 from controlplane.routes.api import ADMIN, ApiRoute, Operation, scope
 from controlplane.routes.context import app_state, read_json, require, require_admin

@@ -7,11 +7,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from controlplane.deployment_spec import NAME
+from controlplane.deploy.deployment_spec import NAME
 from controlplane.fields import obj, optional_integer, text, timestamp
-from controlplane.keys import SCOPES, parse_scopes
-from controlplane.lookups import Change
-from controlplane.models import ApiKey, Tenant
+from controlplane.auth.keys import SCOPES, parse_scopes
+from controlplane.lookups.service import Change
+from controlplane.store.tables import ApiKey, Tenant
 from controlplane.routes.api import ADMIN, ApiRoute, Operation, data_of, scope, string_schema
 from controlplane.routes.context import app_state, read_json, require, require_admin
 from controlplane.store import tenants
@@ -41,7 +41,7 @@ async def list_tenants(request: Request) -> Response:
 async def create_key(request: Request) -> Response:
     """A key of the tenant; the admin scope only on the operator's tenant (422 elsewhere).
     In memory before this answers: its first call reads nothing, even if its hash was
-    remembered as unknown (controlplane.lookups)."""
+    remembered as unknown (controlplane.lookups.service)."""
     require_admin(request)
     state = app_state(request)
     body = obj("body", await read_json(request), KEY_FIELDS)

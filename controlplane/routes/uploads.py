@@ -1,5 +1,5 @@
 """Model uploads to the caller's own prefix through presigned multipart URLs
-(work: controlplane.uploads)."""
+(work: controlplane.deploy.uploads)."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -7,12 +7,12 @@ from typing import Any, Optional
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from controlplane.models import ModelUpload
+from controlplane.store.tables import ModelUpload
 from controlplane.routes.api import ApiRoute, Operation, data_of, scope, string_schema
 from controlplane.routes.context import app_state, read_json, require
 from controlplane.store import uploads
-from controlplane.upload_spec import MAX_FILES, UPLOAD_NAME, parse_completion, parse_upload
-from controlplane.uploads import PartUrls
+from controlplane.deploy.upload_spec import MAX_FILES, UPLOAD_NAME, parse_completion, parse_upload
+from controlplane.deploy.uploads import PartUrls
 
 
 async def create(request: Request) -> Response:

@@ -19,7 +19,7 @@ from typing import Any, Optional
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.models import ReplicaLifetime, UsageEvent
+from controlplane.store.tables import ReplicaLifetime, UsageEvent
 
 MINUTE = timedelta(minutes=1)
 

@@ -1,6 +1,6 @@
 """Billing report queries, all in one place: usage rows grouped over a [from, to) window
 (each row's cost was fixed when it was written), and the GPU time of replica lifetimes
-(controlplane.lifetimes: from placement to the recorded stop or the last heartbeat),
+(controlplane.billing.lifetimes: from placement to the recorded stop or the last heartbeat),
 each second at the price book's price in effect then.
 
 Every row carries its token cost, its GPU-seconds and GPU cost, and `cost`, their sum;
@@ -24,9 +24,9 @@ from sqlalchemy import (ColumnElement, Label, Numeric, RowMapping, Select, SQLCo
                         func, literal, select)
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.lifetimes import GpuUse, Lifetime, Window, gpu_by_key
-from controlplane.models import ApiKey, Deployment, ReplicaLifetime, Revision, UsageEvent
-from controlplane.pricing import MONEY_QUANTUM
+from controlplane.billing.lifetimes import GpuUse, Lifetime, Window, gpu_by_key
+from controlplane.store.tables import ApiKey, Deployment, ReplicaLifetime, Revision, UsageEvent
+from controlplane.billing.pricing import MONEY_QUANTUM
 from controlplane.store import prices
 
 __all__ = ["GROUPS", "COLUMNS", "Row", "Window", "report", "usage_rows", "gpu_rows"]

@@ -4,7 +4,7 @@ A revision also keeps what the deploy read from the model (architecture,
 context length, vocabulary size), so the gateway can check a request against
 the model without a replica. Revisions written before migration 0002 have no
 context length or vocabulary size (NULL); readers fall back as documented where
-they read them (`controlplane.gateway.FALLBACK_CONTEXT_LEN`). It keeps the ETag
+they read them (`controlplane.gateway.llm.FALLBACK_CONTEXT_LEN`). It keeps the ETag
 and size of every object its deploy read (`pinned_objects`), which the pool's
 cold starts hold the bytes to (`RevisionSpec.pins`).
 """
@@ -17,8 +17,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.deployment_spec import NAME, DeploymentSpec, Resources, RevisionConfig, Scaling
-from controlplane.models import Deployment, Revision, utcnow
+from controlplane.deploy.deployment_spec import NAME, DeploymentSpec, Resources, RevisionConfig, Scaling
+from controlplane.store.tables import Deployment, Revision, utcnow
 from controlplane.store.errors import AlreadyExists, NotFound
 from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, PinnedObject, Pins, RevisionSpec, TenantQuota
 

@@ -12,7 +12,7 @@ from sqlalchemy import case, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.models import Deployment, ReplicaLifetime, Revision
+from controlplane.store.tables import Deployment, ReplicaLifetime, Revision
 from controlplane.quotas import Quota
 from controlplane.sealing import Sealer
 from controlplane.store.deployments import revision_spec
@@ -74,7 +74,7 @@ class PostgresDesiredState:
 
 class PostgresReplicaEvents:
     """ReplicaEventSink: one replica_lifetimes row per replica, billed as
-    controlplane.lifetimes says (placed_at to stopped_at, or to last_seen_at).
+    controlplane.billing.lifetimes says (placed_at to stopped_at, or to last_seen_at).
 
     A row closes once: events after its stop are ignored, except that a recorded stop
     replaces the close a heartbeat made when the replica went missing (`lost`), since

@@ -1,6 +1,6 @@
 """Asynchronous function calls in Postgres (`function_calls`): one row per call, from its
 acceptance to the end of its retention. What is expired and when is decided by
-controlplane.function_calls; these queries take its answers (a cutoff, a limit) as given."""
+controlplane.gateway.async_call_rules; these queries take its answers (a cutoff, a limit) as given."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,8 @@ from typing import Any, Optional
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.function_calls import RUNNING, StoredCall, is_call_id
-from controlplane.models import FunctionCall
+from controlplane.gateway.async_call_rules import RUNNING, StoredCall, is_call_id
+from controlplane.store.tables import FunctionCall
 
 
 async def add(session: AsyncSession, call: StoredCall) -> None:

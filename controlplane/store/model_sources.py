@@ -9,8 +9,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.fields import is_uuid
-from controlplane.model_sources import own_prefix
-from controlplane.models import ModelSource, Tenant, new_id
+from controlplane.deploy.model_sources import own_prefix
+from controlplane.store.tables import ModelSource, Tenant, new_id
 from controlplane.sealing import Sealer
 from controlplane.store.errors import AlreadyExists, NotFound
 from pool.api import S3Access

@@ -18,8 +18,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.fields import is_uuid
-from controlplane.models import Deployment, Price, Tenant, new_id
-from controlplane.pricing import PriceRow, PriceScope, Pricing
+from controlplane.store.tables import Deployment, Price, Tenant, new_id
+from controlplane.billing.pricing import PriceRow, PriceScope, Pricing
 from controlplane.store.errors import AlreadyExists, Conflict, NotFound
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)

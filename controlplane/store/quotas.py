@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.models import Deployment, QuotaOverride, Revision, Tenant, utcnow
+from controlplane.store.tables import Deployment, QuotaOverride, Revision, Tenant, utcnow
 from controlplane.quotas import LIMITS, Quota, TenantHoldings
 from controlplane.store.errors import NotFound
 

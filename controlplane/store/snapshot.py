@@ -10,7 +10,7 @@ from typing import Any, Optional
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.models import ApiKey, Deployment, Price, QuotaOverride, Revision, Tenant
+from controlplane.store.tables import ApiKey, Deployment, Price, QuotaOverride, Revision, Tenant
 from controlplane.quotas import LIMITS
 from controlplane.store.tenants import Principal
 

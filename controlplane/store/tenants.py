@@ -9,10 +9,10 @@ from sqlalchemy import any_, literal, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.deployment_spec import NAME
+from controlplane.deploy.deployment_spec import NAME
 from controlplane.fields import is_uuid
-from controlplane.keys import KEY_PREFIX_SHAPE, NewKey, generate_key
-from controlplane.models import ApiKey, Tenant, utcnow
+from controlplane.auth.keys import KEY_PREFIX_SHAPE, NewKey, generate_key
+from controlplane.store.tables import ApiKey, Tenant, utcnow
 from controlplane.store.errors import AlreadyExists, InvalidField, NotFound
 
 ADMIN_TENANT = "system"          # the operator's tenant: the only one whose keys may be admin

@@ -10,7 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.fields import is_uuid
-from controlplane.models import ModelUpload
+from controlplane.store.tables import ModelUpload
 from controlplane.store.errors import AlreadyExists, NotFound
 
 

@@ -4,7 +4,7 @@ The gateway checks a request against the model at the edge (token ids inside
 the vocabulary, a chat's default max_tokens from the context length) without
 waking a replica. Both are read from config.json at deploy; revisions made
 before this migration keep NULL (the gateway then falls back as
-controlplane.gateway documents).
+controlplane.gateway.llm documents).
 
 Revision ID: 0002
 Revises: 0001

@@ -1,7 +1,7 @@
 """Usage rows billed after a control-plane restart: usage_events.recovered
 
 A call cut by the control plane's own death (SIGKILL, the OOM killer) is billed at the
-next start from the call journal (controlplane.call_journal) for what its client was
+next start from the call journal (controlplane.billing.call_journal) for what its client was
 delivered, and its row is marked `recovered`, so `thawpool admin reconcile` can tell the
 replica's few tokens served after the last delivery from drift. Rows written before
 this migration are false.

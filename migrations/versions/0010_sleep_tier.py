@@ -5,7 +5,7 @@ today's behaviour: they stop) before they stop: the process and its weights (in 
 memory) stay, its GPUs go back to the pool and bill nothing. A lifetime's `sleeps` are
 the times its replica fell asleep and woke, in turn (`sleeping`, `waking` events): an
 odd count means it sleeps now. Its GPU time is placed_at to its end minus those spans
-(controlplane/lifetimes.py).
+(controlplane/billing/lifetimes.py).
 
 Revision ID: 0010
 Revises: 0009

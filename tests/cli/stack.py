@@ -53,7 +53,7 @@ def start_stack(s3_server, work: Path) -> Stack:
     s3_server.ensure_bucket(bucket)
     data_dir, port, log = work / "data", free_port(), work / "up.log"
     process = subprocess.Popen(
-        [sys.executable, "-m", "controlplane.cli", "up", "--data-dir", str(data_dir),
+        [sys.executable, "-m", "controlplane.cli.main", "up", "--data-dir", str(data_dir),
          "--port", str(port), "--cpu-slots", "1", "--slot-memory-gb", "2"],
         cwd=REPO, env=up_env(s3_server, bucket), stdout=open(log, "wb"),
         stderr=subprocess.STDOUT, start_new_session=True)
@@ -82,7 +82,7 @@ def cli_command(*argv: str) -> list[str]:
     """`thawpool ...` as installed (the venv's console script), else via -m."""
     if THAWPOOL.exists():
         return [str(THAWPOOL), *argv]
-    return [sys.executable, "-m", "controlplane.cli", *argv]
+    return [sys.executable, "-m", "controlplane.cli.main", *argv]
 
 
 def run_cli(env: dict[str, str], *argv: str, stdin: Optional[str] = None,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.cli_profiles import DEFAULT_URL, ProfileError, ProfileStore, resolve
+from controlplane.cli.profiles import DEFAULT_URL, ProfileError, ProfileStore, resolve
 
 
 def test_profiles_are_private_and_the_newest_login_is_current(tmp_path):

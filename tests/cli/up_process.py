@@ -33,7 +33,7 @@ class UpProcess:
         self.base_url = f"http://127.0.0.1:{self.port}"
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "controlplane.cli", "up", "--data-dir", str(self.data_dir),
+                [sys.executable, "-m", "controlplane.cli.main", "up", "--data-dir", str(self.data_dir),
                  "--port", str(self.port), *flags], cwd=REPO, env=dict(env), stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True)
 

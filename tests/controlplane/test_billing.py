@@ -13,9 +13,9 @@ import pytest_asyncio
 from sqlalchemy import select
 
 from controlplane.store.desired_state import PostgresReplicaEvents
-from controlplane.metering import insert_usage
-from controlplane.models import ApiKey, Tenant
-from controlplane.pricing import Pricing
+from controlplane.billing.metering import insert_usage
+from controlplane.store.tables import ApiKey, Tenant
+from controlplane.billing.pricing import Pricing
 from controlplane.store import deployments, prices
 from pool.api import ReplicaEvent
 from tests.controlplane.conftest import make_settings, running_control_plane
@@ -186,7 +186,7 @@ async def test_function_calls_report_items_and_gpu_seconds_that_are_not_billed(p
 
 async def test_thawpool_usage_shows_items_and_function_gpu_seconds(plane, billed, gpu_time,
                                                                    capsys, monkeypatch):
-    from controlplane.cli import main
+    from controlplane.cli.main import main
 
     monkeypatch.setenv("COLUMNS", "400")                  # the whole table on one line a row
     argv = ["usage", "--url", plane.base_url, "--key", billed["key_a"], "--group-by",

@@ -2,9 +2,9 @@
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
-from controlplane.cache import Cache
-from controlplane.models import Deployment, Price, Revision
-from controlplane.pricing import Pricing
+from controlplane.lookups.cache import Cache
+from controlplane.store.tables import Deployment, Price, Revision
+from controlplane.billing.pricing import Pricing
 from controlplane.quotas import Quota
 from controlplane.store.snapshot import KeyEntry, Snapshot
 from controlplane.store.tenants import Principal
@@ -92,7 +92,7 @@ def test_quota_overrides_apply_over_the_default():
 
 
 def test_the_listeners_dsn_is_the_database_url_as_asyncpg_reads_it():
-    from controlplane.listener import libpq_dsn
+    from controlplane.lookups.listener import libpq_dsn
 
     assert libpq_dsn("postgresql+asyncpg://u:p%40ss@db:5432/thawpool?ssl=require") == \
         "postgresql://u:p%40ss@db:5432/thawpool?sslmode=require"
@@ -110,7 +110,7 @@ def test_an_unknown_key_is_unknown_until_its_time_or_until_it_is_put():
 
 
 def test_unknown_keys_are_held_up_to_a_cap_the_expired_and_oldest_going_first():
-    from controlplane.cache import MAX_UNKNOWN_KEYS
+    from controlplane.lookups.cache import MAX_UNKNOWN_KEYS
 
     cache = Cache()
     cache.mark_unknown("early", now=0.0, until=5.0)

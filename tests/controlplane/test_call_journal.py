@@ -1,4 +1,4 @@
-"""controlplane.call_journal: the calls a killed control plane was serving are billed at
+"""controlplane.billing.call_journal: the calls a killed control plane was serving are billed at
 the next start for what their clients were delivered, and nothing else is."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
-from controlplane.call_journal import CallJournal, Delivered, recover
-from controlplane.pricing import Pricing, invocation_cost
+from controlplane.billing.call_journal import CallJournal, Delivered, recover
+from controlplane.billing.pricing import Pricing, invocation_cost
 from tests.controlplane.support.usage import make_record
 
 PRICES = Pricing(input_per_mtok=Decimal("1.5"), cached_input_per_mtok=Decimal("0.5"),

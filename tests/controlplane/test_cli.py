@@ -12,7 +12,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from controlplane.cli import main
+from controlplane.cli.main import main
 from controlplane.embedded.ports import free_port
 from tests.controlplane.conftest import make_settings, running_control_plane
 from tests.controlplane.support.servers import REPO
@@ -61,7 +61,7 @@ def start_up(data_dir: Path, port: int, log: Path, s3_server) -> subprocess.Pope
            "PYTHONUNBUFFERED": "1"}
     env.pop("THAWPOOL_DATABASE_URL", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "controlplane.cli", "up", "--data-dir", str(data_dir),
+        [sys.executable, "-m", "controlplane.cli.main", "up", "--data-dir", str(data_dir),
          "--port", str(port), "--cpu-slots", "1", "--slot-memory-gb", "2"],
         cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
         start_new_session=True)
@@ -141,7 +141,7 @@ POOL_ENV = ("THAWPOOL_BACKEND", "THAWPOOL_RAY_ADDRESS", "THAWPOOL_RAY_REPLICA_HO
 
 
 def pool_settings_of(tmp_path, *argv):
-    from controlplane.cli import build_parser, pool_settings_for
+    from controlplane.cli.main import build_parser, pool_settings_for
     from controlplane.settings import Settings
 
     return pool_settings_for(Settings(database_url="", data_dir=tmp_path), build_parser().parse_args(["up", *argv]))
@@ -165,7 +165,7 @@ def test_up_backend_flags_and_env_become_pool_settings(tmp_path, monkeypatch):
 
 
 def test_banner_hides_the_database_password():
-    from controlplane.cli import _without_password
+    from controlplane.cli.main import _without_password
 
     shown = _without_password("postgresql+asyncpg://tp:s3cr%2Ft@db.internal:5432/thawpool?ssl=require")
     assert "s3cr" not in shown and shown.startswith("postgresql+asyncpg://tp:***@db.internal:5432/thawpool")
@@ -174,7 +174,7 @@ def test_banner_hides_the_database_password():
 def test_the_admin_key_goes_to_the_terminal_or_a_0600_file(tmp_path):
     import io
 
-    from controlplane.admin_key import announce
+    from controlplane.cli.admin_key import announce
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -1,6 +1,6 @@
 """`thawpool deploy` flags into the deployment body (no server: an s3:// model needs no lookup)."""
-from controlplane.cli import build_parser
-from controlplane.cli_deploy import _body
+from controlplane.cli.main import build_parser
+from controlplane.cli.deploy import _body
 
 MODEL = "s3://models/m/"
 

@@ -1,9 +1,9 @@
-"""The deploy-time check of a tensor-parallel head split (controlplane.deployment_spec),
+"""The deploy-time check of a tensor-parallel head split (controlplane.deploy.deployment_spec),
 pure: no server."""
 import pytest
 
 def test_more_ranks_than_kv_heads_replicate_them_and_counts_that_neither_divide_are_refused():
-    from controlplane.deployment_spec import _check_heads
+    from controlplane.deploy.deployment_spec import _check_heads
     from controlplane.store.errors import InvalidField
     from pool.api import ModelInfo
 

@@ -7,7 +7,7 @@ import pytest_asyncio
 from sqlalchemy import select
 
 from controlplane.store.desired_state import PostgresDesiredState, PostgresReplicaEvents
-from controlplane.models import ReplicaLifetime
+from controlplane.store.tables import ReplicaLifetime
 from controlplane.quotas import Quota
 from pool.api import PinnedObject, ReplicaEvent, TenantQuota
 from pool.s3 import parse_uri

@@ -12,9 +12,9 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.models import UsageEvent
-from controlplane.pricing import Pricing, token_cost
-from controlplane.traffic import choose
+from controlplane.store.tables import UsageEvent
+from controlplane.billing.pricing import Pricing, token_cost
+from controlplane.deploy.traffic import choose
 from pool.api import ColdStartTimeout, QueueFull
 from controlplane.app import create_metrics_app
 from tests.controlplane.conftest import (METRICS_TOKEN, make_settings, running_control_plane,

@@ -1,5 +1,5 @@
 """What the gateway forwards and what it hands back to the client."""
-from controlplane.gateway_wire import (MAX_TOKENS, UsageSeen, client_chunk,
+from controlplane.gateway.openai_wire import (MAX_TOKENS, UsageSeen, client_chunk,
                                        estimate_completion_tokens, estimate_prompt_tokens,
                                        prefix_key, prompt_text, upstream_body)
 from wire.requests import StreamOptions, parse_request

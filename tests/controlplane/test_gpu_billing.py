@@ -12,11 +12,11 @@ import pytest_asyncio
 from sqlalchemy import select
 
 from controlplane.db import create_db_engine, sessionmaker
-from controlplane.models import ReplicaLifetime
-from controlplane.pricing import Pricing
+from controlplane.store.tables import ReplicaLifetime
+from controlplane.billing.pricing import Pricing
 from controlplane.store import billing, prices
-from controlplane.outbox import DeadLetters
-from controlplane.refusals import DeadLetteringSink
+from controlplane.billing.outbox import DeadLetters
+from controlplane.billing.refusals import DeadLetteringSink
 from controlplane.store.desired_state import PostgresReplicaEvents
 from pool.api import Heartbeat, ReplicaEvent, RevisionSpec
 from pool.clock import Clock

@@ -1,7 +1,7 @@
-"""API keys as minted (controlplane.keys): the shape the edge checks before any read."""
+"""API keys as minted (controlplane.auth.keys): the shape the edge checks before any read."""
 import pytest
 
-from controlplane.keys import generate_key, is_key_shaped
+from controlplane.auth.keys import generate_key, is_key_shaped
 
 
 def test_every_minted_key_has_the_shape():

@@ -3,8 +3,8 @@ priced piece by piece."""
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
-from controlplane.lifetimes import GpuUse, Lifetime, Window, clipped, gpu_by_key, held, utc_days
-from controlplane.pricing import PriceRow, PriceScope, Pricing
+from controlplane.billing.lifetimes import GpuUse, Lifetime, Window, clipped, gpu_by_key, held, utc_days
+from controlplane.billing.pricing import PriceRow, PriceScope, Pricing
 
 UTC = timezone.utc
 T0 = datetime(2026, 3, 1, 23, 0, tzinfo=UTC)
@@ -73,7 +73,7 @@ def test_only_the_window_is_billed():
 
 
 def test_a_sleeping_replica_bills_only_its_awake_spans():
-    from controlplane.lifetimes import billed
+    from controlplane.billing.lifetimes import billed
 
     def asleep(*marks, stopped=None, seen=None):
         return Lifetime("dep", 2, at(0), stopped, seen, "d", tuple(at(m) for m in marks))

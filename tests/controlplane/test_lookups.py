@@ -15,8 +15,8 @@ import pytest_asyncio
 
 from sqlalchemy import event
 
-from controlplane.keys import NewKey, generate_key, hash_key
-from controlplane.listener import libpq_dsn
+from controlplane.auth.keys import NewKey, generate_key, hash_key
+from controlplane.lookups.listener import libpq_dsn
 from tests.controlplane.conftest import make_settings, running_control_plane
 from tests.support.waiting import eventually
 

@@ -16,11 +16,11 @@ import pytest_asyncio
 from sqlalchemy import func, select, text
 
 from controlplane.db import create_db_engine
-from controlplane.metering import UsageWriter
-from controlplane.models import UsageEvent
-from controlplane.outbox import Outbox, frame, unframe
+from controlplane.billing.metering import UsageWriter
+from controlplane.store.tables import UsageEvent
+from controlplane.billing.outbox import Outbox, frame, unframe
 from controlplane.settings import Settings
-from controlplane.usage import UsageRecord
+from controlplane.billing.usage import UsageRecord
 from tests.controlplane.support.postgres import frozen
 from tests.controlplane.support.usage import make_record
 from tests.support.waiting import eventually
@@ -336,8 +336,8 @@ async def test_the_outbox_directory_buffer_and_timeouts_are_settings(tmp_path):
 KILLED = """
 import os, signal, sys
 from controlplane.db import create_db_engine
-from controlplane.metering import UsageWriter
-from controlplane.outbox import Outbox
+from controlplane.billing.metering import UsageWriter
+from controlplane.billing.outbox import Outbox
 from tests.controlplane.support.usage import make_record
 records = [make_record() for _ in range(int(sys.argv[2]))]
 writer = UsageWriter(create_db_engine(sys.argv[3]), Outbox(sys.argv[1]))
@@ -373,11 +373,11 @@ async def test_usage_still_in_memory_survives_a_killed_process(engine, db_url, t
 KILLED_MID_CALL = """
 import os, signal, sys, time, dataclasses
 from decimal import Decimal
-from controlplane.call_journal import Delivered
+from controlplane.billing.call_journal import Delivered
 from controlplane.db import create_db_engine
-from controlplane.metering import UsageWriter
-from controlplane.outbox import Outbox
-from controlplane.pricing import Pricing
+from controlplane.billing.metering import UsageWriter
+from controlplane.billing.outbox import Outbox
+from controlplane.billing.pricing import Pricing
 from tests.controlplane.support.usage import make_record
 writer = UsageWriter(create_db_engine(sys.argv[2]), Outbox(sys.argv[1]))
 whole, cut = make_record(completion_tokens=7), make_record(completion_tokens=0)

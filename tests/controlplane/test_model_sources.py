@@ -7,8 +7,8 @@ import pytest_asyncio
 from cryptography.exceptions import InvalidTag
 from sqlalchemy import select
 
-from controlplane.model_sources import check_grantable, check_source, own_prefix, parse_s3_uri
-from controlplane.models import ModelSource
+from controlplane.deploy.model_sources import check_grantable, check_source, own_prefix, parse_s3_uri
+from controlplane.store.tables import ModelSource
 from controlplane.store import tenants
 from controlplane.store.desired_state import PostgresDesiredState
 from controlplane.store.errors import Forbidden, InvalidField

@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.models import UsageEvent
+from controlplane.store.tables import UsageEvent
 from tests.controlplane.conftest import pooled_control_plane
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]

@@ -20,7 +20,7 @@ import pytest_asyncio
 from openapi_spec_validator import validate
 from starlette.routing import Route
 
-from controlplane.openapi import ERROR, document
+from controlplane.routes.openapi_document import ERROR, document
 from pool.api import QueueFull
 from tests.controlplane.conftest import make_settings, running_control_plane
 from tests.controlplane.support.routes import every_route

@@ -8,8 +8,8 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.keys import generate_key
-from controlplane.models import UsageEvent
+from controlplane.auth.keys import generate_key
+from controlplane.store.tables import UsageEvent
 from controlplane.store.desired_state import PostgresDesiredState
 from tests.controlplane.conftest import make_settings, running_control_plane
 from tests.functions.test_function_deploy import upload

@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.models import ReplicaLifetime, UsageEvent
+from controlplane.store.tables import ReplicaLifetime, UsageEvent
 from tests.controlplane.conftest import pooled_control_plane
 from tests.support.waiting import eventually
 

@@ -7,8 +7,8 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.models import UsageEvent
-from controlplane.pricing import Pricing, invocation_cost
+from controlplane.store.tables import UsageEvent
+from controlplane.billing.pricing import Pricing, invocation_cost
 from tests.controlplane.conftest import make_settings, running_control_plane
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

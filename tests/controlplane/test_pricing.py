@@ -5,7 +5,7 @@ from decimal import Decimal
 
 import pytest
 
-from controlplane.pricing import (PriceRow, PriceScope, Pricing, exact_seconds, gpu_cost,
+from controlplane.billing.pricing import (PriceRow, PriceScope, Pricing, exact_seconds, gpu_cost,
                                   gpu_cost_between, invocation_cost, parse_price, price_at,
                                   segments, token_cost)
 

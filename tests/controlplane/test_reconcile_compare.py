@@ -1,6 +1,6 @@
-"""controlplane.reconcile.compare: each replica's own counters against its bill, over
+"""controlplane.billing.reconcile.compare: each replica's own counters against its bill, over
 plain data (no database)."""
-from controlplane.reconcile import ReplicaCount, Tokens, compare, render
+from controlplane.billing.reconcile import ReplicaCount, Tokens, compare, render
 
 
 def count(replica_id: str, served: Tokens | None, final: bool) -> ReplicaCount:

@@ -1,7 +1,7 @@
 """The sleep tier through the real control plane and pool: a deployment with
 `scaling.sleep_timeout_s` goes ready -> sleeping -> (a request) -> ready on the same
 replica, the request succeeds, and the usage report's GPU seconds leave out the time
-it slept (PostgresReplicaEvents records the sleeps, controlplane.lifetimes bills around
+it slept (PostgresReplicaEvents records the sleeps, controlplane.billing.lifetimes bills around
 them)."""
 from datetime import timedelta
 
@@ -9,7 +9,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.models import ReplicaLifetime, UsageEvent
+from controlplane.store.tables import ReplicaLifetime, UsageEvent
 from tests.controlplane.conftest import pooled_control_plane
 from tests.support.waiting import eventually
 

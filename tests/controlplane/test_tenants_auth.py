@@ -6,8 +6,8 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.keys import hash_key
-from controlplane.models import ApiKey
+from controlplane.auth.keys import hash_key
+from controlplane.store.tables import ApiKey
 from tests.controlplane.conftest import METRICS_TOKEN, make_settings, running_control_plane
 from tests.controlplane.support.routes import every_route, filled
 
@@ -22,7 +22,7 @@ async def plane(db_url, s3_server, tmp_path_factory):
 
 
 # The only routes anyone may call without a key. Written out here, not imported from
-# controlplane.auth, so a route made public by mistake fails this file. /metrics takes the
+# controlplane.auth.middleware, so a route made public by mistake fails this file. /metrics takes the
 # metrics token instead of a key.
 PUBLIC_ROUTES = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/openapi.json")}
 METRICS = ("GET", "/metrics")
@@ -144,7 +144,7 @@ async def test_the_admin_scope_exists_only_on_the_operators_tenant(plane):
 
 
 async def test_a_taken_key_prefix_is_retried_not_a_500(plane, monkeypatch):
-    from controlplane.keys import NewKey, generate_key
+    from controlplane.auth.keys import NewKey, generate_key
     from controlplane.store import tenants
 
     await plane.admin.post("/v1/tenants", json={"name": "collide"})

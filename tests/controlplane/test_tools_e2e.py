@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.models import UsageEvent
+from controlplane.store.tables import UsageEvent
 from tests.controlplane.conftest import pooled_control_plane
 from tests.runtime.test_tool_prompt import tools_model
 from tests.support.model_factory import upload_model

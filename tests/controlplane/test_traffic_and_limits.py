@@ -5,9 +5,9 @@ from collections import Counter
 import pytest
 
 from controlplane.errors import api_error_for
-from controlplane.ratelimit import Admission, Limited, Limits, RateLimiter, TokenBucket
+from controlplane.gateway.ratelimit import Admission, Limited, Limits, RateLimiter, TokenBucket
 from controlplane.store.errors import InvalidField
-from controlplane.traffic import choose, parse_split, rollback_target
+from controlplane.deploy.traffic import choose, parse_split, rollback_target
 
 
 def test_choice_is_deterministic_per_request_id():
@@ -26,7 +26,7 @@ def test_choice_is_deterministic_per_request_id():
     assert set(here) == {"r1", "r2"}, "the choice depends on the id"
     assert [choose(split, rid) for rid in reversed(ids)] == here[::-1]
     assert [choose({"r2": 10, "r1": 90}, rid) for rid in ids] == here
-    code = ("import json, sys; from controlplane.traffic import choose; "
+    code = ("import json, sys; from controlplane.deploy.traffic import choose; "
             "print(json.dumps([choose({'r1': 90, 'r2': 10}, f'req-{i}') for i in range(200)]))")
     for hash_seed in ("1", "2"):
         other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

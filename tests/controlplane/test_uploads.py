@@ -10,9 +10,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from controlplane.models import utcnow
-from controlplane.upload_spec import plan_parts
-from controlplane.uploads import EXPIRY_GRACE_S
+from controlplane.store.tables import utcnow
+from controlplane.deploy.upload_spec import plan_parts
+from controlplane.deploy.uploads import EXPIRY_GRACE_S
 from tests.controlplane.conftest import CATALOGUE, make_settings, running_control_plane
 
 in_session_loop = pytest.mark.asyncio(loop_scope="session")

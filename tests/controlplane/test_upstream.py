@@ -1,4 +1,4 @@
-"""The gateway's HTTP client for the hop to replicas (controlplane/upstream.py) against
+"""The gateway's HTTP client for the hop to replicas (controlplane/gateway/upstream.py) against
 real servers: uvicorn for well-behaved replicas, a raw asyncio server for answers that
 break off, are malformed or stall."""
 import asyncio
@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from controlplane.upstream import HIGH_WATER_BYTES, AnswerTooLarge, Upstream, UpstreamError
+from controlplane.gateway.upstream import HIGH_WATER_BYTES, AnswerTooLarge, Upstream, UpstreamError
 from tests.controlplane.support.servers import serve
 from tests.support.waiting import eventually
 

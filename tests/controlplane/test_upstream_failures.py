@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from controlplane.gateway import context_length
-from controlplane.models import Revision, UsageEvent
+from controlplane.gateway.llm import context_length
+from controlplane.store.tables import Revision, UsageEvent
 from tests.controlplane.conftest import make_settings, running_control_plane
 from tests.controlplane.support.servers import serve
 from tests.functions.test_function_deploy import upload

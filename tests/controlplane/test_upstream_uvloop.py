@@ -5,7 +5,7 @@ import asyncio
 
 import uvloop
 
-from controlplane.upstream import Upstream
+from controlplane.gateway.upstream import Upstream
 
 
 async def two_calls() -> tuple[list[bytes], int]:

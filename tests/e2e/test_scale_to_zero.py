@@ -20,7 +20,7 @@ import pytest_asyncio
 from sqlalchemy import select
 
 from controlplane.db import migrate_async
-from controlplane.models import UsageEvent
+from controlplane.store.tables import UsageEvent
 from tests.controlplane.conftest import (ControlPlane, cpu_pool_settings, create_database,
                                          drop_database, make_settings, real_pool,
                                          running_control_plane)

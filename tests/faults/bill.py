@@ -170,7 +170,7 @@ def assert_gpu_time_true(rows: list[asyncpg.Record], watch: ReplicaWatch) -> Non
 def reconcile(database_url: str, start: datetime, end: datetime) -> tuple[int, str]:
     """`thawpool admin reconcile` as an operator runs it: exit status and output."""
     done = subprocess.run(
-        [sys.executable, "-m", "controlplane.cli", "admin", "reconcile", "--from", start.isoformat(),
+        [sys.executable, "-m", "controlplane.cli.main", "admin", "reconcile", "--from", start.isoformat(),
          "--to", end.isoformat(), "--database-url", database_url],
         cwd=REPO, capture_output=True, text=True, timeout=120)
     return done.returncode, done.stdout + done.stderr

@@ -52,7 +52,7 @@ PLANE_ENV = {
 
 
 class ControlPlaneProcess:
-    """`python -m controlplane.cli up` on a fixed data dir and port, to start, SIGKILL and
+    """`python -m controlplane.cli.main up` on a fixed data dir and port, to start, SIGKILL and
     start again; `env` adds or overrides settings."""
 
     def __init__(self, data_dir: Path, database_url: str, s3: EmbeddedS3, cpu_slots: int,
@@ -84,7 +84,7 @@ class ControlPlaneProcess:
         env.pop("THAWPOOL_DATABASE_URL", None)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "controlplane.cli", "up", "--data-dir", str(self.data_dir),
+                [sys.executable, "-m", "controlplane.cli.main", "up", "--data-dir", str(self.data_dir),
                  "--port", str(self.port), "--database-url", self.database_url,
                  "--s3-endpoint", self.s3.endpoint, "--cpu-slots", str(self.cpu_slots),
                  "--slot-memory-gb", "2"],

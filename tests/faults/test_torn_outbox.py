@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from controlplane.outbox import frame, unframe
+from controlplane.billing.outbox import frame, unframe
 from tests.faults.bill import ReplicaWatch, reconcile
 from tests.faults.scenario import Scenario
 

@@ -10,10 +10,10 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.async_calls import AsyncCalls, TooManyInFlight
+from controlplane.gateway.async_calls import AsyncCalls, TooManyInFlight
 from controlplane.db import create_db_engine, sessionmaker
-from controlplane.function_calls import RESTARTED, expired_before, finished, new_call
-from controlplane.models import FunctionCall, Tenant
+from controlplane.gateway.async_call_rules import RESTARTED, expired_before, finished, new_call
+from controlplane.store.tables import FunctionCall, Tenant
 from controlplane.store import function_calls as store
 from tests.controlplane.conftest import make_settings, running_control_plane, static_pool
 from tests.functions.conftest import FunctionProcess

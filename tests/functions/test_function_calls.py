@@ -2,7 +2,7 @@
 the sweep's timing, the answer of a call cut by a restart. No database, no clock."""
 from datetime import datetime, timedelta, timezone
 
-from controlplane.function_calls import (FAILED, RESTARTED, RUNNING, SUCCEEDED, SweepState,
+from controlplane.gateway.async_call_rules import (FAILED, RESTARTED, RUNNING, SUCCEEDED, SweepState,
                                          cut_by_restart, expired_before, finished, is_call_id,
                                          is_expired, new_call, sweep_due)
 

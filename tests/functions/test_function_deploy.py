@@ -8,7 +8,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.models import UsageEvent
+from controlplane.store.tables import UsageEvent
 from tests.controlplane.conftest import cpu_pool_settings, make_settings, real_pool, running_control_plane
 from tests.support.waiting import eventually
 

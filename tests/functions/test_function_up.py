@@ -31,7 +31,7 @@ class ThawpoolUp(RuntimeProcess):
         self.base_url, self.key_file = f"http://127.0.0.1:{self.port}", work / "data" / "admin-key"
         with open(self.log_path, "wb") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "controlplane.cli", "up", "--data-dir", str(work / "data"),
+                [sys.executable, "-m", "controlplane.cli.main", "up", "--data-dir", str(work / "data"),
                  "--port", str(self.port), "--cpu-slots", str(slots), "--slot-memory-gb", "2"], cwd=ROOT, env=env,
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 

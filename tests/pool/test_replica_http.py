@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from controlplane.upstream import Upstream
+from controlplane.gateway.upstream import Upstream
 from pool.processes import free_port
 from pool.replica_http import MAX_ANSWER_BYTES, AnswerTooLarge, replica_client
 from wire.replica_address import ReplicaAddress, address_of, unix_base_url

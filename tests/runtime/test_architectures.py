@@ -27,7 +27,7 @@ def test_every_architecture_has_an_exactness_spec():
 
 
 def test_the_control_plane_refuses_by_the_runtimes_list_without_torch():
-    code = ("import sys, controlplane.deployment_spec as d, runtime.architectures as r; "
+    code = ("import sys, controlplane.deploy.deployment_spec as d, runtime.architectures as r; "
             "print(d.SUPPORTED_ARCHITECTURES is r.SUPPORTED_ARCHITECTURES, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "False"]
@@ -54,7 +54,7 @@ def test_options_are_refused_per_architecture():
 ])
 def test_the_deploy_refuses_what_the_architecture_cannot_run(architecture, gpus, engine, field):
     """At the control plane, with the field to fix, before any replica would start."""
-    from controlplane.deployment_spec import Resources, check_model
+    from controlplane.deploy.deployment_spec import Resources, check_model
     from controlplane.store.errors import InvalidField
     from pool.api import ModelInfo
 

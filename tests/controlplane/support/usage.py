@@ -5,7 +5,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
-from controlplane.usage import UsageRecord
+from controlplane.billing.usage import UsageRecord
 
 TENANT = "00000000-0000-0000-0000-0000000000aa"
 

@@ -1,0 +1,1 @@
+"""API keys and the bearer authentication of every request."""

@@ -1,0 +1,1 @@
+"""Usage, prices and GPU time: metering, the outbox, the call journal, reconciliation."""

@@ -1,0 +1,1 @@
+"""The `thawpool` command: the server's own commands and the client's."""

@@ -1,0 +1,1 @@
+"""Deployments: their specs, traffic splits, model sources and uploads."""

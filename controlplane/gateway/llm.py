@@ -1,0 +1,455 @@
+"""The OpenAI-compatible gateway's steps, each a method: resolve, validate, admit,
+acquire, send, relay (unary or stream) and meter. `routes/gateway.invoke` runs them
+in that order; this module never sees the Request.
+
+A call is metered exactly once, however it ends: ok (the replica answered),
+partial (the client left, or the stream was cut after tokens were delivered:
+billed for what was delivered) or error; the lease goes back to the pool then.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+import weakref
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, AsyncGenerator, Callable, Optional
+
+from starlette.responses import JSONResponse, Response
+
+from controlplane.billing.call_journal import CUT_HTTP_STATUS, Delivered
+from controlplane.errors import ApiError
+from controlplane.gateway.openai_wire import (MAX_TOKENS, UsageSeen, client_chunk, client_response,
+                                       estimate_completion_tokens, estimate_prompt_tokens,
+                                       has_content, prefix_key, prompt_text, upstream_body)
+from controlplane.lookups.service import Lookups
+from controlplane.billing.metering import UsageWriter
+from controlplane.metrics import Metrics
+from controlplane.store.tables import Deployment, Revision
+from controlplane.billing.pricing import Pricing, invocation_cost
+from controlplane.quotas import Quota
+from controlplane.gateway.ratelimit import Admission, Limited, Limits, RateLimiter
+from controlplane.settings import Settings
+from controlplane.store import deployments
+from controlplane.store.tenants import Principal
+from controlplane.deploy.traffic import choose
+from controlplane.gateway.upstream import AnswerTooLarge, Upstream, UpstreamError, UpstreamResponse
+from controlplane.billing.usage import UsageRecord
+from pool.api import Lease, Pool, RevisionSpec
+from wire.disconnect import Receive, until_disconnect
+from wire.errors import ProtocolError, error_body
+from wire.requests import GenerationRequest, StreamOptions, check_sampling_params, parse_request
+from wire.sampling import validate_prompt_ids
+from wire.sse import DONE_LINE, SSE_DONE, EventStreamResponse, data_of, sse
+
+log = logging.getLogger("thawpool.gateway")
+
+# The context a chat without max_tokens may fill, for revisions deployed before the
+# model's context length was recorded (migration 0002): the runtime scheduler's default
+# max_model_len. Only the token rate limit reads it; the replica knows the real one.
+FALLBACK_CONTEXT_LEN = 2048
+# A unary answer still arriving after its headers is read under a disconnect watch that
+# starts only this late (a task and its cancellation, about 25 us of a short call); a
+# client that left meanwhile is noticed then. One already whole needs no watch at all.
+WATCH_AFTER_S = 0.05
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a request goes: the caller's deployment and the revision the split chose,
+    the price in effect when it arrived (`at`, the usage row's start) and its tenant's
+    quota (for the pool)."""
+    deployment: Deployment
+    revision: Revision
+    at: datetime
+    pricing: Pricing
+    quota: Quota
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """A request that passed validation, with what the gateway estimated before the
+    replica tokenized it."""
+    request: GenerationRequest
+    prompt_text: str
+    prompt_tokens: int              # estimate
+    max_tokens: int                 # wire.requests' rule over the context, times the choices
+    prompt_limit: int = MAX_TOKENS      # the most prompt tokens a replica may bill
+    completion_limit: int = MAX_TOKENS  # the most completion tokens it may bill
+
+    def usage(self) -> UsageSeen:
+        """What the call's replica reports, bounded by what the request could use."""
+        return UsageSeen(prompt_limit=self.prompt_limit, completion_limit=self.completion_limit,
+                         estimated_prompt=self.prompt_tokens)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str                     # ok | partial | error
+    http_status: int
+
+
+CLIENT_GONE = Outcome("partial", 499)
+
+
+@dataclass
+class Call:
+    """One invocation holding a replica: where it went and what it has used so far."""
+    principal: Principal
+    target: Target
+    request_id: str
+    endpoint: str
+    lease: Lease
+    started_at: datetime
+    t0: float
+    admission: Admission
+    usage: UsageSeen = field(default_factory=UsageSeen)
+    ttft_s: Optional[float] = None
+    saw_done: bool = False          # the replica's stream ended with [DONE]
+    metered: bool = False
+    released: bool = False          # the lease was given back
+    invocation_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    log_fields: dict[str, Any] = field(default_factory=dict)   # its request's access log line
+
+
+class Gateway:
+    def __init__(self, *, lookups: Lookups, pool: Pool, http: Upstream,
+                 writer: UsageWriter, metrics: Metrics, settings: Settings,
+                 limiter: Optional[RateLimiter] = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.lookups = lookups
+        self.pool = pool
+        self.http = http
+        self.writer = writer
+        self.metrics = metrics
+        self.settings = settings
+        self.limiter = limiter or RateLimiter()
+        self.clock = clock
+        # the pool's spec of each revision, built once per (deployment, quota) it was
+        # resolved with: the cache hands out the same objects until a change replaces them
+        self._specs: weakref.WeakKeyDictionary[Revision, tuple[Deployment, Quota, RevisionSpec]] = \
+            weakref.WeakKeyDictionary()
+
+    async def resolve(self, principal: Principal, body: Any, request_id: str) -> Target:
+        """The caller's deployment named by `model`; the revision sticks by request id. All
+        from memory (controlplane.lookups.service): no database round trip."""
+        if not isinstance(body, dict):
+            raise ApiError(400, "body: must be a JSON object", param="body")
+        name = body.get("model")
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, "model: the deployment name is required", param="model")
+        target = await self.target(principal, name, request_id)
+        if deployments.kind_of(target.revision) == "function":
+            raise ApiError(400, f"model: {name} is a function: POST /v1/functions/{name}/invoke",
+                           param="model", code="wrong_kind")
+        return target
+
+    async def target(self, principal: Principal, name: str, request_id: str) -> Target:
+        """The caller's deployment by name (404 for any other tenant's) and the revision the
+        split chooses for this request id."""
+        at = datetime.now(timezone.utc)
+        deployment, revisions = await self.lookups.deployment(principal.tenant_id, name)
+        by_name = {r.name: r for r in revisions}
+        return Target(deployment, by_name[choose(deployment.traffic, request_id)], at,
+                      self.lookups.pricing(principal.tenant_id, deployment.id, at),
+                      self.lookups.quota(principal.tenant_id))
+
+    def validate(self, endpoint: str, body: Any, target: Target) -> Invocation:
+        """wire.requests' rules, then what needs the model: token ids inside its vocabulary
+        (when the revision recorded it); ProtocolError (400) naming the field."""
+        request = parse_request(endpoint, body)
+        if target.revision.vocab_size is not None:     # NULL before migration 0002
+            _check_vocabulary(request, target.revision.vocab_size)
+        text = prompt_text(request)
+        prompt_tokens = estimate_prompt_tokens(request, text)
+        max_tokens = request.max_tokens_within(context_length(target.revision), prompt_tokens)
+        prompts = max(1, len(request.prompts))
+        choices = prompts * request.params.n            # each may write max_tokens
+        # what a replica may bill: each prompt and each choice within the context (when
+        # the revision recorded it; the fallback context may be below the model's)
+        context = context_length(target.revision) if target.revision.context_length else MAX_TOKENS
+        return Invocation(request, text, prompt_tokens, max_tokens * choices,
+                          min(MAX_TOKENS, context * prompts), min(MAX_TOKENS, context * choices))
+
+    def admit(self, principal: Principal, target: Target, invocation: Invocation) -> Admission:
+        """The key's and its tenant's request and token buckets (429 with Retry-After); the
+        tokens reserved are the estimate, corrected by the real usage in `meter`."""
+        return self.admit_tokens(principal, target, invocation.prompt_tokens + invocation.max_tokens)
+
+    def admit_tokens(self, principal: Principal, target: Target, tokens: int) -> Admission:
+        settings, quota = self.settings, target.quota
+        key = Limits(principal.requests_per_min or settings.default_requests_per_min,
+                     principal.tokens_per_min or settings.default_tokens_per_min)
+        scopes = {f"key:{principal.key_id}": ("key", key),
+                  f"tenant:{principal.tenant_id}": ("tenant", Limits(quota.requests_per_min,
+                                                                     quota.tokens_per_min))}
+        admitted = self.limiter.admit(scopes, tokens=tokens, now=self.clock())
+        if isinstance(admitted, Limited):
+            code = admitted.limit if admitted.scope == "key" else f"tenant_{admitted.limit}"
+            raise ApiError(429, f"rate limit exceeded: {code}", code=code,
+                           retry_after_s=admitted.retry_after_s)
+        return admitted
+
+    async def acquire(self, principal: Principal, target: Target, invocation: Invocation,
+                      request_id: str, endpoint: str, admission: Admission,
+                      log_fields: dict[str, Any]) -> Call:
+        """A lease on a ready replica (a cold start when there is none); the pool's
+        refusals (PoolError) become 429/503 with Retry-After, and give the reservation back."""
+        lease, t0 = await self.lease(target, request_id, admission, prefix_key(invocation.prompt_text),
+                                     invocation.prompt_tokens)
+        return Call(principal, target, request_id, endpoint, lease, target.at, t0, admission,
+                    usage=invocation.usage(), log_fields=log_fields)
+
+    async def lease(self, target: Target, request_id: str, admission: Admission,
+                    prefix: Optional[str], prompt_tokens: int) -> tuple[Lease, float]:
+        """The pool's lease (and when the wait for it began); a refusal gives the rate
+        limiter's reservation back."""
+        t0 = time.perf_counter()
+        try:
+            lease = await self.pool.acquire(
+                self._spec(target), request_id=request_id, prefix_key=prefix,
+                prompt_tokens=prompt_tokens, timeout_s=self.settings.acquire_timeout_s)
+        except BaseException:
+            self.limiter.settle(admission, 0, self.clock())
+            raise
+        return lease, t0
+
+    def _spec(self, target: Target) -> RevisionSpec:
+        held = self._specs.get(target.revision)
+        if held is not None and held[0] is target.deployment and held[1] is target.quota:
+            return held[2]
+        spec = deployments.revision_spec(target.deployment, target.revision, target.quota.for_pool())
+        self._specs[target.revision] = (target.deployment, target.quota, spec)
+        return spec
+
+    async def send(self, call: Call, body: dict[str, Any]) -> UpstreamResponse:
+        """The request to the replica, its response still streaming; 502 if unreachable.
+
+        The call is journaled until metered, so that a control plane killed meanwhile
+        leaves it to the next start to bill (controlplane.billing.call_journal). The open frame is
+        written once the request is on its way, while the replica works on it: off the
+        call's latency (about 0.1 ms), and before any of the answer can reach the client."""
+        try:
+            pending = await self.http.request(
+                f"{call.lease.base_url.rstrip('/')}/v1/{call.endpoint}", upstream_body(body),
+                {**call.lease.headers, "x-request-id": call.request_id})
+            self.writer.calls.open(self._record(call, Outcome("error", CUT_HTTP_STATUS)),
+                                   call.target.pricing)
+            return await pending.answer()
+        except UpstreamError as exc:
+            call.lease.mark_failed()
+            await self.meter(call, Outcome("error", 502))
+            raise ApiError(502, f"replica unreachable: {exc.kind}",
+                           code="replica_unreachable", retry_after_s=1) from None
+
+    async def relay_unary(self, call: Call, upstream: UpstreamResponse,
+                          receive: Receive) -> tuple[Response, Outcome]:
+        """The replica's whole answer for the client; 499 (billed as partial) if the client
+        left first; 502 (an `error` row, nothing delivered) if the replica failed: a 5xx,
+        or an answer that broke off."""
+        try:
+            raw = upstream.whole_body()          # a short answer is usually whole by now
+            if raw is None:
+                raw = await until_disconnect(receive, upstream.aread(), watch_after_s=WATCH_AFTER_S)
+        except AnswerTooLarge as exc:
+            return self._refused(call, exc.message, "answer_too_large")
+        except UpstreamError as exc:
+            return self._upstream_failed(call, f"the replica's answer broke off ({exc.kind})")
+        finally:
+            await upstream.aclose()
+        if raw is None:
+            return Response(status_code=499), CLIENT_GONE
+        if upstream.status_code >= 500:
+            return self._upstream_failed(call, f"the replica failed ({upstream.status_code}): "
+                                               f"{_message_of(raw)}")
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            return self._upstream_failed(call, "the replica's answer is not JSON")
+        if not isinstance(payload, dict):
+            return self._upstream_failed(call, "the replica's answer is not a JSON object")
+        ok = upstream.status_code == 200
+        if ok:
+            call.usage.observe(payload)
+            if not call.usage.reported:       # the client sees what is billed
+                call.usage.counted_completion = estimate_completion_tokens(payload)
+                call.usage.fall_back()
+                payload["usage"] = call.usage.as_openai()
+            payload = client_response(payload, call.target.deployment.name)
+        try:
+            response = JSONResponse(payload, status_code=upstream.status_code,
+                                    headers=self._headers(call))
+        except ValueError:                    # NaN or Infinity: not JSON a client can read
+            return self._upstream_failed(call, "the replica's answer holds numbers JSON cannot carry")
+        return response, Outcome("ok" if ok else "error", upstream.status_code)
+
+    def _upstream_failed(self, call: Call, message: str) -> tuple[Response, Outcome]:
+        """The replica failed: the pool checks it before it takes another request."""
+        call.lease.mark_failed()
+        return self._refused(call, message, "upstream_error")
+
+    def _refused(self, call: Call, message: str, code: str) -> tuple[Response, Outcome]:
+        """A 502 in the error shape; the client got nothing, so the row bills nothing."""
+        call.usage = UsageSeen()
+        refusal = ApiError(502, message, code=code)
+        response = refusal.response()
+        response.headers.update(self._headers(call))
+        return response, Outcome("error", 502)
+
+    def relay_stream(self, call: Call, upstream: UpstreamResponse,
+                     options: StreamOptions) -> EventStreamResponse:
+        """The replica's chunks as the client asked for them; metered when the stream
+        closes: done, the client gone (partial, 499) or cut upstream (502)."""
+        async def on_close(completed: bool) -> None:
+            await _quietly_close(upstream)
+            # [DONE] went out after the whole answer: a client that hangs up then (the
+            # openai client does, while we still read the replica's end) got it all
+            if call.saw_done:
+                outcome = Outcome("ok", 200)
+            elif not completed:
+                outcome = CLIENT_GONE
+            else:
+                call.lease.mark_failed()
+                delivered = call.usage.completion_tokens > 0
+                outcome = Outcome("partial" if delivered else "error", 502)
+            await self.meter(call, outcome)
+
+        headers = [(k.encode(), v.encode()) for k, v in self._headers(call).items()]
+        return EventStreamResponse(self._events(call, upstream, options), on_close, headers)
+
+    async def _events(self, call: Call, upstream: UpstreamResponse,
+                      options: StreamOptions) -> AsyncGenerator[bytes, None]:
+        try:
+            async for line in upstream.aiter_lines():
+                if line == DONE_LINE:
+                    call.saw_done = True
+                    yield SSE_DONE
+                    self._delivered(call)
+                    continue
+                payload = data_of(line)
+                if payload is None:
+                    continue
+                if "error" in payload:        # the replica's own: relayed as it is, and
+                    yield sse(payload)        # no [DONE] follows (the answer is cut)
+                    continue
+                call.usage.observe(payload)
+                if call.usage.malformed:      # the client sees what is billed
+                    call.usage.fall_back()
+                    payload["usage"] = call.usage.as_openai()
+                if call.ttft_s is None and has_content(payload):
+                    call.ttft_s = time.perf_counter() - call.t0
+                chunk = client_chunk(payload, call.target.deployment.name, options)
+                if chunk is not None:
+                    yield sse(chunk)
+                    call.usage.counted_completion += 1
+                    self._delivered(call)     # the chunk is in the client's connection
+        except ValueError:                    # a line that is not JSON: the answer is cut
+            log.warning("replica stream malformed", extra={"request_id": call.request_id})
+            yield sse(error_body("the replica sent a malformed event", 502, code="upstream_error"))
+        except AnswerTooLarge as exc:
+            log.warning("replica stream refused", extra={"error": exc.message})
+            yield sse(error_body(exc.message, 502, code="answer_too_large"))
+        except UpstreamError as exc:
+            log.warning("replica stream cut", extra={"error": repr(exc)})
+            yield sse(error_body("the replica stream ended early", 502))
+
+    async def meter(self, call: Call, outcome: Outcome) -> None:
+        """Record the call once and give the replica back."""
+        if call.metered:
+            return
+        call.metered = True
+        if call.usage.malformed or outcome.status == "ok":
+            call.usage.fall_back()
+        used = call.usage.prompt_tokens + call.usage.completion_tokens
+        self.limiter.settle(call.admission, used, self.clock())
+        try:
+            self.writer.submit(self._record(call, outcome))
+            self.writer.calls.close(call.invocation_id)
+            self._observe(call, outcome.status)
+        finally:
+            self.release(call)
+
+    def release(self, call: Call) -> None:
+        """Give the replica back, once (before its answer is sent, for a unary call: a
+        client that reads slowly does not hold the replica)."""
+        if not call.released:
+            call.released = True
+            call.lease.release()
+
+    def _delivered(self, call: Call) -> None:
+        usage = call.usage
+        self.writer.calls.progress(call.invocation_id, Delivered(
+            usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, call.ttft_s, time.time(),
+            done=call.saw_done))
+
+    def _headers(self, call: Call) -> dict[str, str]:
+        return {"x-thawpool-revision": call.target.revision.name,
+                "x-thawpool-replica": call.lease.replica_id}
+
+    def _record(self, call: Call, outcome: Outcome) -> UsageRecord:
+        usage, deployment, revision = call.usage, call.target.deployment, call.target.revision
+        cold = call.lease.cold_start
+        return UsageRecord(
+            invocation_id=call.invocation_id, request_id=call.request_id,
+            tenant_id=call.principal.tenant_id, api_key_id=call.principal.key_id,
+            deployment_id=deployment.id, deployment_name=deployment.name,
+            revision_id=revision.id, revision_name=revision.name, model=revision.model_uri,
+            endpoint=call.endpoint, status=outcome.status, http_status=outcome.http_status,
+            prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
+            completion_tokens=usage.completion_tokens, queue_s=call.lease.queue_s,
+            cold_start_s=cold.total_s if cold is not None else None,
+            ttft_s=call.ttft_s, total_s=time.perf_counter() - call.t0,
+            cost=invocation_cost(call.target.pricing, usage.prompt_tokens, usage.cached_tokens,
+                                 usage.completion_tokens, charge_call=outcome.status != "error"),
+            replica_id=call.lease.replica_id, started_at=call.started_at,
+            finished_at=datetime.now(timezone.utc))
+
+    def _observe(self, call: Call, status: str) -> None:
+        """Per-deployment metrics, labelled with tenant names: the internal listener only;
+        the call's fields for its request's access log line."""
+        tenant, name = call.principal.tenant_name, call.target.deployment.name
+        self.metrics.invocations.labels(tenant, name, status).inc()
+        self.metrics.tokens.labels(tenant, name, "in").inc(call.usage.prompt_tokens)
+        self.metrics.tokens.labels(tenant, name, "out").inc(call.usage.completion_tokens)
+        if call.ttft_s is not None:
+            self.metrics.ttft.labels(tenant, name).observe(call.ttft_s)
+        call.log_fields.update(
+            deployment=name, revision=call.target.revision.name, outcome=status,
+            invocation_id=call.invocation_id, prompt_tokens=call.usage.prompt_tokens,
+            completion_tokens=call.usage.completion_tokens)
+
+
+def _check_vocabulary(request: GenerationRequest, vocab_size: int) -> None:
+    """Token ids (the prompt's, stop_token_ids) inside the model's vocabulary."""
+    check_sampling_params(request.params, vocab_size)
+    for prompt in request.prompts:
+        if isinstance(prompt, list):
+            try:
+                validate_prompt_ids(prompt, vocab_size)
+            except ValueError as exc:
+                raise ProtocolError.from_value_error(exc) from None
+
+
+def context_length(revision: Revision) -> int:
+    """The context a request may fill, as the replica computes it: the model's, capped by
+    the engine's max_model_len when the revision sets one."""
+    limit = revision.context_length or FALLBACK_CONTEXT_LEN
+    engine_limit = revision.engine.get("max_model_len")
+    return min(limit, engine_limit) if isinstance(engine_limit, int) else limit
+
+
+def _message_of(raw: bytes) -> str:
+    """The message of the replica's error body, or the start of whatever it sent."""
+    try:
+        return str(json.loads(raw)["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return raw[:200].decode(errors="replace")
+
+
+async def _quietly_close(upstream: UpstreamResponse) -> None:
+    try:
+        await upstream.aclose()
+    except Exception:  # noqa: BLE001 - closing a broken stream may fail; nothing to do
+        pass

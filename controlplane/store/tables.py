@@ -1,0 +1,275 @@
+"""Every table of the control plane, as SQLAlchemy 2 ORM models.
+
+Ids are uuid text. Money is NUMERIC; prices are per million tokens; times are
+timestamptz in UTC. The schema only changes through migrations/.
+"""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any, Optional
+
+from sqlalchemy import (ARRAY, BigInteger, Boolean, CheckConstraint, DateTime, Float, ForeignKey, Index,
+                        Integer, LargeBinary, Numeric, String, Text, Uuid, text)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+PRICE = Numeric(18, 9)
+MONEY = Numeric(30, 15)
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: DateTime(timezone=True), str: Text}
+
+
+def _id_column(*args: Any, **kw: Any) -> Mapped[str]:
+    return mapped_column(Uuid(as_uuid=False), *args, **kw)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    prefix: Mapped[str] = mapped_column(unique=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    name: Mapped[Optional[str]]
+    requests_per_min: Mapped[Optional[int]]
+    tokens_per_min: Mapped[Optional[int]]
+    expires_at: Mapped[Optional[datetime]]
+    revoked_at: Mapped[Optional[datetime]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Deployment(Base):
+    """A tenant's named endpoint; scaling and the traffic split are mutable."""
+    __tablename__ = "deployments"
+    __table_args__ = (
+        Index("uq_deployments_tenant_name", "tenant_id", "name", unique=True,
+              postgresql_where=text("deleted_at IS NULL")),
+    )
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str]
+    min_replicas: Mapped[int] = mapped_column(Integer)
+    max_replicas: Mapped[int] = mapped_column(Integer)
+    target_concurrency: Mapped[int] = mapped_column(Integer)
+    idle_timeout_s: Mapped[float] = mapped_column(Float)
+    sleep_timeout_s: Mapped[float] = mapped_column(Float, server_default=text("0"))   # 0010
+    prefetch: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))     # 0011
+    traffic: Mapped[dict[str, Any]] = mapped_column(JSONB)   # {"r1": 90, "r2": 10}
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[Optional[datetime]]
+
+
+class Revision(Base):
+    """Immutable: model, engine config and resources of one rollout (prices live in the
+    operator's price book, `Price`)."""
+    __tablename__ = "revisions"
+    __table_args__ = (Index("uq_revisions_deployment_number", "deployment_id", "number",
+                            unique=True),)
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    deployment_id: Mapped[str] = _id_column(ForeignKey("deployments.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    model_uri: Mapped[str]
+    architecture: Mapped[Optional[str]]
+    # Read from config.json at deploy; NULL on revisions made before migration 0002.
+    context_length: Mapped[Optional[int]] = mapped_column(Integer)   # max_position_embeddings
+    vocab_size: Mapped[Optional[int]] = mapped_column(Integer)
+    # Every object its deploy read, {"s3://bucket/key": {"etag", "size"}}: a cold start
+    # refuses other bytes under those keys. NULL on revisions made before migration 0012.
+    pinned_objects: Mapped[Optional[dict[str, Any]]] = mapped_column(JSONB)
+    engine: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    gpu_memory_gb: Mapped[float] = mapped_column(Float)
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    @property
+    def name(self) -> str:
+        return f"r{self.number}"
+
+
+class UsageEvent(Base):
+    """One row per invocation. No foreign keys: the outbox may replay rows late."""
+    __tablename__ = "usage_events"
+    __table_args__ = (Index("ix_usage_tenant_started", "tenant_id", "started_at"),)
+    invocation_id: Mapped[str] = _id_column(primary_key=True)
+    request_id: Mapped[str]
+    tenant_id: Mapped[str] = _id_column()
+    api_key_id: Mapped[Optional[str]] = _id_column(nullable=True)
+    deployment_id: Mapped[str] = _id_column()
+    deployment_name: Mapped[str]
+    revision_id: Mapped[str] = _id_column()
+    revision_name: Mapped[str]
+    model: Mapped[str]
+    endpoint: Mapped[str]
+    status: Mapped[str]                     # ok | partial | error
+    http_status: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    queue_s: Mapped[Optional[float]] = mapped_column(Float)
+    cold_start_s: Mapped[Optional[float]] = mapped_column(Float)
+    ttft_s: Mapped[Optional[float]] = mapped_column(Float)
+    total_s: Mapped[float] = mapped_column(Float)
+    cost: Mapped[Decimal] = mapped_column(MONEY)
+    replica_id: Mapped[Optional[str]]
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime]
+    items: Mapped[Optional[int]] = mapped_column(BigInteger)        # function calls only
+    gpu_seconds: Mapped[Optional[float]] = mapped_column(Float)      # function calls only
+    # billed from the call journal after the control plane died mid-call
+    recovered: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+
+
+class FunctionCall(Base):
+    """An asynchronous function call (`/invoke?async=true`) until its retention ends
+    (controlplane.gateway.async_call_rules). `body` is the answer's JSON as text, ASCII-escaped, so
+    whatever the function returned is stored as it was (jsonb refuses a \\u0000)."""
+    __tablename__ = "function_calls"
+    __table_args__ = (
+        CheckConstraint("status IN ('running', 'succeeded', 'failed')",
+                        name="ck_function_calls_status"),
+        CheckConstraint("(status = 'running') = (finished_at IS NULL)",
+                        name="ck_function_calls_finished"),
+        Index("ix_function_calls_finished_at", "finished_at"),
+    )
+    id: Mapped[str] = mapped_column(primary_key=True)          # call-<32 hex>
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    deployment_name: Mapped[str]
+    status: Mapped[str]                      # running | succeeded | failed
+    http_status: Mapped[Optional[int]] = mapped_column(Integer)
+    body: Mapped[Optional[str]]
+    created_at: Mapped[datetime]
+    finished_at: Mapped[Optional[datetime]]
+
+
+class ReplicaLifetime(Base):
+    """One replica's life, for GPU-second billing: billed from `placed_at` (the first
+    event that carried slot ids) to `stopped_at`, or to `last_seen_at` (the latest event
+    or heartbeat that saw it) while no stop is recorded (controlplane.billing.lifetimes)."""
+    __tablename__ = "replica_lifetimes"
+    __table_args__ = (Index("ix_replica_lifetimes_open", "replica_id",
+                            postgresql_where=text("stopped_at IS NULL")),)
+    replica_id: Mapped[str] = mapped_column(primary_key=True)
+    revision_id: Mapped[str] = _id_column()
+    deployment_id: Mapped[str] = _id_column()
+    tenant_id: Mapped[str] = _id_column(index=True)
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    slot_ids: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    state: Mapped[str]
+    started_at: Mapped[datetime]
+    ready_at: Mapped[Optional[datetime]]
+    stopped_at: Mapped[Optional[datetime]]
+    reason: Mapped[Optional[str]]
+    placed_at: Mapped[Optional[datetime]]
+    last_seen_at: Mapped[Optional[datetime]]
+    # The `loading` event: weights cached, the runtime loads them (the console's waterfall
+    # splits download from load here; NULL on rows from before migration 0007).
+    loading_at: Mapped[Optional[datetime]]
+    # The replica's own counters of what it served (heartbeats, its stop): for reconciling
+    # them with the usage rows billed for it.
+    served_prompt_tokens: Mapped[Optional[int]] = mapped_column(BigInteger)
+    served_completion_tokens: Mapped[Optional[int]] = mapped_column(BigInteger)
+    # The sleep tier (migration 0010): when it fell asleep and woke, in turn (an odd count:
+    # asleep now); no GPU time is billed between a sleep and its wake.
+    sleeps: Mapped[list[datetime]] = mapped_column(ARRAY(DateTime(timezone=True)),
+                                                   server_default=text("'{}'"), default=list)
+
+
+class ModelSource(Base):
+    """An admin's grant: tenants may deploy from URIs under `prefix` (tenant_id NULL:
+    every tenant, a shared catalogue). Each tenant's own prefix needs no row."""
+    __tablename__ = "model_sources"
+    __table_args__ = (Index("uq_model_sources_prefix_tenant", "prefix", "tenant_id", unique=True,
+                            postgresql_nulls_not_distinct=True),
+                      CheckConstraint("(access_key_id IS NULL) = (secret_sealed IS NULL)",
+                                      name="ck_model_sources_credentials_whole"))
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    prefix: Mapped[str]                          # s3://bucket/path/
+    tenant_id: Mapped[Optional[str]] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"),
+                                                  nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # A tenant's own bucket: read with these credentials, not the platform's (all NULL:
+    # the platform's). The secret is sealed by controlplane.sealing, never kept in clear.
+    endpoint_url: Mapped[Optional[str]] = mapped_column(Text)
+    region: Mapped[Optional[str]] = mapped_column(Text)
+    access_key_id: Mapped[Optional[str]] = mapped_column(Text)
+    secret_sealed: Mapped[Optional[bytes]] = mapped_column(LargeBinary)
+
+
+class Price(Base):
+    """One row of the operator's price book, in effect from `effective_from` on:
+    the default (no tenant), a tenant's plan (tenant only) or a deployment's override."""
+    __tablename__ = "prices"
+    __table_args__ = (
+        CheckConstraint("deployment_id IS NULL OR tenant_id IS NOT NULL",
+                        name="ck_prices_deployment_has_tenant"),
+        Index("uq_prices_scope_effective_from", "tenant_id", "deployment_id", "effective_from",
+              unique=True, postgresql_nulls_not_distinct=True),
+    )
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[Optional[str]] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"),
+                                                  nullable=True)
+    deployment_id: Mapped[Optional[str]] = _id_column(
+        ForeignKey("deployments.id", ondelete="CASCADE"), nullable=True)
+    input_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
+    cached_input_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
+    output_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
+    gpu_second: Mapped[Decimal] = mapped_column(PRICE)
+    per_call: Mapped[Decimal] = mapped_column(PRICE)
+    effective_from: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class QuotaOverride(Base):
+    """An admin's overrides of one tenant's quota; NULL keeps the settings default."""
+    __tablename__ = "tenant_quotas"
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"),
+                                        primary_key=True)
+    max_gpus: Mapped[Optional[int]] = mapped_column(Integer)
+    max_replicas_per_deployment: Mapped[Optional[int]] = mapped_column(Integer)
+    max_deployments: Mapped[Optional[int]] = mapped_column(Integer)
+    max_queued_requests: Mapped[Optional[int]] = mapped_column(Integer)
+    max_upload_bytes: Mapped[Optional[int]] = mapped_column(BigInteger)
+    requests_per_min: Mapped[Optional[int]] = mapped_column(Integer)    # all the tenant's keys
+    tokens_per_min: Mapped[Optional[int]] = mapped_column(Integer)
+    max_async_calls: Mapped[Optional[int]] = mapped_column(Integer)     # in flight at once
+    egress: Mapped[Optional[list[str]]] = mapped_column(JSONB)         # "host:port" granted
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ModelUpload(Base):
+    """A tenant's upload of one model folder under its own prefix, as S3 multipart
+    uploads (one per file). `files` keeps, per file, what the tenant never sees: the
+    object key and S3's upload id."""
+    __tablename__ = "model_uploads"
+    __table_args__ = (Index("uq_model_uploads_tenant_name", "tenant_id", "name", unique=True,
+                            postgresql_where=text("status <> 'deleted'")),)
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str]
+    status: Mapped[str]                          # pending | complete | deleted
+    total_bytes: Mapped[int] = mapped_column(BigInteger)
+    files: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+    completed_at: Mapped[Optional[datetime]]
