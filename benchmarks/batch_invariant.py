@@ -3,7 +3,7 @@ over the same engine without it, on the same workload, in one run.
 
 In that mode every linear layer runs kernels/cpu/invariant_linear.c (each output element
 summed in one fixed order, whatever the batch) instead of oneDNN's GEMM, and every row's
-attention, decoding ones included, the prefill kernel (runtime/model_runner.py), so a
+attention, decoding ones included, the prefill kernel (runtime/engine/model_runner.py), so a
 request's logprobs are the same bits alone or in any batch (tests/runtime/test_batch_invariant.py
 checks that with random batch compositions). The two engines alternate, --rounds times,
 and the best of each counts, by wall time and by CPU time (the one to trust on a busy

@@ -5,11 +5,11 @@
 The model is the real one by default (SmolLM2-135M, fp32, ~540 MB; `make model`). Each
 trial starts a fresh Python process per case and measures in it:
 
-  fresh     process start -> import -> kernels -> ... -> ready, as `runtime.server --model`
+  fresh     process start -> import -> kernels -> ... -> ready, as `runtime.serve.server --model`
   standby   the same load in a process that already ran the standby warm-up (imports,
             kernels): what a pool with a warm standby pays once a load is asked for
   packed    a standby whose node has loaded the model before: its layers are mapped from
-            the node's packed-layer cache (runtime/packed_weights.py) instead of packed
+            the node's packed-layer cache (runtime/load/packed_weights.py) instead of packed
             (the cache is filled by one load before the trials)
 
 then one greedy token (first_token). The peer, measured in the same run and between the
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 CHILD = """
 import json, sys, time
 model, mode, packed_dir = sys.argv[1], sys.argv[2], sys.argv[3]
-from runtime.model_host import LoadRequest, build_llm_engine, warm_imports
+from runtime.serve.model_host import LoadRequest, build_llm_engine, warm_imports
 if mode != "fresh":
     warm_imports("cpu")
 options = {"packed_cache_dir": packed_dir} if mode == "packed" else {}

@@ -2,7 +2,7 @@
 
 One workload (random prompts of exact lengths, greedy, ignore_eos) through:
   offline   runtime.LLM.generate, every request at once, in this process;
-  served    python -m runtime.server over HTTP, 32 streaming clients back to back
+  served    python -m runtime.serve.server over HTTP, 32 streaming clients back to back
             (closed loop), with the flag off and on;
 and, per server, TTFT p50 of requests sent one at a time (concurrency 1). Prints each
 server's throughput as a ratio of the offline figure. The model is the random

@@ -112,7 +112,7 @@ def print_roofline(model_dir: Path, work: Workload, ours: dict, threads: int) ->
     time, and by CPU time (the GEMM rate per thread times the CPU-seconds the run used:
     robust to a busy machine)."""
     from benchmarks.roofline import DecoderShape, gemm_flops_per_s, workload_flops
-    from runtime.config import ModelConfig
+    from runtime.core.config import ModelConfig
 
     shape = DecoderShape.of(ModelConfig.from_dir(model_dir))
     flops = workload_flops(shape, [len(p) for p in work.prompts], work.output_lens)

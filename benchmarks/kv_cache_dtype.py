@@ -105,7 +105,7 @@ def kernel_speed(args: argparse.Namespace) -> None:
 def prefilled_engine(model: Path, kv_dtype: str, args: argparse.Namespace) -> Any:
     """An engine whose --batch sequences of --e2e-context prompt tokens are all prefilled."""
     from runtime import SamplingParams
-    from runtime.engine import LLMEngine
+    from runtime.engine.llm_engine import LLMEngine
 
     steps = (args.e2e_repeats + 1) * args.e2e_steps + 8
     engine = LLMEngine(str(model), kv_cache_dtype=kv_dtype, enable_prefix_caching=False,

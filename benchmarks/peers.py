@@ -10,7 +10,7 @@ from a fixed seed, greedy, ignore_eos, driven as a closed loop at --concurrency 
 in flight, non-streaming (each reply counts its output tokens). llama-server runs with
 --threads threads, one slot per client (`-np`, continuous batching, no prompt cache);
 thawpool's server gets the same threads (OMP_NUM_THREADS) and KV room, and runs as it
-does by default, with its engine in an engine-core process (runtime/engine_core.py), and
+does by default, with its engine in an engine-core process (runtime/serve/engine_core.py), and
 with --no-engine-process, the engine in a thread of the server. The offline engine
 (runtime.LLM.generate, all requests at once) is measured too, the ceiling the server path
 is held against, both as it is and with max_num_seqs = --concurrency: all at once it also
@@ -106,7 +106,7 @@ class Pairing:
 # its like is int8 with cpu_low_precision, W8A8 where the CPU has int8 dot products
 # (weight-only int8 where it has not: the option then changes nothing for int8 weights).
 # Each pairing runs thawpool's server as it runs by default (the engine-core process,
-# runtime/engine_core.py) and with the engine in a thread of the server.
+# runtime/serve/engine_core.py) and with the engine in a thread of the server.
 PAIRINGS = tuple(Pairing(gguf, quantization, low_precision, engine_process)
                  for gguf, quantization, low_precision in (("F32", None, False), ("Q8_0", "int8", True))
                  for engine_process in (False, True))
@@ -374,7 +374,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--skip-build", action="store_true", help="never build llama-server; skip it when absent")
     p.add_argument("--skip-offline", action="store_true", help="leave out the offline engine")
     p.add_argument("--thawpool-args", nargs=argparse.REMAINDER, default=[],
-                   help="the rest of the line goes to `python -m runtime.server` (e.g. --engine-process)")
+                   help="the rest of the line goes to `python -m runtime.serve.server` (e.g. --engine-process)")
     return p.parse_args(argv)
 
 

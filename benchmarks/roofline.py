@@ -32,7 +32,7 @@ class DecoderShape:
     vocab: int
 
     @classmethod
-    def of(cls, config) -> "DecoderShape":      # a runtime.config.ModelConfig
+    def of(cls, config) -> "DecoderShape":      # a runtime.core.config.ModelConfig
         return cls(config.hidden_size, config.intermediate_size, config.num_hidden_layers,
                    config.num_attention_heads, config.num_key_value_heads, config.head_dim,
                    config.vocab_size)

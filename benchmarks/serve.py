@@ -4,7 +4,7 @@ Replays Poisson arrivals of streaming /v1/completions requests against a
 replica over HTTP (httpx) and prints TTFT, TPOT, inter-token latency and
 end-to-end latency (mean, p50, p99). Bounded by a request count and a wall
 time. Without --url it builds a random-weight Llama with
-tests.support.model_factory, starts `python -m runtime.server` on it, and, as
+tests.support.model_factory, starts `python -m runtime.serve.server` on it, and, as
 the peer measured in the same run, pushes the same requests through the
 offline `runtime.LLM` (all at once) to print the serving path's throughput
 as a ratio of the bare engine's. The served throughput is bounded by
@@ -190,7 +190,7 @@ def start_replica(model_dir: Path, engine_args: list[str], threads: int) -> Repl
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "runtime.server", "--model", str(model_dir), "--host", "127.0.0.1",
+        [sys.executable, "-m", "runtime.serve.server", "--model", str(model_dir), "--host", "127.0.0.1",
          "--port", str(port), *engine_args], cwd=REPO, env=env)
     return wait_ready(Replica(process, f"http://127.0.0.1:{port}"), "replica")
 

@@ -20,7 +20,7 @@ and kv_cache_s) and the first token. It prints the ratio wake / cold start again
 the target (<= 0.25x). Idle timeouts are passed by stepping the pool's clock.
 
 Conditions that matter. On a CPU machine the weights of a sleeper stay where they
-are (runtime/sleep_mode.py), so a wake there is the KV cache allocated again and the
+are (runtime/core/sleep_mode.py), so a wake there is the KV cache allocated again and the
 pool's own path (slot claimed, /wake, routing); on CUDA the wake also copies the
 weights from pinned host memory back (about 200 MB here: tens of ms at PCIe rates).
 The report prints which one this was. Best of --trials.

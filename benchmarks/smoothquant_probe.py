@@ -1,6 +1,6 @@
 """W8A8 with SmoothQuant-style smoothing vs the outlier split: perplexity, emulated.
 
-The probe that chose the engine's smoothing (runtime/smoothing.py, built after it: alpha
+The probe that chose the engine's smoothing (runtime/load/smoothing.py, built after it: alpha
 0.7, 1,024 random token ids); benchmarks/lowp_quality.py measures the engine itself.
 
 Without smoothing, W8A8 keeps the 16 largest input channels of every call in fp32

@@ -80,8 +80,9 @@ def make_prompts(step: list[int], n: int, length: int, seed: int) -> list[list[i
 
 
 ROOT = Path(__file__).resolve().parents[1]
-CODE_FILES = ["pool/placement.py", "pool/autoscaler.py", "pool/backoff.py", "runtime/sampler.py",
-              "runtime/rejection_sampler.py", "wire/sse.py", "controlplane/billing/pricing.py", "kernels/rotary.py"]
+CODE_FILES = ["pool/placement.py", "pool/autoscaler.py", "pool/backoff.py", "runtime/engine/sampler.py",
+              "runtime/spec_decode/rejection_sampler.py", "wire/sse.py", "controlplane/billing/pricing.py",
+              "kernels/rotary.py"]
 EDITS = ["Add a docstring to this Python function. Reply with the whole function.",
          "Add type hints to this Python function. Reply with the whole function."]
 QUOTE = "Summarize this text in two sentences, then quote its most important sentence word for word."

@@ -2,7 +2,7 @@
 
 On the real model, SmolLM2-135M-Instruct (scripts/real_model.py): 32 chat requests,
 each asking for a different person's record as JSON. Run 1 enforces a JSON schema
-(runtime/structured_output.py: llguidance masks computed during the forward pass,
+(runtime/engine/structured_output.py: llguidance masks computed during the forward pass,
 applied as a bitmask in the sampler). Run 2 is the same prompts with no format, each
 request held to exactly the number of tokens it produced in run 1 (ignore_eos), so both
 runs decode the same tokens in the same batches. Greedy, all 32 in one batch.

@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def prompts(model: str, n: int) -> list[list[int]]:
-    from runtime.tokenizer import Tokenizer
+    from runtime.core.tokenizer import Tokenizer
 
     text = "\n\n".join(f.read_text() for f in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     ids = Tokenizer(model, ()).encode(text)

@@ -141,7 +141,7 @@ def _low_precision(kernels: KernelSet, features: CpuFeatures) -> KernelSet:
 
 def every_channel_w8a8(kernels: KernelSet) -> Optional[KernelSet]:
     """`kernels` whose W8A8 quantizes every input channel, keeping none apart in fp32: for
-    int8 weights smoothed at load (runtime/smoothing.py), whose activations have no
+    int8 weights smoothed at load (runtime/load/smoothing.py), whose activations have no
     outlier channels left. None when `kernels` runs no W8A8 (no int8 dot products, or
     low precision not asked for): the weights then stay as they are."""
     split = kernels.int8_linear

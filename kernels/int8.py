@@ -15,7 +15,7 @@ their row's rms in the same 4 or so channels of SmolLM2): scaled by them, the ot
 channels would keep 3 or 4 bits. So the W8A8_OUTLIERS channels with the largest
 max|x| over the call's rows stay in fp32 against their int8 weights (LLM.int8()'s
 decomposition, with a fixed count so that its cost is bounded: 16 of K >= 576 columns).
-The engine smooths int8 weights at load instead where it runs W8A8 (runtime/smoothing.py:
+The engine smooths int8 weights at load instead where it runs W8A8 (runtime/load/smoothing.py:
 the outliers folded into the weights, SmoothQuant-style) and calls W8A8 with outliers=0.
 """
 from __future__ import annotations

@@ -71,7 +71,7 @@ class RevisionSpec:
     idle_timeout_s: float = 300.0
     engine: Mapping[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs
     quota: TenantQuota = TenantQuota()       # the tenant's, the same on all its revisions
-    kind: str = "model"            # model: runtime.server | function: runtime.function_server
+    kind: str = "model"            # model: runtime.serve.server | function: runtime.functions.server
     # The sleep tier: an idle replica sleeps (process and host-memory weights kept, GPU
     # slots released, no GPU seconds) for this long before it stops; 0: it stops at once.
     sleep_timeout_s: float = 0.0
@@ -115,7 +115,7 @@ class ModelInfo:
     num_attention_heads: int = 0
     vocab_size: int = 0
     # A function package (architecture FUNCTION_ARCHITECTURE): its thawpool.toml as text,
-    # which the control plane parses with the replica's own rules (runtime.function_package).
+    # which the control plane parses with the replica's own rules (runtime.functions.package).
     function_manifest: Optional[str] = None
     # Every object read under the URI ("s3://bucket/key" -> ETag and size): the revision
     # made from this keeps them (RevisionSpec.pins).
@@ -135,11 +135,11 @@ class ColdStartTimings:
     env_s: float = 0.0             # a function's per-revision venv (0 when cached or a model)
     load_s: float = 0.0
     total_s: float = 0.0
-    # inside load_s, the replica's own record (runtime/load_timings.py): `<stage>_s` for
+    # inside load_s, the replica's own record (runtime/load/timings.py): `<stage>_s` for
     # process, import, kernels, config, weights, assemble, pack, kv_cache; other_s,
     # weights_gbps, total_s. Empty when the replica reported none.
     load_stages: Mapping[str, float] = field(default_factory=dict)
-    # "cold_start", or "wake": a sleeping replica woken (runtime/sleep_mode.py); then
+    # "cold_start", or "wake": a sleeping replica woken (runtime/core/sleep_mode.py); then
     # placement_s is the wait for its slots, load_s its time in waking and load_stages
     # the replica's wake stages (weights_s, kv_cache_s, other_s, total_s)
     kind: str = "cold_start"
@@ -292,7 +292,7 @@ class ReplicaEventSink(Protocol):
 class Lease(Protocol):
     """One request's hold on a ready replica; release() is idempotent."""
     @property
-    def base_url(self) -> str: ...            # http://HOST:PORT of a ready runtime.server
+    def base_url(self) -> str: ...            # http://HOST:PORT of a ready runtime.serve.server
     @property
     def replica_id(self) -> str: ...
     @property

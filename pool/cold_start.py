@@ -10,7 +10,7 @@
   pull      the weights (and the draft's) into the pool's cache and model
             folders (pulling), pinned until the replica stops; a backend that
             pulls on its node does this inside start_replica
-  load      the backend starts runtime.server; the replica is loading until
+  load      the backend starts runtime.serve.server; the replica is loading until
             /health answers ready, with the replica's own stages of it (process,
             import, kernels, config, weights, ...), kept in the cold-start record
 

@@ -2,14 +2,14 @@
 
 A build runs pip, and pip runs a requirement's build code: the tenant's code. Its
 sandbox has no network (pool/sandbox.py). The installer inside
-(runtime/function_env.py) carries a loopback port of the sandbox to this proxy's
+(runtime/functions/env.py) carries a loopback port of the sandbox to this proxy's
 unix socket, bound into the sandbox, and points pip (and uv) at it; the proxy,
 outside, in the platform's process, opens a connection only to the hosts the
 operator's index names (`allowed_hosts`): CONNECT for https, absolute-form
 requests for plain http. Anything else is a 403, and the build code has no other
 route: not loopback, not the node's metadata address, not Ray's GCS. A function's
 server has no way out at all unless the operator grants its tenant hosts (the
-quota's `egress`); then runtime/function_server.py carries a port to a proxy of
+quota's `egress`); then runtime/functions/server.py carries a port to a proxy of
 those hosts the same way.
 """
 from __future__ import annotations

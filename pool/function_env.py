@@ -1,7 +1,7 @@
 """What a function replica's process gets from the pool: its venv, and a clean environment.
 
 The venv is built (or found, cached by the requirements' hash) by
-`python -m runtime.function_env` in a child process of its own: pip may run a
+`python -m runtime.functions.env` in a child process of its own: pip may run a
 dependency's build code, which must never run in the pool's process. The cold
 start times it as its own stage (`ColdStartTimings.env_s`). On the local backend
 the pool runs it (`build_env`); on Ray the replica's actor runs the same command
@@ -62,9 +62,9 @@ def installer_env(environ: Mapping[str, str], index_url: Optional[str] = None) -
 
 
 def builder_command(python: str, package_dir: Path, envs_root: Path) -> list[str]:
-    """`python -m runtime.function_env` for the package, its venvs kept in envs_root (a
+    """`python -m runtime.functions.env` for the package, its venvs kept in envs_root (a
     folder of the node's cache: the pool's on the local backend, the node's own on Ray)."""
-    return [python, "-m", "runtime.function_env", "--package", str(package_dir), "--root", str(envs_root)]
+    return [python, "-m", "runtime.functions.env", "--package", str(package_dir), "--root", str(envs_root)]
 
 
 def tenant_envs_root(cache_dir: Path, tenant_id: str) -> Path:
@@ -159,7 +159,7 @@ def _kill_group(pid: int) -> None:
 
 def server_args(python: str, host: str, port: int, package_dir: Path, served_name: str,
                 memory_limit_mb: Optional[int]) -> list[str]:
-    """`python -m runtime.function_server` in the function's venv, with its limits."""
+    """`python -m runtime.functions.server` in the function's venv, with its limits."""
     return [python, *function_server_args(package_dir, served_name, memory_limit_mb),
             "--host", host, "--port", str(port)]
 

@@ -105,7 +105,7 @@ class FunctionSandboxes:
     def server(self, tenant_id: str, replica_id: str, package_dir: Path, python: str, served_name: str,
                memory_mb: int | None, env: Mapping[str, str], gpus: Sequence[int],
                egress: Sequence[str] = ()) -> SandboxedServer:
-        """runtime.function_server as the tenant's uid, on a unix socket, its secret in a
+        """runtime.functions.server as the tenant's uid, on a unix socket, its secret in a
         file; `env` is the server's whole environment as an unconfined one would get it,
         `gpus` the device indices of its GPUs, `egress` the hosts its tenant was granted."""
         self.sandbox.sweep_orphans()
@@ -182,6 +182,6 @@ def package_binds(package_dir: Path) -> tuple[Bind, ...]:
 
 def function_server_args(package_dir: Path, served_name: str, memory_limit_mb: Optional[int]) -> list[str]:
     """What follows the venv's interpreter but for --host/--port (a Ray node picks its port)."""
-    args = ["-m", "runtime.function_server", "--package", str(package_dir), "--served-model-name", served_name,
+    args = ["-m", "runtime.functions.server", "--package", str(package_dir), "--served-model-name", served_name,
             "--max-open-files", str(MAX_OPEN_FILES)]
     return args + (["--memory-limit-mb", str(memory_limit_mb)] if memory_limit_mb else [])

@@ -6,7 +6,7 @@ Hugging Face class, every tensor named and shaped, the tokenizer kind); a file t
 importer would refuse is a ModelUnavailable (422) here already.
 
 On a cold start, WeightStore (pool/weights.py) fetches the object into the cache like any
-weight file and imports it with `run_import`: `python -m runtime.gguf_import` in a process
+weight file and imports it with `run_import`: `python -m runtime.gguf.importer` in a process
 of its own (the pool runs no model code, and imports neither numpy nor torch), into a
 cache entry of its own keyed by the object's ETag (`imported_key`), so the next cold
 start of the same object, on any revision, finds the folder there.
@@ -93,9 +93,9 @@ def imported_key(obj: S3Object) -> str:
 
 
 async def run_import(gguf_path: Path, out_dir: Path, uri: str) -> None:
-    """`python -m runtime.gguf_import` into out_dir; ColdStartFailed with its reason."""
+    """`python -m runtime.gguf.importer` into out_dir; ColdStartFailed with its reason."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "runtime.gguf_import", str(gguf_path), str(out_dir),
+        sys.executable, "-m", "runtime.gguf.importer", str(gguf_path), str(out_dir),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         _, err = await proc.communicate()

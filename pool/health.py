@@ -1,4 +1,4 @@
-"""Asking a replica's runtime.server how it is: /health, and whether its process lives;
+"""Asking a replica's runtime.serve.server how it is: /health, and whether its process lives;
 what it serves (/v1/models) and what it has served (/stats).
 
 /health answers 200 once the weights are loaded, 500 with `error` when the

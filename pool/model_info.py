@@ -33,7 +33,7 @@ SAFETENSORS_DTYPES = {
     "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
     "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
 }
-FUNCTION_MANIFEST = "thawpool.toml"          # runtime.function_package.MANIFEST
+FUNCTION_MANIFEST = "thawpool.toml"          # runtime.functions.package.MANIFEST
 T = TypeVar("T")
 
 

@@ -13,7 +13,7 @@ and, under the node's cache, a folder of its own:
            start and filled at its load, so a standby still skips the interpreter's
            start), so it sees no other entry of the cache; draft/ likewise at
            /srv/draft for a speculative draft model
-  packed/  writable at /srv/packed: its packed-layer cache (runtime/packed_weights.py),
+  packed/  writable at /srv/packed: its packed-layer cache (runtime/load/packed_weights.py),
            hard links to its tenant's packed files; what it packs anew is moved to its
            tenant's packed folder when it has stopped, so no tenant maps another's
 
@@ -103,12 +103,12 @@ class ModelSandboxes:
 
     def server(self, name: str, python: str, env: Mapping[str, str], memory_mb: Optional[int],
                gpus: Sequence[int], args: Callable[[], list[str]]) -> SandboxedServer:
-        """`python -m runtime.server <args()>` in the sandbox `name`, on its unix socket;
+        """`python -m runtime.serve.server <args()>` in the sandbox `name`, on its unix socket;
         `env` is what an unconfined server would add to the node's environment (its secret
         among it), `gpus` its GPUs' device indices; args() runs once the folder is made."""
         try:
             profile = self.profile(name, env[SECRET_ENV], memory_mb, cuda_devices(gpus))
-            argv = [python, "-m", "runtime.server", "--uds", str(REPLICA / SOCKET), *args()]
+            argv = [python, "-m", "runtime.serve.server", "--uds", str(REPLICA / SOCKET), *args()]
             command = self.sandbox.command(name, profile, argv)
         except BaseException:
             self.remove(name)                # no half-made folder or group outlives a failed start

@@ -128,7 +128,7 @@ def weights_of(info: ModelInfo, engine: Mapping[str, Any]) -> int:
 
 def kv_bytes(info: ModelInfo, dtype: Optional[str], tokens: int, gpu_count: int = 1) -> int:
     """The KV cache of the whole replica: with more ranks than KV heads each rank caches
-    its own copy of one (runtime/tensor_parallel.py), so there are gpu_count of them."""
+    its own copy of one (runtime/tensor_parallel/shards.py), so there are gpu_count of them."""
     width = DTYPE_BYTES.get(dtype or "", 0) or _checkpoint_width(info)
     heads = max(info.num_key_value_heads, gpu_count)
     return 2 * info.num_hidden_layers * heads * info.head_dim * width * tokens
@@ -141,7 +141,7 @@ def request_for(info: ModelInfo, gpu_memory_gb: float, gpu_count: int,
 
     A speculative draft model adds its own weights and KV cache: the runtime runs it at
     the target's dtype, unquantized, with as many KV tokens as the target."""
-    # The runtime computes in float32 unless told otherwise (runtime.config.EngineConfig),
+    # The runtime computes in float32 unless told otherwise (runtime.core.config.EngineConfig),
     # whatever width the checkpoint was saved in.
     dtype = engine.get("dtype") or RUNTIME_DEFAULT_DTYPE
     tokens = engine.get("kv_cache_tokens") or kv_tokens_default

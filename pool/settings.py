@@ -34,7 +34,7 @@ class PoolSettings:
     aws_secret_access_key: Optional[str] = field(default=None, repr=False)  # logged reprs
     cache_dir: Path = field(default_factory=lambda: default_cache_dir(os.environ))
     cache_disk_budget_gb: float = 50.0
-    # CPU replicas' packed layers (runtime/packed_weights.py) under cache_dir / "packed"; 0: none
+    # CPU replicas' packed layers (runtime/load/packed_weights.py) under cache_dir / "packed"; 0: none
     packed_cache_gb: float = 16.0
     part_size_mb: float = 8.0
     download_concurrency: int = 16

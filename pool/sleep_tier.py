@@ -1,5 +1,5 @@
 """The sleep tier's I/O: a replica put to sleep and woken through the runtime's /sleep
-and /wake (runtime/sleep_mode.py), with the books kept in step.
+and /wake (runtime/core/sleep_mode.py), with the books kept in step.
 
   sleep   draining -> sleeping once the replica says its device memory is free: only
           then are its slots released (the `sleeping` event carries none, so its GPU

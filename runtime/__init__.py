@@ -11,6 +11,6 @@ def __getattr__(name: str) -> Any:
         from runtime.llm import LLM
         return LLM
     if name == "LLMEngine":
-        from runtime.engine import LLMEngine
+        from runtime.engine.llm_engine import LLMEngine
         return LLMEngine
     raise AttributeError(f"module 'runtime' has no attribute {name!r}")

@@ -4,11 +4,11 @@ from __future__ import annotations
 import itertools
 from typing import Any, Optional, Sequence, Union, cast
 
-from runtime.detokenizer import IncrementalDetokenizer
-from runtime.engine import LLMEngine
-from runtime.outputs import CompletionOutput, RequestOutput
-from runtime.request import sample_ids
-from runtime.tokenizer import Tokenizer
+from runtime.core.detokenizer import IncrementalDetokenizer
+from runtime.engine.llm_engine import LLMEngine
+from runtime.engine.outputs import CompletionOutput, RequestOutput
+from runtime.engine.request import sample_ids
+from runtime.core.tokenizer import Tokenizer
 from wire.sampling import SamplingParams
 
 Prompt = Union[str, list[int]]

@@ -9,7 +9,7 @@ figures (the checks themselves are in scripts/gpu_checks.py):
 - random_models:      the random Llamas the others run (see scripts/gpu_checks.py):
                       exactness, int8 and throughput run the trained SmolLM2 instead
                       when `make model` has imported it (or --model DIR; --random: never);
-- weight_loader:      runtime/device_loader.py (pinned staging, overlapped copies) against
+- weight_loader:      runtime/load/device.py (pinned staging, overlapped copies) against
                       safetensors' own read onto the GPU: equal tensors, and each GB/s;
 - triton_kernels:     tests/kernels/test_triton_*.py compiled for and run on the GPU
                       against the torch references, and the engine's dispatch picks them;
@@ -19,7 +19,7 @@ figures (the checks themselves are in scripts/gpu_checks.py):
 - throughput_vs_transformers: offline throughput against transformers `generate`
                       (figures only: it fails only if it does not run);
 - tensor_parallel_nccl: 2 ranks over NCCL against 1 (SKIP with fewer than 2 GPUs);
-- cuda_graphs_decode: the engine with `cuda_graphs=True` (runtime/cuda_graphs.py: decode
+- cuda_graphs_decode: the engine with `cuda_graphs=True` (runtime/engine/cuda_graphs.py: decode
                       steps replayed as graphs) against the same engine eager: greedy
                       tokens and logprobs, and the decode speedup at batch 1 and 16;
 

@@ -268,7 +268,7 @@ def tensor_parallel(models: Models, device: str) -> Outcome:
 
 def throughput(models: Models, device: str) -> Outcome:
     from benchmarks.engine_throughput import make_workload
-    from runtime.config import ModelConfig
+    from runtime.core.config import ModelConfig
 
     model_dir = models.bench
     work = make_workload(Namespace(seed=0, num_requests=128, min_prompt=16, max_prompt=512,
@@ -317,10 +317,10 @@ def transformers_static(model_dir: Path, device: str, prompts: list[list[int]], 
 
 
 def weight_loader(models: Models, device: str) -> Outcome:
-    """runtime/device_loader.py (pinned staging, 4 threads) against safetensors' own read
+    """runtime/load/device.py (pinned staging, 4 threads) against safetensors' own read
     onto the device: the same bytes, and each one's GB/s."""
-    from runtime.device_loader import stream_to_device
-    from runtime.loader import host_views, iter_weights
+    from runtime.load.device import stream_to_device
+    from runtime.load.weights import host_views, iter_weights
 
     model = models.bench
     reference, peer_s = _timed(lambda: dict(iter_weights(model, torch.float32, device)))

@@ -58,7 +58,7 @@ def smollm2_dir(cache: Path = CACHE) -> Path:
     folder = cache / FOLDER
     if (folder / IMPORTED).is_file():
         return folder
-    from runtime.gguf_import import import_gguf
+    from runtime.gguf.importer import import_gguf
 
     gguf = smollm2_gguf(cache)
     staging = Path(tempfile.mkdtemp(dir=cache, prefix="import-"))

@@ -2,7 +2,7 @@
 
 Both sides read it: the pool reads the header of a `.gguf` object in S3 with ranged GETs
 at deploy (pool/model_info.py), the runtime imports the whole file into a model folder
-(runtime/gguf_import.py). Pure Python, so the pool reads it without numpy or torch.
+(runtime/gguf/importer.py). Pure Python, so the pool reads it without numpy or torch.
 
 Layout, little-endian: b"GGUF", version u32 (2 or 3), tensor count u64, metadata count
 u64; metadata entries (key string, value type u32, value); tensor infos (name string,

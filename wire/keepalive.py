@@ -7,5 +7,5 @@ as a load balancer's idle timeout under its backends' keep-alive).
 """
 from __future__ import annotations
 
-REPLICA_KEEPALIVE_S = 75        # uvicorn's timeout_keep_alive in runtime.server, function_server
+REPLICA_KEEPALIVE_S = 75        # uvicorn's timeout_keep_alive in runtime.serve.server, function_server
 GATEWAY_KEEPALIVE_S = 60.0      # the control plane's pool of connections to replicas

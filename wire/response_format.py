@@ -7,7 +7,7 @@ One request carries at most one of
   `guided_regex`, `guided_grammar` (llguidance's Lark, or GBNF, which is converted).
 
 Each becomes a `StructuredOutput`: the grammar in llguidance's format, which the replica
-compiles against its tokenizer (runtime/structured_output.py) and enforces token by token.
+compiles against its tokenizer (runtime/engine/structured_output.py) and enforces token by token.
 The check here is the grammar engine's own, run without a tokenizer, so the control plane
 refuses a malformed schema or one using a keyword the engine does not implement (a 400
 naming it) with the replica's rules, before any replica thaws. llguidance is imported on

@@ -18,7 +18,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: Optional[int] = None      # top-N logprobs per generated token
-    # issue 17: parallel samples and logits processors (applied by runtime/penalties.py)
+    # issue 17: parallel samples and logits processors (applied by runtime/engine/penalties.py)
     n: int = 1                          # samples of the one prompt, sharing its KV blocks
     presence_penalty: float = 0.0       # OpenAI's: minus this once a token appeared in the output
     frequency_penalty: float = 0.0      # OpenAI's: minus this per time it appeared
@@ -27,7 +27,7 @@ class SamplingParams:
     min_p: float = 0.0                  # drop tokens below min_p * the top token's probability
     min_tokens: int = 0                 # EOS and stop_token_ids are masked until this many
     # issue 17: the grammar the output must match (wire/response_format.py), enforced by
-    # runtime/structured_output.py
+    # runtime/engine/structured_output.py
     structured_output: Optional[StructuredOutput] = None
 
     @classmethod

@@ -5,7 +5,7 @@ is a unix socket. Two places carry a TCP port to one:
 
   - a Ray node: a sandboxed replica listens on its socket; its actor (the platform's
     code) listens on a port of the node, since the pool may run on another machine;
-  - a sandboxed venv build: the installer (runtime/function_env.py) gives pip a
+  - a sandboxed venv build: the installer (runtime/functions/env.py) gives pip a
     loopback port of the sandbox that leads to the pool's egress proxy (pool/egress.py).
 
 Each connection is piped both ways until either side closes. The server runs on an

@@ -13,8 +13,8 @@ is a 400 naming the field before any replica thaws:
 `required` and a named choice are enforced with the structured-output grammar
 (`forced_output`): the model writes `{"name": ..., "arguments": {...}}` (named), or a
 non-empty array of them (required), and the grammar makes it valid JSON for the
-function's parameters. The replica renders the tools (runtime/tool_prompt.py) and
-parses the calls out of the text (runtime/tool_calls.py); `ToolCall` is their wire shape.
+function's parameters. The replica renders the tools (runtime/serve/tool_prompt.py) and
+parses the calls out of the text (runtime/serve/tool_calls.py); `ToolCall` is their wire shape.
 """
 from __future__ import annotations
 

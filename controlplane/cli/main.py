@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="models: push, ls, rm, import")
     model_actions = models.add_subparsers(dest="action", required=True)
-    from runtime import gguf_import      # no torch: numpy, gguf, tokenizers
+    from runtime.gguf import importer as gguf_import      # no torch: numpy, gguf, tokenizers
 
     gguf = model_actions.add_parser("import", help="a GGUF file into a model folder")
     gguf_import.add_arguments(gguf)

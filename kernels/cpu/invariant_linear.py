@@ -1,6 +1,6 @@
 """linear for the engine's batch-invariant mode (invariant_linear.c): fp32, every output
 element summed in one fixed order whatever the batch, so a request's logits are the same
-bits alone or batched (runtime/config.py `batch_invariant`).
+bits alone or batched (runtime/core/config.py `batch_invariant`).
 
 Same signature and, up to summation order, the same result as kernels/linear.py; slower
 than oneDNN's GEMM (kernels/cpu/linear.py), which picks its blocking by the shape.

@@ -2,7 +2,7 @@
 
 Two implementations: local processes (backends/local.py) and a Ray cluster
 (backends/ray.py); `pool.backends.build_backend` picks one from the settings.
-Every replica is a `runtime.server` reached over HTTP at base_url; the pool
+Every replica is a `runtime.serve.server` reached over HTTP at base_url; the pool
 itself waits for /health, so a backend only lists slots, starts and stops.
 The protocol lists everything the manager calls, so both backends (and any
 test double) implement all of it; where a method means nothing for a backend
@@ -26,7 +26,7 @@ from pool.inventory import Slot
 class ReplicaHandle(Protocol):
     """One started replica, as its backend knows it."""
     replica_id: str
-    base_url: str                                   # http://HOST:PORT of its runtime.server
+    base_url: str                                   # http://HOST:PORT of its runtime.serve.server
     env_s: float                                    # a function's venv built by start_replica on its node
                                                     # (0: none, or the pool built it before)
 

@@ -1,4 +1,4 @@
-"""Local backend: each replica is a `python -m runtime.server` child on 127.0.0.1.
+"""Local backend: each replica is a `python -m runtime.serve.server` child on 127.0.0.1.
 
 A warm pool keeps `warm_pool_size` standby processes (`--standby`: torch and
 the engine imported, no model); a cold start takes one and POSTs
@@ -251,7 +251,7 @@ class LocalBackend:
 
     def _start_model_sandboxed(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Path,
                                engine: dict[str, Any], replica_id: str) -> LocalReplica:
-        """runtime.server with its model in a sandbox of its own (pool/model_sandbox.py)."""
+        """runtime.serve.server with its model in a sandbox of its own (pool/model_sandbox.py)."""
         models = self.models
         assert models is not None
         name, secret, memory = f"model-{replica_id}", new_secret(), self._memory_mb(spec, slots)
@@ -263,7 +263,7 @@ class LocalBackend:
 
     def _spawn_model_sandbox(self, name: str, secret: str, memory_mb: Optional[int], slots: Sequence[Slot],
                              args: Callable[[], list[str]]) -> tuple[RuntimeProcess, str]:
-        """runtime.server in the sandbox `name` (ModelSandboxes.server)."""
+        """runtime.serve.server in the sandbox `name` (ModelSandboxes.server)."""
         assert self.models is not None
         gpus = gpu_indices(slots)
         env = runtime_env(self.settings.runtime_threads, secret)
@@ -279,7 +279,7 @@ class LocalBackend:
 
     def _start_function(self, spec: RevisionSpec, slots: Sequence[Slot], package_dir: Path,
                         replica_id: str) -> LocalReplica:
-        """runtime.function_server in the venv cold_start built, with a clean environment,
+        """runtime.functions.server in the venv cold_start built, with a clean environment,
         in its sandbox (pool/function_sandbox.py) unless the operator turned that off."""
         secret = new_secret()
         cuda = [s.device_index for s in slots if s.kind == "cuda" and s.device_index is not None]
@@ -471,7 +471,7 @@ class LocalBackend:
     # -- processes ---------------------------------------------------------
 
     def _server_args(self, port: int) -> list[str]:
-        return [self.settings.runtime_python, "-m", "runtime.server",
+        return [self.settings.runtime_python, "-m", "runtime.serve.server",
                 "--host", self.settings.host, "--port", str(port)]
 
     def _spawn(self, args: list[str], name: str, slots: Sequence[Slot], secret: str, port: int,

@@ -5,14 +5,14 @@ each alive Ray node, `node` = the Ray node id); the backend then pins the
 actor to that node: a one-GPU replica with hard node affinity, a multi-GPU
 (tensor-parallel) replica through a STRICT_PACK placement group, so its
 GPUs are reserved together on one node or not at all. The actor starts
-`python -m runtime.server` on its node (backends/ray_actor.py) and reports
+`python -m runtime.serve.server` on its node (backends/ray_actor.py) and reports
 its base_url; the pool then talks to it over HTTP exactly as to a local one.
 
 A function revision (`kind` "function") is the same actor with another child:
 the node pulls the package into its own cache, builds (or finds) the
 package's venv under that cache as the local backend does on its machine
 (pool/function_env.py, timed as the replica's `env_s`), and starts
-`python -m runtime.function_server` with the venv's interpreter, a clean
+`python -m runtime.functions.server` with the venv's interpreter, a clean
 environment and the same limits and secret.
 
 A replica is dead when its runtime process exits or its actor dies (ray.kill,
@@ -206,19 +206,19 @@ class RayBackend:
 
     async def _model_child(self, actor: Any, spec: RevisionSpec, slots: Sequence[Slot],
                            folder: str) -> Child | SandboxedModel:
-        """runtime.server on the node's interpreter, with the engine the slots imply, in its
+        """runtime.serve.server on the node's interpreter, with the engine the slots imply, in its
         sandbox on the node unless the operator turned that off."""
         engine = engine_for(spec, slots, self.settings.kv_cache_tokens_default, isolated=True)
         engine = await self._pull_draft(actor, engine, spec.pins)
         if self.settings.sandbox != "off":
             return SandboxedModel(self.settings, spec.tenant_id, folder, spec.revision_id, engine,
                                   memory_limit(spec, slots))
-        return Child(("-m", "runtime.server", "--model", folder, "--served-model-name", spec.revision_id,
+        return Child(("-m", "runtime.serve.server", "--model", folder, "--served-model-name", spec.revision_id,
                       *engine_flags(engine)))
 
     async def _function_child(self, actor: Any, spec: RevisionSpec, slots: Sequence[Slot],
                               package_dir: str) -> tuple[Child | SandboxedFunction, float]:
-        """runtime.function_server in the package's venv on the node, with the local backend's
+        """runtime.functions.server in the package's venv on the node, with the local backend's
         limits, clean environment and sandbox; and the seconds the venv took."""
         env = await self._function_env(actor, package_dir, spec.tenant_id)
         limit = memory_limit(spec, slots)

@@ -3,8 +3,8 @@
 `ReplicaActor` is a plain class; backends/ray.py turns it into a Ray actor
 that holds the replica's GPUs (Ray sets CUDA_VISIBLE_DEVICES for it) and
 starts the replica's process as its child on the same node (`Child`):
-`python -m runtime.server` with the node's interpreter, or for a function
-`python -m runtime.function_server` with the interpreter of the package's
+`python -m runtime.serve.server` with the node's interpreter, or for a function
+`python -m runtime.functions.server` with the interpreter of the package's
 venv, which the actor builds first (`function_env`, under the node's own
 cache folder) and with a clean environment (pool/function_env.py). The child
 gets PR_SET_PDEATHSIG, so when the actor dies (ray.kill, node lost) the
@@ -62,7 +62,7 @@ class Child:
 
 @dataclass(frozen=True)
 class SandboxedModel:
-    """runtime.server for a model, in its sandbox on the node (pool/model_sandbox.py)."""
+    """runtime.serve.server for a model, in its sandbox on the node (pool/model_sandbox.py)."""
     settings: PoolSettings               # the pool's: the node's own cache replaces its cache_dir
     tenant_id: str
     model_dir: str
@@ -92,7 +92,7 @@ class SandboxedModel:
 
 @dataclass(frozen=True)
 class SandboxedFunction:
-    """runtime.function_server in its venv, in its tenant's sandbox on the node
+    """runtime.functions.server in its venv, in its tenant's sandbox on the node
     (pool/function_sandbox.py)."""
     settings: PoolSettings
     tenant_id: str

@@ -1,10 +1,10 @@
-"""How a replica's `python -m runtime.server` is started: engine kwargs, flags, environment.
+"""How a replica's `python -m runtime.serve.server` is started: engine kwargs, flags, environment.
 
 Both backends start the same server; they differ in what the process sees
 of the GPUs (`isolated`) and in where it runs.
 
 Every runtime process gets its own random secret in its environment
-(SECRET_ENV, runtime.server's contract), never on its command line, and
+(SECRET_ENV, runtime.serve.server's contract), never on its command line, and
 refuses every call but /health that does not carry `auth_headers(secret)`.
 A process serves one replica in its life (a warm standby too: it is taken
 once, and stopped if its load fails), so no two replicas share a secret.
@@ -26,7 +26,7 @@ from pool.inventory import Slot
 from pool.s3 import parse_uri
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-SECRET_ENV = "THAWPOOL_REPLICA_SECRET"      # runtime/server.py reads it once at start
+SECRET_ENV = "THAWPOOL_REPLICA_SECRET"      # runtime/serve/server.py reads it once at start
 SECRET_FILE_ENV = "THAWPOOL_REPLICA_SECRET_FILE"   # or the file that holds it (a sandbox's)
 
 
@@ -65,7 +65,7 @@ def engine_for(spec: RevisionSpec, slots: Sequence[Slot], kv_tokens_default: int
 
 
 def engine_flags(engine: Mapping[str, Any]) -> list[str]:
-    """runtime.LLM kwargs as `python -m runtime.server` flags."""
+    """runtime.LLM kwargs as `python -m runtime.serve.server` flags."""
     flags: list[str] = []
     for name, value in engine.items():
         flag = "--" + name.replace("_", "-")
@@ -79,7 +79,7 @@ def engine_flags(engine: Mapping[str, Any]) -> list[str]:
 
 
 def runtime_env(runtime_threads: Optional[int], secret: str) -> dict[str, str]:
-    """What a runtime.server child needs on top of the environment it inherits: its
+    """What a runtime.serve.server child needs on top of the environment it inherits: its
     secret, this checkout importable, and its thread count when the settings fix one
     (CPU replicas)."""
     path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)

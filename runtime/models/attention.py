@@ -15,8 +15,8 @@ import torch
 from kernels.attention import write_kv
 from runtime.models.batch import ForwardBatch, PrefillMeta
 from runtime.models.rope import Rotary
-from runtime.quantization import linear
-from runtime.tensor_parallel import TensorParallel
+from runtime.load.quantization import linear
+from runtime.tensor_parallel.shards import TensorParallel
 
 CosSin = tuple[torch.Tensor, torch.Tensor]      # [T, rotary_dim / 2] each, fp32
 

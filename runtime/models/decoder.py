@@ -31,26 +31,26 @@ import torch.nn.functional as F
 from kernels.cpu.linear import BATCH_HINT
 from kernels.cpu.features import detect as detect_cpu
 from kernels.dispatch import KernelSet, batch_invariant_kernels, every_channel_w8a8, get_kernels
-from runtime.config import ModelConfig
-from runtime.load_timings import LoadTimings
-from runtime.kv_memory import zeros_untouched
-from runtime.loader import read_weights
+from runtime.core.config import ModelConfig
+from runtime.load.timings import LoadTimings
+from runtime.models.kv_memory import zeros_untouched
+from runtime.load.weights import read_weights
 from runtime.models.attention import Attention
-from runtime import smoothing
+from runtime.load import smoothing
 from runtime.models.batch import ForwardBatch, PrefillMeta
 from runtime.models.mlp import GatedMLP, SparseMoE
 from runtime.models.rope import make_rotary
-from runtime.packed_weights import PackedWeightCache, cache_key
-from runtime.parallel import in_background, parallel_map
-from runtime.quantization import Int8Weight, Weight, WeightMemory, pack_layer, quantize_layer, weight_memory
-from runtime.tensor_parallel import TensorParallel
+from runtime.load.packed_weights import PackedWeightCache, cache_key
+from runtime.load.threads import in_background, parallel_map
+from runtime.load.quantization import Int8Weight, Weight, WeightMemory, pack_layer, quantize_layer, weight_memory
+from runtime.tensor_parallel.shards import TensorParallel
 
 KVCache = tuple[torch.Tensor, torch.Tensor]        # one layer's k_cache, v_cache
 
 
 @dataclass
 class LayerWeights:
-    """One layer. Its matmuls (runtime/quantization.py's LINEAR_FIELDS) are float tensors
+    """One layer. Its matmuls (runtime/load/quantization.py's LINEAR_FIELDS) are float tensors
     packed for the kernels' linear, or Int8Weight with quantization="int8"."""
     attn_norm: torch.Tensor                          # [H]
     qkv: Weight                                      # [(nh + 2*nkv) * D, H]
@@ -70,7 +70,7 @@ class LayerWeights:
 
 class DecoderModel:
     """With tensor parallelism (tp.size > 1) this is one rank's shard: its heads, MLP
-    columns and vocabulary rows (runtime/tensor_parallel.py); every rank runs forward()
+    columns and vocabulary rows (runtime/tensor_parallel/shards.py); every rank runs forward()
     on the same batch and all of them return the same full logits. context_len: the
     replica's max_model_len (it picks LongRoPE's factors, runtime/models/rope.py)."""
 
@@ -96,7 +96,7 @@ class DecoderModel:
                 raise ValueError("batch_invariant: float32 dense models only (no int8, no MoE)")
             ops = batch_invariant_kernels(ops)
         # int8 weights under W8A8 are smoothed at load and quantize every channel
-        # (runtime/smoothing.py); dense single-rank models only: the calibration forward
+        # (runtime/load/smoothing.py); dense single-rank models only: the calibration forward
         # runs on this rank alone
         smoothed = every_channel_w8a8(ops) if quantization == "int8" and tp.size == 1 and config.moe is None \
             else None
@@ -160,7 +160,7 @@ class DecoderModel:
 
     def _smoothed(self, floats: list[Optional[LayerWeights]],
                   calibration: smoothing.Calibration) -> list[LayerWeights]:
-        """Every layer placed (quantized) with its smoothing folded in (runtime/smoothing.py).
+        """Every layer placed (quantized) with its smoothing folded in (runtime/load/smoothing.py).
         Each float layer is let go once placed, and two at most are folded at once, so the
         fold's float32 copies exist for two layers at a time."""
         heads = smoothing.Heads(self.config.num_attention_heads, self.num_kv_heads, self.config.head_dim)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.config import ModelConfig
+from runtime.core.config import ModelConfig
 from runtime.models.decoder import DecoderModel, LayerWeights, pre_norms, split_attention, split_mlp
 
 

@@ -2,7 +2,7 @@
 
 Both take the layer's normed hidden states x [T, H] and return [T, H]. The gated MLP's
 down projection is row-parallel: its partial sums meet in one all-reduce. The experts
-run on one rank (runtime/architectures.py refuses tensor parallelism for them).
+run on one rank (runtime/core/architectures.py refuses tensor parallelism for them).
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from kernels.moe import moe_experts, route
-from runtime.config import MoEConfig
-from runtime.quantization import linear
-from runtime.tensor_parallel import TensorParallel
+from runtime.core.config import MoEConfig
+from runtime.load.quantization import linear
+from runtime.tensor_parallel.shards import TensorParallel
 
 
 class GatedMLP:

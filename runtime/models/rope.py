@@ -22,7 +22,7 @@ from typing import Any, Optional
 import torch
 
 from kernels.rotary import rotary_cos_sin
-from runtime.config import ModelConfig
+from runtime.core.config import ModelConfig
 
 
 @dataclass(frozen=True, eq=False)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks.gguf_export import cached_gguf, export_gguf
-from runtime.gguf_import import import_gguf, read_file_header
+from runtime.gguf.importer import import_gguf, read_file_header
 from tests.support.gguf_files import add_bpe_vocab, decode, encode
 
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
@@ -52,7 +52,7 @@ def test_f32_export_imports_back_to_the_folders_weights_and_the_sources_vocabula
     assert sorted(got) == sorted(want)
     for name, w in want.items():
         assert np.array_equal(got[name], w), name
-    from runtime.tokenizer import Tokenizer
+    from runtime.core.tokenizer import Tokenizer
 
     text = "def add(a, b):\n    return a + b  # 2024"
     assert Tokenizer(folder).encode(text) == Tokenizer(import_gguf(vocab_source, tmp_path / "src")).encode(text)

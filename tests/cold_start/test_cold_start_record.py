@@ -1,5 +1,5 @@
 """The pool's cold-start record carries the replica's own load stages, read from the
-/health of a real runtime.server when it answers ready."""
+/health of a real runtime.serve.server when it answers ready."""
 from __future__ import annotations
 
 import asyncio
@@ -40,7 +40,7 @@ def test_only_numbers_are_taken_from_health():
 
 
 class ProcessHandle:
-    """The ReplicaHandle of a runtime.server this test started (the protocol, whole)."""
+    """The ReplicaHandle of a runtime.serve.server this test started (the protocol, whole)."""
 
     def __init__(self, process: subprocess.Popen, base_url: str):
         self.replica_id, self.base_url, self.process = "r1", base_url, process
@@ -67,7 +67,7 @@ def test_a_fresh_replica_reports_every_stage_of_its_load(tiny_model, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     with open(tmp_path / "server.log", "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "runtime.server", "--host", "127.0.0.1", "--port", str(port),
+            [sys.executable, "-m", "runtime.serve.server", "--host", "127.0.0.1", "--port", str(port),
              "--model", str(tiny_model), "--kv-cache-tokens", "256"],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     handle = ProcessHandle(process, f"http://127.0.0.1:{port}")

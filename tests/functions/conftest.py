@@ -3,7 +3,7 @@
 `probe_package(**batching)` copies the probe package (tests/functions/packages/probe)
 with its batching settings; `example_package` is the example text classifier, its
 weights built once per session by its own build script. `FunctionProcess` is one
-real `python -m runtime.function_server`, stopped by PID.
+real `python -m runtime.functions.server`, stopped by PID.
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def _digest(text: str) -> str:
 
 
 class FunctionProcess(RuntimeProcess):
-    """`python -m runtime.function_server` on a package, with a secret; stop() by PID
+    """`python -m runtime.functions.server` on a package, with a secret; stop() by PID
     (RuntimeProcess's: SIGTERM to its group, then SIGKILL)."""
 
     def __init__(self, package: Path, log: Path, *extra: str, python: str = sys.executable,
@@ -89,7 +89,7 @@ class FunctionProcess(RuntimeProcess):
         self.log = log
         with open(log, "wb") as out:
             self.process = subprocess.Popen(
-                [python, "-m", "runtime.function_server", "--package", str(package),
+                [python, "-m", "runtime.functions.server", "--package", str(package),
                  "--port", str(self.port), "--served-model-name", "probe", *extra],
                 env=child_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -1,7 +1,7 @@
 """The batcher's decision, stepped by hand: no clock, no server."""
 import pytest
 
-from runtime.function_batcher import Batcher
+from runtime.functions.batcher import Batcher
 
 
 def test_a_full_batch_is_due_at_once_and_holds_at_most_max_batch_size():

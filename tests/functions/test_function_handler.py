@@ -3,9 +3,9 @@ import asyncio
 
 import pytest
 
-from runtime.function_batcher import Batcher
-from runtime.function_handler import HandlerError, run_batch
-from runtime.function_worker import FunctionWorker
+from runtime.functions.batcher import Batcher
+from runtime.functions.handler import HandlerError, run_batch
+from runtime.functions.worker import FunctionWorker
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 

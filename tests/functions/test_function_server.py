@@ -1,4 +1,4 @@
-"""`python -m runtime.function_server` as a real process: batching, failures, secret, limits."""
+"""`python -m runtime.functions.server` as a real process: batching, failures, secret, limits."""
 import asyncio
 
 import httpx

@@ -110,9 +110,9 @@ def test_vnni_flags_give_w8a8_over_many_rows():
 
 
 def test_the_forced_sets_run_a_quantized_and_a_float_layer():
-    """Through runtime/quantization.py:linear, as the model calls them."""
+    """Through runtime/load/quantization.py:linear, as the model calls them."""
     from kernels import int8
-    from runtime.quantization import Int8Weight, linear
+    from runtime.load.quantization import Int8Weight, linear
 
     w, bias = torch.randn(64, 128), torch.randn(64)
     ops = get_kernels("cpu", features=CpuFeatures(avx512_bf16=True, amx_int8=True))

@@ -115,7 +115,7 @@ def test_w8a8_matches_the_definition(tokens, n, k):
 
 @pytest.mark.parametrize("tokens", [1, 64])
 def test_w8a8_with_no_channel_apart_matches_the_definition(tokens):
-    """outliers=0, for weights smoothed at load (runtime/smoothing.py): every channel
+    """outliers=0, for weights smoothed at load (runtime/load/smoothing.py): every channel
     quantized, and the result differs from the split's on the same input."""
     qweight, scale = int8.quantize_per_channel(_weight(96, 1536))
     x, bias = _x(tokens, 1536), _randn(96, seed=2)

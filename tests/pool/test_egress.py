@@ -69,7 +69,7 @@ def test_only_the_allowed_host_is_opened(tmp_path):
 PROBE = """
 import socket, sys, urllib.request
 from pathlib import Path
-from runtime.function_env import through_egress
+from runtime.functions.env import through_egress
 through_egress(Path(sys.argv[1]))
 index, elsewhere = sys.argv[2], int(sys.argv[3])
 print("index", urllib.request.urlopen(index, timeout=10).status)

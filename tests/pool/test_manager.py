@@ -1,4 +1,4 @@
-"""PoolManager end to end on this machine: real SeaweedFS S3, real runtime.server processes.
+"""PoolManager end to end on this machine: real SeaweedFS S3, real runtime.serve.server processes.
 
 Two CPU slots, a warm pool of one standby process. Idle timeouts are long and are
 passed by stepping the pool's clock, so no test depends on how fast this machine
@@ -274,7 +274,7 @@ async def test_tensor_parallel_replica_spans_two_slots_and_is_replaced_whole(poo
     assert ok
     failed = next(r for r in manager.revision_status(spec.revision_id).replicas
                   if r.replica_id == lease.replica_id)
-    assert "exited with code 3" in failed.reason       # runtime.model_host.EXIT_WORKER_DIED
+    assert "exited with code 3" in failed.reason       # runtime.serve.model_host.EXIT_WORKER_DIED
     assert not handle.is_alive()
 
     async with await manager.acquire(spec, request_id="tp2", prefix_key=None, prompt_tokens=4,

@@ -1,4 +1,4 @@
-"""Model replicas in their sandbox (pool/model_sandbox.py), on real runtime.server processes.
+"""Model replicas in their sandbox (pool/model_sandbox.py), on real runtime.serve.server processes.
 
 Two tenants' models on one pool: one replica thawed from a sandboxed warm standby,
 one started directly. Each is looked at from the host, as an attacker inside it
@@ -62,7 +62,7 @@ async def serving(manager: PoolManager, desired: InMemoryDesiredState, spec: Rev
 
 
 def server_pid(group: int) -> int:
-    """The host PID of the group's runtime.server (the sandbox's own processes run it)."""
+    """The host PID of the group's runtime.serve.server (the sandbox's own processes run it)."""
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             if os.getpgid(int(proc.name)) != group:
@@ -70,9 +70,10 @@ def server_pid(group: int) -> int:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        if b"runtime.server" in argv and b"bwrap" not in argv[0] and b"sh" != Path(argv[0].decode()).name.encode():
+        if b"runtime.serve.server" in argv and b"bwrap" not in argv[0] \
+                and b"sh" != Path(argv[0].decode()).name.encode():
             return int(proc.name)
-    raise LookupError(f"no runtime.server in group {group}")
+    raise LookupError(f"no runtime.serve.server in group {group}")
 
 
 def nice_values(group: int) -> set[int]:

@@ -67,7 +67,7 @@ def test_cpu_replicas_are_given_the_nodes_packed_layer_cache():
 
 def test_each_replica_gets_its_secret_in_its_environment_and_sends_it_as_a_bearer_header():
     from pool.backends.runtime_args import SECRET_ENV, auth_headers, new_secret, runtime_env
-    from runtime.server import SECRET_ENV as SERVER_READS
+    from runtime.serve.server import SECRET_ENV as SERVER_READS
 
     one, two = new_secret(), new_secret()
     assert one != two and len(one) >= 40

@@ -1,4 +1,4 @@
-"""The sleep tier end to end on this machine: real SeaweedFS S3, real runtime.server
+"""The sleep tier end to end on this machine: real SeaweedFS S3, real runtime.serve.server
 processes, the pool's clock stepped by the test and its loop ticked by hand (tick_s is
 an hour), so nothing here races the machine's speed.
 

@@ -1,6 +1,6 @@
 """RayBackend on a two-node loopback Ray cluster with fake GPUs.
 
-Replicas are real `runtime.server` processes started by Ray actors; waits
+Replicas are real `runtime.serve.server` processes started by Ray actors; waits
 are bounded polls, assertions are on what happened, never on elapsed time.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pool.api import RevisionSpec
 from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, wait_until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
-HAS_SERVER = importlib.util.find_spec("runtime.server") is not None
+HAS_SERVER = importlib.util.find_spec("runtime.serve.server") is not None
 CPU_ENGINE = {"device": "cpu", "dtype": "float32", "kv_cache_tokens": 256}
 
 
@@ -102,7 +102,7 @@ async def test_three_replicas_spread_serve_and_release_every_gpu(backend, cluste
     assert await wait_until(lambda: gpus_free() == 2 * GPUS_PER_NODE, 30), gpus_free()
 
 
-@pytest.mark.skipif(not HAS_SERVER, reason="runtime/server.py is absent")
+@pytest.mark.skipif(not HAS_SERVER, reason="runtime/serve/server.py is absent")
 async def test_tensor_parallel_replica_gets_two_gpus_on_one_node(backend, tiny_model):
     """Two slots of one node make one replica of two ranks (tensor_parallel_size comes
     from the slot count), which holds both GPUs and serves the single-process answer."""
@@ -133,7 +133,7 @@ async def test_tensor_parallel_replica_gets_two_gpus_on_one_node(backend, tiny_m
     assert served["usage"]["completion_tokens"] == len(want.token_ids)
 
 
-@pytest.mark.skipif(not HAS_SERVER, reason="runtime/server.py is absent")
+@pytest.mark.skipif(not HAS_SERVER, reason="runtime/serve/server.py is absent")
 async def test_runtime_exit_is_reported_with_its_code(backend, tiny_model):
     slots = await backend.inventory()
     handle = await backend.start_replica(spec_for(), slots[:1], tiny_model, "killed")

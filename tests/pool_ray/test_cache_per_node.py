@@ -19,7 +19,7 @@ from tests.pool_ray.test_backend import CPU_ENGINE, HAS_SERVER, complete, wait_r
 from tests.support.model_factory import upload_model
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session"),
-              pytest.mark.skipif(not HAS_SERVER, reason="runtime/server.py is absent")]
+              pytest.mark.skipif(not HAS_SERVER, reason="runtime/serve/server.py is absent")]
 
 
 async def model_keys(settings, uri: str, scratch: Path) -> set[str]:

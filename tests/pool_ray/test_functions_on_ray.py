@@ -1,5 +1,5 @@
 """Function deployments on the Ray backend: the probe package (tests/functions/packages/probe)
-served by real `runtime.function_server` processes in Ray actors.
+served by real `runtime.functions.server` processes in Ray actors.
 
 - Through a PoolManager on Ray: the node pulls the package from S3 into its own cache,
   builds the package's venv under that cache (its own cold-start stage), and the
@@ -76,7 +76,7 @@ async def test_a_function_runs_in_a_venv_built_on_its_node(cluster, s3_server, s
         assert answer == {"echo": "hi", "batch": 1, "pid": answer["pid"], "weights": "probe-weights-v1",
                           "instance": answer["instance"]}
         python, *args = command_line(host_pid(answer["pid"], handle.pid))   # in its sandbox's PID namespace
-        assert python == "/srv/venv/bin/python" and args[:2] == ["-m", "runtime.function_server"]
+        assert python == "/srv/venv/bin/python" and args[:2] == ["-m", "runtime.functions.server"]
         venv = command_line(handle.pid)[-1].split(" /srv/venv ")[0].rsplit(" ", 1)[-1]   # bound there by bwrap
         assert Path(venv).parent.parent == cluster.node_cache(handle.node_id) / "function-envs"   # /<uid>/<venv>
         assert "CUDA_VISIBLE_DEVICES" in seen                          # the actor's GPU, as Ray gave it

@@ -30,7 +30,7 @@ from tests.pool_ray.test_backend import CPU_ENGINE, HAS_SERVER, complete
 from tests.support.model_factory import upload_model
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
-needs_server = pytest.mark.skipif(not HAS_SERVER, reason="runtime/server.py is absent")
+needs_server = pytest.mark.skipif(not HAS_SERVER, reason="runtime/serve/server.py is absent")
 LIVE = ("pending", "pulling", "loading", "ready", "draining")
 
 

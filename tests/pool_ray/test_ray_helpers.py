@@ -62,11 +62,11 @@ def test_a_function_child_sees_only_plain_variables_the_pools_and_the_actors_gpu
     actor = {"PATH": "/bin", "HOME": "/h", "CUDA_VISIBLE_DEVICES": "3", "THAWPOOL_CACHE_DIR": "/node",
              "RAY_ADDRESS": "127.0.0.1:1", "AWS_SECRET_ACCESS_KEY": "s"}
     added = {"THAWPOOL_REPLICA_SECRET": "r", "PYTHONPATH": "/src"}
-    function = Child(("-m", "runtime.function_server"), python="/venv/bin/python", clean_env=True)
+    function = Child(("-m", "runtime.functions.server"), python="/venv/bin/python", clean_env=True)
     assert child_environ(function, actor, added) == {"PATH": "/bin", "HOME": "/h", "CUDA_VISIBLE_DEVICES": "3",
                                                      "THAWPOOL_REPLICA_SECRET": "r", "PYTHONPATH": "/src"}
     assert "CUDA_VISIBLE_DEVICES" not in child_environ(function, {"PATH": "/bin"}, added)
-    assert child_environ(Child(("-m", "runtime.server")), actor, added) == {**actor, **added}
+    assert child_environ(Child(("-m", "runtime.serve.server")), actor, added) == {**actor, **added}
 
 
 def test_the_installers_answer_is_the_venv_or_its_reason(tmp_path):
@@ -92,6 +92,6 @@ def test_a_function_server_gets_the_same_arguments_on_ray_as_locally(tmp_path):
     ray_args = function_server_args(tmp_path, "rev-1", None)
     assert server_args("/venv/bin/python", "127.0.0.1", 9, tmp_path, "rev-1", None) == [
         "/venv/bin/python", *ray_args, "--host", "127.0.0.1", "--port", "9"]
-    assert ray_args == ["-m", "runtime.function_server", "--package", str(tmp_path), "--served-model-name",
+    assert ray_args == ["-m", "runtime.functions.server", "--package", str(tmp_path), "--served-model-name",
                         "rev-1", "--max-open-files", "4096"]
     assert function_server_args(tmp_path, "rev-1", 3328)[-2:] == ["--memory-limit-mb", "3328"]

@@ -1,5 +1,5 @@
 """Batch-invariant mode: a request's tokens and logprobs are the same bits alone and in any
-batch (runtime/config.py `batch_invariant`).
+batch (runtime/core/config.py `batch_invariant`).
 
 Each request is first run alone; then all of them again, in random compositions: random
 arrival steps (a request joins others mid-decode), a small token budget (prompts are
@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from runtime.engine import LLMEngine
+from runtime.engine.llm_engine import LLMEngine
 from wire.sampling import SamplingParams
 
 NUM_REQUESTS = 8

@@ -1,7 +1,7 @@
 """Block manager alone: exact block ids, prefix hits, eviction order, salts, no leaks."""
 from __future__ import annotations
 
-from runtime.block_manager import NULL_BLOCK, BlockManager, block_hashes
+from runtime.engine.block_manager import NULL_BLOCK, BlockManager, block_hashes
 
 A = list(range(10))                 # two full blocks of 4 and a partial one
 

@@ -26,7 +26,7 @@ def test_batch_with_chunking_and_preemption_matches_transformers(name, arch_mode
 def test_rope_frequencies_equal_transformers(name, arch_model, hf_oracle):
     import torch
 
-    from runtime.config import ModelConfig
+    from runtime.core.config import ModelConfig
     from runtime.models.rope import rope_inv_freq
 
     path = arch_model(name)

@@ -63,7 +63,7 @@ def test_a_tied_head_gets_its_own_copy_only_in_a_lower_precision(model_factory, 
     assert out.token_ids == fp32.token_ids
 
 
-# ---- int8 weights under W8A8: smoothed at load (runtime/smoothing.py)
+# ---- int8 weights under W8A8: smoothed at load (runtime/load/smoothing.py)
 
 VNNI = CpuFeatures(avx512_vnni=True)       # int8 dot products: W8A8 from W8A8_MIN_ROWS rows up
 

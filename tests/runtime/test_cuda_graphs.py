@@ -1,11 +1,11 @@
-"""The CUDA-graph decode path's pure parts (runtime/cuda_graphs.py) and its option's
+"""The CUDA-graph decode path's pure parts (runtime/engine/cuda_graphs.py) and its option's
 limits; the graphs themselves run in `make gpu-check` (cuda_graphs_decode)."""
 from __future__ import annotations
 
 import pytest
 
-from runtime.config import EngineConfig
-from runtime.cuda_graphs import CAPTURE_SIZES, capture_sizes, graph_batch_size
+from runtime.core.config import EngineConfig
+from runtime.engine.cuda_graphs import CAPTURE_SIZES, capture_sizes, graph_batch_size
 
 
 def test_each_batch_runs_the_smallest_graph_that_holds_it():

@@ -1,9 +1,9 @@
-"""runtime/device_loader.py: how tensors are cut into staged pieces and dealt to workers
+"""runtime/load/device.py: how tensors are cut into staged pieces and dealt to workers
 (pure); the copy itself where there is a CUDA device."""
 import pytest
 import torch
 
-from runtime.device_loader import deal, plan_pieces
+from runtime.load.device import deal, plan_pieces
 
 
 def test_pieces_cover_every_byte_once_and_none_is_over_the_stage():
@@ -31,7 +31,7 @@ def test_dealing_gives_every_tensor_to_one_worker_and_balances_the_bytes():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the staged copy runs only there")
 def test_streamed_weights_equal_their_host_bytes(tmp_path):
-    from runtime.device_loader import stream_to_device
+    from runtime.load.device import stream_to_device
 
     host = {"a": torch.randn(3000, 17), "b": torch.randn(5).to(torch.bfloat16), "empty": torch.empty(0)}
     moved_tensors, moved = stream_to_device(host, "cuda", torch.float32, threads=2, stage_bytes=4096)

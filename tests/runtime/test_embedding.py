@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from runtime import LLM
-from runtime.embedding import Pooler
-from runtime.scheduler import ScheduledChunk
+from runtime.engine.pooling import Pooler
+from runtime.engine.scheduler import ScheduledChunk
 from tests.runtime.exactness import prompts
 from wire.sampling import SamplingParams
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from runtime import LLM, SamplingParams
-from runtime.engine import LLMEngine
+from runtime.engine.llm_engine import LLMEngine
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 

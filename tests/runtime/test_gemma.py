@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.config import ModelConfig
+from runtime.core.config import ModelConfig
 from runtime.models.rope import make_rotary, rope_inv_freq
 
 GEMMA3_OLD_STYLE = dict(

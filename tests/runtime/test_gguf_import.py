@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from runtime import LLM, SamplingParams
-from runtime.gguf_import import import_gguf
+from runtime.gguf.importer import import_gguf
 from tests.runtime.conftest import hf_greedy
 from tests.support.gguf_files import QTYPES, write_model_gguf
 from wire.gguf import GGUFError
@@ -93,7 +93,7 @@ def test_folder_has_config_tokenizer_and_chat_template(tiny_model, tmp_path):
                 "num_key_value_heads", "vocab_size", "max_position_embeddings", "bos_token_id", "eos_token_id"):
         assert config[key] == source[key], key
     assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] is False
-    from runtime.tokenizer import Tokenizer
+    from runtime.core.tokenizer import Tokenizer
 
     ours, theirs = Tokenizer(folder), Tokenizer(tiny_model)
     text = "def add(a, b):\n    return a + b  # naïve 日本語 🙂"

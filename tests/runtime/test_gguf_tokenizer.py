@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.gguf_tokenizer import build_tokenizer
-from runtime.gguf_import import read_file_header
+from runtime.gguf.tokenizer import build_tokenizer
+from runtime.gguf.importer import read_file_header
 from tests.support.gguf_files import write_bpe_vocab, write_spm_vocab, write_vocab_only
 
 CORPUS = [
@@ -49,7 +49,7 @@ def _bpe(pre: str):
     """A byte-level BPE trained with the pre-tokenizer (and normalizer) `pre` names in HF."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-    from runtime.gguf_tokenizer import byte_level_pre_tokenizer
+    from runtime.gguf.tokenizer import byte_level_pre_tokenizer
     from wire.gguf_model import PRE_TOKENIZERS
 
     family = PRE_TOKENIZERS[pre]

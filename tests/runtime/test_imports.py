@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-TORCH_FREE = ["wire.requests", "wire.sse", "runtime", "runtime.engine", "runtime.scheduler",
-              "runtime.block_manager", "runtime.server", "runtime.openai_serving",
-              "runtime.architectures", "runtime.models",
+TORCH_FREE = ["wire.requests", "wire.sse", "runtime", "runtime.engine.llm_engine", "runtime.engine.scheduler",
+              "runtime.engine.block_manager", "runtime.serve.server", "runtime.serve.completions",
+              "runtime.core.architectures", "runtime.models",
               "pool.manager", "controlplane.app"]
 
 
@@ -22,6 +22,6 @@ def test_module_imports_without_torch(module):
 
 def test_the_model_runner_does_import_torch():
     """The negative case: the check above can see torch being imported."""
-    code = "import sys, runtime.model_runner; print('torch' in sys.modules)"
+    code = "import sys, runtime.engine.model_runner; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"

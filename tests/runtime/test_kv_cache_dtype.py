@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from runtime import LLM, SamplingParams
-from runtime.engine import LLMEngine
-from runtime.model_host import build_llm_engine
-from runtime.server import parse_settings
+from runtime.engine.llm_engine import LLMEngine
+from runtime.serve.model_host import build_llm_engine
+from runtime.serve.server import parse_settings
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=0)
 PROMPTS = [[7, 300, 41, 12, 99, 5, 250, 18, 61, 77, 400, 3, 9], [200, 201, 17, 44, 8] * 6, [450, 2, 31]]

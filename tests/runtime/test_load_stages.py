@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.engine import LLMEngine
-from runtime.kv_memory import zeros_untouched
-from runtime.load_timings import STAGES, LoadTimings, process_age_s
-from runtime.model_host import LoadRequest, build_llm_engine
-from runtime.parallel import parallel_map
+from runtime.engine.llm_engine import LLMEngine
+from runtime.models.kv_memory import zeros_untouched
+from runtime.load.timings import STAGES, LoadTimings, process_age_s
+from runtime.serve.model_host import LoadRequest, build_llm_engine
+from runtime.load.threads import parallel_map
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = 4096
@@ -91,7 +91,7 @@ def test_parallel_map_keeps_order_and_uses_threads():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the C kernels are built on Linux")
 def test_a_standby_builds_the_kernels_before_any_load():
-    code = ("import sys; from runtime.model_host import warm_imports; warm_imports('cpu'); "
+    code = ("import sys; from runtime.serve.model_host import warm_imports; warm_imports('cpu'); "
             "print('kernels.cpu.rmsnorm' in sys.modules, 'kernels.cpu.linear' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           check=True)

@@ -11,10 +11,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from runtime.load_timings import LoadTimings
-from runtime.loader import map_file, mapped_weights, read_weights, tensor_view
-from runtime.safetensors_layout import chunks, header_length, parse_header
-from runtime.tensor_parallel import Shard
+from runtime.load.timings import LoadTimings
+from runtime.load.weights import map_file, mapped_weights, read_weights, tensor_view
+from runtime.load.safetensors_layout import chunks, header_length, parse_header
+from runtime.tensor_parallel.shards import Shard
 
 TENSORS = {"a.weight": torch.arange(12, dtype=torch.float32).view(3, 4),
            "b.bias": torch.tensor([1.5, -2.0], dtype=torch.bfloat16),

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from runtime import LLM
-from runtime.config import ModelConfig, MoEConfig
+from runtime.core.config import ModelConfig, MoEConfig
 
 
 def test_moe_configs(arch_model):

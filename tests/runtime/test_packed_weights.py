@@ -1,4 +1,4 @@
-"""The node's cache of packed layers (runtime/packed_weights.py): a second load of the
+"""The node's cache of packed layers (runtime/load/packed_weights.py): a second load of the
 same model maps the layers its first load packed, and answers the same bits."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 
 from runtime import LLM, SamplingParams
 from runtime.models.decoder import LayerWeights
-from runtime.packed_weights import MAGIC, PackedWeightCache, available, cache_key
-from runtime.quantization import Int8Weight
+from runtime.load.packed_weights import MAGIC, PackedWeightCache, available, cache_key
+from runtime.load.quantization import Int8Weight
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch has no AOTInductor shim to rebuild "
                                                         "packed tensors with")
@@ -111,7 +111,7 @@ def test_least_recently_used_files_go_past_the_budget(tmp_path):
 
 def test_smoothed_w8a8_layers_are_cached_and_calibrated_once(tiny_model, tmp_path, monkeypatch):
     """Under W8A8 the int8 layers are smoothed at load after a calibration forward
-    (runtime/smoothing.py); the cache keeps the smoothed layers apart from plain int8's,
+    (runtime/load/smoothing.py); the cache keeps the smoothed layers apart from plain int8's,
     and a load that maps them skips the calibration."""
     from kernels.cpu import w8a8_linear
     from kernels.cpu.features import CpuFeatures

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime import LLM, SamplingParams
-from runtime.block_manager import BlockManager
+from runtime.engine.block_manager import BlockManager
 
 PROMPT = list(range(3, 40))          # 37 tokens: two full blocks of 16 and a partial one
 
@@ -96,7 +96,7 @@ def test_a_sample_aborted_before_the_fork_is_not_forked(llm):
 
 
 def test_speculative_engines_refuse_samples_and_processors_by_name():
-    from runtime.engine import check_plain_sampling
+    from runtime.engine.llm_engine import check_plain_sampling
 
     with pytest.raises(ValueError, match="^n:"):
         check_plain_sampling(SamplingParams(n=2))

@@ -1,4 +1,4 @@
-"""Logits processors (runtime/penalties.py) on hand-made logits, against a per-token loop."""
+"""Logits processors (runtime/engine/penalties.py) on hand-made logits, against a per-token loop."""
 from __future__ import annotations
 
 import math
@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from runtime.penalties import History, apply_processors
-from runtime.sampler import Sampler
+from runtime.engine.penalties import History, apply_processors
+from runtime.engine.sampler import Sampler
 from wire.sampling import SamplingParams
 
 V = 12

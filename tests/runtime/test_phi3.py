@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.config import ModelConfig
+from runtime.core.config import ModelConfig
 from runtime.models.rope import attention_factor, rope_inv_freq, rotary_dim
 from tests.runtime.conftest import PHI4_SHORT_CONTEXT
 from tests.runtime.exactness import check_single_prompt

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from runtime import LLM, SamplingParams
-from runtime.engine import LLMEngine
-from runtime.quantization import LINEAR_FIELDS, Int8Weight
-from runtime.server import parse_settings
+from runtime.engine.llm_engine import LLMEngine
+from runtime.load.quantization import LINEAR_FIELDS, Int8Weight
+from runtime.serve.server import parse_settings
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 # linears dominate: 8 layers of 256 x (256 + 1024), one tied 512 x 256 embedding

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.sampler import Sampler, filter_logits
+from runtime.engine.sampler import Sampler, filter_logits
 from wire.sampling import SamplingParams
 
 LOGITS = torch.tensor([[0.0, 3.0, 1.0, 2.0, -1.0],

@@ -5,10 +5,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.block_manager import BlockManager
-from runtime.request import Request
+from runtime.engine.block_manager import BlockManager
+from runtime.engine.request import Request
 from wire.sampling import SamplingParams
-from runtime.scheduler import RunnerOutput, Scheduler, SchedulerConfig
+from runtime.engine.scheduler import RunnerOutput, Scheduler, SchedulerConfig
 
 EOS = 2
 

@@ -1,4 +1,4 @@
-"""runtime/smoothing.py: SmoothQuant-style smoothing folded into a layer's float weights.
+"""runtime/load/smoothing.py: SmoothQuant-style smoothing folded into a layer's float weights.
 
 Plain code over tensors: a small GQA layer in float64 (a reference written here, not the
 engine's kernels) gives the same output with and without the fold, and the fold really
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime import smoothing
+from runtime.load import smoothing
 from runtime.models.decoder import LayerWeights
 
 HEADS = smoothing.Heads(num_heads=4, num_kv_heads=2, head_dim=8)

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from runtime import LLM, SamplingParams
-from runtime.block_manager import block_hashes
-from runtime.engine import LLMEngine
-from runtime.proposers import NgramProposer, ProposalRequest, ngram_lookup
-from runtime.rejection_sampler import greedy_verify, rejection_sample
-from runtime.request import RequestStatus
-from runtime.speculative import BackoffPolicy, SpeculativeConfig, speculation_k, updated_acceptance
+from runtime.engine.block_manager import block_hashes
+from runtime.engine.llm_engine import LLMEngine
+from runtime.spec_decode.proposers import NgramProposer, ProposalRequest, ngram_lookup
+from runtime.spec_decode.rejection_sampler import greedy_verify, rejection_sample
+from runtime.engine.request import RequestStatus
+from runtime.spec_decode.speculator import BackoffPolicy, SpeculativeConfig, speculation_k, updated_acceptance
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 NGRAM = {"method": "ngram", "k": 4, "n": 3, "max_batch": 16}   # no backoff for 10 prompts
@@ -231,7 +231,7 @@ def test_sampling_with_speculation_runs_seeded_and_respects_max_tokens(tiny_mode
 
 
 def test_the_server_flag_passes_the_json_through_to_the_engine():
-    from runtime.server import parse_settings
+    from runtime.serve.server import parse_settings
 
     settings = parse_settings(["--model", "m", "--speculative", '{"method": "ngram", "k": 4, "n": 3}'])
     assert settings.engine_kwargs["speculative"] == {"method": "ngram", "k": 4, "n": 3}

@@ -1,4 +1,4 @@
-"""Structured outputs through the engine (runtime/structured_output.py), on a tiny random model.
+"""Structured outputs through the engine (runtime/engine/structured_output.py), on a tiny random model.
 
 The property: whatever JSON schema (nested objects, arrays, enums, bounded numbers,
 required fields), every output parses and validates, greedy and sampled, in a batch with
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime import LLM, SamplingParams
-from runtime.structured_output import TokenMask
+from runtime.engine.structured_output import TokenMask
 from wire.requests import parse_request
 from wire.response_format import json_schema_output
 

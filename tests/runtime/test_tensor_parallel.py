@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from runtime import LLM, SamplingParams
-from runtime.config import ModelConfig
-from runtime.tensor_parallel import Shard, TensorParallel, check_divisible
+from runtime.core.config import ModelConfig
+from runtime.tensor_parallel.shards import Shard, TensorParallel, check_divisible
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -116,8 +116,8 @@ def test_ngram_speculation_verifies_across_ranks(tiny_model):
 
 
 def test_a_dead_worker_fails_the_replica_with_its_reason(tiny_model):
-    from runtime.engine import LLMEngine
-    from runtime.worker_group import WorkerDied
+    from runtime.engine.llm_engine import LLMEngine
+    from runtime.tensor_parallel.worker_group import WorkerDied
 
     told = threading.Event()
     reasons: list[str] = []

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.detokenizer import IncrementalDetokenizer
-from runtime.tokenizer import Tokenizer
+from runtime.core.detokenizer import IncrementalDetokenizer
+from runtime.core.tokenizer import Tokenizer
 
 MULTIBYTE = "naïve café — 日本語のテキスト 🙂🚀 Grüße"
 

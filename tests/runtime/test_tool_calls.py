@@ -1,9 +1,9 @@
-"""Tool calls parsed out of model text (runtime.tool_calls), whole and streamed in every chunking."""
+"""Tool calls parsed out of model text (runtime.serve.tool_calls), whole and streamed in every chunking."""
 from __future__ import annotations
 
 import pytest
 
-from runtime.tool_calls import Parsed, ToolCallParser, finish_reason, parse_tool_calls
+from runtime.serve.tool_calls import Parsed, ToolCallParser, finish_reason, parse_tool_calls
 
 HERMES = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
           '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>\nDone.')

@@ -1,4 +1,4 @@
-"""Tools rendered into the prompt (runtime.tool_prompt): by a template that takes them, or the fallback."""
+"""Tools rendered into the prompt (runtime.serve.tool_prompt): by a template that takes them, or the fallback."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.tokenizer import Tokenizer
-from runtime.tool_prompt import encode_chat, takes_tools
+from runtime.core.tokenizer import Tokenizer
+from runtime.serve.tool_prompt import encode_chat, takes_tools
 from tests.support.model_factory import CHAT_TEMPLATE, build_tokenizer
 from wire.requests import parse_request
 

@@ -1,4 +1,4 @@
-"""Real `python -m runtime.server` processes over the tiny model, stopped by PID in teardown."""
+"""Real `python -m runtime.serve.server` processes over the tiny model, stopped by PID in teardown."""
 from __future__ import annotations
 
 import os
@@ -59,7 +59,7 @@ def start_server(args: list[str], log_path: Path, env: dict[str, str] | None = N
            "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", **(env or {})}
     log = open(log_path, "wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "runtime.server", "--host", "127.0.0.1", "--port", str(port), *args],
+        [sys.executable, "-m", "runtime.serve.server", "--host", "127.0.0.1", "--port", str(port), *args],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     log.close()
     secret = env.get("THAWPOOL_REPLICA_SECRET")

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from runtime import SamplingParams
-from runtime.async_engine import AsyncEngine
+from runtime.serve.async_engine import AsyncEngine
 
 # The async fixture lives on the session loop (pyproject), so the tests must too.
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from runtime.async_engine import AsyncEngine
-from runtime.metrics import ServerMetrics
-from runtime.openai_serving import OpenAIServing
-from runtime.outputs import EngineStats, RequestOutput
-from runtime.tokenizer import Tokenizer
+from runtime.serve.async_engine import AsyncEngine
+from runtime.serve.metrics import ServerMetrics
+from runtime.serve.completions import OpenAIServing
+from runtime.engine.outputs import EngineStats, RequestOutput
+from runtime.core.tokenizer import Tokenizer
 from wire.requests import parse_request
 from wire.sse import data_of
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 class DyingEngine:
-    """runtime.async_engine.Engine that gives every request one token a step, and whose
+    """runtime.serve.async_engine.Engine that gives every request one token a step, and whose
     third step fails (as a CUDA fault or a dead tensor-parallel rank would)."""
 
     def __init__(self) -> None:

@@ -1,5 +1,5 @@
 """`--engine-process`: the engine's step loop in an engine-core process of its own
-(runtime/engine_core.py), the server talking to it over a pipe (runtime/engine_client.py).
+(runtime/serve/engine_core.py), the server talking to it over a pipe (runtime/serve/engine_client.py).
 
 Same answers as the in-thread engine; a client that leaves frees its request in the
 core; a core that is killed fails its requests cleanly (an error event, never a hang),
@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.model_host import EXIT_WORKER_DIED
+from runtime.serve.model_host import EXIT_WORKER_DIED
 from wire.sampling import SamplingParams
 from tests.runtime_server.conftest import SERVED_NAME, ServerProcess, start_server
 from tests.runtime_server.metrics_text import scrape
@@ -187,8 +187,8 @@ def test_a_standby_warms_its_core_and_loads_into_it(tiny_model, engine_kwargs, t
 async def test_a_reader_that_falls_behind_pauses_the_pipe(tiny_model, engine_kwargs, monkeypatch):
     """The server buffers at most MAX_UNDELIVERED outputs (plus the batch that crossed it);
     the rest waits in the pipe, and all of it arrives in order once the reader reads."""
-    from runtime import engine_client
-    from runtime.model_host import LoadRequest
+    from runtime.serve import engine_client
+    from runtime.serve.model_host import LoadRequest
 
     monkeypatch.setattr(engine_client, "MAX_UNDELIVERED", 8)
     deaths: list[str] = []
@@ -206,7 +206,7 @@ async def test_a_reader_that_falls_behind_pauses_the_pipe(tiny_model, engine_kwa
 
 
 def test_the_engine_process_is_the_default_and_can_be_turned_off():
-    from runtime.server import parse_settings
+    from runtime.serve.server import parse_settings
 
     assert parse_settings(["--model", "m"], env={}).engine_process
     assert not parse_settings(["--model", "m", "--no-engine-process"], env={}).engine_process

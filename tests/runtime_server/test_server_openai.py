@@ -1,4 +1,4 @@
-"""The official openai client against a real `python -m runtime.server` process."""
+"""The official openai client against a real `python -m runtime.serve.server` process."""
 from __future__ import annotations
 
 import pytest

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.model_host import engine_kwarg_names
-from runtime.server import build_parser, parse_settings
+from runtime.serve.model_host import engine_kwarg_names
+from runtime.serve.server import build_parser, parse_settings
 
 
 def test_engine_flags_become_llm_kwargs():
@@ -43,7 +43,7 @@ def test_every_engine_argument_has_a_flag():
 
 
 def test_the_secret_comes_from_the_environment_or_an_owner_only_file(tmp_path, capsys):
-    from runtime.server import SECRET_ENV, SECRET_FILE_ENV
+    from runtime.serve.server import SECRET_ENV, SECRET_FILE_ENV
 
     secret_file = tmp_path / "secret"
     secret_file.write_text("from-the-file\n")

@@ -1,4 +1,4 @@
-"""A real replica process put to sleep and woken over HTTP (runtime/sleep_mode.py): it
+"""A real replica process put to sleep and woken over HTTP (runtime/core/sleep_mode.py): it
 refuses requests while asleep, frees its KV cache and prefix cache, and answers the same
 greedy tokens once awake; sleep and wake need the replica's secret like its other routes."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Structured outputs through a real `python -m runtime.server`, asked with the official openai client."""
+"""Structured outputs through a real `python -m runtime.serve.server`, asked with the official openai client."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""Tool calling through a real `python -m runtime.server`, asked with the official openai client.
+"""Tool calling through a real `python -m runtime.serve.server`, asked with the official openai client.
 
 The tiny model is random, so `auto` gives no calls (the parsers are unit-tested in
 tests/runtime/test_tool_calls.py); `required` and a named choice are grammar-forced, so

@@ -78,7 +78,7 @@ async def test_a_model_replica_on_ray_runs_in_its_sandbox(sandboxed, tiny_model)
     try:
         assert await wait_ready(handle), handle.exit_reason()
         server = [pid for pid in _group(handle.pid) if b"python" in _argv(pid).split(b"\0")[0]
-                  and b"runtime.server" in _argv(pid)]
+                  and b"runtime.serve.server" in _argv(pid)]
         assert server, "the runtime server runs in the replica's process group"
         uid = int(Path(f"/proc/{server[0]}/status").read_text().split("Uid:")[1].split()[0])
         assert uid != 0

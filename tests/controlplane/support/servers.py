@@ -43,7 +43,7 @@ def runtime_server_available() -> bool:
 
 
 class RuntimeProcess:
-    """`python -m runtime.server --model DIR --port N` as a child, stopped by PID."""
+    """`python -m runtime.serve.server --model DIR --port N` as a child, stopped by PID."""
 
     def __init__(self, model_dir: Path, log_path: Path, extra_args: tuple[str, ...] = ()):
         self.port = free_port()
@@ -51,7 +51,7 @@ class RuntimeProcess:
         self.log_path = log_path
         log = open(log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "runtime.server", "--model", str(model_dir),
+            [sys.executable, "-m", "runtime.serve.server", "--model", str(model_dir),
              "--host", "127.0.0.1", "--port", str(self.port), "--device", "cpu", *extra_args],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
@@ -61,14 +61,14 @@ class RuntimeProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"runtime.server exited: {self.log_path.read_text()[-2000:]}")
+                raise RuntimeError(f"runtime.serve.server exited: {self.log_path.read_text()[-2000:]}")
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"runtime.server not ready: {self.log_path.read_text()[-2000:]}")
+        raise RuntimeError(f"runtime.serve.server not ready: {self.log_path.read_text()[-2000:]}")
 
     def stop(self) -> None:
         if self.process.poll() is not None:

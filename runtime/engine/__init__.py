@@ -1,0 +1,1 @@
+"""The step loop in one process: scheduler, block manager, model runner, sampler."""

@@ -1,0 +1,1 @@
+"""Function replicas: a tenant's Python package served with dynamic batching."""

@@ -1,0 +1,1 @@
+"""GGUF files imported as model folders: weights and tokenizer."""

@@ -1,0 +1,1 @@
+"""Weights from disk to memory and device: safetensors, packed layers, int8, load threads."""

@@ -1,0 +1,1 @@
+"""The replica's process: its HTTP server, the model host and the engine-core process."""

@@ -1,0 +1,223 @@
+"""The engine-core process: it owns the LLMEngine and runs the step loop, so the steps
+never wait for the server's GIL (HTTP parsing, SSE framing, detokenization all stay in
+the server process, runtime/serve/engine_client.py).
+
+One pipe joins the two. First the load: a core spawned for a `--standby` replica
+imports torch and the engine and builds the kernels at once (`Warmed`), then waits;
+either kind is sent one `Load` and answers `Loaded` or `LoadFailed`. Then each message
+is a batch. In: a list of `Add`, `Abort` and `Call`, as many as the server's event
+loop gathered in one turn. Out: one `StepBatch` per loop turn here (what the adds and
+calls came to, the step's token deltas, the stats after it). The step loop:
+
+  take every batch waiting (block only when no request is held) -> apply them ->
+  step if any request is held -> send one StepBatch
+
+A reader thread moves the server's batches into a queue as they come, so the server
+never blocks on a step, and sees the pipe close: the server is gone (or stopping us),
+and the process exits. It also dies with its parent (PR_SET_PDEATHSIG), so it never
+outlives a server that was killed.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import signal
+import threading
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+
+from runtime.serve.engine_control import EngineInfo
+from runtime.load.timings import LoadTimings
+from runtime.engine.outputs import EngineStats, RequestOutput
+from runtime.core.sleep_mode import Freed
+from wire.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from runtime.engine.llm_engine import LLMEngine
+    from runtime.serve.model_host import LoadRequest
+
+PR_SET_PDEATHSIG = 1     # linux/prctl.h
+
+
+# ---------------------------------------------------------------- messages in
+
+@dataclass
+class Load:
+    request: "LoadRequest"
+
+
+@dataclass
+class Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class Abort:
+    request_id: str
+
+
+@dataclass
+class Call:
+    call_id: int
+    work: Callable[["LLMEngine"], Any]   # a module-level function: pickled by name
+
+
+Op = Union[Add, Abort, Call]
+
+
+def sleep_engine(engine: "LLMEngine") -> Freed:
+    return engine.sleep()
+
+
+def wake_engine(engine: "LLMEngine") -> LoadTimings:
+    return engine.wake()
+
+
+# ---------------------------------------------------------------- messages out
+
+@dataclass
+class Warmed:
+    seconds: float           # warm_imports, in the core
+
+
+@dataclass
+class Loaded:
+    info: EngineInfo
+    worker_pids: list[int]
+    stats: EngineStats       # before any request: the KV cache's size
+
+
+@dataclass
+class LoadFailed:
+    error: str               # "<exception type>: <message>", as /health shows it
+
+
+@dataclass
+class StepBatch:
+    stats: EngineStats = field(default_factory=EngineStats)   # after the step
+    added: list[tuple[str, Optional[str]]] = field(default_factory=list)   # id, refusal
+    calls: list[tuple[int, Any, Optional[BaseException]]] = field(default_factory=list)
+    outputs: list[RequestOutput] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)   # ids a failed step ended
+    error: Optional[str] = None                       # why that step failed
+
+
+# ---------------------------------------------------------------- the process
+
+def run_core(conn: Connection, warm: bool) -> None:
+    """The process main: warm up if asked, load what the server names, say so, then
+    step until the server closes the pipe."""
+    _die_with_parent()
+    # ctrl-C, and the pool's SIGTERM to the replica's process group, reach this process
+    # too: the server decides when it ends (it closes the pipe once its requests have
+    # drained), and it dies with the server anyway
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from runtime.serve.model_host import build_llm_engine, warm_imports
+
+    if warm:
+        conn.send(Warmed(warm_imports()))
+    try:
+        load: Load = conn.recv()
+    except EOFError:   # the server went before naming a model
+        return
+    try:
+        engine, timings = build_llm_engine(load.request)
+    except Exception as exc:   # noqa: BLE001 - the server reports it on /health
+        conn.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
+        return
+    try:
+        conn.send(Loaded(EngineInfo.of(engine, timings), engine.worker_pids, engine.stats()))
+        CoreLoop(engine, conn).run()
+    finally:
+        engine.close()
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when the server process dies, however it dies."""
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:   # it died before the prctl took effect
+        os._exit(1)
+
+
+class CoreLoop:
+    def __init__(self, engine: "LLMEngine", conn: Connection):
+        self.engine, self.conn = engine, conn
+        self.inbox: queue.SimpleQueue[Optional[list[Op]]] = queue.SimpleQueue()
+        threading.Thread(target=self._read, name="engine-core-inbox", daemon=True).start()
+
+    def _read(self) -> None:
+        """The server's batches as they come; None once its end of the pipe is closed."""
+        while True:
+            try:
+                batch = self.conn.recv()
+            except (EOFError, OSError):
+                self.inbox.put(None)
+                return
+            self.inbox.put(batch)
+
+    def run(self) -> None:
+        while (ops := self._take()) is not None:
+            out = StepBatch()
+            for op in ops:
+                self._apply(op, out)
+            if self.engine.has_unfinished_requests():   # an abort counts: it needs a step
+                self._step(out)
+            out.stats = self.engine.stats()
+            try:
+                self.conn.send(out)   # blocks while the pipe is full: the server's back-pressure
+            except OSError:
+                return
+
+    def _take(self) -> Optional[list[Op]]:
+        """Every batch waiting; waits for one only when the engine has nothing to do."""
+        ops: list[Op] = []
+        if not self.engine.has_unfinished_requests():
+            first = self.inbox.get()
+            if first is None:
+                return None
+            ops += first
+        while True:
+            try:
+                more = self.inbox.get_nowait()
+            except queue.Empty:
+                return ops
+            if more is None:
+                return None
+            ops += more
+
+    def _apply(self, op: Op, out: StepBatch) -> None:
+        if isinstance(op, Abort):
+            self.engine.abort_request(op.request_id)   # ignored if it finished meanwhile
+        elif isinstance(op, Add):
+            out.added.append((op.request_id, self._add(op)))
+        else:
+            out.calls.append(self._call(op))
+
+    def _add(self, op: Add) -> Optional[str]:
+        try:
+            self.engine.add_request(op.request_id, op.prompt_token_ids, op.params)
+        except ValueError as exc:   # the refusal names the field: the client gets a 400
+            return str(exc)
+        return None
+
+    def _call(self, op: Call) -> tuple[int, Any, Optional[BaseException]]:
+        try:
+            return op.call_id, op.work(self.engine), None
+        except Exception as exc:  # noqa: BLE001 - handed to whoever awaits the call
+            return op.call_id, None, exc
+
+    def _step(self, out: StepBatch) -> None:
+        try:
+            out.outputs = self.engine.step()
+        except Exception as exc:   # noqa: BLE001 - every in-flight request must hear of it
+            out.failed = self.engine.unfinished_request_ids()
+            for request_id in out.failed:
+                self.engine.abort_request(request_id)
+            out.error = f"engine step failed: {exc!r}"

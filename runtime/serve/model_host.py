@@ -1,0 +1,293 @@
+"""The lifecycle of the one model a replica serves: standby -> loading -> ready | failed,
+and ready -> sleeping -> waking -> ready (runtime/core/sleep_mode.py).
+
+A replica started with `--model` begins loading at once; one started with
+`--standby` waits with torch already imported until `/admin/load` names a
+model, so the pool can keep warm processes and skip the interpreter start.
+Loading runs in a worker thread so `/health` keeps answering meanwhile. The engine runs
+in a thread of this process (AsyncEngine) or, with `engine_process`, in an engine-core
+process of its own (runtime/serve/engine_core.py, runtime/serve/engine_client.py); a core that dies
+fails its requests, /health reports failed, and the replica exits like one whose
+tensor-parallel worker died. Sleep and wake run on the engine between steps; a replica is
+put to sleep only when no request is in flight (`Refused` otherwise: the pool sends
+only idle replicas to sleep, so it never drains), and from then on until it is
+ready again it refuses requests with 503.
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Optional
+
+from runtime.serve.async_engine import AsyncEngine, EngineFrontend
+from runtime.serve.embeddings import EmbeddingServing
+from runtime.serve.engine_client import CoreProcess, EngineClient
+from runtime.serve.engine_control import EngineControl, EngineInfo, InThreadControl
+from runtime.load.timings import LoadTimings, process_age_s
+from runtime.serve.metrics import ServerMetrics
+from runtime.serve.completions import OpenAIServing
+from runtime.engine.outputs import EngineStats
+from runtime.core.sleep_mode import Freed, NotIdle
+from runtime.core.tokenizer import Tokenizer
+
+if TYPE_CHECKING:   # importing the engine imports torch: that happens in the load thread
+    from runtime.engine.llm_engine import LLMEngine
+
+log = logging.getLogger("thawpool.runtime")
+EXIT_WORKER_DIED = 3      # exit status of a replica whose tensor-parallel worker (or core) died
+# A dead engine core's requests get their error event and /health says failed meanwhile.
+EXIT_GRACE_S = 2.0
+
+
+class Status(str, enum.Enum):
+    STANDBY = "standby"
+    LOADING = "loading"
+    READY = "ready"
+    SLEEPING = "sleeping"
+    WAKING = "waking"
+    FAILED = "failed"
+
+
+class Refused(Exception):
+    """Sleep or wake asked in a state that does not allow it (409)."""
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    model: str
+    served_model_name: str
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs
+
+
+@dataclass
+class LoadedModel:
+    """The model once its weights are in memory, and what serves it."""
+    served_model_name: str
+    engine: EngineControl         # its lifecycle: stats, sleep, wake, stop
+    serving: OpenAIServing
+    embedding: Optional[EmbeddingServing] = None   # engine task "embed": /v1/embeddings
+
+
+@dataclass
+class StartedEngine:
+    frontend: EngineFrontend      # what the serving code calls
+    control: EngineControl
+    info: EngineInfo
+    tokenizer: Tokenizer
+
+
+def warm_imports(device: Optional[str] = None) -> float:
+    """What a standby does before any load is asked for: import torch and the engine, and
+    build or load the kernels for `device` (default: CUDA where there is one, else the
+    CPU), so a later load pays only for the model itself."""
+    start = time.perf_counter()
+    import_engine()
+    from runtime.models import import_all
+    import_all()                                  # the model code too (0.17 s on SmolLM2's load)
+    from kernels.dispatch import get_kernels
+    get_kernels(device or _default_device())
+    return time.perf_counter() - start
+
+
+def import_engine() -> float:
+    start = time.perf_counter()
+    import runtime.engine.llm_engine  # noqa: F401
+    import runtime.engine.model_runner  # noqa: F401  (torch, the model code)
+    return time.perf_counter() - start
+
+
+def _default_device() -> str:
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def engine_kwarg_names() -> set[str]:
+    from runtime.core.config import EngineConfig
+    return {f.name for f in fields(EngineConfig)} - {"model", "extra"}
+
+
+def build_llm_engine(request: LoadRequest) -> tuple["LLMEngine", dict[str, float]]:
+    """Construct the engine (in a worker thread under the server) with its load timings:
+    see runtime/load/timings.py for the stages."""
+    start = time.perf_counter()
+    timings = LoadTimings()
+    # a process that has not imported torch yet was started for this very load (a
+    # standby imported it long before, off the critical path)
+    timings.add("process", 0.0 if "torch" in sys.modules else process_age_s())
+    timings.add("import", import_engine())      # the engine times the kernels itself
+    from runtime.engine.llm_engine import LLMEngine
+    llm_engine = LLMEngine(request.model, on_worker_failure=_end_replica, **request.engine_kwargs)
+    for stage, seconds in llm_engine.load_timings.items():
+        timings.add(stage, seconds)
+    timings.weight_bytes = llm_engine.load_record.weight_bytes
+    process_s = timings.stages["process"]
+    return llm_engine, timings.summary(process_s + time.perf_counter() - start)
+
+
+def _end_replica(reason: str) -> None:
+    """A tensor-parallel worker died (the watchdog already killed the others): the replica
+    is beyond repair, so the process ends and the pool starts a whole new one."""
+    log.critical("%s; the replica exits (status %d)", reason, EXIT_WORKER_DIED)
+    sys.stderr.flush()
+    os._exit(EXIT_WORKER_DIED)
+
+
+class ModelHost:
+    """The replica's one model through its lifecycle, and the metrics of everything it served
+    (a replica that loads no model still answers /metrics)."""
+
+    def __init__(self, engine_process: bool = False) -> None:
+        self.engine_process = engine_process   # the engine in a process of its own
+        self._spare_core: Optional[CoreProcess] = None   # a standby's, warm, loading nothing yet
+        self.status = Status.STANDBY
+        self.error: Optional[str] = None
+        self.load_timings: dict[str, float] = {}
+        self.pending: Optional[LoadRequest] = None
+        self.model: Optional[LoadedModel] = None
+        self.metrics = ServerMetrics(self.stats)
+        self._task: Optional[asyncio.Task[None]] = None
+
+    @property
+    def ready_model(self) -> Optional[LoadedModel]:
+        """The model while it can serve: None until it is ready, and while it sleeps."""
+        return self.model if self.status is Status.READY else None
+
+    @property
+    def serving(self) -> Optional[OpenAIServing]:
+        """What answers completions; None unless the model is ready."""
+        model = self.ready_model
+        return model.serving if model is not None else None
+
+    def stats(self) -> Optional[EngineStats]:
+        return self.model.engine.stats if self.model else None
+
+    def start_loading(self, request: LoadRequest) -> None:
+        """Begin loading in the background; callers check `can_load` first."""
+        self.status, self.error, self.pending = Status.LOADING, None, request
+        self._task = asyncio.create_task(self._load(request))
+
+    @property
+    def can_load(self) -> bool:
+        return self.status in (Status.STANDBY, Status.FAILED)
+
+    async def _load(self, request: LoadRequest) -> None:
+        start = time.perf_counter()
+        try:
+            started = await (self._start_core(request) if self.engine_process
+                             else _start_in_thread(request))
+        except Exception as exc:   # noqa: BLE001 - any failure is reported on /health
+            self.status, self.error = Status.FAILED, f"{type(exc).__name__}: {exc}"
+            self.load_timings = {"total_s": round(time.perf_counter() - start, 6)}
+            return
+        name, info = request.served_model_name, started.info
+        serving = OpenAIServing(name, started.frontend, started.tokenizer, info.max_model_len,
+                                self.metrics)
+        embedding = EmbeddingServing(name, started.frontend, started.tokenizer, self.metrics) \
+            if info.task == "embed" else None
+        self.model = LoadedModel(name, started.control, serving, embedding)
+        self.load_timings = info.load_timings
+        self.status = Status.READY
+
+    async def warm(self) -> float:
+        """A standby's preparation (warm_imports), done where the engine will run: with
+        `engine_process`, in a core process started now, which the load then uses."""
+        if not self.engine_process:
+            return await asyncio.to_thread(warm_imports)
+        core = CoreProcess.spawn(warm=True)
+        seconds = await core.warmed()
+        self._spare_core = core
+        return seconds
+
+    async def _start_core(self, request: LoadRequest) -> StartedEngine:
+        core, self._spare_core = self._spare_core, None
+        client = await EngineClient.start(request, on_death=self._engine_died, core=core)
+        tokenizer = await asyncio.to_thread(Tokenizer, request.model, client.info.eos_token_ids)
+        return StartedEngine(client, client, client.info, tokenizer)
+
+    def _engine_died(self, reason: str) -> None:
+        """The engine-core process is gone (killed, out of memory, a dead tensor-parallel
+        worker): its requests have failed; /health says failed until the replica exits."""
+        self.status, self.error = Status.FAILED, f"engine: {reason}"
+        asyncio.get_running_loop().call_later(EXIT_GRACE_S, _end_replica, reason)
+
+    async def sleep(self) -> tuple[Freed, float]:
+        """Give the device back (what was freed, and the seconds it took); Refused unless
+        ready with no request in flight."""
+        model = self.ready_model
+        if model is None or model.engine.num_in_flight:
+            raise Refused(f"replica is {self.status.value} with "
+                          f"{model.engine.num_in_flight if model else 0} request(s) in flight")
+        self.status = Status.SLEEPING          # refused from now on: no request can slip in
+        start = time.perf_counter()
+        try:
+            freed = await model.engine.sleep()
+        except NotIdle as exc:                 # one arrived before the status changed
+            self.status = Status.READY
+            raise Refused(f"replica is busy: {exc}") from None
+        except Exception as exc:
+            self._broken("sleep", exc)
+            raise
+        return freed, time.perf_counter() - start
+
+    async def wake(self) -> dict[str, float]:
+        """Back to ready; the stages of the way back (runtime/core/sleep_mode.py)."""
+        if self.status is not Status.SLEEPING or self.model is None:
+            raise Refused(f"replica is {self.status.value}, not sleeping")
+        model, self.status = self.model, Status.WAKING
+        start = time.perf_counter()
+        try:
+            timings = await model.engine.wake()
+        except Exception as exc:
+            self._broken("wake", exc)
+            raise
+        self.status = Status.READY
+        return timings.summary(time.perf_counter() - start)
+
+    def _broken(self, what: str, exc: Exception) -> None:
+        """Half asleep or half awake, the model cannot be trusted: the replica has failed
+        (/health says why, and the pool replaces it)."""
+        self.status, self.error = Status.FAILED, f"{what} failed: {type(exc).__name__}: {exc}"
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, body) for /health."""
+        body: dict[str, Any] = {"status": self.status.value}
+        if self.pending is not None:
+            body["model"] = self.pending.served_model_name
+        if self.load_timings:
+            body["load_timings"] = self.load_timings
+        worker_pids = self.model.engine.worker_pids if self.model else []
+        if worker_pids:
+            body["tensor_parallel"] = {"size": 1 + len(worker_pids), "worker_pids": worker_pids}
+        core_pid = self.model.engine.core_pid if self.model else None
+        if core_pid is not None:
+            body["engine_core"] = {"pid": core_pid}
+        engine_error = self.model.engine.error if self.model else None
+        if self.status is Status.READY and engine_error is not None:
+            body["status"], body["error"] = Status.FAILED.value, f"engine: {engine_error!r}"
+            return 500, body
+        if self.status is Status.FAILED:
+            body["error"] = self.error
+            return 500, body
+        return (200 if self.status is Status.READY else 503), body
+
+    async def close(self) -> None:
+        if self._task is not None and not self._task.done():
+            # The load thread cannot be interrupted; let it finish so the process exits cleanly.
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.model is not None:
+            await self.model.engine.stop()
+        if self._spare_core is not None:
+            await asyncio.to_thread(self._spare_core.kill)
+
+
+async def _start_in_thread(request: LoadRequest) -> StartedEngine:
+    llm_engine, timings = await asyncio.to_thread(build_llm_engine, request)
+    async_engine = AsyncEngine(llm_engine)
+    async_engine.start()
+    return StartedEngine(async_engine, InThreadControl(async_engine, llm_engine),
+                         EngineInfo.of(llm_engine, timings), llm_engine.tokenizer)

@@ -1,0 +1,418 @@
+"""OpenAI-compatible HTTP server for one model replica: `python -m runtime.serve.server`.
+
+Routes: /v1/completions, /v1/chat/completions (SSE when stream=true), /v1/embeddings
+(a model whose engine task is "embed"),
+/v1/models, /health, /metrics, /stats (what the replica served, as JSON, for
+the pool), /admin/load for a `--standby` replica, and /sleep and /wake (the pool's
+sleep tier: runtime/core/sleep_mode.py; the replica refuses requests with 503 while asleep).
+This module is the settings (parsed once, in `main`) and thin routes: a
+completion is parsed by wire's rules and handed to the loaded model's
+`OpenAIServing` (runtime/serve/completions.py), where the rest of its path is.
+Everything stateful (the `ModelHost`: the model, its serving object, the
+metrics registry) is created in the lifespan and lives on `app.state`.
+
+Under the pool a replica has a secret, given in its environment
+(THAWPOOL_REPLICA_SECRET) or in a file only its owner may read
+(THAWPOOL_REPLICA_SECRET_FILE), never on the command line; every request but
+/health must then carry `Authorization: Bearer <secret>` (`RequireSecret`), and
+/health without it says only whether the replica is ready (`health_for`).
+Without one the server is open, like `vllm serve`, and says so at start.
+"""
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import logging
+import os
+import sys
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Mapping, Optional, Sequence, Union
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from runtime.serve.metrics import CONTENT_TYPE
+from runtime.serve.model_host import LoadRequest, ModelHost, Refused, engine_kwarg_names
+from wire.embeddings import parse_embedding_request
+from wire.keepalive import REPLICA_KEEPALIVE_S
+from wire.errors import ProtocolError, error_body
+from wire.json_input import parse_json
+from wire.request_id import RequestIdMiddleware
+from wire.requests import parse_request
+from wire.sse import EventStreamResponse
+
+log = logging.getLogger("thawpool.runtime")
+SECRET_ENV = "THAWPOOL_REPLICA_SECRET"             # the secret itself
+SECRET_FILE_ENV = "THAWPOOL_REPLICA_SECRET_FILE"   # or a file (mode 0600) that holds it
+OPEN_PATHS = frozenset({"/health"})                # answered without the secret
+# The default of --engine-process when the flag is not given: "0" (or false, no, off)
+# runs the engine in a thread of the server (on by default: benchmarks/peers.py, W8A8 on
+# SmolLM2 at concurrency 32, 0.97x the offline engine with it, 0.70x in the server's thread).
+ENGINE_PROCESS_ENV = "THAWPOOL_ENGINE_PROCESS"
+
+# ---------------------------------------------------------------- settings
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    uds: Optional[str] = None      # a unix socket in place of host and port (sandboxed: no network)
+    model: Optional[str] = None
+    served_model_name: Optional[str] = None
+    standby: bool = False
+    log_level: str = "warning"
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs given
+    secret: Optional[str] = field(default=None, repr=False)       # None: open to every caller
+    engine_process: bool = True    # the engine in a process of its own (runtime/serve/engine_core.py)
+
+    def load_request(self) -> LoadRequest:
+        assert self.model is not None, "a --standby replica loads what /admin/load names"
+        return LoadRequest(self.model, self.served_model_name or self.model,
+                           dict(self.engine_kwargs))
+
+
+# flag -> (LLM kwarg, type); flags left unset keep the engine's own defaults. Every
+# EngineConfig field has one: the pool turns a revision's engine dict into these flags.
+_ENGINE_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "--dtype": ("dtype", str),
+    "--device": ("device", str),
+    "--kv-cache-tokens": ("kv_cache_tokens", int),
+    "--kv-cache-memory-fraction": ("kv_cache_memory_fraction", float),
+    "--kv-cache-max-bytes-cpu": ("kv_cache_max_bytes_cpu", int),
+    "--cache-salt": ("cache_salt", str),
+    "--block-size": ("block_size", int),
+    "--max-num-seqs": ("max_num_seqs", int),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", int),
+    "--max-model-len": ("max_model_len", int),
+    "--quantization": ("quantization", str),
+    "--tensor-parallel-size": ("tensor_parallel_size", int),
+    "--speculative": ("speculative", json.loads),
+    "--seed": ("seed", int),
+    "--task": ("task", str),
+    "--pooling": ("pooling", str),
+    "--kv-cache-dtype": ("kv_cache_dtype", str),
+    "--packed-cache-dir": ("packed_cache_dir", str),
+    "--packed-cache-gb": ("packed_cache_gb", float),
+}
+# on/off engine options: --x and --no-x
+_ENGINE_SWITCHES = ("enable_prefix_caching", "batch_invariant", "cuda_graphs", "cpu_low_precision")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m runtime.serve.server", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--uds", default=None, help="listen on this unix socket instead of --host/--port")
+    parser.add_argument("--model", help="model folder (config.json, safetensors, tokenizer)")
+    parser.add_argument("--served-model-name", help="name clients pass as `model`")
+    parser.add_argument("--log-level", default="warning",
+                        choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--standby", action="store_true",
+                        help="start warm with no model; load one with POST /admin/load")
+    for flag, (dest, kind) in _ENGINE_FLAGS.items():
+        parser.add_argument(flag, dest=dest, type=kind, default=None)
+    for dest in _ENGINE_SWITCHES:
+        parser.add_argument("--" + dest.replace("_", "-"), dest=dest, action=argparse.BooleanOptionalAction,
+                            default=None)
+    parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
+                        help="run the engine's step loop in a process of its own, away from "
+                             f"the server's GIL (default: on, or off with ${ENGINE_PROCESS_ENV}=0)")
+    return parser
+
+
+def parse_settings(argv: Optional[Sequence[str]] = None,
+                   env: Mapping[str, str] = os.environ) -> ServerSettings:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if bool(args.model) == args.standby:
+        parser.error("give exactly one of --model DIR or --standby")
+    names = [dest for dest, _ in _ENGINE_FLAGS.values()] + list(_ENGINE_SWITCHES)
+    engine_kwargs = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    try:
+        secret = read_secret(env)
+    except ValueError as exc:
+        parser.error(str(exc))
+    engine_process = args.engine_process
+    if engine_process is None:
+        engine_process = env.get(ENGINE_PROCESS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return ServerSettings(host=args.host, port=args.port, uds=args.uds, model=args.model,
+                          served_model_name=args.served_model_name, standby=args.standby,
+                          log_level=args.log_level, engine_kwargs=engine_kwargs, secret=secret,
+                          engine_process=engine_process)
+
+
+def read_secret(env: Mapping[str, str]) -> Optional[str]:
+    """The replica's secret from SECRET_ENV, else from the file SECRET_FILE_ENV names
+    (refused unless only its owner may read it); None when neither is set."""
+    if env.get(SECRET_ENV):
+        return env[SECRET_ENV]
+    path = env.get(SECRET_FILE_ENV)
+    if not path:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+        secret = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"{SECRET_FILE_ENV}: cannot read {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise ValueError(f"{SECRET_FILE_ENV}: {path} may be read by others; chmod 600 it")
+    if not secret:
+        raise ValueError(f"{SECRET_FILE_ENV}: {path} is empty")
+    return secret
+
+
+# ---------------------------------------------------------------- routes
+
+def _error(status: int, message: str, param: Optional[str] = None,
+           headers: Optional[Mapping[str, str]] = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status, param=param), status_code=status,
+                        headers=headers)
+
+
+def _refusal(exc: ProtocolError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Unknown paths and methods answer in the same JSON error shape as everything else."""
+    assert isinstance(exc, HTTPException)
+    return _error(exc.status_code, exc.detail, headers=exc.headers)
+
+
+async def health(request: Request) -> Response:
+    status, body = _host(request).health()
+    return JSONResponse(health_for(request, body, request.app.state.secret), status_code=status)
+
+
+def health_for(request: Request, body: dict[str, Any], secret: Optional[str]) -> dict[str, Any]:
+    """/health is open so anyone may ask whether the replica is ready; its load timings,
+    model, pids and errors are for the pool, which always sends the secret."""
+    if secret is None or carries_secret(request.scope, f"Bearer {secret}".encode()):
+        return body
+    return {"status": body["status"]}
+
+
+async def metrics(request: Request) -> Response:
+    return Response(_host(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def stats(request: Request) -> Response:
+    """Requests and tokens served since the process started: the pool reads them at every
+    heartbeat and as it stops the replica, to reconcile the bill."""
+    host = _host(request)
+    served = host.metrics.served
+    return JSONResponse({"model": host.model.served_model_name if host.model else None,
+                         "requests": served.requests, "prompt_tokens": served.prompt_tokens,
+                         "completion_tokens": served.completion_tokens})
+
+
+async def models(request: Request) -> Response:
+    """The model, once it serves (the pool re-adopts only a replica that lists it)."""
+    model = _host(request).ready_model
+    data = []
+    if model is not None:
+        data.append({"id": model.served_model_name, "object": "model", "owned_by": "thawpool"})
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def admin_load(request: Request) -> Response:
+    host = _host(request)
+    try:
+        load = _parse_load(await _json_body(request))
+    except ProtocolError as exc:
+        return _refusal(exc)
+    if not host.can_load:
+        return _error(409, f"replica is {host.status.value}; it loads one model once")
+    host.start_loading(load)
+    return JSONResponse({"status": host.status.value, "model": load.served_model_name},
+                        status_code=202)
+
+
+async def sleep(request: Request) -> Response:
+    """Give the device back, keeping the weights in host memory; 409 unless the replica is
+    ready with no request in flight."""
+    try:
+        freed, seconds = await _host(request).sleep()
+    except Refused as exc:
+        return _error(409, str(exc))
+    except Exception as exc:  # noqa: BLE001 - the host is failed now; /health says so too
+        return _error(500, f"sleep failed: {type(exc).__name__}: {exc}")
+    return JSONResponse({"status": "sleeping", "sleep_s": round(seconds, 6),
+                         "freed_bytes": {"weights": freed.weight_bytes, "kv_cache": freed.kv_cache_bytes,
+                                         "total": freed.device_bytes},
+                         "host_bytes": freed.host_bytes})
+
+
+async def wake(request: Request) -> Response:
+    """Weights back on the device, a fresh KV cache; the stages it took (wake_timings)."""
+    try:
+        timings = await _host(request).wake()
+    except Refused as exc:
+        return _error(409, str(exc))
+    except Exception as exc:  # noqa: BLE001 - the host is failed now; /health says so too
+        return _error(500, f"wake failed: {type(exc).__name__}: {exc}")
+    return JSONResponse({"status": "ready", "wake_timings": timings})
+
+
+def _parse_load(body: Any) -> LoadRequest:
+    if not isinstance(body, dict):
+        raise ProtocolError("request body must be a JSON object")
+    unknown = sorted(set(body) - {"model", "served_model_name", "engine"})
+    if unknown:
+        raise ProtocolError(f"{unknown[0]}: unknown field", param=unknown[0])
+    model, name = body.get("model"), body.get("served_model_name")
+    engine_kwargs = body.get("engine") or {}
+    if not isinstance(model, str) or not model:
+        raise ProtocolError("model: must be a model folder path", param="model")
+    if name is not None and not isinstance(name, str):
+        raise ProtocolError("served_model_name: must be a string", param="served_model_name")
+    if not isinstance(engine_kwargs, dict):
+        raise ProtocolError("engine: must be an object of LLM keyword arguments", param="engine")
+    bad = sorted(set(engine_kwargs) - engine_kwarg_names())
+    if bad:
+        raise ProtocolError(f"engine.{bad[0]}: unknown engine argument", param="engine")
+    return LoadRequest(model, name or model, engine_kwargs)
+
+
+async def _json_body(request: Request) -> Any:
+    """The body as JSON; ProtocolError (400) when not JSON or nested too deep."""
+    return parse_json(await request.body(), "body", param="body")
+
+
+async def completions(request: Request) -> Union[Response, EventStreamResponse]:
+    return await _generate(request, "completions")
+
+
+async def chat_completions(request: Request) -> Union[Response, EventStreamResponse]:
+    return await _generate(request, "chat/completions")
+
+
+async def _generate(request: Request, endpoint: str) -> Union[Response, EventStreamResponse]:
+    """Parse with wire's rules and hand over to the model's OpenAIServing, which does the rest."""
+    host = _host(request)
+    serving = host.serving
+    if serving is None:
+        return _error(503, f"model is not ready ({host.status.value})",
+                      headers={"Retry-After": "1"})
+    if host.model is not None and host.model.embedding is not None:
+        return _error(400, "model: this model serves embeddings (engine task \"embed\"): "
+                           "call /v1/embeddings", param="model")
+    try:
+        parsed = parse_request(endpoint, await _json_body(request))
+        return await serving.create(parsed, request.state.request_id, request.receive)
+    except ProtocolError as exc:   # refused by wire's rules, by the model or by the engine
+        return _refusal(exc)
+
+
+async def embeddings(request: Request) -> Response:
+    """/v1/embeddings, on a replica whose engine task is "embed"."""
+    host = _host(request)
+    model = host.ready_model
+    if model is None:
+        return _error(503, f"model is not ready ({host.status.value})",
+                      headers={"Retry-After": "1"})
+    serving = model.embedding
+    if serving is None:
+        return _error(400, "model: this model generates; deploy it with engine task \"embed\" "
+                           "to serve embeddings", param="model")
+    try:
+        parsed = parse_embedding_request(await _json_body(request))
+        return await serving.create(parsed, request.state.request_id, request.receive)
+    except ProtocolError as exc:
+        return _refusal(exc)
+
+
+def _host(request: Request) -> ModelHost:
+    host: ModelHost = request.app.state.host
+    return host
+
+
+class RequireSecret:
+    """Every request but OPEN_PATHS carries `Authorization: Bearer <secret>`, compared in
+    constant time; anything else is answered 401 in the error shape before any route."""
+
+    def __init__(self, app: ASGIApp, secret: str):
+        self.app = app
+        self.expected = f"Bearer {secret}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        refusal = _error(401, "this replica needs its secret: Authorization: Bearer <secret>",
+                         headers={"WWW-Authenticate": "Bearer"})
+        await refusal(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        return carries_secret(scope, self.expected)
+
+
+def carries_secret(scope: Scope, expected: bytes) -> bool:
+    """Whether the request's Authorization header is `expected`, compared in constant time."""
+    given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+    return hmac.compare_digest(given, expected)
+
+
+# ---------------------------------------------------------------- app
+
+def build_app(settings: ServerSettings) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        host = ModelHost(engine_process=settings.engine_process)
+        app.state.host = host
+        if settings.standby:
+            await host.warm()   # the point of standby: torch is in memory where the engine runs
+        else:
+            host.start_loading(settings.load_request())
+        try:
+            yield
+        finally:
+            await host.close()
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/stats", stats, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/admin/load", admin_load, methods=["POST"]),
+        Route("/sleep", sleep, methods=["POST"]),
+        Route("/wake", wake, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error})
+    app.state.secret = settings.secret      # /health tells the pool more than a stranger
+    if settings.secret is not None:
+        app.add_middleware(RequireSecret, secret=settings.secret)
+    app.add_middleware(RequestIdMiddleware)          # outermost: a 401 carries the id too
+    return app
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    import uvicorn
+
+    settings = parse_settings(argv)
+    os.environ.pop(SECRET_ENV, None)        # read once; tensor-parallel workers need no copy
+    if settings.secret is None:
+        log.warning("no replica secret (%s or %s): this server answers every caller",
+                    SECRET_ENV, SECRET_FILE_ENV)
+    # The engine thread holds the GIL between torch ops; at the default 5 ms switch
+    # interval the event loop waits that long to send each SSE chunk.
+    sys.setswitchinterval(0.001)
+    uvicorn.run(build_app(settings), host=settings.host, port=settings.port, uds=settings.uds,
+                log_level=settings.log_level, timeout_graceful_shutdown=5,
+                timeout_keep_alive=REPLICA_KEEPALIVE_S,
+                access_log=settings.log_level in ("info", "debug"))
+
+
+if __name__ == "__main__":
+    main()

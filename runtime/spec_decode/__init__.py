@@ -1,0 +1,1 @@
+"""Speculative decoding: proposers, the draft model, rejection sampling."""
