@@ -54,11 +54,11 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from pool.api import RevisionSpec  # noqa: E402
-from pool.desired import EventLog, InMemoryDesiredState  # noqa: E402
+from pool.in_memory import EventLog, InMemoryDesiredState  # noqa: E402
 from pool.manager import PoolManager  # noqa: E402
 from pool.s3 import open_client  # noqa: E402
 from pool.settings import PoolSettings  # noqa: E402
-from pool.weights import WeightCache, WeightStore  # noqa: E402
+from pool.weights.store import WeightCache, WeightStore  # noqa: E402
 from tests.support.throttle_process import ProxyProcess  # noqa: E402
 from tests.support.throttle_proxy import through  # noqa: E402
 

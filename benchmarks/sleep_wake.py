@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.cold_start import build_model, first_token, model_args  # noqa: E402  (the same model, the same token)
 from pool.api import RevisionSpec  # noqa: E402
-from pool.desired import EventLog, InMemoryDesiredState  # noqa: E402
+from pool.in_memory import EventLog, InMemoryDesiredState  # noqa: E402
 from pool.manager import PoolManager  # noqa: E402
 from pool.settings import PoolSettings  # noqa: E402
 from tests.support.clock import SteppedClock  # noqa: E402

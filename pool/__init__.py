@@ -2,7 +2,7 @@
 activator, autoscaler, routing and scale to zero. The control plane uses
 `PoolManager` (pool/manager.py) through the seam in pool/api.py.
 """
-from pool.desired import EventLog, InMemoryDesiredState
+from pool.in_memory import EventLog, InMemoryDesiredState
 from pool.manager import PoolManager
 from pool.settings import PoolSettings
 

@@ -75,7 +75,7 @@ class RevisionSpec:
     # The sleep tier: an idle replica sleeps (process and host-memory weights kept, GPU
     # slots released, no GPU seconds) for this long before it stops; 0: it stops at once.
     sleep_timeout_s: float = 0.0
-    # Prefetch (pool/prefetch.py): the pool pulls the revision's weights into its cache
+    # Prefetch (pool/weights/prefetch.py): the pool pulls the revision's weights into its cache
     # when the revision appears or changes, and on each scale-up, in the background.
     prefetch: bool = False
     # The objects its deploy read (ModelInfo.objects of the model and a draft model);

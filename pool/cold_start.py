@@ -38,14 +38,14 @@ from pool.capacity import Capacity
 from pool.function_env import FUNCTION_PYTHON, build_env
 from pool.function_sandbox import FunctionSandboxes
 from pool.health import wait_healthy
-from pool.model_info import inspect_model
+from pool.weights.inspection import inspect_model
 from pool.placement import PlacementRequest, weights_of
 from pool.registry import ManagedReplica
 from pool.replica import Replica, ReplicaState
 from pool.replica_events import ReplicaEvents
 from pool.settings import PoolSettings
-from pool.sources import SourceStores
-from pool.weights import WeightStore, entry_key, refuse_changed
+from pool.weights.sources import SourceStores
+from pool.weights.store import WeightStore, entry_key, refuse_changed
 
 log = logging.getLogger(__name__)
 PREFERENCE_TIMEOUT_S = 30.0             # a backend stuck answering must not stall a cold start

@@ -27,7 +27,7 @@ sleepers before it starts new replicas; sleepers stop after their timeout or to 
 room in their node's host-memory budget (pool/sleep_budget.py), and a sleeper that
 cannot have its slots back or fails to wake is stopped for a cold start.
 
-Prefetch (pool/prefetch.py decides, pool/prefetcher.py pulls): a revision whose spec
+Prefetch (pool/weights/prefetch.py decides, pool/prefetcher.py pulls): a revision whose spec
 has `prefetch` gets its weights pulled into the cache in the background when it appears
 in the desired state and on each scale-up, holding no slot; its status says whether its
 weights are cached (`weights_cached`).
@@ -67,15 +67,15 @@ from pool.registry import (ManagedReplica, Registry, RevisionState, holding_slot
                            scale_down_order, scaling_snapshot, waits, weight_keys)
 from pool.replica import LIVE, STARTING, Replica, ReplicaState
 from pool.replica_events import ReplicaEvents
-from pool.prefetch import to_prefetch
+from pool.weights.prefetch import to_prefetch
 from pool.prefetcher import Prefetcher
 from pool.sleep_budget import Sleeper, make_room
 from pool.sleep_tier import SleepFailed, SleepTier
 from pool.router import Candidate, choose
 from pool.s3 import open_client
 from pool.settings import PoolSettings
-from pool.sources import SourceStores
-from pool.weights import WeightCache, WeightStore
+from pool.weights.sources import SourceStores
+from pool.weights.store import WeightCache, WeightStore
 
 log = logging.getLogger(__name__)
 READY, DRAINING = ReplicaState.READY, ReplicaState.DRAINING
@@ -337,7 +337,7 @@ class PoolManager:
         self._start_prefetches()
 
     def _start_prefetches(self) -> None:
-        """Weights into the cache, in the background, for the revisions due one (pool/prefetch.py)."""
+        """Weights into the cache, in the background, for the revisions due one (pool/weights/prefetch.py)."""
         prefetcher = self._running.prefetcher
         views = {rev.spec.revision_id: (rev, prefetcher.view(rev, not self.backend.pulls_on_node))
                  for rev in self._registry.all()}
@@ -355,7 +355,7 @@ class PoolManager:
         rev.desired = decision.desired
         live = rev.in_state(*STARTING, WAKING, READY)
         if rev.desired > len(live) and may_start(rev.backoff, self.clock.mono()):
-            rev.scale_ups += 1                   # a prefetch joins the pulls (pool/prefetch.py)
+            rev.scale_ups += 1                   # a prefetch joins the pulls (pool/weights/prefetch.py)
             for _ in range(rev.desired - len(live)):
                 self._wake_or_start(rev)
         elif rev.desired < len(live):

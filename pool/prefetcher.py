@@ -1,6 +1,6 @@
 """Prefetches run: a revision's weights pulled into the pool's cache in the background.
 
-The manager asks which revisions are due (pool/prefetch.py) after it reconciles them
+The manager asks which revisions are due (pool/weights/prefetch.py) after it reconciles them
 and starts those here. A prefetch reads S3 exactly as a cold start does: through
 SourceStores, with the credentials an admin granted the revision's own tenant for the
 bucket (else the platform's), into the one cache; a download a cold start already runs
@@ -16,9 +16,9 @@ import logging
 from pool.api import ModelUnavailable, Pins, RevisionSpec
 from pool.backends.runtime_args import draft_model_uri
 from pool.cold_start import failure_reason
-from pool.prefetch import Prefetched, PrefetchView, Target
+from pool.weights.prefetch import Prefetched, PrefetchView, Target
 from pool.registry import RevisionState
-from pool.sources import SourceStores
+from pool.weights.sources import SourceStores
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class Prefetcher:
         self._running: dict[str, asyncio.Task[None]] = {}   # revision id -> its prefetch
 
     def view(self, rev: RevisionState, reads_pool_cache: bool) -> PrefetchView:
-        """What pool.prefetch.to_prefetch sees of the revision. A backend whose nodes pull
+        """What pool.weights.prefetch.to_prefetch sees of the revision. A backend whose nodes pull
         for themselves has no pool cache to fill: nothing is wanted there."""
         spec = rev.spec
         return PrefetchView(spec.revision_id, spec.prefetch and reads_pool_cache and not rev.retired,

@@ -26,10 +26,10 @@ from pool.autoscaler import PolicyState, ScalingConfig, Snapshot
 from pool.backends.base import ReplicaHandle
 from pool.backoff import Backoff
 from pool.placement import Placed
-from pool.prefetch import Prefetched
+from pool.weights.prefetch import Prefetched
 from pool.replica import LIVE, STARTING, Replica, ReplicaState
 from pool.settings import PoolSettings
-from pool.weights import ModelFiles
+from pool.weights.store import ModelFiles
 
 KEEP_FINISHED = 8                       # stopped/failed replicas kept for status pages
 
@@ -92,7 +92,7 @@ class RevisionState:
     desired: int = 0
     retired: bool = False
     scale_ups: int = 0                  # scale-up decisions so far: each one prefetches again
-    prefetched: Optional[Prefetched] = None   # its latest prefetch (pool/prefetch.py)
+    prefetched: Optional[Prefetched] = None   # its latest prefetch (pool/weights/prefetch.py)
 
     def in_state(self, *states: ReplicaState) -> list[ManagedReplica]:
         return [r for r in self.replicas.values() if r.state in states]

@@ -1,7 +1,7 @@
 """GGUF, llama.cpp's one-file model format: its header, and what it says as a config.json.
 
 Both sides read it: the pool reads the header of a `.gguf` object in S3 with ranged GETs
-at deploy (pool/model_info.py), the runtime imports the whole file into a model folder
+at deploy (pool/weights/inspection.py), the runtime imports the whole file into a model folder
 (runtime/gguf/importer.py). Pure Python, so the pool reads it without numpy or torch.
 
 Layout, little-endian: b"GGUF", version u32 (2 or 3), tensor count u64, metadata count

@@ -35,7 +35,7 @@ from pool.egress import EgressProxy
 from wire.socket_forward import SocketForward
 from pool.function_sandbox import FunctionSandboxes
 from pool.model_sandbox import MODEL, ModelSandboxes
-from pool.model_info import FUNCTION_MANIFEST
+from pool.weights.inspection import FUNCTION_MANIFEST
 from pool.processes import free_port
 from pool.sandbox import SandboxedServer
 from pool.settings import PoolSettings
@@ -152,7 +152,7 @@ def node_settings(settings: PoolSettings) -> PoolSettings:
 
 
 def cache_entries(cache_dir: Path) -> list[str]:
-    """Keys of the complete entries in a pool/weights.py cache (objects/<key>/{data,meta.json})."""
+    """Keys of the complete entries in a pool/weights/store.py cache (objects/<key>/{data,meta.json})."""
     objects = Path(cache_dir) / "objects"
     if not objects.is_dir():
         return []
@@ -323,7 +323,7 @@ async def pull_model(model_uri: str, settings: PoolSettings, pins: Pins) -> str:
     second pull of a model then finds it cached.
     """
     from pool.s3 import open_client
-    from pool.weights import WeightCache, WeightStore
+    from pool.weights.store import WeightCache, WeightStore
 
     with cache_lock(Path(settings.cache_dir)):
         async with AsyncExitStack() as stack:

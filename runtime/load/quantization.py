@@ -5,7 +5,7 @@ fused gate/up, down) by an `Int8Weight`: symmetric int8 per output channel plus
 an fp32 scale, made by kernels.int8 from the checkpoint's floats. Embeddings,
 norms, biases and the lm head keep the engine dtype: the lm head is the
 embedding itself on tied models, its rounding errors go straight into every
-logit, and the pool's size estimate (pool/model_info.py counts only
+logit, and the pool's size estimate (pool/weights/inspection.py counts only
 `*_proj.weight` as int8-able) assumes the same split.
 
 Fusing before quantizing is exact: the scale is per output row, and q, k and v

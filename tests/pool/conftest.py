@@ -80,7 +80,7 @@ def fresh_prefix() -> str:
 async def running_manager(settings: PoolSettings):
     """A PoolManager over an in-memory desired state and the session S3, started; stopped
     on the way out."""
-    from pool.desired import EventLog, InMemoryDesiredState
+    from pool.in_memory import EventLog, InMemoryDesiredState
     from pool.manager import PoolManager
     from pool.s3 import open_client
     from tests.support.clock import SteppedClock

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from pool import gguf
+from pool.weights import gguf
 from pool.api import ColdStartFailed, ModelUnavailable
-from pool.model_info import inspect_model
-from pool.weights import WeightCache, WeightStore, entry_key
+from pool.weights.inspection import inspect_model
+from pool.weights.store import WeightCache, WeightStore, entry_key
 from tests.pool.conftest import FlakyS3
 from tests.support.gguf_files import write_model_gguf
 from wire import gguf as wire_gguf

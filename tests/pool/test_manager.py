@@ -19,7 +19,7 @@ import pytest
 
 from pool.api import (ColdStartFailed, ColdStartTimeout, ModelUnavailable, NeverFits, QueueFull, QuotaExceeded,
                       ReplicaShape, RevisionSpec, TenantQuota)
-from pool.desired import EventLog, InMemoryDesiredState
+from pool.in_memory import EventLog, InMemoryDesiredState
 from pool.manager import PoolManager
 from tests.support.replica_client import host_pid, replica_http
 from tests.pool.conftest import FlakyS3, make_settings

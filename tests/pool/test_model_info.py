@@ -4,9 +4,9 @@ import json
 import pytest
 from safetensors import safe_open
 
-from pool import model_info
+from pool.weights import inspection as model_info
 from pool.api import ModelUnavailable, PinnedObject
-from pool.model_info import inspect_model, summarize
+from pool.weights.inspection import inspect_model, summarize
 from pool.s3 import list_objects
 from tests.pool.conftest import FlakyS3
 from tests.support.model_factory import upload_model

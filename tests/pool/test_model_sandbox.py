@@ -17,7 +17,7 @@ import pytest
 
 from pool.api import RevisionSpec
 from pool.backends.local import STANDBY_NICE
-from pool.desired import InMemoryDesiredState
+from pool.in_memory import InMemoryDesiredState
 from pool.manager import PoolManager
 from pool.model_sandbox import ModelSandboxes
 from pool.sandbox import Platform, Sandbox, own_folder

@@ -216,7 +216,7 @@ async def test_inventory_refresh_adds_and_drops_slots_and_places_who_waits():
 
     import pytest
 
-    from pool.desired import EventLog, InMemoryDesiredState
+    from pool.in_memory import EventLog, InMemoryDesiredState
     from pool.manager import PoolManager
     from pool.placement import Placed, PlacementRequest
 
@@ -281,7 +281,7 @@ async def test_capacity_places_waiting_replicas_fairly_when_slots_free_and_quota
 
 def test_a_replica_being_stopped_is_not_failed_by_its_dead_handle():
     from pool.activator import RevisionQueue
-    from pool.desired import EventLog, InMemoryDesiredState
+    from pool.in_memory import EventLog, InMemoryDesiredState
     from pool.manager import PoolManager
     from pool.registry import RevisionState
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from pool.api import Pins, RevisionSpec
-from pool.prefetch import Target
+from pool.weights.prefetch import Target
 from pool.prefetcher import Prefetcher
 from pool.registry import RevisionState
-from pool.weights import CachedModel, WeightCache, WeightStore
+from pool.weights.store import CachedModel, WeightCache, WeightStore
 from tests.pool.conftest import FlakyS3, make_settings, running_manager
 from tests.support.model_factory import upload_model
 from tests.support.waiting import eventually

@@ -1,5 +1,5 @@
-"""pool.prefetch: which revisions get a prefetch now (pure: no clock, no S3, no pool)."""
-from pool.prefetch import PrefetchView, Target, due, to_prefetch
+"""pool.weights.prefetch: which revisions get a prefetch now (pure: no clock, no S3, no pool)."""
+from pool.weights.prefetch import PrefetchView, Target, due, to_prefetch
 
 MODEL = ("s3://models/a/",)
 

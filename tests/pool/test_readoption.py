@@ -23,7 +23,7 @@ import pytest
 
 from pool.adoption import ADOPTED
 from pool.api import RevisionSpec, TenantQuota
-from pool.desired import EventLog, InMemoryDesiredState
+from pool.in_memory import EventLog, InMemoryDesiredState
 from pool.manager import PoolManager
 from pool.processes import process_start_ticks
 from pool.s3 import open_client

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 from pool.api import Heartbeat, ReplicaEvent, RevisionSpec
 from pool.clock import Clock
-from pool.desired import EventLog
+from pool.in_memory import EventLog
 from pool.registry import ManagedReplica
 from pool.replica import Replica, ReplicaState
 from pool.replica_events import ReplicaEvents, retry_delay

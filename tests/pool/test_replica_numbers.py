@@ -21,7 +21,7 @@ from pool.api import RevisionSpec
 from pool.capacity import Capacity
 from pool.clock import Clock
 from pool.cold_start import MAX_STAGES, load_stages
-from pool.desired import EventLog
+from pool.in_memory import EventLog
 from pool.health import served_tokens
 from pool.placement import Placed
 from pool.registry import ManagedReplica

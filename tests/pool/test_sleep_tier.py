@@ -16,7 +16,7 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from pool.desired import EventLog, InMemoryDesiredState
+from pool.in_memory import EventLog, InMemoryDesiredState
 from pool.manager import PoolManager
 from pool.s3 import open_client
 from pool.settings import GB

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from pool.api import ColdStartFailed
-from pool.model_info import inspect_model
+from pool.weights.inspection import inspect_model
 from pool.s3 import list_objects
-from pool.weights import WeightCache, WeightStore, entry_key, part_ranges
+from pool.weights.store import WeightCache, WeightStore, entry_key, part_ranges
 from tests.pool.conftest import FlakyS3
 from tests.support.model_factory import upload_model
 
@@ -159,7 +159,7 @@ async def test_a_cache_entry_overwritten_with_same_size_bytes_is_fetched_again(
 
 async def test_an_untouched_entry_is_not_hashed_again_on_a_hit(s3, s3_server, pool_bucket, fresh_prefix, settings,
                                                              tiny_model, monkeypatch):
-    from pool import weights
+    from pool.weights import store as weights
 
     uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
     store = store_for(s3, settings)

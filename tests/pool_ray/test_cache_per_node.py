@@ -1,5 +1,5 @@
 """Weights are cached per node: a node that cannot read the pool's model folder
-pulls the revision from S3 into its own cache (pool/weights.py's layout), and
+pulls the revision from S3 into its own cache (pool/weights/store.py's layout), and
 the backend then reports that node, and only it, as holding the weights. A
 speculative draft model named by URI is pulled there too."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from pool.api import RevisionSpec
 from pool.backends.ray import RayBackend
 from pool.s3 import open_client
-from pool.weights import WeightCache, WeightStore, entry_key
+from pool.weights.store import WeightCache, WeightStore, entry_key
 from tests.pool.conftest import make_settings
 from tests.pool_ray.test_backend import CPU_ENGINE, HAS_SERVER, complete, wait_ready
 from tests.support.model_factory import upload_model

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pool.desired import EventLog, InMemoryDesiredState
+from pool.in_memory import EventLog, InMemoryDesiredState
 from pool.manager import PoolManager
 from tests.pool.conftest import make_settings
 from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, wait_until

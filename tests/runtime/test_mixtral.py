@@ -34,8 +34,8 @@ def test_options_the_experts_cannot_take_are_refused_by_name(option, match, arch
 
 
 def test_the_pool_sizes_every_expert(arch_model, hf_oracle):
-    """pool/model_info.py sums the safetensors headers: all 8 experts of every layer."""
-    from pool.model_info import summarize
+    """pool/weights/inspection.py sums the safetensors headers: all 8 experts of every layer."""
+    from pool.weights.inspection import summarize
 
     path = arch_model("mixtral")
     raw = (path / "model.safetensors").read_bytes()

@@ -1,7 +1,7 @@
 """A small real pool for control-plane tests: leases a fixed list of runtime servers.
 
 It implements `pool.api.Pool` whole: inspect_model reads config.json and the
-safetensors headers from the real S3 (pool.model_info, as PoolManager does),
+safetensors headers from the real S3 (pool.weights.inspection, as PoolManager does),
 check_fits compares the shape with one slot of `slot_memory_gb` x `slot_gpus`,
 acquire leases the next server round robin. It records what the control plane
 asked for, so tests can check that a refused request acquired nothing and that
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from pool.api import (ColdStartTimings, Lease, ModelInfo, NeverFits, Pool, PoolError,
                       ReplicaShape, RevisionSpec, RevisionStatus)
-from pool.model_info import inspect_model
+from pool.weights.inspection import inspect_model
 
 
 @dataclass

@@ -5,7 +5,7 @@ describes it as the model folder it imports to (wire/gguf_model.py: architecture
 Hugging Face class, every tensor named and shaped, the tokenizer kind); a file the
 importer would refuse is a ModelUnavailable (422) here already.
 
-On a cold start, WeightStore (pool/weights.py) fetches the object into the cache like any
+On a cold start, WeightStore (pool/weights/store.py) fetches the object into the cache like any
 weight file and imports it with `run_import`: `python -m runtime.gguf.importer` in a process
 of its own (the pool runs no model code, and imports neither numpy nor torch), into a
 cache entry of its own keyed by the object's ETag (`imported_key`), so the next cold
@@ -18,7 +18,7 @@ import hashlib
 import sys
 from pathlib import Path
 from pool.api import ColdStartFailed, ModelInfo, ModelUnavailable
-from pool.model_info import Retry, pins_of, read_range
+from pool.weights.inspection import Retry, pins_of, read_range
 from pool.s3 import MISSING_CODES, S3Client, S3Object, error_code, origin_prefix
 from wire import gguf as wire_gguf
 from wire.gguf import GGUFError, GGUFHeader, Truncated, parse_header

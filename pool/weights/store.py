@@ -24,7 +24,7 @@ loads is what placement was sized for at deploy.
 
 A model folder for the runtime is a directory of symlinks into the cache; a
 `.gguf` object's is the folder imported from it, a cache entry of its own
-keyed by the object's ETag (pool/gguf.py).
+keyed by the object's ETag (pool/weights/gguf.py).
 """
 from __future__ import annotations
 
@@ -42,10 +42,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Awaitable, Callable, Iterable, Optional, TypeVar
 
-from pool import gguf
+from pool.weights import gguf
 from pool.api import ColdStartFailed, PinnedObject, Pins
-from pool.gguf import is_gguf_uri
-from pool.model_info import FUNCTION_MANIFEST
+from pool.weights.gguf import is_gguf_uri
+from pool.weights.inspection import FUNCTION_MANIFEST
 from pool.s3 import (MISMATCH_CODES, MISSING_CODES, S3Client, S3Object, ShortRead, error_code,
                      list_objects, origin_prefix, parse_uri, with_retries)
 from pool.settings import PoolSettings
@@ -161,7 +161,7 @@ class WeightCache:
         shutil.rmtree(self.objects / key, ignore_errors=True)
 
     async def lookup_folder(self, key: str) -> Optional[Path]:
-        """An imported model folder held under `key` (pool/gguf.py) while its files are
+        """An imported model folder held under `key` (pool/weights/gguf.py) while its files are
         those imported, or None (one that changed is evicted)."""
         data = self.objects / key / "data"
         if key not in self._lru or not data.is_dir():

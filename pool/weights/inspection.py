@@ -2,7 +2,7 @@
 
 Reads config.json and, per safetensors file, the 8-byte header length and the
 JSON header with ranged GETs; sums bytes and parameters per dtype. A `.gguf`
-object's header is read by pool/gguf.py; a folder with `thawpool.toml` is a
+object's header is read by pool/weights/gguf.py; a folder with `thawpool.toml` is a
 function package (inspect_function).
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ async def _plain(call: Callable[[], Awaitable[T]]) -> T:
 
 async def inspect_model(client: S3Client, model_uri: str, retry: Retry = _plain) -> ModelInfo:
     if model_uri.endswith(".gguf"):                 # one GGUF object, not a folder
-        from pool.gguf import inspect_gguf
+        from pool.weights.gguf import inspect_gguf
 
         return await inspect_gguf(client, model_uri, retry)
     bucket, prefix = parse_uri(model_uri)

@@ -12,7 +12,7 @@ from typing import Optional
 
 from pool.api import DesiredStateSource, S3Access
 from pool.s3 import open_client, with_access
-from pool.weights import WeightStore
+from pool.weights.store import WeightStore
 
 
 class SourceStores:
