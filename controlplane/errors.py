@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from controlplane.store.errors import (AlreadyExists, Conflict, DatabaseUnavailable, Forbidden,
-                                       InvalidField, NotFound, QuotaExceeded, Unavailable)
+                                       InvalidField, NotFound, StaticQuotaExceeded, Unavailable)
 from controlplane.store.failures import is_outage
 from pool.api import PoolError
 from wire.errors import ProtocolError, error_body
@@ -67,7 +67,7 @@ def api_error_for(exc: Exception) -> ApiError:
         return ApiError(409, str(exc), code=exc.code)
     if isinstance(exc, InvalidField):
         return ApiError(422, str(exc), code="invalid_field", param=exc.field)
-    if isinstance(exc, QuotaExceeded):
+    if isinstance(exc, StaticQuotaExceeded):
         return ApiError(422, str(exc), code="quota_exceeded", param=exc.limit)
     if isinstance(exc, Forbidden):
         return ApiError(403, str(exc), code=exc.code, param=exc.field)
@@ -108,7 +108,7 @@ async def unhandled_error_handler(request: Request, exc: Exception) -> Response:
 
 
 # Every refusal type the routes let through; one handler answers them all.
-REFUSALS = (ApiError, NotFound, AlreadyExists, Conflict, InvalidField, QuotaExceeded, Forbidden,
+REFUSALS = (ApiError, NotFound, AlreadyExists, Conflict, InvalidField, StaticQuotaExceeded, Forbidden,
             Unavailable, ProtocolError, PoolError, HTTPException)
 # What a database call raises when Postgres is away (asyncio's timeouts are OSErrors).
 DATABASE_ERRORS = (sa_exc.DBAPIError, sa_exc.TimeoutError, asyncpg.PostgresError,

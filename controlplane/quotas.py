@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping, Optional
 
-from controlplane.store.errors import QuotaExceeded
+from controlplane.store.errors import StaticQuotaExceeded
 from pool.api import TenantQuota
 from pool.egress import parse_host
 
@@ -99,27 +99,27 @@ def check_deployment(quota: Quota, shape: DeploymentShape, others: TenantHolding
     deployment as it stands (None: a new one): a change is refused only where it goes
     past a limit or further past one, so a tenant over a lowered quota can still shrink."""
     if before is None and _over(others.deployments + 1, quota.max_deployments):
-        raise QuotaExceeded("max_deployments",
+        raise StaticQuotaExceeded("max_deployments",
                             f"this tenant may hold {quota.max_deployments} deployments")
     old = before or DeploymentShape(0, 0, ())
     if _worse(shape.max_replicas, old.max_replicas, quota.max_replicas_per_deployment):
-        raise QuotaExceeded("max_replicas_per_deployment",
+        raise StaticQuotaExceeded("max_replicas_per_deployment",
                             f"scaling.max_replicas {shape.max_replicas} is above this tenant's "
                             f"limit of {quota.max_replicas_per_deployment}")
     if _worse(shape.widest_gpus, old.widest_gpus, quota.max_gpus):
-        raise QuotaExceeded("max_gpus",
+        raise StaticQuotaExceeded("max_gpus",
                             f"resources.gpu_count x scaling.max_replicas = {shape.widest_gpus} "
                             f"GPUs, above this tenant's limit of {quota.max_gpus} held at once")
     reserved = others.reserved_gpus + shape.reserved_gpus
     if _worse(reserved, others.reserved_gpus + old.reserved_gpus, quota.max_gpus):
-        raise QuotaExceeded("max_gpus",
+        raise StaticQuotaExceeded("max_gpus",
                             f"scaling.min_replicas would keep {reserved} GPUs held with the "
                             f"tenant's other deployments, above its limit of {quota.max_gpus}")
 
 
 def check_upload(quota: Quota, used_bytes: int, adding_bytes: int) -> None:
     if _over(used_bytes + adding_bytes, quota.max_upload_bytes):
-        raise QuotaExceeded("max_upload_bytes",
+        raise StaticQuotaExceeded("max_upload_bytes",
                             f"{adding_bytes} more bytes would take this tenant's uploads past "
                             f"its limit of {quota.max_upload_bytes} bytes "
                             f"({used_bytes} used)")

@@ -41,20 +41,20 @@ class Pending:
 
 
 @dataclass(frozen=True)
-class Waiting:
+class WaitReason:
     """Why a pending replica was not placed."""
     reason: str
     over_quota: bool = False                   # True: its tenant's quota, not the pool, holds it back
 
 
 @dataclass(frozen=True)
-class Admission:
+class SlotGrants:
     placed: tuple[tuple[str, Placed], ...]     # (replica_id, where), in the order granted
-    waiting: Mapping[str, Waiting]             # every pending replica not placed
+    waiting: Mapping[str, WaitReason]             # every pending replica not placed
 
 
 def admit(pending: Sequence[Pending], slots: Sequence[SlotState], held: Mapping[str, int],
-          quotas: Mapping[str, TenantQuota]) -> Admission:
+          quotas: Mapping[str, TenantQuota]) -> SlotGrants:
     """Grant slots, one replica at a time, in the fair order, while any fits."""
     left = sorted(pending, key=lambda p: p.seq)
     free, holding = list(slots), dict(held)
@@ -66,7 +66,7 @@ def admit(pending: Sequence[Pending], slots: Sequence[SlotState], held: Mapping[
         free = reserve(free, where)
         holding[chosen.tenant_id] = holding.get(chosen.tenant_id, 0) + chosen.gpus
     waiting = {p.replica_id: why_waiting(p, free, holding, quotas) for p in left}
-    return Admission(tuple(placed), waiting)
+    return SlotGrants(tuple(placed), waiting)
 
 
 def next_grant(pending: Sequence[Pending], slots: Sequence[SlotState], held: Mapping[str, int],
@@ -92,14 +92,14 @@ def over_quota(candidate: Pending, held: Mapping[str, int], quotas: Mapping[str,
 
 
 def why_waiting(candidate: Pending, slots: Sequence[SlotState], held: Mapping[str, int],
-                quotas: Mapping[str, TenantQuota]) -> Waiting:
+                quotas: Mapping[str, TenantQuota]) -> WaitReason:
     if over_quota(candidate, held, quotas):
         limit = quotas[candidate.tenant_id].max_gpus
-        return Waiting(f"waiting for GPU quota: tenant {candidate.tenant_id} holds "
+        return WaitReason(f"waiting for GPU quota: tenant {candidate.tenant_id} holds "
                        f"{held.get(candidate.tenant_id, 0)} of its {limit} GPU(s) and this replica "
                        f"needs {candidate.gpus}", over_quota=True)
     decision = place(candidate.request, slots, candidate.prefer_nodes)   # NoCapacity: admit() placed all that fit
-    return Waiting(decision.reason if isinstance(decision, NoCapacity) else "waiting for capacity")
+    return WaitReason(decision.reason if isinstance(decision, NoCapacity) else "waiting for capacity")
 
 
 def reserve(slots: Sequence[SlotState], where: Placed) -> list[SlotState]:

@@ -37,7 +37,7 @@ class ScalingConfig:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class ScalingSnapshot:
     now: float
     config: ScalingConfig
     in_flight: tuple[int, ...] = ()          # per ready replica
@@ -66,7 +66,7 @@ class Decision:
     expired: tuple[str, ...] = ()            # sleepers to stop: asleep for sleep_timeout_s
 
 
-def policy(snap: Snapshot, state: PolicyState = PolicyState()) -> tuple[Decision, PolicyState]:
+def policy(snap: ScalingSnapshot, state: PolicyState = PolicyState()) -> tuple[Decision, PolicyState]:
     wanted, why = load_target(snap)
     wanted, why = apply_idle(snap, wanted, why)
     wanted = max(wanted, keep_starting(snap))
@@ -75,7 +75,7 @@ def policy(snap: Snapshot, state: PolicyState = PolicyState()) -> tuple[Decision
     return replace(decision, sleep=sleeps(snap), expired=expired_sleepers(snap)), state
 
 
-def load_target(snap: Snapshot) -> tuple[int, str]:
+def load_target(snap: ScalingSnapshot) -> tuple[int, str]:
     cfg = snap.config
     load = sum(snap.in_flight) + snap.queued_requests
     by_requests = math.ceil(load / max(1, cfg.target_concurrency))
@@ -87,7 +87,7 @@ def load_target(snap: Snapshot) -> tuple[int, str]:
     return by_requests, f"{load} requests in flight or queued"
 
 
-def apply_idle(snap: Snapshot, wanted: int, why: str) -> tuple[int, str]:
+def apply_idle(snap: ScalingSnapshot, wanted: int, why: str) -> tuple[int, str]:
     if wanted > 0:
         return wanted, why
     if is_idle(snap):
@@ -95,7 +95,7 @@ def apply_idle(snap: Snapshot, wanted: int, why: str) -> tuple[int, str]:
     return min(1, snap.current), "no load, not idle yet"
 
 
-def is_idle(snap: Snapshot) -> bool:
+def is_idle(snap: ScalingSnapshot) -> bool:
     if sum(snap.in_flight) or snap.queued_requests:
         return False
     if snap.last_activity_at is None:
@@ -103,7 +103,7 @@ def is_idle(snap: Snapshot) -> bool:
     return snap.now - snap.last_activity_at >= snap.config.idle_timeout_s
 
 
-def keep_starting(snap: Snapshot) -> int:
+def keep_starting(snap: ScalingSnapshot) -> int:
     """A replica that is starting while requests wait for it is never scaled down."""
     return snap.starting if snap.queued_requests else 0
 
@@ -112,7 +112,7 @@ def clamp(cfg: ScalingConfig, wanted: int) -> int:
     return max(cfg.min_replicas, min(cfg.max_replicas, wanted))
 
 
-def apply_delay(snap: Snapshot, state: PolicyState, wanted: int, why: str) -> tuple[Decision, PolicyState]:
+def apply_delay(snap: ScalingSnapshot, state: PolicyState, wanted: int, why: str) -> tuple[Decision, PolicyState]:
     current = snap.current
     if wanted >= current:
         return Decision(wanted, why), replace(state, lower_since=None)
@@ -124,12 +124,12 @@ def apply_delay(snap: Snapshot, state: PolicyState, wanted: int, why: str) -> tu
     return Decision(current, f"scale-down delay ({why})"), replace(state, lower_since=since)
 
 
-def sleeps(snap: Snapshot) -> bool:
+def sleeps(snap: ScalingSnapshot) -> bool:
     """Replicas scaled down now go to sleep: the revision has a sleep tier and is idle."""
     return snap.config.sleep_timeout_s > 0 and is_idle(snap)
 
 
-def expired_sleepers(snap: Snapshot) -> tuple[str, ...]:
+def expired_sleepers(snap: ScalingSnapshot) -> tuple[str, ...]:
     """Sleepers that have slept sleep_timeout_s: stopped for good (all of them once the
     revision has no sleep tier any more)."""
     timeout_s = snap.config.sleep_timeout_s

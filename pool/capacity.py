@@ -18,7 +18,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, Collection, Mapping, Optional, Sequence
 
-from pool.admission import Pending, Waiting, admit
+from pool.admission import Pending, WaitReason, admit
 from pool.api import ColdStartFailed, ModelInfo, ReplicaShape, TenantQuota
 from pool.inventory import Slot
 from pool.placement import Placed, PlacementRequest, SlotState, never_fits, request_for
@@ -30,7 +30,7 @@ class Asking:
     """A replica waiting in `Capacity.place`."""
     pending: Pending
     granted: asyncio.Future[Placed]
-    on_wait: Callable[[Waiting], None]
+    on_wait: Callable[[WaitReason], None]
 
 
 class Capacity:
@@ -85,7 +85,7 @@ class Capacity:
         return never_fits(request, self.states())
 
     async def place(self, replica_id: str, tenant_id: str, request: PlacementRequest,
-                    preferred: Collection[str], on_wait: Callable[[Waiting], None]) -> Placed:
+                    preferred: Collection[str], on_wait: Callable[[WaitReason], None]) -> Placed:
         """Reserve slots for the replica, waiting (in the fair order) until it gets them."""
         granted: asyncio.Future[Placed] = asyncio.get_running_loop().create_future()
         pending = Pending(replica_id, tenant_id, request, next(self._arrivals), frozenset(preferred))

@@ -20,7 +20,7 @@ CPU_PERIOD_US = 100_000
 
 
 @dataclass(frozen=True)
-class Limits:
+class CgroupLimits:
     memory_bytes: Optional[int]     # None: no memory limit (a CUDA replica maps far more than it uses)
     pids: int                       # processes and threads
     cpus: Optional[float]           # None: no CPU quota
@@ -39,7 +39,7 @@ class Cgroups:
             return 1
         return None
 
-    def create(self, name: str, limits: Limits) -> list[Path]:
+    def create(self, name: str, limits: CgroupLimits) -> list[Path]:
         """The groups' `cgroup.procs` files the process writes its PID to; [] where the
         host lets us make none. A CPU group only with a quota to enforce: a group's
         threads share one scheduling weight, which under load would give a sandboxed
@@ -107,7 +107,7 @@ class Cgroups:
             return [self.root / PARENT / name]
         return [self.root / c / PARENT / name for c in V1_CONTROLLERS]
 
-    def _create_v2(self, name: str, limits: Limits) -> Path:
+    def _create_v2(self, name: str, limits: CgroupLimits) -> Path:
         parent = self.root / PARENT
         parent.mkdir(exist_ok=True)
         wanted = {"memory", "pids", *(["cpu"] if limits.cpus is not None else [])} \
@@ -125,7 +125,7 @@ class Cgroups:
             _write(group / "cpu.max", f"{int(limits.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
         return group / "cgroup.procs"
 
-    def _create_v1(self, name: str, limits: Limits) -> list[Path]:
+    def _create_v1(self, name: str, limits: CgroupLimits) -> list[Path]:
         groups = []
         for controller in V1_CONTROLLERS:
             if not (self.root / controller).is_dir() or (controller == "cpu" and limits.cpus is None):

@@ -29,7 +29,7 @@ from typing import Any, Awaitable, FrozenSet, Mapping, Optional, TypeVar
 
 import httpx
 
-from pool.admission import Waiting, never_within_quota
+from pool.admission import WaitReason, never_within_quota
 from pool.adoption import Registration, spec_fingerprint
 from pool.api import ColdStartFailed, ColdStartTimings, ModelInfo, ModelUnavailable, NeverFits, Pins
 from pool.backends.base import Backend, ReplicaHandle
@@ -131,7 +131,7 @@ class ColdStart:
         if reason:
             raise NeverFits(f"can never be placed: {reason}")
 
-        def note(why: Waiting) -> None:          # shown on the status page while it waits
+        def note(why: WaitReason) -> None:          # shown on the status page while it waits
             managed.waiting = why
         placed = await self.capacity.place(managed.replica_id, spec.tenant_id, request, preferred, note)
         managed.placed, managed.waiting = placed, None

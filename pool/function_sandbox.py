@@ -22,7 +22,7 @@ from typing import Mapping, Optional, Sequence
 
 from pool.api import ColdStartFailed
 from pool.backends.runtime_args import PROJECT_ROOT, SECRET_ENV, SECRET_FILE_ENV
-from pool.cgroups import Limits
+from pool.cgroups import CgroupLimits
 from pool.egress import EgressProxy, parse_host
 from pool.inventory import Slot
 from pool.sandbox import (Bind, Platform, Sandbox, SandboxedServer, SandboxProfile, files_under, own_folder,
@@ -141,13 +141,13 @@ class FunctionSandboxes:
         shutil.rmtree(self.replica_dir(replica_id), ignore_errors=True)
         self.remove_egress(server_name(replica_id))
 
-    def _limits(self, memory_mb: int | None) -> Limits:
+    def _limits(self, memory_mb: int | None) -> CgroupLimits:
         return sandbox_limits(self.settings, memory_mb)
 
 
-def sandbox_limits(settings: PoolSettings, memory_mb: Optional[int]) -> Limits:
+def sandbox_limits(settings: PoolSettings, memory_mb: Optional[int]) -> CgroupLimits:
     """A sandboxed server's limits: its memory (None: none), the settings' pids and CPUs."""
-    return Limits(memory_mb * MB if memory_mb else None, settings.sandbox_pids, settings.sandbox_cpus)
+    return CgroupLimits(memory_mb * MB if memory_mb else None, settings.sandbox_pids, settings.sandbox_cpus)
 
 
 def server_name(replica_id: str) -> str:

@@ -16,7 +16,7 @@ import logging
 from pool.api import ModelUnavailable, Pins, RevisionSpec
 from pool.backends.runtime_args import draft_model_uri
 from pool.cold_start import failure_reason
-from pool.weights.prefetch import Prefetched, PrefetchView, Target
+from pool.weights.prefetch import Prefetched, PrefetchView, PrefetchTarget
 from pool.registry import RevisionState
 from pool.weights.sources import SourceStores
 
@@ -34,11 +34,11 @@ class Prefetcher:
         for themselves has no pool cache to fill: nothing is wanted there."""
         spec = rev.spec
         return PrefetchView(spec.revision_id, spec.prefetch and reads_pool_cache and not rev.retired,
-                            Target(weight_uris(spec), rev.scale_ups),
+                            PrefetchTarget(weight_uris(spec), rev.scale_ups),
                             rev.prefetched.target if rev.prefetched is not None else None,
                             spec.revision_id in self._running)
 
-    def start(self, rev: RevisionState, target: Target) -> None:
+    def start(self, rev: RevisionState, target: PrefetchTarget) -> None:
         revision_id = rev.spec.revision_id
         rev.prefetched = Prefetched(target)          # tried: not again for this target
         task = asyncio.ensure_future(self._run(rev, target))
@@ -52,7 +52,7 @@ class Prefetcher:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _run(self, rev: RevisionState, target: Target) -> None:
+    async def _run(self, rev: RevisionState, target: PrefetchTarget) -> None:
         revision_id = rev.spec.revision_id
         try:
             keys, downloaded = await asyncio.wait_for(
@@ -76,7 +76,7 @@ class Prefetcher:
             downloaded += cached.downloaded_bytes
         return keys, downloaded
 
-    def _failed(self, rev: RevisionState, target: Target, reason: str) -> None:
+    def _failed(self, rev: RevisionState, target: PrefetchTarget, reason: str) -> None:
         log.warning("prefetch of %s failed: %s", rev.spec.revision_id, reason)
         rev.prefetched = Prefetched(target, error=reason)
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from pool.activator import RevisionQueue
-from pool.admission import Waiting
+from pool.admission import WaitReason
 from pool.api import ColdStartFailed, ReplicaStatus, RevisionSpec, RevisionStatus, TenantQuota
-from pool.autoscaler import PolicyState, ScalingConfig, Snapshot
+from pool.autoscaler import PolicyState, ScalingConfig, ScalingSnapshot
 from pool.backends.base import ReplicaHandle
 from pool.backoff import Backoff
 from pool.placement import Placed
@@ -54,7 +54,7 @@ class ManagedReplica:
     handle: Optional[ReplicaHandle] = None
     files: tuple[ModelFiles, ...] = ()  # pinned in the weight cache while it lives
     placed: Optional[Placed] = None
-    waiting: Optional[Waiting] = None    # why it is not placed yet
+    waiting: Optional[WaitReason] = None    # why it is not placed yet
     task: Optional[asyncio.Task[None]] = None
     drain_started: Optional[float] = None
     stopping: bool = False              # being stopped on purpose: a dead handle is no crash
@@ -163,7 +163,7 @@ class Registry:
 
 # ----------------------------------------------------------------- pure views
 
-def scaling_snapshot(rev: RevisionState, now: float, settings: PoolSettings) -> Snapshot:
+def scaling_snapshot(rev: RevisionState, now: float, settings: PoolSettings) -> ScalingSnapshot:
     """What the autoscaler sees of a revision at `now`."""
     spec = rev.spec
     config = ScalingConfig(
@@ -173,7 +173,7 @@ def scaling_snapshot(rev: RevisionState, now: float, settings: PoolSettings) -> 
         target_queued_prompt_tokens=settings.target_queued_prompt_tokens,
         sleep_timeout_s=spec.sleep_timeout_s)
     ready = rev.in_state(ReplicaState.READY)
-    return Snapshot(now=now, config=config, in_flight=tuple(r.in_flight for r in ready),
+    return ScalingSnapshot(now=now, config=config, in_flight=tuple(r.in_flight for r in ready),
                     queued_requests=len(rev.queue), queued_prompt_tokens=rev.queue.prompt_tokens,
                     last_activity_at=rev.last_activity, ready=len(ready),
                     starting=len(rev.in_state(*STARTING, ReplicaState.WAKING)),
@@ -239,6 +239,6 @@ def holding_slots(revisions: Iterable[RevisionState]) -> list[ManagedReplica]:
             if r.state in LIVE and r.replica.slot_ids]
 
 
-def waits(rev: RevisionState) -> list[Waiting]:
+def waits(rev: RevisionState) -> list[WaitReason]:
     """Why each replica of the revision that has no slots yet waits for them."""
     return [r.waiting for r in rev.replicas.values() if r.state is ReplicaState.PENDING and r.waiting]

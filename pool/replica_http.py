@@ -18,7 +18,7 @@ from wire.replica_address import UNIX_SCHEME, address_of
 MAX_ANSWER_BYTES = 1 << 20
 
 
-class AnswerTooLarge(httpx.RemoteProtocolError):
+class ReplicaBodyTooLarge(httpx.RemoteProtocolError):
     pass
 
 
@@ -31,7 +31,7 @@ class _Capped(httpx.AsyncByteStream):
         async for chunk in self._stream:
             seen += len(chunk)
             if seen > self._limit:
-                raise AnswerTooLarge(f"a replica's answer past {self._limit} bytes")
+                raise ReplicaBodyTooLarge(f"a replica's answer past {self._limit} bytes")
             yield chunk
 
     async def aclose(self) -> None:

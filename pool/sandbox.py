@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence
 
-from pool.cgroups import Cgroups, Limits
+from pool.cgroups import Cgroups, CgroupLimits
 from pool.egress import EgressProxy
 from pool.seccomp import SeccompUnavailable, write_filter
 
@@ -62,7 +62,7 @@ class SandboxProfile:
     """What one sandboxed process sees and may use."""
     uid: int
     binds: tuple[Bind, ...]
-    limits: Limits
+    limits: CgroupLimits
     tmp_bytes: int
     network: bool = False
     devices: tuple[Path, ...] = ()          # GPU device files it may open
@@ -187,7 +187,7 @@ class Sandbox:
             write_filter(self.seccomp_path)
         except (SeccompUnavailable, OSError) as exc:
             return f"no seccomp filter: {exc}"
-        profile = SandboxProfile(self.uid_base, (), Limits(None, 64, None), 1 << 20)
+        profile = SandboxProfile(self.uid_base, (), CgroupLimits(None, 64, None), 1 << 20)
         name = f"check-{os.getpid()}"         # several processes of a node check at once (Ray actors)
         trial = subprocess.run(self.command(name, profile, ["/bin/true"]), capture_output=True,
                                timeout=30, stdin=subprocess.DEVNULL)

@@ -14,7 +14,7 @@ from wire.gguf import GGUFError, GGUFHeader, TensorInfo
 
 
 @dataclass(frozen=True)
-class Architecture:
+class GgufArchitecture:
     hf_class: str                    # config.json "architectures"
     model_type: str
     permute_qk: bool                 # llama.cpp reorders q/k rows for its rotary layout
@@ -23,9 +23,9 @@ class Architecture:
 
 
 ARCHITECTURES = {
-    "llama": Architecture("LlamaForCausalLM", "llama", permute_qk=True),
-    "qwen2": Architecture("Qwen2ForCausalLM", "qwen2", permute_qk=False, attention_bias=True),
-    "qwen3": Architecture("Qwen3ForCausalLM", "qwen3", permute_qk=False, qk_norm=True),
+    "llama": GgufArchitecture("LlamaForCausalLM", "llama", permute_qk=True),
+    "qwen2": GgufArchitecture("Qwen2ForCausalLM", "qwen2", permute_qk=False, attention_bias=True),
+    "qwen3": GgufArchitecture("Qwen3ForCausalLM", "qwen3", permute_qk=False, qk_norm=True),
 }
 
 # GGUF tensor name (blk.N. prefix removed) -> Hugging Face name (model.layers.N. prefix removed)
@@ -89,7 +89,7 @@ def hf_tensor_name(name: str) -> Optional[str]:
     return None
 
 
-def architecture(meta: dict[str, Any]) -> Architecture:
+def architecture(meta: dict[str, Any]) -> GgufArchitecture:
     name = meta.get("general.architecture")
     if name not in ARCHITECTURES:
         raise GGUFError(f"general.architecture: {name!r} is not supported "
@@ -186,7 +186,7 @@ def check_tokenizer(meta: dict[str, Any]) -> None:
 
 
 def check_tensors(header: GGUFHeader, config: dict[str, Any],
-                  spec: Architecture) -> list[tuple[str, TensorInfo]]:
+                  spec: GgufArchitecture) -> list[tuple[str, TensorInfo]]:
     """Every tensor the model needs, present once and of its shape; no tensor it does not know."""
     expected = expected_shapes(config, spec)
     found: dict[str, TensorInfo] = {}
@@ -208,7 +208,7 @@ def check_tensors(header: GGUFHeader, config: dict[str, Any],
     return [(name, info) for name, info in found.items()]
 
 
-def expected_shapes(config: dict[str, Any], spec: Architecture) -> dict[str, tuple[int, ...]]:
+def expected_shapes(config: dict[str, Any], spec: GgufArchitecture) -> dict[str, tuple[int, ...]]:
     h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     q, kv = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,),

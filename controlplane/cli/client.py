@@ -16,7 +16,7 @@ import httpx
 JSON = dict[str, Any]
 
 
-class Refused(Exception):
+class ApiRefused(Exception):
     """The server answered an error: its status, error body and X-Request-Id."""
 
     def __init__(self, status: int, message: str, *, code: Optional[str] = None,
@@ -26,7 +26,7 @@ class Refused(Exception):
         self.kind, self.request_id = kind, request_id
 
     @classmethod
-    def of(cls, response: httpx.Response) -> "Refused":
+    def of(cls, response: httpx.Response) -> "ApiRefused":
         try:
             error = response.json().get("error") or {}
         except ValueError:
@@ -87,7 +87,7 @@ class Client:
         except httpx.HTTPError as exc:
             raise Unreachable(f"{self.url}: {type(exc).__name__}: {exc}") from None
         if response.status_code >= 400:
-            raise Refused.of(response)
+            raise ApiRefused.of(response)
         return response
 
     # ------------------------------------------------------------- deployments
@@ -188,7 +188,7 @@ class Client:
                 result.request_id = response.headers.get("x-request-id")
                 if response.status_code >= 400:
                     response.read()
-                    raise Refused.of(response)
+                    raise ApiRefused.of(response)
                 yield from _deltas(response.iter_lines(), result, chat)
         except httpx.HTTPError as exc:
             raise Unreachable(f"{self.url}: the stream broke off ({type(exc).__name__})") from None
@@ -204,7 +204,7 @@ def _deltas(lines: Iterator[str], result: StreamResult, chat: bool) -> Iterator[
         event = json.loads(data)
         if "error" in event:
             error = event["error"]
-            raise Refused(502, str(error.get("message", error)), code=error.get("code"),
+            raise ApiRefused(502, str(error.get("message", error)), code=error.get("code"),
                           kind=error.get("type"), request_id=result.request_id)
         if event.get("usage"):
             result.usage = event["usage"]

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any, Optional
 
-from controlplane.cli.client import JSON, Client, Refused
+from controlplane.cli.client import JSON, Client, ApiRefused
 from controlplane.cli.models import find_upload
 from controlplane.cli.output import add_command, Context, Subcommands, UsageError, command, parse_pairs
 
@@ -49,7 +49,7 @@ def cmd_deploy(ctx: Context) -> int:
         try:
             deployment = client.create_deployment({"name": args.name, **body})
             verb = "deployed"
-        except Refused as exc:
+        except ApiRefused as exc:
             if exc.status != 409 or not body:
                 raise
             deployment = client.patch_deployment(args.name, {**body, "promote": not args.no_promote})
@@ -119,7 +119,7 @@ def _state_word(client: Client, name: str) -> Optional[str]:
     """The state of the revisions taking traffic, in a word or a few."""
     try:
         deployment = client.deployment(name)
-    except Refused:
+    except ApiRefused:
         return None                    # deleted meanwhile
     status = deployment.get("status") or {}
     words = sorted({status[r]["state"] for r in deployment["traffic"] if r in status})

@@ -7,7 +7,7 @@ import getpass
 import os
 import sys
 
-from controlplane.cli.client import Client, Refused
+from controlplane.cli.client import Client, ApiRefused
 from controlplane.cli.output import Context, Subcommands, UsageError, command
 from controlplane.cli.profiles import DEFAULT_URL, ProfileStore
 
@@ -29,7 +29,7 @@ def cmd_login(ctx: Context) -> int:
     with Client(url, key) as client:
         try:
             client.deployments()
-        except Refused as exc:
+        except ApiRefused as exc:
             if exc.status != 403:          # 403: a valid key without the deploy scope
                 raise
     name = args.profile or "default"

@@ -347,10 +347,10 @@ def cmd_admin(args) -> int:
         response = _admin_request(client, args)
     body = response.json() if response.content else {}
     if response.status_code >= 400:
-        from controlplane.cli.client import Refused      # the client commands' one error line
+        from controlplane.cli.client import ApiRefused      # the client commands' one error line
         from controlplane.cli.output import Output, fail
 
-        refused = Refused.of(response)
+        refused = ApiRefused.of(response)
         return fail(Output(json_mode=False), 1, refused.message, status=refused.status,
                     code=refused.code, request_id=refused.request_id)
     if args.action == "create-key":

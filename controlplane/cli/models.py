@@ -5,7 +5,7 @@ import argparse
 import os
 from pathlib import Path
 
-from controlplane.cli.client import JSON, Client, Refused
+from controlplane.cli.client import JSON, Client, ApiRefused
 from controlplane.cli.output import add_command, Context, Subcommands, UsageError, command
 from controlplane.cli.profiles import cache_dir
 from controlplane.cli.progress import upload_progress
@@ -112,5 +112,5 @@ def find_upload(client: Client, name: str) -> JSON:
     for upload in client.uploads():
         if upload["name"] == name:
             return upload
-    raise Refused(404, f"no uploaded model named {name!r} (thawpool models ls)",
+    raise ApiRefused(404, f"no uploaded model named {name!r} (thawpool models ls)",
                   code="upload_not_found")

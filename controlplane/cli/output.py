@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, TypeAlias
 from rich.console import Console
 from rich.table import Table
 
-from controlplane.cli.client import Client, Refused, Unreachable
+from controlplane.cli.client import Client, ApiRefused, Unreachable
 from controlplane.cli.profiles import Profile, ProfileError, resolve
 
 OK, REFUSED, USAGE = 0, 1, 2
@@ -101,7 +101,7 @@ def command(fn: Command, *, stored: bool = True) -> Callable[[argparse.Namespace
             profile = (resolve(os.environ, profile=args.profile, url=args.url, key=args.key)
                        if stored else Profile(url=args.url or "", key=args.key))
             return fn(Context(args, out, profile))
-        except Refused as exc:
+        except ApiRefused as exc:
             return fail(out, REFUSED, exc.message, status=exc.status, code=exc.code,
                         request_id=exc.request_id)
         except Unreachable as exc:

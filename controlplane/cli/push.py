@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 import httpx
 
-from controlplane.cli.client import JSON, Client, Refused, Unreachable
+from controlplane.cli.client import JSON, Client, ApiRefused, Unreachable
 from controlplane.cli.profiles import write_private
 
 PART_ATTEMPTS = 3
@@ -151,11 +151,11 @@ class PartSender:
                                   "run the same command again to resume") from None
             return None
         if response.status_code == 403:
-            raise Refused(403, "the upload's part URLs expired; push again with --restart",
+            raise ApiRefused(403, "the upload's part URLs expired; push again with --restart",
                           code="upload_urls_expired")
         if response.status_code >= 400:
             if last:
-                raise Refused(response.status_code, f"S3 refused {part.file.path} part "
+                raise ApiRefused(response.status_code, f"S3 refused {part.file.path} part "
                               f"{part.number}: {response.text[:200]}")
             return None
         return str(response.headers.get("etag", "")).strip('"')
@@ -172,7 +172,7 @@ def pending_upload(client: Client, state: PushState) -> Optional[JSON]:
     """The server's view of the saved upload, when it can still be resumed."""
     try:
         upload = client.upload(state.data["upload_id"])
-    except Refused as exc:
+    except ApiRefused as exc:
         if exc.status == 404:
             return None
         raise

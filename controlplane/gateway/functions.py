@@ -27,9 +27,9 @@ from datetime import datetime, timezone
 from typing import Any, Optional
 
 from controlplane.errors import ApiError
-from controlplane.gateway.llm import Gateway, Target
+from controlplane.gateway.llm import Gateway, RouteTarget
 from controlplane.billing.pricing import invocation_cost
-from controlplane.gateway.ratelimit import Admission
+from controlplane.gateway.ratelimit import RateReservation
 from controlplane.store.deployments import kind_of
 from controlplane.store.tenants import Principal
 from controlplane.gateway.upstream import AnswerTooLarge, UpstreamError, UpstreamResponse
@@ -41,19 +41,19 @@ ENDPOINT = "functions/invoke"
 
 
 @dataclass(frozen=True)
-class Answer:
+class FunctionAnswer:
     status: int
     body: dict[str, Any]
     headers: dict[str, str]
 
 
 @dataclass
-class FunctionCall:
+class FunctionReplicaCall:
     principal: Principal
-    target: Target
+    target: RouteTarget
     request_id: str
     lease: Lease
-    admission: Admission
+    admission: RateReservation
     t0: float
     items: int = 0
     gpu_seconds: Optional[float] = None
@@ -63,7 +63,7 @@ class FunctionGateway:
     def __init__(self, gateway: Gateway):
         self.gateway = gateway
 
-    async def resolve(self, principal: Principal, name: str, request_id: str) -> Target:
+    async def resolve(self, principal: Principal, name: str, request_id: str) -> RouteTarget:
         target = await self.gateway.target(principal, name, request_id)
         if kind_of(target.revision) != "function":
             raise ApiError(400, f"{name} is a model, not a function: POST /v1/chat/completions",
@@ -73,14 +73,14 @@ class FunctionGateway:
     def validate(self, body: Any) -> FunctionRequest:
         return parse_function_request(body)          # ProtocolError: 400 naming the field
 
-    def admit(self, principal: Principal, target: Target) -> Admission:
+    def admit(self, principal: Principal, target: RouteTarget) -> RateReservation:
         return self.gateway.admit_tokens(principal, target, 0)   # requests per minute only
 
-    async def call(self, principal: Principal, target: Target, request: FunctionRequest,
-                   request_id: str, admission: Admission) -> Answer:
+    async def call(self, principal: Principal, target: RouteTarget, request: FunctionRequest,
+                   request_id: str, admission: RateReservation) -> FunctionAnswer:
         """Acquire a replica (a cold start when there is none), call it, meter the call."""
         lease, t0 = await self.gateway.lease(target, request_id, admission, None, 0)
-        call = FunctionCall(principal, target, request_id, lease, admission, t0)
+        call = FunctionReplicaCall(principal, target, request_id, lease, admission, t0)
         try:
             sent = time.perf_counter()
             upstream = await self.gateway.http.post(
@@ -97,8 +97,8 @@ class FunctionGateway:
             return self._failed(call, "the function's replica answered with something not JSON")
         return self._answer(call, upstream, payload, len(request.items), wall_s)
 
-    def _answer(self, call: FunctionCall, upstream: UpstreamResponse, payload: Any,
-                items: int, wall_s: float) -> Answer:
+    def _answer(self, call: FunctionReplicaCall, upstream: UpstreamResponse, payload: Any,
+                items: int, wall_s: float) -> FunctionAnswer:
         """An answered call is billed for the items the gateway counted in its request and
         the compute seconds the replica reports, bounded by the call's wall time."""
         if upstream.status_code == 200 and isinstance(payload, dict):
@@ -110,27 +110,27 @@ class FunctionGateway:
                 return self._refused(call, "the function's answer holds NaN or Infinity, which "
                                            "JSON cannot carry", "upstream_error")
             self.meter(call, "ok", 200)
-            return Answer(200, payload, self._headers(call))
+            return FunctionAnswer(200, payload, self._headers(call))
         status = upstream.status_code if upstream.status_code in (400, 413, 500) else 502
         self.meter(call, "error", status)
         body = payload if isinstance(payload, dict) and "error" in payload and _json_safe(payload) else {
             "error": {"message": "the function's replica refused the call", "type": "upstream_error",
                       "param": None, "code": "upstream_error"}}
-        return Answer(status, body, self._headers(call))
+        return FunctionAnswer(status, body, self._headers(call))
 
-    def _failed(self, call: FunctionCall, message: str) -> Answer:
+    def _failed(self, call: FunctionReplicaCall, message: str) -> FunctionAnswer:
         call.lease.mark_failed()
         self.meter(call, "error", 502)
         refusal = ApiError(502, message, code="replica_failed", retry_after_s=1)
-        return Answer(502, refusal.body(), {**refusal.headers(), **self._headers(call)})
+        return FunctionAnswer(502, refusal.body(), {**refusal.headers(), **self._headers(call)})
 
-    def _refused(self, call: FunctionCall, message: str, code: str) -> Answer:
+    def _refused(self, call: FunctionReplicaCall, message: str, code: str) -> FunctionAnswer:
         """The replica answered, but not with something the gateway passes on."""
         self.meter(call, "error", 502)
         refusal = ApiError(502, message, code=code)
-        return Answer(502, refusal.body(), {**refusal.headers(), **self._headers(call)})
+        return FunctionAnswer(502, refusal.body(), {**refusal.headers(), **self._headers(call)})
 
-    def meter(self, call: FunctionCall, status: str, http_status: int) -> None:
+    def meter(self, call: FunctionReplicaCall, status: str, http_status: int) -> None:
         """One usage row, then the replica goes back to the pool."""
         gateway = self.gateway
         gateway.limiter.settle(call.admission, 0, gateway.clock())
@@ -141,7 +141,7 @@ class FunctionGateway:
         finally:
             call.lease.release()
 
-    def _record(self, call: FunctionCall, status: str, http_status: int) -> UsageRecord:
+    def _record(self, call: FunctionReplicaCall, status: str, http_status: int) -> UsageRecord:
         deployment, revision, cold = call.target.deployment, call.target.revision, call.lease.cold_start
         return UsageRecord(
             invocation_id=str(uuid.uuid4()), request_id=call.request_id,
@@ -156,7 +156,7 @@ class FunctionGateway:
             replica_id=call.lease.replica_id, started_at=call.target.at,
             finished_at=datetime.now(timezone.utc), items=call.items, gpu_seconds=call.gpu_seconds)
 
-    def _headers(self, call: FunctionCall) -> dict[str, str]:
+    def _headers(self, call: FunctionReplicaCall) -> dict[str, str]:
         return {"x-thawpool-revision": call.target.revision.name,
                 "x-thawpool-replica": call.lease.replica_id}
 

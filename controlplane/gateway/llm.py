@@ -30,7 +30,7 @@ from controlplane.metrics import Metrics
 from controlplane.store.tables import Deployment, Revision
 from controlplane.billing.pricing import Pricing, invocation_cost
 from controlplane.quotas import Quota
-from controlplane.gateway.ratelimit import Admission, Limited, Limits, RateLimiter
+from controlplane.gateway.ratelimit import RateReservation, Limited, RateLimits, RateLimiter
 from controlplane.settings import Settings
 from controlplane.store import deployments
 from controlplane.store.tenants import Principal
@@ -57,7 +57,7 @@ WATCH_AFTER_S = 0.05
 
 
 @dataclass(frozen=True)
-class Target:
+class RouteTarget:
     """Where a request goes: the caller's deployment and the revision the split chose,
     the price in effect when it arrived (`at`, the usage row's start) and its tenant's
     quota (for the pool)."""
@@ -95,16 +95,16 @@ CLIENT_GONE = Outcome("partial", 499)
 
 
 @dataclass
-class Call:
+class ReplicaCall:
     """One invocation holding a replica: where it went and what it has used so far."""
     principal: Principal
-    target: Target
+    target: RouteTarget
     request_id: str
     endpoint: str
     lease: Lease
     started_at: datetime
     t0: float
-    admission: Admission
+    admission: RateReservation
     usage: UsageSeen = field(default_factory=UsageSeen)
     ttft_s: Optional[float] = None
     saw_done: bool = False          # the replica's stream ended with [DONE]
@@ -132,7 +132,7 @@ class Gateway:
         self._specs: weakref.WeakKeyDictionary[Revision, tuple[Deployment, Quota, RevisionSpec]] = \
             weakref.WeakKeyDictionary()
 
-    async def resolve(self, principal: Principal, body: Any, request_id: str) -> Target:
+    async def resolve(self, principal: Principal, body: Any, request_id: str) -> RouteTarget:
         """The caller's deployment named by `model`; the revision sticks by request id. All
         from memory (controlplane.lookups.service): no database round trip."""
         if not isinstance(body, dict):
@@ -146,17 +146,17 @@ class Gateway:
                            param="model", code="wrong_kind")
         return target
 
-    async def target(self, principal: Principal, name: str, request_id: str) -> Target:
+    async def target(self, principal: Principal, name: str, request_id: str) -> RouteTarget:
         """The caller's deployment by name (404 for any other tenant's) and the revision the
         split chooses for this request id."""
         at = datetime.now(timezone.utc)
         deployment, revisions = await self.lookups.deployment(principal.tenant_id, name)
         by_name = {r.name: r for r in revisions}
-        return Target(deployment, by_name[choose(deployment.traffic, request_id)], at,
+        return RouteTarget(deployment, by_name[choose(deployment.traffic, request_id)], at,
                       self.lookups.pricing(principal.tenant_id, deployment.id, at),
                       self.lookups.quota(principal.tenant_id))
 
-    def validate(self, endpoint: str, body: Any, target: Target) -> Invocation:
+    def validate(self, endpoint: str, body: Any, target: RouteTarget) -> Invocation:
         """wire.requests' rules, then what needs the model: token ids inside its vocabulary
         (when the revision recorded it); ProtocolError (400) naming the field."""
         request = parse_request(endpoint, body)
@@ -173,17 +173,17 @@ class Gateway:
         return Invocation(request, text, prompt_tokens, max_tokens * choices,
                           min(MAX_TOKENS, context * prompts), min(MAX_TOKENS, context * choices))
 
-    def admit(self, principal: Principal, target: Target, invocation: Invocation) -> Admission:
+    def admit(self, principal: Principal, target: RouteTarget, invocation: Invocation) -> RateReservation:
         """The key's and its tenant's request and token buckets (429 with Retry-After); the
         tokens reserved are the estimate, corrected by the real usage in `meter`."""
         return self.admit_tokens(principal, target, invocation.prompt_tokens + invocation.max_tokens)
 
-    def admit_tokens(self, principal: Principal, target: Target, tokens: int) -> Admission:
+    def admit_tokens(self, principal: Principal, target: RouteTarget, tokens: int) -> RateReservation:
         settings, quota = self.settings, target.quota
-        key = Limits(principal.requests_per_min or settings.default_requests_per_min,
+        key = RateLimits(principal.requests_per_min or settings.default_requests_per_min,
                      principal.tokens_per_min or settings.default_tokens_per_min)
         scopes = {f"key:{principal.key_id}": ("key", key),
-                  f"tenant:{principal.tenant_id}": ("tenant", Limits(quota.requests_per_min,
+                  f"tenant:{principal.tenant_id}": ("tenant", RateLimits(quota.requests_per_min,
                                                                      quota.tokens_per_min))}
         admitted = self.limiter.admit(scopes, tokens=tokens, now=self.clock())
         if isinstance(admitted, Limited):
@@ -192,17 +192,17 @@ class Gateway:
                            retry_after_s=admitted.retry_after_s)
         return admitted
 
-    async def acquire(self, principal: Principal, target: Target, invocation: Invocation,
-                      request_id: str, endpoint: str, admission: Admission,
-                      log_fields: dict[str, Any]) -> Call:
+    async def acquire(self, principal: Principal, target: RouteTarget, invocation: Invocation,
+                      request_id: str, endpoint: str, admission: RateReservation,
+                      log_fields: dict[str, Any]) -> ReplicaCall:
         """A lease on a ready replica (a cold start when there is none); the pool's
         refusals (PoolError) become 429/503 with Retry-After, and give the reservation back."""
         lease, t0 = await self.lease(target, request_id, admission, prefix_key(invocation.prompt_text),
                                      invocation.prompt_tokens)
-        return Call(principal, target, request_id, endpoint, lease, target.at, t0, admission,
+        return ReplicaCall(principal, target, request_id, endpoint, lease, target.at, t0, admission,
                     usage=invocation.usage(), log_fields=log_fields)
 
-    async def lease(self, target: Target, request_id: str, admission: Admission,
+    async def lease(self, target: RouteTarget, request_id: str, admission: RateReservation,
                     prefix: Optional[str], prompt_tokens: int) -> tuple[Lease, float]:
         """The pool's lease (and when the wait for it began); a refusal gives the rate
         limiter's reservation back."""
@@ -216,7 +216,7 @@ class Gateway:
             raise
         return lease, t0
 
-    def _spec(self, target: Target) -> RevisionSpec:
+    def _spec(self, target: RouteTarget) -> RevisionSpec:
         held = self._specs.get(target.revision)
         if held is not None and held[0] is target.deployment and held[1] is target.quota:
             return held[2]
@@ -224,7 +224,7 @@ class Gateway:
         self._specs[target.revision] = (target.deployment, target.quota, spec)
         return spec
 
-    async def send(self, call: Call, body: dict[str, Any]) -> UpstreamResponse:
+    async def send(self, call: ReplicaCall, body: dict[str, Any]) -> UpstreamResponse:
         """The request to the replica, its response still streaming; 502 if unreachable.
 
         The call is journaled until metered, so that a control plane killed meanwhile
@@ -244,7 +244,7 @@ class Gateway:
             raise ApiError(502, f"replica unreachable: {exc.kind}",
                            code="replica_unreachable", retry_after_s=1) from None
 
-    async def relay_unary(self, call: Call, upstream: UpstreamResponse,
+    async def relay_unary(self, call: ReplicaCall, upstream: UpstreamResponse,
                           receive: Receive) -> tuple[Response, Outcome]:
         """The replica's whole answer for the client; 499 (billed as partial) if the client
         left first; 502 (an `error` row, nothing delivered) if the replica failed: a 5xx,
@@ -285,12 +285,12 @@ class Gateway:
             return self._upstream_failed(call, "the replica's answer holds numbers JSON cannot carry")
         return response, Outcome("ok" if ok else "error", upstream.status_code)
 
-    def _upstream_failed(self, call: Call, message: str) -> tuple[Response, Outcome]:
+    def _upstream_failed(self, call: ReplicaCall, message: str) -> tuple[Response, Outcome]:
         """The replica failed: the pool checks it before it takes another request."""
         call.lease.mark_failed()
         return self._refused(call, message, "upstream_error")
 
-    def _refused(self, call: Call, message: str, code: str) -> tuple[Response, Outcome]:
+    def _refused(self, call: ReplicaCall, message: str, code: str) -> tuple[Response, Outcome]:
         """A 502 in the error shape; the client got nothing, so the row bills nothing."""
         call.usage = UsageSeen()
         refusal = ApiError(502, message, code=code)
@@ -298,7 +298,7 @@ class Gateway:
         response.headers.update(self._headers(call))
         return response, Outcome("error", 502)
 
-    def relay_stream(self, call: Call, upstream: UpstreamResponse,
+    def relay_stream(self, call: ReplicaCall, upstream: UpstreamResponse,
                      options: StreamOptions) -> EventStreamResponse:
         """The replica's chunks as the client asked for them; metered when the stream
         closes: done, the client gone (partial, 499) or cut upstream (502)."""
@@ -319,7 +319,7 @@ class Gateway:
         headers = [(k.encode(), v.encode()) for k, v in self._headers(call).items()]
         return EventStreamResponse(self._events(call, upstream, options), on_close, headers)
 
-    async def _events(self, call: Call, upstream: UpstreamResponse,
+    async def _events(self, call: ReplicaCall, upstream: UpstreamResponse,
                       options: StreamOptions) -> AsyncGenerator[bytes, None]:
         try:
             async for line in upstream.aiter_lines():
@@ -355,7 +355,7 @@ class Gateway:
             log.warning("replica stream cut", extra={"error": repr(exc)})
             yield sse(error_body("the replica stream ended early", 502))
 
-    async def meter(self, call: Call, outcome: Outcome) -> None:
+    async def meter(self, call: ReplicaCall, outcome: Outcome) -> None:
         """Record the call once and give the replica back."""
         if call.metered:
             return
@@ -371,24 +371,24 @@ class Gateway:
         finally:
             self.release(call)
 
-    def release(self, call: Call) -> None:
+    def release(self, call: ReplicaCall) -> None:
         """Give the replica back, once (before its answer is sent, for a unary call: a
         client that reads slowly does not hold the replica)."""
         if not call.released:
             call.released = True
             call.lease.release()
 
-    def _delivered(self, call: Call) -> None:
+    def _delivered(self, call: ReplicaCall) -> None:
         usage = call.usage
         self.writer.calls.progress(call.invocation_id, Delivered(
             usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, call.ttft_s, time.time(),
             done=call.saw_done))
 
-    def _headers(self, call: Call) -> dict[str, str]:
+    def _headers(self, call: ReplicaCall) -> dict[str, str]:
         return {"x-thawpool-revision": call.target.revision.name,
                 "x-thawpool-replica": call.lease.replica_id}
 
-    def _record(self, call: Call, outcome: Outcome) -> UsageRecord:
+    def _record(self, call: ReplicaCall, outcome: Outcome) -> UsageRecord:
         usage, deployment, revision = call.usage, call.target.deployment, call.target.revision
         cold = call.lease.cold_start
         return UsageRecord(
@@ -406,7 +406,7 @@ class Gateway:
             replica_id=call.lease.replica_id, started_at=call.started_at,
             finished_at=datetime.now(timezone.utc))
 
-    def _observe(self, call: Call, status: str) -> None:
+    def _observe(self, call: ReplicaCall, status: str) -> None:
         """Per-deployment metrics, labelled with tenant names: the internal listener only;
         the call's fields for its request's access log line."""
         tenant, name = call.principal.tenant_name, call.target.deployment.name

@@ -53,7 +53,7 @@ class TokenBucket:
 
 
 @dataclass(frozen=True)
-class Limits:
+class RateLimits:
     """One scope's limits (None: not limited)."""
     requests_per_min: Optional[int] = None
     tokens_per_min: Optional[int] = None
@@ -67,12 +67,12 @@ class Limited:
 
 
 @dataclass(frozen=True)
-class Admission:
+class RateReservation:
     """What `admit` reserved: (scope id, tokens taken) per token bucket."""
     reserved: tuple[tuple[str, float], ...] = ()
 
 
-Scopes = Mapping[str, tuple[str, Limits]]      # scope id -> (scope kind, its limits)
+Scopes = Mapping[str, tuple[str, RateLimits]]      # scope id -> (scope kind, its limits)
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class RateLimiter:
     def __init__(self) -> None:
         self._buckets: dict[tuple[str, str], TokenBucket] = {}
 
-    def admit(self, scopes: Scopes, *, tokens: int, now: float) -> Union[Admission, Limited]:
+    def admit(self, scopes: Scopes, *, tokens: int, now: float) -> Union[RateReservation, Limited]:
         """Reserve one request and `tokens` in every scope's buckets, or in none."""
         charges = list(self._charges(scopes, tokens, now))
         for charge in charges:
@@ -103,9 +103,9 @@ class RateLimiter:
             taken = charge.bucket.take(charge.amount, now)
             if charge.limit == "tokens_per_min":
                 reserved.append((charge.scope_id, taken))
-        return Admission(tuple(reserved))
+        return RateReservation(tuple(reserved))
 
-    def settle(self, admission: Admission, used_tokens: int, now: float) -> None:
+    def settle(self, admission: RateReservation, used_tokens: int, now: float) -> None:
         """The request finished having used `used_tokens`: correct each token bucket."""
         for scope_id, taken in admission.reserved:
             bucket = self._buckets.get((scope_id, "tokens_per_min"))

@@ -20,7 +20,7 @@ from controlplane.store.tables import Price
 from controlplane.billing.pricing import PriceRow, Pricing, price_at
 from controlplane.quotas import Quota
 from controlplane.store.prices import applicable
-from controlplane.store.snapshot import Deployed, KeyEntry, Overrides, Snapshot
+from controlplane.store.snapshot import Deployed, KeyEntry, Overrides, CacheSnapshot
 
 MAX_UNKNOWN_KEYS = 10_000
 
@@ -72,7 +72,7 @@ class Cache:
 
     # ---------------------------------------------------------- changes
 
-    def replace(self, snapshot: Snapshot) -> None:
+    def replace(self, snapshot: CacheSnapshot) -> None:
         """Everything at once (synchronous: no request sees half of it)."""
         self.keys, self._key_hashes = {}, {}
         self.deployments, self._deployment_names = {}, {}

@@ -12,10 +12,10 @@ from controlplane.routes.context import app_state, read_json, request_id, requir
 from wire.request_id import Receive, Scope, Send, access_fields
 from wire.sse import EventStreamResponse
 
-Answer = Union[Response, EventStreamResponse, "MeteredResponse"]
+GatewayResponse = Union[Response, EventStreamResponse, "MeteredResponse"]
 
 
-async def invoke(request: Request, endpoint: str) -> Answer:
+async def invoke(request: Request, endpoint: str) -> GatewayResponse:
     """One invocation, in order: auth → resolve → validate → acquire → relay → meter.
 
     Everything that can refuse the request (auth, an unknown deployment, a bad field,
@@ -57,15 +57,15 @@ class MeteredResponse:
             await self.meter()
 
 
-async def completions(request: Request) -> Answer:
+async def completions(request: Request) -> GatewayResponse:
     return await invoke(request, "completions")
 
 
-async def chat_completions(request: Request) -> Answer:
+async def chat_completions(request: Request) -> GatewayResponse:
     return await invoke(request, "chat/completions")
 
 
-async def embeddings(request: Request) -> Answer:
+async def embeddings(request: Request) -> GatewayResponse:
     return await invoke(request, "embeddings")
 
 

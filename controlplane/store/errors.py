@@ -45,7 +45,7 @@ class InvalidField(DomainError):
         self.message = message
 
 
-class QuotaExceeded(DomainError):
+class StaticQuotaExceeded(DomainError):
     """A request beyond one of the tenant's static limits, named: `max_deployments: ...`."""
 
     def __init__(self, limit: str, message: str):

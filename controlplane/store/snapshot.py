@@ -35,15 +35,15 @@ class KeyEntry:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class CacheSnapshot:
     keys: list[KeyEntry]
     deployments: list[Deployed]
     quotas: dict[str, Overrides]          # tenant id -> the admin's overrides
     prices: list[Price]
 
 
-async def load_all(session: AsyncSession) -> Snapshot:
-    return Snapshot(await _keys(session), await _deployments(session),
+async def load_all(session: AsyncSession) -> CacheSnapshot:
+    return CacheSnapshot(await _keys(session), await _deployments(session),
                     await load_quotas(session), await load_prices(session))
 
 

@@ -21,7 +21,7 @@ from typing import Iterable, Optional
 
 
 @dataclass(frozen=True)
-class Target:
+class PrefetchTarget:
     """What a prefetch of a revision pulls, and the scale-up it was for."""
     uris: tuple[str, ...]           # the model's URI, then a draft model's
     scale_ups: int                  # the revision's count of scale-up decisions
@@ -32,8 +32,8 @@ class PrefetchView:
     """What the decision sees of one revision."""
     revision_id: str
     wanted: bool                    # deployed with prefetch, on a backend that reads the pool's cache
-    target: Target                  # what a prefetch would pull now
-    last: Optional[Target] = None   # what its latest prefetch pulled, or tried to; None: never
+    target: PrefetchTarget                  # what a prefetch would pull now
+    last: Optional[PrefetchTarget] = None   # what its latest prefetch pulled, or tried to; None: never
     running: bool = False           # a prefetch of it is under way
 
 
@@ -51,6 +51,6 @@ def to_prefetch(views: Iterable[PrefetchView]) -> list[str]:
 class Prefetched:
     """A revision's latest prefetch: what it pulled or tried to, the cache entries it
     filled, and why it failed (None: it did not, or has not finished)."""
-    target: Target
+    target: PrefetchTarget
     keys: tuple[str, ...] = ()
     error: Optional[str] = None

@@ -12,24 +12,24 @@ from typing import Optional
 
 
 @dataclass(frozen=True)
-class Architecture:
+class ServedArchitecture:
     model: str                       # "module:Class" under runtime.models
     tensor_parallel: bool = True     # runtime/tensor_parallel/shards.py knows how to split its weights
     int8: bool = True                # runtime/load/quantization.py covers all of its matmuls
 
 
-ARCHITECTURES: dict[str, Architecture] = {
-    "LlamaForCausalLM": Architecture("llama:LlamaModel"),
-    "MistralForCausalLM": Architecture("llama:LlamaModel"),
-    "Qwen2ForCausalLM": Architecture("llama:LlamaModel"),
-    "Qwen3ForCausalLM": Architecture("llama:LlamaModel"),
-    "Gemma2ForCausalLM": Architecture("gemma:GemmaModel"),
-    "Gemma3ForCausalLM": Architecture("gemma:GemmaModel"),
+ARCHITECTURES: dict[str, ServedArchitecture] = {
+    "LlamaForCausalLM": ServedArchitecture("llama:LlamaModel"),
+    "MistralForCausalLM": ServedArchitecture("llama:LlamaModel"),
+    "Qwen2ForCausalLM": ServedArchitecture("llama:LlamaModel"),
+    "Qwen3ForCausalLM": ServedArchitecture("llama:LlamaModel"),
+    "Gemma2ForCausalLM": ServedArchitecture("gemma:GemmaModel"),
+    "Gemma3ForCausalLM": ServedArchitecture("gemma:GemmaModel"),
     # fused qkv_proj / gate_up_proj: a rank's slice is not one range of rows
-    "Phi3ForCausalLM": Architecture("phi3:Phi3Model", tensor_parallel=False),
+    "Phi3ForCausalLM": ServedArchitecture("phi3:Phi3Model", tensor_parallel=False),
     # experts: neither split across ranks nor quantized yet
-    "MixtralForCausalLM": Architecture("mixtral:MixtralModel", tensor_parallel=False, int8=False),
-    "Qwen3MoeForCausalLM": Architecture("mixtral:Qwen3MoeModel", tensor_parallel=False, int8=False),
+    "MixtralForCausalLM": ServedArchitecture("mixtral:MixtralModel", tensor_parallel=False, int8=False),
+    "Qwen3MoeForCausalLM": ServedArchitecture("mixtral:Qwen3MoeModel", tensor_parallel=False, int8=False),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 

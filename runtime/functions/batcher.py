@@ -18,7 +18,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Waiting(Generic[T]):
+class BatchEntry(Generic[T]):
     item: T
     arrived: float
 
@@ -29,13 +29,13 @@ class Batcher(Generic[T]):
             raise ValueError("max_batch_size >= 1 and max_wait_s >= 0")
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
-        self._queue: deque[Waiting[T]] = deque()
+        self._queue: deque[BatchEntry[T]] = deque()
 
     def __len__(self) -> int:
         return len(self._queue)
 
     def add(self, item: T, now: float) -> None:
-        self._queue.append(Waiting(item, now))
+        self._queue.append(BatchEntry(item, now))
 
     def is_due(self, now: float) -> bool:
         if not self._queue:

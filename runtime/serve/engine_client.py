@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from runtime.serve.async_engine import EngineDead, RequestStream, RequestTable, added, settle
 from runtime.serve.engine_control import EngineInfo
-from runtime.serve.engine_core import (Abort, Add, Call, Load, Loaded, LoadFailed, Op, StepBatch,
+from runtime.serve.engine_core import (AbortOp, AddOp, CallOp, Load, Loaded, LoadFailed, Op, StepBatch,
                                  Warmed, run_core, sleep_engine, wake_engine)
 from runtime.load.timings import LoadTimings
 from runtime.engine.outputs import EngineStats
@@ -56,7 +56,7 @@ class EngineClient:
         self._process, self._conn = process, conn
         self._worker_pids = loaded.worker_pids
         self._on_death = on_death
-        self._requests = RequestTable(lambda request_id: self._send(Abort(request_id)))
+        self._requests = RequestTable(lambda request_id: self._send(AbortOp(request_id)))
         self._stats = loaded.stats
         self._outbox: list[Op] = []
         self._adds: dict[str, tuple[asyncio.Future[None], int]] = {}   # leader id -> done, n
@@ -128,7 +128,7 @@ class EngineClient:
         streams = self._requests.open(request_id, params.n)
         done: asyncio.Future[None] = self._loop.create_future()
         self._adds[streams[0].request_id] = (done, params.n)
-        self._send(Add(streams[0].request_id, prompt_token_ids, params))
+        self._send(AddOp(streams[0].request_id, prompt_token_ids, params))
         await added(done, streams)
         return streams
 
@@ -139,7 +139,7 @@ class EngineClient:
         call_id = next(self._call_ids)
         done: asyncio.Future[T] = self._loop.create_future()
         self._calls[call_id] = done
-        self._send(Call(call_id, work))
+        self._send(CallOp(call_id, work))
         return await done
 
     # ---------------------------------------------------------- the pipe

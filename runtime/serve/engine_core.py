@@ -49,24 +49,24 @@ class Load:
 
 
 @dataclass
-class Add:
+class AddOp:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
 
 
 @dataclass
-class Abort:
+class AbortOp:
     request_id: str
 
 
 @dataclass
-class Call:
+class CallOp:
     call_id: int
     work: Callable[["LLMEngine"], Any]   # a module-level function: pickled by name
 
 
-Op = Union[Add, Abort, Call]
+Op = Union[AddOp, AbortOp, CallOp]
 
 
 def sleep_engine(engine: "LLMEngine") -> Freed:
@@ -193,21 +193,21 @@ class CoreLoop:
             ops += more
 
     def _apply(self, op: Op, out: StepBatch) -> None:
-        if isinstance(op, Abort):
+        if isinstance(op, AbortOp):
             self.engine.abort_request(op.request_id)   # ignored if it finished meanwhile
-        elif isinstance(op, Add):
+        elif isinstance(op, AddOp):
             out.added.append((op.request_id, self._add(op)))
         else:
             out.calls.append(self._call(op))
 
-    def _add(self, op: Add) -> Optional[str]:
+    def _add(self, op: AddOp) -> Optional[str]:
         try:
             self.engine.add_request(op.request_id, op.prompt_token_ids, op.params)
         except ValueError as exc:   # the refusal names the field: the client gets a 400
             return str(exc)
         return None
 
-    def _call(self, op: Call) -> tuple[int, Any, Optional[BaseException]]:
+    def _call(self, op: CallOp) -> tuple[int, Any, Optional[BaseException]]:
         try:
             return op.call_id, op.work(self.engine), None
         except Exception as exc:  # noqa: BLE001 - handed to whoever awaits the call

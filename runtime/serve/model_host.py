@@ -53,7 +53,7 @@ class Status(str, enum.Enum):
     FAILED = "failed"
 
 
-class Refused(Exception):
+class WrongState(Exception):
     """Sleep or wake asked in a state that does not allow it (409)."""
 
 
@@ -220,7 +220,7 @@ class ModelHost:
         ready with no request in flight."""
         model = self.ready_model
         if model is None or model.engine.num_in_flight:
-            raise Refused(f"replica is {self.status.value} with "
+            raise WrongState(f"replica is {self.status.value} with "
                           f"{model.engine.num_in_flight if model else 0} request(s) in flight")
         self.status = Status.SLEEPING          # refused from now on: no request can slip in
         start = time.perf_counter()
@@ -228,7 +228,7 @@ class ModelHost:
             freed = await model.engine.sleep()
         except NotIdle as exc:                 # one arrived before the status changed
             self.status = Status.READY
-            raise Refused(f"replica is busy: {exc}") from None
+            raise WrongState(f"replica is busy: {exc}") from None
         except Exception as exc:
             self._broken("sleep", exc)
             raise
@@ -237,7 +237,7 @@ class ModelHost:
     async def wake(self) -> dict[str, float]:
         """Back to ready; the stages of the way back (runtime/core/sleep_mode.py)."""
         if self.status is not Status.SLEEPING or self.model is None:
-            raise Refused(f"replica is {self.status.value}, not sleeping")
+            raise WrongState(f"replica is {self.status.value}, not sleeping")
         model, self.status = self.model, Status.WAKING
         start = time.perf_counter()
         try:

@@ -39,7 +39,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.serve.metrics import CONTENT_TYPE
-from runtime.serve.model_host import LoadRequest, ModelHost, Refused, engine_kwarg_names
+from runtime.serve.model_host import LoadRequest, ModelHost, WrongState, engine_kwarg_names
 from wire.embeddings import parse_embedding_request
 from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
@@ -240,7 +240,7 @@ async def sleep(request: Request) -> Response:
     ready with no request in flight."""
     try:
         freed, seconds = await _host(request).sleep()
-    except Refused as exc:
+    except WrongState as exc:
         return _error(409, str(exc))
     except Exception as exc:  # noqa: BLE001 - the host is failed now; /health says so too
         return _error(500, f"sleep failed: {type(exc).__name__}: {exc}")
@@ -254,7 +254,7 @@ async def wake(request: Request) -> Response:
     """Weights back on the device, a fresh KV cache; the stages it took (wake_timings)."""
     try:
         timings = await _host(request).wake()
-    except Refused as exc:
+    except WrongState as exc:
         return _error(409, str(exc))
     except Exception as exc:  # noqa: BLE001 - the host is failed now; /health says so too
         return _error(500, f"wake failed: {type(exc).__name__}: {exc}")

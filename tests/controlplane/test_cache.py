@@ -6,7 +6,7 @@ from controlplane.lookups.cache import Cache
 from controlplane.store.tables import Deployment, Price, Revision
 from controlplane.billing.pricing import Pricing
 from controlplane.quotas import Quota
-from controlplane.store.snapshot import KeyEntry, Snapshot
+from controlplane.store.snapshot import KeyEntry, CacheSnapshot
 from controlplane.store.tenants import Principal
 
 UTC = timezone.utc
@@ -33,7 +33,7 @@ def price(per_mtok: str, since=EPOCH, tenant=None, deployment=None) -> Price:
 
 def test_keys_are_found_by_hash_and_refused_once_revoked_or_expired():
     cache = Cache()
-    cache.replace(Snapshot([key(), key("k2", expires_at=NOW)], [], {}, []))
+    cache.replace(CacheSnapshot([key(), key("k2", expires_at=NOW)], [], {}, []))
     assert cache.key("hash-k1").principal_at(NOW).tenant_id == "t1"
     assert cache.key("hash-k2").principal_at(NOW - timedelta(seconds=1)) is not None
     assert cache.key("hash-k2").principal_at(NOW) is None, "expired: known, and refused"
@@ -46,7 +46,7 @@ def test_keys_are_found_by_hash_and_refused_once_revoked_or_expired():
 def test_every_change_moves_the_generation():
     cache = Cache()
     seen = [cache.generation]
-    for change in (lambda: cache.replace(Snapshot([], [], {}, [])), lambda: cache.put_key(key()),
+    for change in (lambda: cache.replace(CacheSnapshot([], [], {}, [])), lambda: cache.put_key(key()),
                    lambda: cache.drop_key("k1"), lambda: cache.put_deployment(deployed()),
                    lambda: cache.drop_deployment("d1"), lambda: cache.set_quota("t1", None),
                    lambda: cache.set_prices([])):
@@ -57,7 +57,7 @@ def test_every_change_moves_the_generation():
 
 def test_a_deleted_deployment_goes_and_its_name_may_be_taken_again():
     cache = Cache()
-    cache.replace(Snapshot([], [deployed()], {}, []))
+    cache.replace(CacheSnapshot([], [deployed()], {}, []))
     assert cache.deployment("t1", "chat")[0].id == "d1"
     assert cache.deployment("t2", "chat") is None, "names are per tenant"
     cache.put_deployment(deployed("d2"))                  # deleted, then made again

@@ -5,7 +5,7 @@ import pytest
 import pytest_asyncio
 
 from controlplane.quotas import DeploymentShape, Quota, TenantHoldings, check_deployment, check_upload
-from controlplane.store.errors import QuotaExceeded
+from controlplane.store.errors import StaticQuotaExceeded
 from tests.controlplane.conftest import make_settings, running_control_plane
 
 QUOTA = Quota(max_gpus=4, max_replicas_per_deployment=3, max_deployments=2,
@@ -21,7 +21,7 @@ NOTHING = TenantHoldings(deployments=0, reserved_gpus=0)
     (DeploymentShape(1, 1, (2, 2)), TenantHoldings(1, 1), "max_gpus"),  # a canary keeps both
 ])
 def test_a_new_deployment_past_a_limit_names_it(shape, others, limit):
-    with pytest.raises(QuotaExceeded) as refused:
+    with pytest.raises(StaticQuotaExceeded) as refused:
         check_deployment(QUOTA, shape, others, before=None)
     assert refused.value.limit == limit and str(refused.value).startswith(limit + ": ")
 
@@ -36,13 +36,13 @@ def test_a_tenant_over_a_lowered_quota_may_shrink_but_not_grow():
     held = DeploymentShape(0, 6, (1,))           # from before the admin lowered the limit to 3
     check_deployment(QUOTA, DeploymentShape(0, 5, (1,)), NOTHING, before=held)
     check_deployment(QUOTA, DeploymentShape(0, 6, (1,)), NOTHING, before=held)
-    with pytest.raises(QuotaExceeded, match="^max_replicas_per_deployment"):
+    with pytest.raises(StaticQuotaExceeded, match="^max_replicas_per_deployment"):
         check_deployment(QUOTA, DeploymentShape(0, 7, (1,)), NOTHING, before=held)
 
 
 def test_uploads_count_what_is_held_already():
     check_upload(QUOTA, used_bytes=60, adding_bytes=40)
-    with pytest.raises(QuotaExceeded, match="^max_upload_bytes"):
+    with pytest.raises(StaticQuotaExceeded, match="^max_upload_bytes"):
         check_upload(QUOTA, used_bytes=60, adding_bytes=41)
 
 

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from controlplane.errors import api_error_for
-from controlplane.gateway.ratelimit import Admission, Limited, Limits, RateLimiter, TokenBucket
+from controlplane.gateway.ratelimit import RateReservation, Limited, RateLimits, RateLimiter, TokenBucket
 from controlplane.store.errors import InvalidField
 from controlplane.deploy.traffic import choose, parse_split, rollback_target
 
@@ -81,19 +81,19 @@ def test_bucket_refills_linearly_up_to_capacity():
 
 def test_limiter_checks_both_buckets_and_takes_from_neither_when_refused():
     limiter = RateLimiter()
-    limits = {"key:k": ("key", Limits(requests_per_min=2, tokens_per_min=100))}
+    limits = {"key:k": ("key", RateLimits(requests_per_min=2, tokens_per_min=100))}
 
     def admit(tokens, now):
         return limiter.admit(limits, tokens=tokens, now=now)
-    assert isinstance(admit(60, 0.0), Admission)
+    assert isinstance(admit(60, 0.0), RateReservation)
     refused = admit(60, 0.0)
     assert refused.limit == "tokens_per_min" and refused.retry_after_s == pytest.approx(12.0)
-    assert isinstance(admit(40, 0.0), Admission)             # the refusal took nothing
+    assert isinstance(admit(40, 0.0), RateReservation)             # the refusal took nothing
     refused = admit(1, 0.0)
     assert refused.limit == "requests_per_min" and refused.retry_after_s == pytest.approx(30.0)
-    assert isinstance(admit(1, 30.0), Admission)
+    assert isinstance(admit(1, 30.0), RateReservation)
 
-KEY = {"key:k": ("key", Limits(requests_per_min=100, tokens_per_min=100))}
+KEY = {"key:k": ("key", RateLimits(requests_per_min=100, tokens_per_min=100))}
 
 
 def test_the_estimate_is_corrected_down_by_what_the_request_used():
@@ -101,42 +101,42 @@ def test_the_estimate_is_corrected_down_by_what_the_request_used():
     first = limiter.admit(KEY, tokens=80, now=0.0)
     assert isinstance(limiter.admit(KEY, tokens=80, now=0.0), Limited), "80 + 80 > 100"
     limiter.settle(first, 10, now=0.0)                      # it used 10 of its 80
-    assert isinstance(limiter.admit(KEY, tokens=80, now=0.0), Admission)
+    assert isinstance(limiter.admit(KEY, tokens=80, now=0.0), RateReservation)
 
 
 def test_the_estimate_is_corrected_up_and_the_bucket_may_go_below_zero():
     limiter = RateLimiter()
     first = limiter.admit(KEY, tokens=20, now=0.0)
-    assert isinstance(limiter.admit(KEY, tokens=50, now=0.0), Admission)      # 30 left
+    assert isinstance(limiter.admit(KEY, tokens=50, now=0.0), RateReservation)      # 30 left
     limiter.settle(first, 150, now=0.0)     # used more than estimated: charged up to a full bucket
     refused = limiter.admit(KEY, tokens=1, now=0.0)                           # 30 + 20 - 100
     assert refused == Limited("tokens_per_min", "key", pytest.approx(51 * 0.6))
-    assert isinstance(limiter.admit(KEY, tokens=1, now=30.6), Admission)
+    assert isinstance(limiter.admit(KEY, tokens=1, now=30.6), RateReservation)
 
 
 def test_a_refused_request_settles_with_nothing_used():
     limiter = RateLimiter()
     admitted = limiter.admit(KEY, tokens=100, now=0.0)
     limiter.settle(admitted, 0, now=0.0)
-    assert isinstance(limiter.admit(KEY, tokens=100, now=0.0), Admission)
+    assert isinstance(limiter.admit(KEY, tokens=100, now=0.0), RateReservation)
 
 
 def test_a_tenant_limit_is_shared_by_its_keys_and_each_key_keeps_its_own():
     limiter = RateLimiter()
-    tenant = ("tenant", Limits(requests_per_min=3))
+    tenant = ("tenant", RateLimits(requests_per_min=3))
 
     def admit(key: str, now: float = 0.0):
-        return limiter.admit({f"key:{key}": ("key", Limits(requests_per_min=2)),
+        return limiter.admit({f"key:{key}": ("key", RateLimits(requests_per_min=2)),
                               "tenant:t": tenant}, tokens=1, now=now)
 
-    assert all(isinstance(admit(k), Admission) for k in ("a", "a", "b"))
+    assert all(isinstance(admit(k), RateReservation) for k in ("a", "a", "b"))
     assert admit("c") == Limited("requests_per_min", "tenant", pytest.approx(20.0))
     assert admit("a", now=20.0) == Limited("requests_per_min", "key", pytest.approx(10.0))
-    assert isinstance(admit("b", now=20.0), Admission), "b's own bucket and the tenant's refilled"
+    assert isinstance(admit("b", now=20.0), RateReservation), "b's own bucket and the tenant's refilled"
 
 
 def test_no_limit_means_no_bucket():
     limiter = RateLimiter()
-    unlimited = {"tenant:t": ("tenant", Limits())}
-    assert all(isinstance(limiter.admit(unlimited, tokens=10**9, now=0.0), Admission)
+    unlimited = {"tenant:t": ("tenant", RateLimits())}
+    assert all(isinstance(limiter.admit(unlimited, tokens=10**9, now=0.0), RateReservation)
                for _ in range(1000))

@@ -1,5 +1,5 @@
 """Who gets freed slots: fairness across tenants and GPU quotas, as a pure decision."""
-from pool.admission import Pending, Waiting, admit, fair_order, never_within_quota, queue_refusal
+from pool.admission import Pending, WaitReason, admit, fair_order, never_within_quota, queue_refusal
 from pool.api import TenantQuota
 from pool.placement import GB, Placed, PlacementRequest, SlotState
 
@@ -44,7 +44,7 @@ def test_a_tenant_at_its_gpu_quota_waits_and_takes_nobody_elses_gpu():
     quotas = {"A": TenantQuota(max_gpus=2)}
     decision = admit(pending(("a3", "A"), ("b1", "B")), gpus(4, used=2), held={"A": 2}, quotas=quotas)
     assert placed_ids(decision) == ["b1"]                 # a free GPU stays free rather than go past A's quota
-    assert decision.waiting == {"a3": Waiting("waiting for GPU quota: tenant A holds 2 of its 2 GPU(s) "
+    assert decision.waiting == {"a3": WaitReason("waiting for GPU quota: tenant A holds 2 of its 2 GPU(s) "
                                               "and this replica needs 1", over_quota=True)}
 
 

@@ -1,5 +1,5 @@
 """The autoscaling policy stepped through fake time: no clock, no server."""
-from pool.autoscaler import PolicyState, ScalingConfig, Snapshot, policy
+from pool.autoscaler import PolicyState, ScalingConfig, ScalingSnapshot, policy
 
 CFG = ScalingConfig(min_replicas=0, max_replicas=4, target_concurrency=4, idle_timeout_s=60,
                     scale_down_delay_s=10, target_queued_prompt_tokens=1000)
@@ -7,7 +7,7 @@ CFG = ScalingConfig(min_replicas=0, max_replicas=4, target_concurrency=4, idle_t
 
 def step(state, **fields):
     fields.setdefault("config", CFG)
-    decision, state = policy(Snapshot(**fields), state)
+    decision, state = policy(ScalingSnapshot(**fields), state)
     return decision.desired, state
 
 

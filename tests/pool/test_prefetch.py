@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from pool.api import Pins, RevisionSpec
-from pool.weights.prefetch import Target
+from pool.weights.prefetch import PrefetchTarget
 from pool.prefetcher import Prefetcher
 from pool.registry import RevisionState
 from pool.weights.store import CachedModel, WeightCache, WeightStore
@@ -108,7 +108,7 @@ async def test_a_prefetch_reads_s3_as_the_revisions_own_tenant():
                     engine={"speculative": {"method": "draft", "model": "s3://acme-own/draft/"}})
     rev = RevisionState(spec, queue=None)  # type: ignore[arg-type] - the queue is not used here
     view = prefetcher.view(rev, reads_pool_cache=True)
-    assert view.target == Target(("s3://acme-own/m/", "s3://acme-own/draft/"), 0) and view.wanted
+    assert view.target == PrefetchTarget(("s3://acme-own/m/", "s3://acme-own/draft/"), 0) and view.wanted
     prefetcher.start(rev, view.target)
     assert prefetcher.view(rev, reads_pool_cache=True).running
     await eventually(lambda: rev.prefetched is not None and rev.prefetched.keys, timeout_s=10,

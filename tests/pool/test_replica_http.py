@@ -17,7 +17,7 @@ from starlette.routing import Route
 
 from controlplane.gateway.upstream import Upstream
 from pool.processes import free_port
-from pool.replica_http import MAX_ANSWER_BYTES, AnswerTooLarge, replica_client
+from pool.replica_http import MAX_ANSWER_BYTES, ReplicaBodyTooLarge, replica_client
 from wire.replica_address import ReplicaAddress, address_of, unix_base_url
 
 async_test = pytest.mark.asyncio(loop_scope="function")
@@ -67,7 +67,7 @@ async def test_the_pools_client_reaches_a_socket_and_a_port_and_caps_answers(tmp
             for base in (unix_base_url(socket), f"http://127.0.0.1:{port}"):
                 answer = await http.get(f"{base}/health")
                 assert answer.json() == {"status": "ready", "path": "/health"}
-                with pytest.raises(AnswerTooLarge):
+                with pytest.raises(ReplicaBodyTooLarge):
                     await http.get(f"{base}/huge")
         async with replica_client(httpx.Timeout(5.0)) as http:
             with pytest.raises(httpx.ConnectError):

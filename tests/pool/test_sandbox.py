@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pool.cgroups import Cgroups, Limits
+from pool.cgroups import Cgroups, CgroupLimits
 from pool.sandbox import Bind, Platform, ReplicaUids, Sandbox, SandboxProfile, TenantUids
 from pool.seccomp import write_filter
 
@@ -33,7 +33,7 @@ def test_the_command_binds_only_what_the_profile_names(tmp_path):
     sandbox = Sandbox(tmp_path, Platform((Path("/root/.pyenv/versions/x"),)), cgroups=Cgroups(tmp_path / "none"))
     profile = SandboxProfile(200_007, (Bind(Path("/data/pkg/f"), Path("/srv/package/f")),
                                        Bind(Path("/data/run"), Path("/run/replica"), writable=True)),
-                             Limits(None, 64, None), 1 << 20)
+                             CgroupLimits(None, 64, None), 1 << 20)
     command = sandbox.command("r1", profile, ["python", "-c", "pass"])
     assert command[:2] == ["/bin/sh", "-c"]
     script = command[2]
@@ -41,7 +41,7 @@ def test_the_command_binds_only_what_the_profile_names(tmp_path):
     assert "--ro-bind /data/pkg/f /srv/package/f" in script and "--bind /data/run /run/replica" in script
     assert "--chmod 0755 /root" in script and "--chmod 0755 /tmp " not in script
     assert "cgroup.procs" not in script                       # no cgroup root here: rlimits only
-    networked = sandbox.command("r2", SandboxProfile(1, (), Limits(None, 64, None), 1, network=True), ["x"])
+    networked = sandbox.command("r2", SandboxProfile(1, (), CgroupLimits(None, 64, None), 1, network=True), ["x"])
     assert "--unshare-net" not in networked[2] and "/etc/resolv.conf" in networked[2]
 
 
@@ -67,7 +67,7 @@ def test_cgroup_limits_are_written_and_removed(tmp_path, version):
             for name in (*files, "cgroup.procs"):
                 (group / name).write_text("")
     cgroups = Cgroups(root)
-    procs = cgroups.create("r1", Limits(512 << 20, 99, 1.5))
+    procs = cgroups.create("r1", CgroupLimits(512 << 20, 99, 1.5))
     if version == 2:
         assert procs == [root / "thawpool" / "r1" / "cgroup.procs"]
         group = root / "thawpool" / "r1"
@@ -79,7 +79,7 @@ def test_cgroup_limits_are_written_and_removed(tmp_path, version):
         assert (root / "pids" / "thawpool" / "r1" / "pids.max").read_text() == "99"
         assert (root / "memory" / "thawpool" / "r1" / "memory.limit_in_bytes").read_text() == str(512 << 20)
         assert (root / "cpu" / "thawpool" / "r1" / "cpu.cfs_quota_us").read_text() == "150000"
-    assert Cgroups(tmp_path / "nothing").create("r1", Limits(None, 1, None)) == []
+    assert Cgroups(tmp_path / "nothing").create("r1", CgroupLimits(None, 1, None)) == []
 
 
 def test_the_seccomp_program_is_written(tmp_path):
@@ -93,7 +93,7 @@ def test_a_real_sandbox_runs_python_as_the_tenant_with_nothing_of_the_host(tmp_p
     problem = sandbox.check()
     if problem is not None:
         pytest.skip(f"no sandbox on this machine: {problem}")
-    profile = SandboxProfile(sandbox.uids().uid("t"), (), Limits(None, 64, None), 1 << 20)
+    profile = SandboxProfile(sandbox.uids().uid("t"), (), CgroupLimits(None, 64, None), 1 << 20)
     code = "import os; print(os.getuid(), sorted(os.listdir('/')), os.path.exists(%r))" % str(tmp_path)
     done = subprocess.run(sandbox.command("t1", profile, [sys.executable, "-c", code]), capture_output=True,
                           text=True, timeout=60)
@@ -124,7 +124,7 @@ def test_the_processes_of_a_node_check_the_sandbox_at_once(tmp_path):
 def test_a_group_whose_process_is_still_exiting_is_removed_later():
     cgroups = Cgroups()
     name = f"test-{uuid.uuid4().hex[:8]}"
-    procs = cgroups.create(name, Limits(64 << 20, 8, None))
+    procs = cgroups.create(name, CgroupLimits(64 << 20, 8, None))
     if not procs:
         pytest.skip("no writable cgroup hierarchy on this machine")
     joins = " && ".join(f"echo $$ > {p}" for p in procs)
@@ -137,7 +137,7 @@ def test_a_group_whose_process_is_still_exiting_is_removed_later():
     finally:
         sleeper.kill()
         sleeper.wait()
-    cgroups.create(f"{name}-next", Limits(None, 8, None))     # the next create sweeps it
+    cgroups.create(f"{name}-next", CgroupLimits(None, 8, None))     # the next create sweeps it
     cgroups.remove(f"{name}-next")
     assert not any(p.parent.exists() for p in procs)
 
@@ -151,9 +151,9 @@ def test_a_sandbox_whose_launcher_died_is_ended_and_a_live_one_is_kept(tmp_path)
     if problem is not None or not sandbox.cgroups.version:
         pytest.skip(f"no sandbox with cgroups on this machine: {problem or 'no cgroup hierarchy'}")
     live, orphan = (f"test-{uuid.uuid4().hex[:8]}" for _ in range(2))
-    profile = SandboxProfile(sandbox.uids().uid("t"), (), Limits(None, 64, None), 1 << 20)
+    profile = SandboxProfile(sandbox.uids().uid("t"), (), CgroupLimits(None, 64, None), 1 << 20)
     running = subprocess.Popen(sandbox.command(live, profile, ["/bin/sleep", "60"]))
-    joins = " && ".join(f"echo $$ > {p}" for p in sandbox.cgroups.create(orphan, Limits(None, 8, None)))
+    joins = " && ".join(f"echo $$ > {p}" for p in sandbox.cgroups.create(orphan, CgroupLimits(None, 8, None)))
     left = subprocess.Popen(["/bin/sh", "-c", f"{joins} && exec sleep 60"])    # no launcher left
     try:
         while len(sandbox.cgroups.members(live)) < 3 or not sandbox.cgroups.members(orphan):

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from pool.api import TenantQuota
-from pool.autoscaler import PolicyState, ScalingConfig, Snapshot, policy
+from pool.autoscaler import PolicyState, ScalingConfig, ScalingSnapshot, policy
 from pool.capacity import Capacity
 from pool.cold_start import cold_start_timings
 from pool.inventory import Slot
@@ -24,7 +24,7 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 def decide(config=SLEEPY, **fields):
-    return policy(Snapshot(config=config, **fields), PolicyState())[0]
+    return policy(ScalingSnapshot(config=config, **fields), PolicyState())[0]
 
 
 def test_an_idle_replica_goes_to_sleep_with_a_sleep_tier_and_to_zero_without():
