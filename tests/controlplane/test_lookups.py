@@ -1,10 +1,10 @@
 """The hot path's in-memory copies, kept current through Postgres LISTEN/NOTIFY: a change
-made anywhere (another control plane, SQL by hand) is seen within a second, revocation
+made anywhere (another control plane, SQL by hand) is seen once its notification arrives
+(here the periodic read comes only hourly, so nothing else can bring it), revocation
 included; a change made here is seen before the call that made it returns. A bearer key
 Postgres does not hold costs one read, however many ask at once or again; one that is not
 shaped like ours, none."""
 import asyncio
-import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -25,9 +25,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def plane(db_url, s3_server, tmp_path_factory):
-    # unknown keys are remembered for ten minutes here: what makes them known is a change
+    # unknown keys are remembered for ten minutes, and the whole cache is read again only
+    # hourly: what brings a change made elsewhere into memory here is its notification
     settings = make_settings(db_url, s3_server, tmp_path_factory.mktemp("cp-lookups"),
-                             unknown_key_ttl_s=600.0)
+                             unknown_key_ttl_s=600.0, cache_refresh_s=3600.0)
     async with running_control_plane(settings) as plane:
         yield plane
 
@@ -40,13 +41,10 @@ async def elsewhere(db_url):
     await conn.close()
 
 
-async def refused_within(client, seconds: float) -> float:
-    started = time.monotonic()
-    await eventually(lambda: _refused(client), timeout_s=5, every_s=0.01,
-                     what="the revoked key refused")
-    elapsed = time.monotonic() - started
-    assert elapsed < seconds, f"refused after {elapsed:.2f} s"
-    return elapsed
+async def refused_once_notified(client) -> None:
+    """The key refused: the notification of its change reached this plane (no refresh comes
+    within the hour)."""
+    await eventually(lambda: _refused(client), timeout_s=10, every_s=0.01, what="the revoked key refused")
 
 
 async def _refused(client) -> bool:
@@ -62,17 +60,17 @@ async def test_a_key_revoked_through_the_api_is_refused_at_once(plane):
     assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_key"
 
 
-async def test_a_key_revoked_elsewhere_is_refused_within_a_second(plane, elsewhere):
+async def test_a_key_revoked_elsewhere_is_refused_once_notified(plane, elsewhere):
     secret = await plane.tenant_key("revoked-elsewhere")
     client = plane.client(secret)
     assert (await client.get("/v1/deployments")).status_code == 200
     assert plane.app.state.lookups.cache.key(hash_key(secret)) is not None, "served from memory"
     await elsewhere.execute("UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1",
                             hash_key(secret))
-    await refused_within(client, 1.0)
+    await refused_once_notified(client)
 
 
-async def test_prices_and_traffic_changed_elsewhere_reach_memory_within_a_second(
+async def test_prices_and_traffic_changed_elsewhere_reach_memory_once_notified(
         plane, elsewhere, model_uri):
     client = plane.client(await plane.tenant_key("moved"))
     created = await client.post("/v1/deployments", json={"name": "moved", "model_uri": model_uri})
@@ -87,15 +85,13 @@ async def test_prices_and_traffic_changed_elsewhere_reach_memory_within_a_second
         "(gen_random_uuid(), $1, 42, 0, 0, 0, 0, now(), now())", tenant_id)
     await elsewhere.execute("UPDATE deployments SET traffic = '{\"r1\": 100, \"r9\": 0}' "
                             "WHERE id = $1", deployment_id)
-    started = time.monotonic()
 
     def seen() -> bool:
         price = lookups.pricing(tenant_id, deployment_id, datetime.now(timezone.utc))
         deployment, _ = lookups.cache.deployment(tenant_id, "moved")
         return price.input_per_mtok == Decimal(42) and "r9" in deployment.traffic
 
-    await eventually(seen, timeout_s=5, every_s=0.01, what="both changes in memory")
-    assert time.monotonic() - started < 1.0
+    await eventually(seen, timeout_s=10, every_s=0.01, what="both changes in memory")
 
 
 async def test_the_listener_reconnects_and_reloads_what_it_missed(plane, elsewhere):
@@ -109,7 +105,7 @@ async def test_the_listener_reconnects_and_reloads_what_it_missed(plane, elsewhe
     assert await elsewhere.fetchval("SELECT pg_terminate_backend($1)", before)
     await elsewhere.execute("UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1",
                             hash_key(secret))
-    await refused_within(client, 3.0)
+    await refused_once_notified(client)      # read again whole once the listener is back
     await eventually(lambda: listener.connected.is_set() and listener.backend_pid != before,
                      timeout_s=5, what="a new listening connection")
 
@@ -165,17 +161,15 @@ async def test_a_flood_of_one_unknown_key_costs_one_read_and_the_key_made_then_w
     assert (await client.get("/v1/deployments")).status_code == 200
 
 
-async def test_an_unknown_key_made_elsewhere_is_known_within_a_second(plane, elsewhere):
+async def test_an_unknown_key_made_elsewhere_is_known_once_notified(plane, elsewhere):
     secret = generate_key().secret
     client = plane.client(secret)
     assert await _refused_as_invalid(await client.get("/v1/deployments"))   # marked unknown
     other = await plane.tenant_key("made-elsewhere")
-    started = time.monotonic()
     await elsewhere.execute("UPDATE api_keys SET key_hash = $1 WHERE key_hash = $2",
                             hash_key(secret), hash_key(other))
 
     async def served() -> bool:
         return (await client.get("/v1/deployments")).status_code == 200
 
-    await eventually(served, timeout_s=5, every_s=0.01, what="the key made elsewhere served")
-    assert time.monotonic() - started < 1.0
+    await eventually(served, timeout_s=10, every_s=0.01, what="the key made elsewhere served")

@@ -109,7 +109,8 @@ async def test_a_streams_lines_arrive_whole_however_long():
 async def test_a_body_past_the_high_water_mark_is_read_whole():
     async with serve(REPLICA) as base, Upstream(read_timeout_s=5) as upstream:
         answer = await upstream.post(f"{base}/big", {}, {})
-        await asyncio.sleep(0.2)            # let the replica fill the buffer: reading pauses
+        await eventually(lambda: answer._connection.paused, timeout_s=5,
+                         what="the buffer past the high-water mark: reading paused")
         body = await answer.aread()
         assert len(body) == 12 * (1 << 18) > HIGH_WATER_BYTES
         assert body == b"".join(bytes([65 + i]) * (1 << 18) for i in range(12))
@@ -178,7 +179,7 @@ async def test_connections_beyond_the_limit_wait_for_a_free_one():
 async def test_a_body_already_whole_is_handed_over_without_waiting():
     async with serve(REPLICA) as base, Upstream(read_timeout_s=5) as upstream:
         answer = await upstream.post(f"{base}/echo", {"n": 1}, {})
-        await asyncio.sleep(0.1)                      # the rest of the answer arrives
+        await eventually(lambda: answer._exchange.complete, timeout_s=5, what="the rest of the answer")
         first = json.loads(answer.whole_body())
         assert first["body"] == {"n": 1}
         again = await (await upstream.post(f"{base}/echo", {}, {})).json()
@@ -225,7 +226,7 @@ async def test_an_answer_past_the_cap_is_refused_before_it_ends():
 async def test_a_whole_answer_past_the_cap_is_refused():
     async with serve(REPLICA) as base, Upstream(read_timeout_s=5, max_answer_bytes=1000) as upstream:
         answer = await upstream.post(f"{base}/echo", {"pad": "x" * 2000}, {})
-        await asyncio.sleep(0.1)                      # all of it arrived
+        await eventually(lambda: answer._exchange.complete, timeout_s=5, what="all of the answer")
         with pytest.raises(AnswerTooLarge):
             answer.whole_body()
         assert (await (await upstream.post(f"{base}/echo", {}, {})).json())["body"] == {}
