@@ -35,6 +35,15 @@ log = logging.getLogger(__name__)
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
+def require_capturable(backend: str) -> None:
+    """ValueError unless the kernels can be recorded in a graph: the Triton set's decode
+    attention reads the block tables on the device, the references' reads them on the
+    host (`.tolist()`), which a capture refuses. Asked before the weights load."""
+    if backend != "triton":
+        raise ValueError(f"cuda_graphs: needs the Triton kernels (this process has the {backend!r} set: "
+                         "is triton installed?); the reference decode attention cannot be captured")
+
+
 def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
     """The batch sizes to capture: CAPTURE_SIZES up to the first >= max_num_seqs (larger
     decode batches run eagerly: launches matter less there)."""

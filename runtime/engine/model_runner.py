@@ -17,7 +17,7 @@ import torch
 
 from kernels.dispatch import get_kernels
 from runtime.core.config import EngineConfig, ModelConfig
-from runtime.engine.cuda_graphs import DecodeGraphs, capture_sizes
+from runtime.engine.cuda_graphs import DecodeGraphs, capture_sizes, require_capturable
 from runtime.engine.pooling import Pooler
 from runtime.models.kv_memory import kv_cache_dtype
 from runtime.load.timings import LoadTimings
@@ -56,8 +56,10 @@ class ModelRunner:
             timings.record("tp_connect", since)
         self.max_len = config.max_model_len or model_config.max_position_embeddings
         since = time.perf_counter()
-        get_kernels(self.device)            # built or loaded once per process; the model asks again
+        kernels = get_kernels(self.device)  # built or loaded once per process; the model asks again
         timings.record("kernels", since)
+        if config.cuda_graphs:
+            require_capturable(kernels.backend)
         self.model = model_class(model_config.architecture)(
             model_config, DTYPES[config.dtype], self.device, quantization=config.quantization, tp=tp,
             context_len=self.max_len, batch_invariant=config.batch_invariant,
@@ -146,7 +148,7 @@ class ModelRunner:
             started = time.perf_counter()
             hidden = self.model.forward(input_ids, dataclasses.replace(fwd, logits_indices=every),
                                         self.kv_caches)
-            self.forward_s += time.perf_counter() - started
+            self._count_forward(started)
             return hidden
         return self._on_every_rank(local, "compute_hidden", chunks)[0]
 
@@ -165,9 +167,16 @@ class ModelRunner:
             logits = self.graphs.run(input_ids, fwd) if self.graphs is not None else None
             if logits is None:
                 logits = self.model.logits(self.model.forward(input_ids, fwd, self.kv_caches))
-            self.forward_s += time.perf_counter() - started
+            self._count_forward(started)
             return logits
         return self._on_every_rank(local, "compute_logits", chunks)[0]
+
+    def _count_forward(self, started: float) -> None:
+        """The forward's seconds: on CUDA once its kernels have run, not once they are queued
+        (the sampler waits for them next anyway, so the wait moves, it is not added)."""
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize(self.device)
+        self.forward_s += time.perf_counter() - started
 
     def weight_memory(self) -> list:
         """WeightMemory of each rank, rank 0 first (one entry without tensor parallelism)."""

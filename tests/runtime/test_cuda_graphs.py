@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.core.config import EngineConfig
-from runtime.engine.cuda_graphs import CAPTURE_SIZES, capture_sizes, graph_batch_size
+from runtime.engine.cuda_graphs import CAPTURE_SIZES, capture_sizes, graph_batch_size, require_capturable
 
 
 def test_each_batch_runs_the_smallest_graph_that_holds_it():
@@ -27,3 +27,11 @@ def test_graphs_need_a_gpu_and_one_rank(device, tp):
     with pytest.raises(ValueError, match="^cuda_graphs"):
         config.validate()
     EngineConfig(model="m", device="cuda:0", cuda_graphs=True).validate()
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_graphs_without_the_triton_kernels_are_refused_before_the_load(backend):
+    """The reference decode attention reads block tables on the host: no graph can record it."""
+    with pytest.raises(ValueError, match="cuda_graphs: needs the Triton kernels"):
+        require_capturable(backend)
+    require_capturable("triton")
