@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping, Optional, Protocol
+from typing import Any, Literal, Mapping, Optional, Protocol
 
+
+# what a revision's replica runs: an LLM (runtime.serve.server) or a function package
+ReplicaKind = Literal["model", "function"]
 
 @dataclass(frozen=True)
 class S3Access:
@@ -71,7 +74,7 @@ class RevisionSpec:
     idle_timeout_s: float = 300.0
     engine: Mapping[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs
     quota: TenantQuota = TenantQuota()       # the tenant's, the same on all its revisions
-    kind: str = "model"            # model: runtime.serve.server | function: runtime.functions.server
+    kind: ReplicaKind = "model"    # model: runtime.serve.server | function: runtime.functions.server
     # The sleep tier: an idle replica sleeps (process and host-memory weights kept, GPU
     # slots released, no GPU seconds) for this long before it stops; 0: it stops at once.
     sleep_timeout_s: float = 0.0

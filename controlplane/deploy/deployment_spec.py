@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional
 from controlplane.fields import boolean, integer, number, obj, storable_json
 from controlplane.deploy.model_sources import parse_s3_uri
 from controlplane.store.errors import Forbidden, InvalidField
-from pool.api import FUNCTION_ARCHITECTURE, ModelInfo
+from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, ReplicaKind
 from runtime.core.architectures import (SUPPORTED_ARCHITECTURES,   # torch-free: the runtime's own list
                                    engine_option_refusal)
 from runtime.tensor_parallel.shards import kv_heads_refusal   # torch-free arithmetic
@@ -67,7 +67,7 @@ class RevisionConfig:
     model_uri: str
     resources: Resources = Resources()
     engine: dict[str, Any] = field(default_factory=dict)
-    kind: str = "model"             # fixed at create: every revision of a deployment is one kind
+    kind: ReplicaKind = "model"     # fixed at create: every revision of a deployment is one kind
 
     @property
     def draft_model_uri(self) -> Optional[str]:

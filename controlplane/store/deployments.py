@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from controlplane.deploy.deployment_spec import NAME, DeploymentSpec, Resources, RevisionConfig, Scaling
 from controlplane.store.tables import Deployment, Revision, utcnow
 from controlplane.store.errors import AlreadyExists, NotFound
-from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, PinnedObject, Pins, RevisionSpec, TenantQuota
+from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, PinnedObject, Pins, ReplicaKind, RevisionSpec, TenantQuota
 
 async def create(session: AsyncSession, tenant_id: str, spec: DeploymentSpec,
                  model: ModelInfo, pins: Pins) -> tuple[Deployment, list[Revision]]:
@@ -125,7 +125,7 @@ def revision_config(revision: Revision) -> RevisionConfig:
         engine=dict(revision.engine), kind=kind_of(revision))
 
 
-def kind_of(revision: Revision) -> str:
+def kind_of(revision: Revision) -> ReplicaKind:
     """A revision's kind is what its deploy found under model_uri (no column of its own)."""
     return "function" if revision.architecture == FUNCTION_ARCHITECTURE else "model"
 
