@@ -16,7 +16,7 @@ from controlplane.app import create_app
 from controlplane.db import migrate_async
 from controlplane.settings import Settings
 from controlplane.store.tenants import bootstrap_admin
-from tests.controlplane.support.servers import RuntimeProcess, runtime_server_available, serve
+from tests.controlplane.support.servers import RuntimeProcess, serve
 from tests.controlplane.support.static_pool import StaticPool
 
 
@@ -77,8 +77,6 @@ def model_uri(tiny_model, s3_server, models_bucket) -> str:
 @pytest.fixture(scope="session")
 def runtime_replica(tiny_model, tmp_path_factory):
     """One real `python -m runtime.serve.server` over the tiny model, for the whole session."""
-    if not runtime_server_available():
-        pytest.skip("runtime.serve.server not available")
     replica = RuntimeProcess(tiny_model, tmp_path_factory.mktemp("replica") / "runtime.log")
     try:
         replica.wait_ready()
@@ -217,9 +215,7 @@ async def running_control_plane(settings: Settings, pool=None, pool_factory=None
 @contextlib.asynccontextmanager
 async def pooled_control_plane(db_url: str, s3_server, tmp, **pool_overrides):
     """The control plane over the real PoolManager on CPU slots, cold-starting real
-    runtime replicas (the test is skipped where runtime.serve.server cannot run)."""
-    if not runtime_server_available():
-        pytest.skip("runtime.serve.server not available")
+    runtime replicas."""
     settings = make_settings(db_url, s3_server, tmp / "cp", acquire_timeout_s=240)
     pool_factory = real_pool(cpu_pool_settings(s3_server, tmp / "cache", **pool_overrides))
     async with running_control_plane(settings, pool_factory=pool_factory) as plane:

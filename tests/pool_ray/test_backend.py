@@ -6,7 +6,6 @@ are bounded polls, assertions are on what happened, never on elapsed time.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import signal
 import time
@@ -20,7 +19,6 @@ from pool.api import RevisionSpec
 from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, wait_until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
-HAS_SERVER = importlib.util.find_spec("runtime.serve.server") is not None
 CPU_ENGINE = {"device": "cpu", "dtype": "float32", "kv_cache_tokens": 256}
 
 
@@ -88,13 +86,12 @@ async def test_three_replicas_spread_serve_and_release_every_gpu(backend, cluste
     assert {h.node_id for h in handles} == {n.node_id for n in cluster.workers}
     assert all(h.base_url.startswith("http://127.0.0.1:") for h in handles)
     assert gpus_free() == 1
-    if HAS_SERVER:
-        for handle in handles:
-            assert await wait_ready(handle), handle.exit_reason()      # /health: open
-            assert await refused_without_secret(handle, spec.revision_id) == [401, 401]
-            out = await complete(handle, spec.revision_id)
-            assert out["usage"]["completion_tokens"] == 4
-        assert len({h.headers["Authorization"] for h in handles}) == 3   # a secret each
+    for handle in handles:
+        assert await wait_ready(handle), handle.exit_reason()      # /health: open
+        assert await refused_without_secret(handle, spec.revision_id) == [401, 401]
+        out = await complete(handle, spec.revision_id)
+        assert out["usage"]["completion_tokens"] == 4
+    assert len({h.headers["Authorization"] for h in handles}) == 3   # a secret each
     for handle in handles:
         await handle.stop(5)
         backend.forget(handle)
@@ -102,7 +99,6 @@ async def test_three_replicas_spread_serve_and_release_every_gpu(backend, cluste
     assert await wait_until(lambda: gpus_free() == 2 * GPUS_PER_NODE, 30), gpus_free()
 
 
-@pytest.mark.skipif(not HAS_SERVER, reason="runtime/serve/server.py is absent")
 async def test_tensor_parallel_replica_gets_two_gpus_on_one_node(backend, tiny_model):
     """Two slots of one node make one replica of two ranks (tensor_parallel_size comes
     from the slot count), which holds both GPUs and serves the single-process answer."""
@@ -133,7 +129,6 @@ async def test_tensor_parallel_replica_gets_two_gpus_on_one_node(backend, tiny_m
     assert served["usage"]["completion_tokens"] == len(want.token_ids)
 
 
-@pytest.mark.skipif(not HAS_SERVER, reason="runtime/serve/server.py is absent")
 async def test_runtime_exit_is_reported_with_its_code(backend, tiny_model):
     slots = await backend.inventory()
     handle = await backend.start_replica(spec_for(), slots[:1], tiny_model, "killed")

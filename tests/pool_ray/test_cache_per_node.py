@@ -15,11 +15,10 @@ from pool.backends.ray import RayBackend
 from pool.s3 import open_client
 from pool.weights.store import WeightCache, WeightStore, entry_key
 from tests.pool.conftest import make_settings
-from tests.pool_ray.test_backend import CPU_ENGINE, HAS_SERVER, complete, wait_ready
+from tests.pool_ray.test_backend import CPU_ENGINE, complete, wait_ready
 from tests.support.model_factory import upload_model
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session"),
-              pytest.mark.skipif(not HAS_SERVER, reason="runtime/serve/server.py is absent")]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
 
 
 async def model_keys(settings, uri: str, scratch: Path) -> set[str]:

@@ -26,11 +26,10 @@ from pool.s3 import open_client
 from pool.weights.store import WeightCache, WeightStore, entry_key
 from tests.pool.conftest import make_settings
 from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, wait_until
-from tests.pool_ray.test_backend import CPU_ENGINE, HAS_SERVER, complete
+from tests.pool_ray.test_backend import CPU_ENGINE, complete
 from tests.support.model_factory import upload_model
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
-needs_server = pytest.mark.skipif(not HAS_SERVER, reason="runtime/serve/server.py is absent")
 LIVE = ("pending", "pulling", "loading", "ready", "draining")
 
 
@@ -88,7 +87,6 @@ async def model_keys(settings, uri: str, scratch: Path) -> set[str]:
         return {entry_key(o) for o in await store.list_model(uri)}
 
 
-@needs_server
 async def test_settings_alone_spread_three_replicas_then_scale_to_zero(cluster, s3_server, s3_bucket,
                                                                        tiny_model, tmp_path):
     settings = pool_settings(cluster, s3_server, tmp_path)
@@ -116,7 +114,6 @@ async def test_settings_alone_spread_three_replicas_then_scale_to_zero(cluster, 
         assert all(not h.is_alive() for h in handles)
 
 
-@needs_server
 async def test_second_cold_start_goes_to_the_node_holding_the_weights(cluster, s3_server, s3_bucket,
                                                                       tiny_model, tmp_path):
     """A two-GPU blocker takes the node best fit picks first (ties go to the lower node id),

@@ -38,10 +38,6 @@ async def serve(app, host: str = "127.0.0.1"):
         await asyncio.wait_for(task, 30)
 
 
-def runtime_server_available() -> bool:
-    return (REPO / "runtime" / "server.py").exists()
-
-
 class RuntimeProcess:
     """`python -m runtime.serve.server --model DIR --port N` as a child, stopped by PID."""
 
