@@ -58,7 +58,8 @@ from pool.in_memory import EventLog, InMemoryDesiredState  # noqa: E402
 from pool.manager import PoolManager  # noqa: E402
 from pool.s3 import open_client  # noqa: E402
 from pool.settings import PoolSettings  # noqa: E402
-from pool.weights.store import WeightCache, WeightStore  # noqa: E402
+from pool.weights.cache import WeightCache  # noqa: E402
+from pool.weights.store import WeightStore  # noqa: E402
 from tests.support.throttle_process import ProxyProcess  # noqa: E402
 from tests.support.throttle_proxy import through  # noqa: E402
 

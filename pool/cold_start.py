@@ -45,7 +45,8 @@ from pool.replica import Replica, ReplicaState
 from pool.replica_events import ReplicaEvents
 from pool.settings import PoolSettings
 from pool.weights.sources import SourceStores
-from pool.weights.store import WeightStore, entry_key, refuse_changed
+from pool.weights.cache import entry_key
+from pool.weights.store import WeightStore, refuse_changed
 
 log = logging.getLogger(__name__)
 PREFERENCE_TIMEOUT_S = 30.0             # a backend stuck answering must not stall a cold start

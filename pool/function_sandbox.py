@@ -9,7 +9,7 @@ What each sees (pool/sandbox.py makes it so):
           secret file, which only the tenant's uid may read; no network at all
 
 The package folder in the pool's cache is a folder of symlinks into the cache's
-entries (pool/weights/store.py); each file is bound by its target, so the sandbox
+entries (pool/weights/cache.py); each file is bound by its target, so the sandbox
 sees its own files and no other entry of the cache.
 """
 from __future__ import annotations

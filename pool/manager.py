@@ -16,10 +16,9 @@ served). Everything runs on one event loop; state changes happen between
 awaits.
 
 At start, before taking requests, the replicas an earlier pool left running
-(a control-plane crash) are re-adopted, stopped or forgotten
-(pool.adoption.decide), and the first heartbeat lists what the pool holds
-then. A replica's own token counters are read as it stops and go on its
-`stopped` event.
+are re-adopted, stopped or forgotten (pool/survivors.py), and the first
+heartbeat (pool/heartbeats.py) lists what the pool holds then. A replica's
+own token counters are read as it stops and go on its `stopped` event.
 
 The sleep tier (pool/sleep_tier.py): a revision with `sleep_timeout_s` drains its
 idle replicas into sleep instead of stopping them; a request, or any scale-up, wakes
@@ -48,22 +47,22 @@ import httpx
 
 from pool.activator import Waiter, wait_for_replica
 from pool.admission import queue_refusal
-from pool.adoption import ReplicaRecord, Verdict, adopted_replica, decide
-from pool.api import (ColdStartFailed, ColdStartTimeout, DesiredStateSource, Heartbeat, ModelInfo, NeverFits,
+from pool.api import (ColdStartFailed, ColdStartTimeout, DesiredStateSource, ModelInfo, NeverFits,
                       QueueFull, QuotaExceeded, ReplicaEventSink, ReplicaShape, RevisionSpec, RevisionStatus)
 from pool.autoscaler import Decision, policy
 from pool.backends import build_backend
-from pool.backends.base import Backend, ReplicaHandle, Survivor
+from pool.backends.base import Backend, ReplicaHandle
 from pool.backends.runtime_args import draft_model_uri
 from pool.backoff import BackoffConfig, Failure, after_failure, may_start, refusing_for_s
 from pool.capacity import Capacity
 from pool.clock import Clock
 from pool.cold_start import ColdStart, cold_start_timings, failure_reason
-from pool.health import served_tokens, serves, why_unhealthy
+from pool.health import served_tokens, why_unhealthy
+from pool.heartbeats import Heartbeats
 from pool.inventory import Slot
 from pool.lease import ReplicaLease
 from pool.replica_http import replica_client
-from pool.registry import (ManagedReplica, Registry, RevisionState, holding_slots, revision_status,
+from pool.registry import (ManagedReplica, Registry, RevisionState, revision_status,
                            scale_down_order, scaling_snapshot, waits, weight_keys)
 from pool.replica import LIVE, STARTING, Replica, ReplicaState
 from pool.replica_events import ReplicaEvents
@@ -74,8 +73,10 @@ from pool.sleep_tier import SleepFailed, SleepTier
 from pool.router import Candidate, choose
 from pool.s3 import open_client
 from pool.settings import PoolSettings
+from pool.survivors import Survivors
 from pool.weights.sources import SourceStores
-from pool.weights.store import WeightCache, WeightStore
+from pool.weights.cache import WeightCache
+from pool.weights.store import WeightStore
 
 log = logging.getLogger(__name__)
 READY, DRAINING = ReplicaState.READY, ReplicaState.DRAINING
@@ -90,6 +91,7 @@ class Running:
     cold_start: ColdStart
     sleep_tier: SleepTier
     prefetcher: Prefetcher
+    heartbeats: Heartbeats
 
 
 class PoolManager:
@@ -111,8 +113,6 @@ class PoolManager:
         self._stack = AsyncExitStack()
         self._last_refresh = float("-inf")
         self._last_inventory = float("-inf")
-        self._last_beat = float("-inf")
-        self._beating: Optional[asyncio.Task[None]] = None
         self.started = False
 
     # ------------------------------------------------------------- lifecycle
@@ -127,15 +127,17 @@ class PoolManager:
         cold_start = ColdStart(self.settings, self.backend, self.capacity, self._events, stores, http)
         sleep_tier = SleepTier(self.settings, self.backend, self.capacity, self._events, http, self.clock)
         self._opened = Running(weights, http, cold_start, sleep_tier,
-                               Prefetcher(stores, self.settings.pull_timeout_s))
+                               Prefetcher(stores, self.settings.pull_timeout_s),
+                               Heartbeats(self._registry, self._events, self.clock, http, self.settings.heartbeat_s))
         await self.backend.start()
         self.started = True                      # from here on, stop() undoes what start() did
         await self.capacity.update(await self.backend.inventory())
         self._last_inventory = self.clock.mono()
         self._events.start()
         await self._read_desired()
-        await self._adopt_survivors()
-        await self._heartbeat()
+        await Survivors(self.backend, self.capacity, self._registry, self._events, self.clock, http,
+                        self.settings.stop_timeout_s).take_over()
+        await self._running.heartbeats.send()
         self._ticker = asyncio.ensure_future(self._run())
         self._reconcile_all()
 
@@ -149,7 +151,7 @@ class PoolManager:
         await self._running.prefetcher.close()
         await self._stop_replicas()
         await self.backend.close()
-        self._events.beat(self._heartbeat_now({}))         # nothing holds slots any more
+        self._events.beat(self._running.heartbeats.now({}))   # nothing holds slots any more
         await self._events.close(self.settings.stop_timeout_s)
         await self._running.http.aclose()
         await self._stack.aclose()
@@ -526,9 +528,7 @@ class PoolManager:
             self._reconcile(rev)
         self._start_prefetches()
         self._registry.drop_finished()
-        if self.clock.mono() - self._last_beat >= self.settings.heartbeat_s and \
-                (self._beating is None or self._beating.done()):
-            self._beating = self._spawn(self._heartbeat())
+        self._running.heartbeats.send_if_due(self._spawn)
 
     def _notice_crashes(self, rev: RevisionState) -> None:
         for managed in rev.in_state(READY, DRAINING, SLEEPING):
@@ -554,70 +554,6 @@ class PoolManager:
         added, removed = await self.capacity.update(fresh)
         if added or removed:
             log.info("inventory: %d slot(s) joined, %d left; %d now", len(added), len(removed), len(fresh))
-
-    # ------------------------------------------------------------- billing: heartbeats
-
-    async def _heartbeat(self) -> None:
-        """Queue a heartbeat: every replica that holds slots now, with the tokens each says it
-        served (those that answer /stats in time)."""
-        self._last_beat = self.clock.mono()
-        holding = holding_slots(self._registry.all())
-        counts = await asyncio.gather(*(self._served(m) for m in holding))
-        self._events.beat(self._heartbeat_now({m.replica_id: c for m, c in zip(holding, counts) if c}))
-
-    def _heartbeat_now(self, tokens: dict[str, tuple[int, int]]) -> Heartbeat:
-        """The replicas holding slots at this moment (after the awaits that read tokens)."""
-        listed = tuple(m.replica_id for m in holding_slots(self._registry.all()))
-        return Heartbeat(self.clock.utc(), listed, {rid: tokens[rid] for rid in listed if rid in tokens})
-
-    async def _served(self, managed: ManagedReplica) -> Optional[tuple[int, int]]:
-        handle = managed.handle
-        if handle is None or not handle.is_alive():
-            return None
-        return await served_tokens(handle, self._running.http)
-
-    # ------------------------------------------------------------- re-adoption
-
-    async def _adopt_survivors(self) -> None:
-        """The replicas an earlier pool left running: adopted as ready on their slots, stopped,
-        or forgotten (pool.adoption.decide), before any new replica is placed."""
-        survivors = await self.backend.survivors()
-        answered = await asyncio.gather(*(self._answers(s) for s in survivors))
-        slot_ids = {s.slot_id for s in self.capacity.slots}
-        stopping = []
-        for survivor, answers in zip(survivors, answered):
-            record, handle = survivor.record, survivor.handle
-            rev = self._registry.deployed(record.revision_id)
-            verdict, why = decide(record, alive=handle is not None, answers=answers,
-                                  wanted=rev.spec if rev else None, slot_ids=slot_ids)
-            log.info("replica %s of revision %s, left by an earlier pool: %s (%s)",
-                     record.replica_id, record.revision_id, verdict.value, why)
-            if verdict is Verdict.ADOPT and rev is not None and handle is not None:
-                self._adopt(rev, record, handle)
-            elif handle is not None:
-                stopping.append(self._stop_survivor(handle))
-        await asyncio.gather(*stopping, return_exceptions=True)
-
-    async def _answers(self, survivor: Survivor) -> bool:
-        handle = survivor.handle
-        return handle is not None and await serves(handle, self._running.http, survivor.record.revision_id)
-
-    def _adopt(self, rev: RevisionState, record: ReplicaRecord, handle: ReplicaHandle) -> None:
-        """Ready again, on the slots it holds (booked before anything else is placed)."""
-        now = self.clock.mono()
-        placed = self.capacity.hold(record.replica_id, rev.spec.tenant_id, record.node, record.slot_ids,
-                                    record.bytes_per_slot)
-        managed = ManagedReplica(adopted_replica(record, now, self.clock.utc()), rev.spec,
-                                 handle=handle, placed=placed)
-        rev.add(managed)
-        rev.last_activity = now                  # idle from now on, not since the crash
-        self._events.publish(managed)
-
-    async def _stop_survivor(self, handle: ReplicaHandle) -> None:
-        try:
-            await handle.stop(self.settings.stop_timeout_s)
-        finally:
-            self.backend.forget(handle)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)

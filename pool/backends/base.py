@@ -76,7 +76,7 @@ class Backend(Protocol):
         ...
 
     async def nodes_holding(self, keys: Iterable[str]) -> set[str]:
-        """Nodes whose own cache has every one of keys (pool.weights.store.entry_key):
+        """Nodes whose own cache has every one of keys (pool.weights.cache.entry_key):
         preferred for a cold start. Asked only when pulls_on_node."""
         ...
 

@@ -147,7 +147,7 @@ class RayBackend:
         return slots_from_nodes(cluster_nodes(), self.gpu_memory_bytes)
 
     async def node_caches(self) -> dict[str, set[str]]:
-        """Weight-cache keys (pool.weights.store.entry_key) held by each alive GPU node.
+        """Weight-cache keys (pool.weights.cache.entry_key) held by each alive GPU node.
 
         Each node is asked with a short task; one that does not answer in time
         (a busy node starting a worker) is answered from what it held after its

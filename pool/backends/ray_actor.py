@@ -152,7 +152,7 @@ def node_settings(settings: PoolSettings) -> PoolSettings:
 
 
 def cache_entries(cache_dir: Path) -> list[str]:
-    """Keys of the complete entries in a pool/weights/store.py cache (objects/<key>/{data,meta.json})."""
+    """Keys of the complete entries in a pool/weights/cache.py cache (objects/<key>/{data,meta.json})."""
     objects = Path(cache_dir) / "objects"
     if not objects.is_dir():
         return []
@@ -323,7 +323,8 @@ async def pull_model(model_uri: str, settings: PoolSettings, pins: Pins) -> str:
     second pull of a model then finds it cached.
     """
     from pool.s3 import open_client
-    from pool.weights.store import WeightCache, WeightStore
+    from pool.weights.cache import WeightCache
+    from pool.weights.store import WeightStore
 
     with cache_lock(Path(settings.cache_dir)):
         async with AsyncExitStack() as stack:

@@ -12,7 +12,8 @@ import pytest
 from pool.weights import gguf
 from pool.api import ColdStartFailed, ModelUnavailable
 from pool.weights.inspection import inspect_model
-from pool.weights.store import WeightCache, WeightStore, entry_key
+from pool.weights.cache import WeightCache, entry_key
+from pool.weights.store import WeightStore
 from tests.pool.conftest import FlakyS3
 from tests.support.gguf_files import write_model_gguf
 from wire import gguf as wire_gguf

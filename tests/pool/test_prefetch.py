@@ -17,7 +17,8 @@ from pool.api import Pins, RevisionSpec
 from pool.weights.prefetch import PrefetchTarget
 from pool.prefetcher import Prefetcher
 from pool.registry import RevisionState
-from pool.weights.store import CachedModel, WeightCache, WeightStore
+from pool.weights.cache import WeightCache
+from pool.weights.store import CachedModel, WeightStore
 from tests.pool.conftest import FlakyS3, make_settings, running_manager
 from tests.support.model_factory import upload_model
 from tests.support.waiting import eventually

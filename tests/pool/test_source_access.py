@@ -17,7 +17,7 @@ from pool.api import ModelUnavailable, RevisionSpec, S3Access
 from pool.in_memory import EventLog, InMemoryDesiredState
 from pool.manager import PoolManager
 from pool.s3 import S3Object, access_for
-from pool.weights.store import entry_key
+from pool.weights.cache import entry_key
 from tests.support.replica_client import replica_http
 from tests.pool.conftest import make_settings
 from tests.support.model_factory import upload_model

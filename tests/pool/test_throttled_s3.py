@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from pool.s3 import open_client
-from pool.weights.store import WeightCache, WeightStore
+from pool.weights.cache import WeightCache
+from pool.weights.store import WeightStore
 from tests.pool.conftest import make_settings
 from tests.support.model_factory import upload_model
 from tests.support.pacing import TokenBucket

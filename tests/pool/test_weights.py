@@ -9,7 +9,8 @@ import pytest
 from pool.api import ColdStartFailed
 from pool.weights.inspection import inspect_model
 from pool.s3 import list_objects
-from pool.weights.store import WeightCache, WeightStore, entry_key, part_ranges
+from pool.weights.cache import WeightCache, entry_key
+from pool.weights.store import WeightStore, part_ranges
 from tests.pool.conftest import FlakyS3
 from tests.support.model_factory import upload_model
 
@@ -159,13 +160,13 @@ async def test_a_cache_entry_overwritten_with_same_size_bytes_is_fetched_again(
 
 async def test_an_untouched_entry_is_not_hashed_again_on_a_hit(s3, s3_server, pool_bucket, fresh_prefix, settings,
                                                              tiny_model, monkeypatch):
-    from pool.weights import store as weights
+    from pool.weights import cache
 
     uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{fresh_prefix}/tiny")
     store = store_for(s3, settings)
     await store.fetch_model(uri)
     hashed = []
-    monkeypatch.setattr(weights, "sha256_of", lambda path: hashed.append(path) or "")
+    monkeypatch.setattr(cache, "sha256_of", lambda path: hashed.append(path) or "")
     again = await store.fetch_model(uri)
     assert hashed == [] and again.downloaded_bytes == 0
 

@@ -13,7 +13,8 @@ import pytest
 from pool.api import RevisionSpec
 from pool.backends.ray import RayBackend
 from pool.s3 import open_client
-from pool.weights.store import WeightCache, WeightStore, entry_key
+from pool.weights.cache import WeightCache, entry_key
+from pool.weights.store import WeightStore
 from tests.pool.conftest import make_settings
 from tests.pool_ray.test_backend import CPU_ENGINE, complete, wait_ready
 from tests.support.model_factory import upload_model

@@ -23,7 +23,8 @@ from pool.backends.ray import RayBackend
 from pool.in_memory import EventLog, InMemoryDesiredState
 from pool.manager import PoolManager
 from pool.s3 import open_client
-from pool.weights.store import WeightCache, WeightStore, entry_key
+from pool.weights.cache import WeightCache, entry_key
+from pool.weights.store import WeightStore
 from tests.pool.conftest import make_settings
 from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, wait_until
 from tests.pool_ray.test_backend import CPU_ENGINE, complete
