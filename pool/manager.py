@@ -46,14 +46,13 @@ from typing import Any, Coroutine, Optional
 import httpx
 
 from pool.activator import Waiter, wait_for_replica
-from pool.admission import queue_refusal
 from pool.api import (ColdStartFailed, ColdStartTimeout, DesiredStateSource, ModelInfo, NeverFits,
-                      QueueFull, QuotaExceeded, ReplicaEventSink, ReplicaShape, RevisionSpec, RevisionStatus)
+                      ReplicaEventSink, ReplicaShape, RevisionSpec, RevisionStatus)
 from pool.autoscaler import Decision, policy
 from pool.backends import build_backend
 from pool.backends.base import Backend, ReplicaHandle
 from pool.backends.runtime_args import draft_model_uri
-from pool.backoff import BackoffConfig, Failure, after_failure, may_start, refusing_for_s
+from pool.backoff import BackoffConfig, Failure, after_failure, may_start
 from pool.capacity import Capacity
 from pool.clock import Clock
 from pool.cold_start import ColdStart, cold_start_timings, failure_reason
@@ -63,15 +62,15 @@ from pool.inventory import Slot
 from pool.lease import ReplicaLease
 from pool.replica_http import replica_client
 from pool.registry import (ManagedReplica, Registry, RevisionState, revision_status,
-                           scale_down_order, scaling_snapshot, waits, weight_keys)
+                           scale_down_order, scaling_snapshot, weight_keys)
 from pool.replica import LIVE, STARTING, Replica, ReplicaState
 from pool.replica_events import ReplicaEvents
 from pool.weights.prefetch import to_prefetch
 from pool.prefetcher import Prefetcher
 from pool.sleep_budget import Sleeper, make_room
 from pool.sleep_tier import SleepFailed, SleepTier
-from pool.router import Candidate, choose
 from pool.s3 import open_client
+from pool.request_refusals import backoff_refusal, gpu_quota_refusal, queue_refusal_for
 from pool.settings import PoolSettings
 from pool.survivors import Survivors
 from pool.weights.sources import SourceStores
@@ -205,11 +204,12 @@ class PoolManager:
         rev = await self._revision_for(spec)
         start = self.clock.mono()
         rev.last_activity = start
-        picked = self._route(rev, prefix_key) or await self._after_checks(rev, prefix_key)
+        picked = rev.route(prefix_key) or await rev.route_after_checks(prefix_key)
         if picked is not None:
             return self._lease(rev, picked, start, cold=False)
-        self._refuse_during_backoff(rev)
-        self._refuse_over_queue_quota(rev)
+        refused = backoff_refusal(rev, self.clock.mono()) or queue_refusal_for(self._registry, rev)
+        if refused is not None:
+            raise refused
         waiter = Waiter(request_id, prompt_tokens, prefix_key, start)
         rev.queue.push(waiter)
         self._reconcile(rev)                     # the first request starts the cold start now
@@ -218,7 +218,7 @@ class PoolManager:
                                                 on_lost=lambda rid: self._release_replica(rev, rid),
                                                 retry_after_s=2.0 if rev.in_state(ReplicaState.LOADING) else 5.0)
         except ColdStartTimeout as timeout:
-            raise (self._over_gpu_quota(rev) or timeout) from None
+            raise (gpu_quota_refusal(rev) or timeout) from None
         return self._lease(rev, replica_id, start, cold=True)
 
     def revision_status(self, revision_id: str) -> RevisionStatus:
@@ -256,43 +256,6 @@ class PoolManager:
             raise ColdStartFailed(f"revision {spec.revision_id} is not in the desired state")
         return rev
 
-    def _refuse_during_backoff(self, rev: RevisionState) -> None:
-        """Right after a failed cold start, answer at once with its reason (503)."""
-        refusing = refusing_for_s(rev.backoff, self.clock.mono())
-        if rev.last_error and refusing is not None and not rev.in_state(*LIVE):
-            raise ColdStartFailed(rev.last_error, retry_after_s=max(0.5, refusing))
-
-    def _refuse_over_queue_quota(self, rev: RevisionState) -> None:
-        """429 at once when the tenant already has quota.max_queued_requests waiting."""
-        tenant = rev.spec.tenant_id
-        reason = queue_refusal(tenant, self._registry.queued_requests(tenant), rev.spec.quota)
-        if reason:
-            raise QueueFull(reason, retry_after_s=1.0)
-
-    def _over_gpu_quota(self, rev: RevisionState) -> Optional[QuotaExceeded]:
-        """After a wait that timed out: 429 if the tenant's GPU quota, not the pool, held the
-        revision's next replica back (the replica keeps waiting for the tenant's own to stop)."""
-        held_back = [w for w in waits(rev) if w.over_quota]
-        return QuotaExceeded(f"revision {rev.spec.revision_id}: {held_back[0].reason}") if held_back else None
-
-    def _route(self, rev: RevisionState, prefix_key: Optional[str]) -> Optional[str]:
-        """The ready replica that takes a request, counted in flight from now on."""
-        chosen = choose([Candidate(r.replica_id, r.in_flight) for r in rev.in_state(READY)
-                         if not r.checking], prefix_key)
-        if chosen is not None:
-            rev.replicas[chosen].in_flight += 1
-        return chosen
-
-    async def _after_checks(self, rev: RevisionState, prefix_key: Optional[str]) -> Optional[str]:
-        """When the only ready replicas are being checked after a failed request: their
-        verdict first (a few seconds at most), then the route; a replica found dead has
-        been failed by then, so the request queues for its replacement."""
-        checks = [r.check for r in rev.in_state(READY) if r.checking and r.check is not None]
-        if not checks:
-            return None
-        await asyncio.wait(checks)
-        return self._route(rev, prefix_key)
-
     def _lease(self, rev: RevisionState, replica_id: str, start: float, cold: bool) -> ReplicaLease:
         managed = rev.replicas.get(replica_id)
         if managed is None or managed.handle is None:
@@ -329,7 +292,7 @@ class PoolManager:
             self._fail(rev, managed, reason)
         elif not reason:       # cleared (this task is not done yet): queued requests may go to it
             managed.check = None
-            rev.queue.dispatch(lambda waiter: self._route(rev, waiter.prefix_key))
+            rev.queue.dispatch(lambda waiter: rev.route(waiter.prefix_key))
 
     # ------------------------------------------------------------- scaling
 
@@ -397,7 +360,7 @@ class PoolManager:
             return
         self._events.move(managed, READY)
         rev.last_error = None
-        rev.queue.dispatch(lambda waiter: self._route(rev, waiter.prefix_key))
+        rev.queue.dispatch(lambda waiter: rev.route(waiter.prefix_key))
 
     # ------------------------------------------------------------- failure and stop
 
@@ -475,7 +438,7 @@ class PoolManager:
             self._reconcile(rev)
             return
         self._events.move(managed, READY)
-        rev.queue.dispatch(lambda waiter: self._route(rev, waiter.prefix_key))
+        rev.queue.dispatch(lambda waiter: rev.route(waiter.prefix_key))
 
     async def _shutdown_replica(self, managed: ManagedReplica, reason: Optional[str] = None) -> None:
         """Stop a live replica (starting, ready or draining) and record it stopped."""

@@ -28,6 +28,7 @@ from pool.backoff import Backoff
 from pool.placement import Placed
 from pool.weights.prefetch import Prefetched
 from pool.replica import LIVE, STARTING, Replica, ReplicaState
+from pool.router import Candidate, choose
 from pool.settings import PoolSettings
 from pool.weights.store import ModelFiles
 
@@ -101,6 +102,24 @@ class RevisionState:
         """No longer deployed: waiting requests fail now, replicas drain on the next reconcile."""
         self.retired = True
         self.queue.fail_all(ColdStartFailed(f"revision {self.spec.revision_id} is no longer deployed"))
+
+    def route(self, prefix_key: Optional[str]) -> Optional[str]:
+        """The ready replica that takes a request, counted in flight from now on."""
+        chosen = choose([Candidate(r.replica_id, r.in_flight) for r in self.in_state(ReplicaState.READY)
+                         if not r.checking], prefix_key)
+        if chosen is not None:
+            self.replicas[chosen].in_flight += 1
+        return chosen
+
+    async def route_after_checks(self, prefix_key: Optional[str]) -> Optional[str]:
+        """When the only ready replicas are being checked after a failed request: their
+        verdict first (a few seconds at most), then the route; a replica found dead has
+        been failed by then, so the request queues for its replacement."""
+        checks = [r.check for r in self.in_state(ReplicaState.READY) if r.checking and r.check is not None]
+        if not checks:
+            return None
+        await asyncio.wait(checks)
+        return self.route(prefix_key)
 
     def add(self, managed: ManagedReplica) -> None:
         """Track a new replica; forget the oldest finished ones beyond KEEP_FINISHED."""
