@@ -56,7 +56,7 @@ from pool.backoff import BackoffConfig, Failure, after_failure, may_start
 from pool.capacity import Capacity
 from pool.clock import Clock
 from pool.cold_start import ColdStart, cold_start_timings, failure_reason
-from pool.health import served_tokens, why_unhealthy
+from pool.health import why_unhealthy
 from pool.heartbeats import Heartbeats
 from pool.inventory import Slot
 from pool.lease import ReplicaLease
@@ -72,6 +72,7 @@ from pool.sleep_tier import SleepFailed, SleepTier
 from pool.s3 import open_client
 from pool.request_refusals import backoff_refusal, gpu_quota_refusal, queue_refusal_for
 from pool.settings import PoolSettings
+from pool.stopping import ReplicaStopper
 from pool.survivors import Survivors
 from pool.weights.sources import SourceStores
 from pool.weights.cache import WeightCache
@@ -91,6 +92,7 @@ class Running:
     sleep_tier: SleepTier
     prefetcher: Prefetcher
     heartbeats: Heartbeats
+    stopper: ReplicaStopper
 
 
 class PoolManager:
@@ -127,7 +129,9 @@ class PoolManager:
         sleep_tier = SleepTier(self.settings, self.backend, self.capacity, self._events, http, self.clock)
         self._opened = Running(weights, http, cold_start, sleep_tier,
                                Prefetcher(stores, self.settings.pull_timeout_s),
-                               Heartbeats(self._registry, self._events, self.clock, http, self.settings.heartbeat_s))
+                               Heartbeats(self._registry, self._events, self.clock, http, self.settings.heartbeat_s),
+                               ReplicaStopper(self.backend, self.capacity, self._events, weights, http,
+                                              self.settings.stop_timeout_s))
         await self.backend.start()
         self.started = True                      # from here on, stop() undoes what start() did
         await self.capacity.update(await self.backend.inventory())
@@ -160,7 +164,7 @@ class PoolManager:
         revisions = self._registry.all()
         for rev in revisions:
             rev.queue.fail_all(closing)
-        await asyncio.gather(*(self._shutdown_replica(r) for rev in revisions for r in rev.in_state(*LIVE)),
+        await asyncio.gather(*(self._running.stopper.shutdown(r) for rev in revisions for r in rev.in_state(*LIVE)),
                              return_exceptions=True)
         await asyncio.gather(*self._background, return_exceptions=True)
 
@@ -342,7 +346,7 @@ class PoolManager:
         if managed.state in STARTING:
             if managed.task:
                 managed.task.cancel()
-            self._spawn(self._shutdown_replica(managed, reason=f"scaled down while starting: {reason}"))
+            self._spawn(self._running.stopper.shutdown(managed, reason=f"scaled down while starting: {reason}"))
         elif managed.state is READY:
             managed.drain_to = SLEEPING if to_sleep else ReplicaState.STOPPED
             self._events.move(managed, DRAINING, f"{reason}: to sleep" if to_sleep else reason)
@@ -374,7 +378,7 @@ class PoolManager:
         rev.backoff, delay = after_failure(rev.backoff, Failure(self.clock.mono(), ready_at), self._backoff)
         if not rev.in_state(*STARTING, READY):
             rev.queue.fail_all(ColdStartFailed(reason, retry_after_s=max(1.0, delay)))
-        self._spawn(self._cleanup(managed))
+        self._spawn(self._running.stopper.cleanup(managed))
 
     async def _finish_drain(self, managed: ManagedReplica) -> None:
         if managed.state is not DRAINING:
@@ -383,7 +387,7 @@ class PoolManager:
         if managed.drain_to is SLEEPING and rev is not None:
             await self._put_to_sleep(rev, managed)
         else:
-            await self._shutdown_replica(managed)
+            await self._running.stopper.shutdown(managed)
 
     # ------------------------------------------------------------- the sleep tier
 
@@ -393,7 +397,7 @@ class PoolManager:
         node = managed.placed.node if managed.placed is not None else self.settings.node
         room = make_room(self._sleepers(), node, managed.weight_bytes, self.settings.sleep_host_memory_bytes)
         if room is None:
-            await self._shutdown_replica(managed, reason="too large for the node's host-memory budget "
+            await self._running.stopper.shutdown(managed, reason="too large for the node's host-memory budget "
                                                          "for sleeping replicas")
             return
         for replica_id in room:
@@ -403,7 +407,7 @@ class PoolManager:
         try:
             await self._running.sleep_tier.sleep(managed)
         except SleepFailed as exc:
-            await self._shutdown_replica(managed, reason=f"sleep failed: {exc}")
+            await self._running.stopper.shutdown(managed, reason=f"sleep failed: {exc}")
             return
         self._reconcile(rev)                     # a request that came meanwhile wakes it now
 
@@ -414,7 +418,7 @@ class PoolManager:
     def _stop_sleeper(self, managed: ManagedReplica, reason: str) -> None:
         if managed.state is SLEEPING and not managed.stopping:
             managed.stopping = True             # once: the next tick may name it again
-            self._spawn(self._shutdown_replica(managed, reason=reason))
+            self._spawn(self._running.stopper.shutdown(managed, reason=reason))
 
     def _wake_or_start(self, rev: RevisionState) -> None:
         """One more awake replica: a sleeper woken (the latest to fall asleep), else none
@@ -434,41 +438,11 @@ class PoolManager:
         try:
             await self._running.sleep_tier.wake(managed)
         except SleepFailed as exc:
-            await self._shutdown_replica(managed, reason=f"wake failed, a cold start instead: {exc}")
+            await self._running.stopper.shutdown(managed, reason=f"wake failed, a cold start instead: {exc}")
             self._reconcile(rev)
             return
         self._events.move(managed, READY)
         rev.queue.dispatch(lambda waiter: rev.route(waiter.prefix_key))
-
-    async def _shutdown_replica(self, managed: ManagedReplica, reason: Optional[str] = None) -> None:
-        """Stop a live replica (starting, ready or draining) and record it stopped."""
-        task = managed.task
-        if task and not task.done() and task is not asyncio.current_task():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        if managed.state is READY:
-            self._events.move(managed, DRAINING, reason)
-        if managed.handle is not None and managed.handle.is_alive():
-            managed.final_tokens = await served_tokens(managed.handle, self._running.http)
-        await self._cleanup(managed)
-        if managed.state in LIVE:
-            self._events.move(managed, ReplicaState.STOPPED, reason)
-
-    async def _cleanup(self, managed: ManagedReplica) -> None:
-        """Give back what the replica holds: its process, its pinned weights, its slots."""
-        handle = managed.handle
-        if handle is not None:
-            managed.stopping = True         # a Ray handle reads dead before its actor is gone
-            try:
-                await handle.stop(self.settings.stop_timeout_s)
-            finally:
-                self.backend.forget(handle)
-        for files in managed.files:
-            self._running.weights.release(files)
-        managed.files = ()
-        placed, managed.placed = managed.placed, None
-        if placed is not None:
-            await self.capacity.release(managed.replica_id, placed.slot_ids)
 
     # ------------------------------------------------------------- the loop
 
@@ -502,7 +476,7 @@ class PoolManager:
         for managed in rev.in_state(DRAINING):
             started = managed.drain_started
             if started and self.clock.mono() - started >= self.settings.drain_timeout_s:
-                self._spawn(self._shutdown_replica(managed, reason="drain timed out"))
+                self._spawn(self._running.stopper.shutdown(managed, reason="drain timed out"))
 
     async def refresh_inventory(self) -> None:
         """Re-read the backend's slots: a node that joined adds its slots (and wakes

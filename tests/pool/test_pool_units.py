@@ -219,6 +219,7 @@ async def test_inventory_refresh_adds_and_drops_slots_and_places_who_waits():
     from pool.in_memory import EventLog, InMemoryDesiredState
     from pool.manager import PoolManager
     from pool.placement import Placed, PlacementRequest
+    from pool.stopping import ReplicaStopper
 
     node_a = [Slot(f"a/gpu{i}", "a", "cuda", GB, i) for i in range(2)]
     node_b = [Slot(f"b/gpu{i}", "b", "cuda", GB, i) for i in range(2)]
@@ -241,7 +242,8 @@ async def test_inventory_refresh_adds_and_drops_slots_and_places_who_waits():
     assert await asyncio.wait_for(big, 5) == Placed("b", ("b/gpu0", "b/gpu1"), GB)   # placed by the join
     assert [s.slot_id for s in manager.slots] == ["b/gpu0", "b/gpu1"]
     assert [(s.slot_id, s.reserved_bytes) for s in capacity.states()] == [("b/gpu0", GB), ("b/gpu1", GB)]
-    await manager._cleanup(held)                # the replica of the gone node lets go: no error
+    stopper = ReplicaStopper(backend, capacity, manager._events, weights=None, http=None, stop_timeout_s=1.0)
+    await stopper.cleanup(held)                 # the replica of the gone node lets go: no error
     assert held.placed is None and capacity.gpus_held() == {"ten": 2}
     with pytest.raises(ColdStartFailed, match="a/gpu0 left the pool"):
         capacity.slots_for(("a/gpu0",))          # a replica placed on a before it left
