@@ -76,7 +76,7 @@ class ColdStart:
 
     async def _inspect_with(self, store: WeightStore, model_uri: str) -> ModelInfo:
         try:
-            info = await inspect_model(store.client, model_uri, retry=store.retry)
+            info = await inspect_model(store.client, model_uri, retry=store.downloader.retry)
         except ValueError as exc:
             raise ModelUnavailable(str(exc)) from exc
         self._infos[(store.origin, model_uri)] = info

@@ -1,11 +1,8 @@
 """Weights from S3 into a local content cache shared by the replicas of a node.
 
-Each object is fetched with parallel ranged GETs (part size and concurrency
-from the settings, every part `If-Match` its listed ETag), written with
-pwrite into a temp file, verified (size always; the MD5 for single-part
-ETags, hashed in order while later parts still download; a multipart ETag
-`<md5>-<n>` is not a content MD5, so those are verified by size only) and
-renamed atomically into the cache (pool/weights/cache.py: LRU past its
+Each object is downloaded into a temp file (pool/weights/download.py: parallel
+ranged GETs, each `If-Match` its listed ETag, verified) and renamed atomically
+into the cache (pool/weights/cache.py: LRU past its
 budget, entries in use pinned, a hit re-hashed when its files' stat changed).
 A failed or partial download is deleted and never enters the cache. Bytes
 that changed are evicted and fetched again: the same size is not the same
@@ -38,15 +35,14 @@ from pool.weights import gguf
 from pool.api import ColdStartFailed, PinnedObject, Pins
 from pool.weights.gguf import is_gguf_uri
 from pool.weights.cache import WeightCache, digests_of, entry_key
+from pool.weights.download import Downloader
 from pool.weights.inspection import FUNCTION_MANIFEST
-from pool.s3 import (MISMATCH_CODES, MISSING_CODES, S3Client, S3Object, ShortRead, error_code,
-                     list_objects, parse_uri, with_retries)
+from pool.s3 import (S3Client, S3Object, list_objects, parse_uri)
 from pool.settings import PoolSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-CHUNK = 1024 * 1024
 SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt", ".md", ".gitattributes")
 NO_PINS: Pins = MappingProxyType({})
 
@@ -75,13 +71,8 @@ class WeightStore:
         self.cache = cache
         self.settings = settings
         self.origin = origin            # S3Access.origin of the client's credentials
-        self._parts = asyncio.Semaphore(settings.download_concurrency)
+        self.downloader = Downloader(client, settings)
         self._inflight: dict[str, Shared] = {}
-
-    async def retry(self, call: Callable[[], Awaitable[T]]) -> T:
-        s = self.settings
-        return await with_retries(call, attempts=s.s3_attempts, base_s=s.s3_backoff_base_s,
-                                  cap_s=s.s3_backoff_cap_s)
 
     async def list_model(self, model_uri: str, pins: Pins = NO_PINS) -> list[S3Object]:
         """The objects to fetch: those its revision pinned, each as it was deployed."""
@@ -91,9 +82,9 @@ class WeightStore:
 
     async def _list(self, model_uri: str) -> list[S3Object]:
         if is_gguf_uri(model_uri):
-            return [await self.retry(lambda: gguf.head(self.client, model_uri))]
+            return [await self.downloader.retry(lambda: gguf.head(self.client, model_uri))]
         bucket, prefix = parse_uri(model_uri)
-        objects = await self.retry(lambda: list_objects(self.client, bucket, prefix))
+        objects = await self.downloader.retry(lambda: list_objects(self.client, bucket, prefix))
         names = {o.key[len(prefix):] for o in objects}
         if FUNCTION_MANIFEST in names:      # a function package: every file, in its folders
             return objects
@@ -225,57 +216,10 @@ class WeightStore:
         self.cache.make_room(obj.size)
         temp = self.cache.temp_path()
         try:
-            sha256 = await self.download(obj, temp)
+            sha256 = await self.downloader.download(obj, temp)
             return self.cache.admit(obj, temp, sha256)
         finally:
             temp.unlink(missing_ok=True)
-
-    async def download(self, obj: S3Object, dest: Path) -> str:
-        """Parallel ranged GETs of one object into dest, then verified; its SHA-256."""
-        ranges = part_ranges(obj.size, self.settings.part_size_bytes)
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, obj.size)
-            hasher = OrderedHasher(dest, len(ranges))
-            tasks = [asyncio.ensure_future(self._part(obj, fd, i, rng, hasher)) for i, rng in enumerate(ranges)]
-            hashing = asyncio.ensure_future(hasher.run(ranges))
-            try:
-                written = sum(await asyncio.gather(*tasks))
-                md5_hex, sha256_hex = await hashing
-            except BaseException:
-                for t in tasks + [hashing]:
-                    t.cancel()
-                await asyncio.gather(*tasks, hashing, return_exceptions=True)
-                raise
-        finally:
-            os.close(fd)
-        check_md5 = self.settings.verify_md5 and not obj.is_multipart_etag
-        verify(obj, written, dest.stat().st_size, md5_hex if check_md5 else None)
-        return sha256_hex
-
-    async def _part(self, obj: S3Object, fd: int, index: int, rng: tuple[int, int],
-                    hasher: "OrderedHasher") -> int:
-        async with self._parts:
-            n = await self.retry(lambda: self._get_range(obj, fd, rng))
-        hasher.done(index)
-        return n
-
-    async def _get_range(self, obj: S3Object, fd: int, rng: tuple[int, int]) -> int:
-        start, end = rng
-        offset = start
-        try:
-            resp = await self.client.get_object(Bucket=obj.bucket, Key=obj.key,
-                                                Range=f"bytes={start}-{end}", IfMatch=f'"{obj.etag}"')
-            async with resp["Body"] as body:
-                # each chunk straight to its offset: no join of the part in memory
-                async for chunk in body.iter_chunks(CHUNK):
-                    offset += os.pwrite(fd, chunk, offset)
-        except Exception as exc:  # noqa: BLE001 - classified into a cold-start reason
-            raise_clear(obj, exc)
-        if offset != end + 1:
-            raise ShortRead(f"{obj.uri} bytes {start}-{end}: got {offset - start}")
-        return offset - start
-
 
 @dataclass
 class Shared:
@@ -293,15 +237,6 @@ async def settle_all(coros: Iterable[Awaitable[T]]) -> list[T]:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-
-
-def raise_clear(obj: S3Object, exc: Exception) -> None:
-    code = error_code(exc)
-    if code in MISSING_CODES:
-        raise ColdStartFailed(f"missing object {obj.uri}") from exc
-    if code in MISMATCH_CODES:
-        raise ColdStartFailed(f"ETag mismatch for {obj.uri}: changed since listed (expected {obj.etag})") from exc
-    raise exc
 
 
 def pinned_under(model_uri: str, pins: Pins) -> Pins:
@@ -330,45 +265,3 @@ def _package_prefix(model_uri: str, objects: list[S3Object]) -> Optional[str]:
         return None
     prefix = parse_uri(model_uri)[1]
     return prefix if any(o.key == prefix + FUNCTION_MANIFEST for o in objects) else None
-
-
-def part_ranges(size: int, part: int) -> list[tuple[int, int]]:
-    return [(start, min(size, start + part) - 1) for start in range(0, size, part)]
-
-
-def verify(obj: S3Object, written: int, on_disk: int, md5_hex: Optional[str]) -> None:
-    if written != obj.size or on_disk != obj.size:
-        raise ColdStartFailed(f"size mismatch for {obj.uri}: expected {obj.size}, got {written}")
-    if md5_hex is not None and md5_hex != obj.etag:
-        raise ColdStartFailed(f"ETag mismatch for {obj.uri}: expected {obj.etag}, content md5 {md5_hex}")
-
-
-class OrderedHasher:
-    """MD5 and SHA-256 of a file whose parts arrive out of order: hashes each contiguous
-    prefix as it lands."""
-
-    def __init__(self, path: Path, parts: int):
-        self.path = path
-        self.events = [asyncio.Event() for _ in range(parts)]
-
-    def done(self, index: int) -> None:
-        self.events[index].set()
-
-    async def run(self, ranges: list[tuple[int, int]]) -> tuple[str, str]:
-        hashes = (hashlib.md5(), hashlib.sha256())
-        loop = asyncio.get_running_loop()
-        with open(self.path, "rb") as f:
-            for event, (start, end) in zip(self.events, ranges):
-                await event.wait()
-                await loop.run_in_executor(None, _hash_range, f.fileno(), start, end, hashes)
-        return hashes[0].hexdigest(), hashes[1].hexdigest()
-
-
-def _hash_range(fd: int, start: int, end: int, hashes: Iterable["hashlib._Hash"]) -> None:
-    step = 4 * 1024 * 1024
-    for offset in range(start, end + 1, step):
-        chunk = os.pread(fd, min(step, end + 1 - offset), offset)
-        for h in hashes:
-            h.update(chunk)
-
-

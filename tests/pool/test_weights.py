@@ -10,7 +10,8 @@ from pool.api import ColdStartFailed
 from pool.weights.inspection import inspect_model
 from pool.s3 import list_objects
 from pool.weights.cache import WeightCache, entry_key
-from pool.weights.store import WeightStore, part_ranges
+from pool.weights.download import part_ranges
+from pool.weights.store import WeightStore
 from tests.pool.conftest import FlakyS3
 from tests.support.model_factory import upload_model
 
