@@ -170,7 +170,7 @@ async def test_a_standby_warms_up_in_the_background_and_serves_at_full_weight(tw
 
 
 @needs_root
-def test_a_start_that_fails_leaves_no_folder_behind(tmp_path):
+async def test_a_start_that_fails_leaves_no_folder_behind(tmp_path):
     settings = PoolSettings(accelerator="cpu", cache_dir=tmp_path / "cache")
     models = ModelSandboxes(Sandbox(tmp_path / "state", Platform(())), settings)
     name = f"model-{uuid.uuid4().hex[:8]}"
