@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from pool.api import ColdStartFailed
-from pool.backends.runtime_args import PROJECT_ROOT, SECRET_ENV, SECRET_FILE_ENV
+from pool.backends.runtime_args import PROJECT_ROOT
+from wire.replica_secret import SECRET_ENV, SECRET_FILE_ENV
 from pool.cgroups import CgroupLimits
 from pool.egress import EgressProxy, parse_host
 from pool.inventory import Slot

@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from pool.api import ColdStartFailed
 from kernels.cpu.build import KERNELS_DIR_ENV
-from pool.backends.runtime_args import SECRET_ENV
+from wire.replica_secret import SECRET_ENV
 from pool.function_sandbox import REPLICA, RUN_ROOT, SECRET, SOCKET, cuda_devices, sandbox_limits, secret_as_file
 from pool.sandbox import (Bind, Sandbox, SandboxedServer, SandboxProfile, files_under, own_folder, replica_folder,
                           sandbox_env)

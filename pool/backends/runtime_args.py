@@ -4,7 +4,7 @@ Both backends start the same server; they differ in what the process sees
 of the GPUs (`isolated`) and in where it runs.
 
 Every runtime process gets its own random secret in its environment
-(SECRET_ENV, runtime.serve.server's contract), never on its command line, and
+(wire/replica_secret.py: SECRET_ENV), never on its command line, and
 refuses every call but /health that does not carry `auth_headers(secret)`.
 A process serves one replica in its life (a warm standby too: it is taken
 once, and stopped if its load fails), so no two replicas share a secret.
@@ -23,11 +23,10 @@ from typing import Any, Mapping, Optional, Sequence
 
 from pool.api import ModelUnavailable, RevisionSpec
 from pool.inventory import Slot
+from wire.replica_secret import SECRET_ENV
 from pool.s3 import parse_uri
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-SECRET_ENV = "THAWPOOL_REPLICA_SECRET"      # runtime/serve/server.py reads it once at start
-SECRET_FILE_ENV = "THAWPOOL_REPLICA_SECRET_FILE"   # or the file that holds it (a sandbox's)
 
 
 def new_secret() -> str:

@@ -38,7 +38,8 @@ from runtime.functions.handler import Handler, HandlerError, load_handler, run_b
 from runtime.functions.package import MANIFEST, FunctionPackage, parse_manifest
 from runtime.functions.request import parse_function_request
 from runtime.functions.worker import FunctionWorker
-from runtime.serve.server import SECRET_ENV, SECRET_FILE_ENV, RequireSecret, health_for, read_secret
+from runtime.serve.server import RequireSecret, health_for, read_secret
+from wire.replica_secret import SECRET_ENV, SECRET_FILE_ENV
 from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
 from wire.json_input import parse_json

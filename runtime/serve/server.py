@@ -44,13 +44,12 @@ from wire.embeddings import parse_embedding_request
 from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
 from wire.json_input import parse_json
+from wire.replica_secret import SECRET_ENV, SECRET_FILE_ENV
 from wire.request_id import RequestIdMiddleware
 from wire.requests import parse_request
 from wire.sse import EventStreamResponse
 
 log = logging.getLogger("thawpool.runtime")
-SECRET_ENV = "THAWPOOL_REPLICA_SECRET"             # the secret itself
-SECRET_FILE_ENV = "THAWPOOL_REPLICA_SECRET_FILE"   # or a file (mode 0600) that holds it
 OPEN_PATHS = frozenset({"/health"})                # answered without the secret
 # The default of --engine-process when the flag is not given: "0" (or false, no, off)
 # runs the engine in a thread of the server (on by default: benchmarks/peers.py, W8A8 on

@@ -66,12 +66,11 @@ def test_cpu_replicas_are_given_the_nodes_packed_layer_cache():
 
 
 def test_each_replica_gets_its_secret_in_its_environment_and_sends_it_as_a_bearer_header():
-    from pool.backends.runtime_args import SECRET_ENV, auth_headers, new_secret, runtime_env
-    from runtime.serve.server import SECRET_ENV as SERVER_READS
+    from pool.backends.runtime_args import auth_headers, new_secret, runtime_env
+    from wire.replica_secret import SECRET_ENV
 
     one, two = new_secret(), new_secret()
     assert one != two and len(one) >= 40
-    assert SECRET_ENV == SERVER_READS
     env = runtime_env(2, one)
     assert env[SECRET_ENV] == one and env["OMP_NUM_THREADS"] == "2"
     assert auth_headers(one) == {"Authorization": f"Bearer {one}"}

@@ -43,7 +43,7 @@ def test_every_engine_argument_has_a_flag():
 
 
 def test_the_secret_comes_from_the_environment_or_an_owner_only_file(tmp_path, capsys):
-    from runtime.serve.server import SECRET_ENV, SECRET_FILE_ENV
+    from wire.replica_secret import SECRET_ENV, SECRET_FILE_ENV
 
     secret_file = tmp_path / "secret"
     secret_file.write_text("from-the-file\n")
