@@ -20,11 +20,9 @@ are re-adopted, stopped or forgotten (pool/survivors.py), and the first
 heartbeat (pool/heartbeats.py) lists what the pool holds then. A replica's
 own token counters are read as it stops and go on its `stopped` event.
 
-The sleep tier (pool/sleep_tier.py): a revision with `sleep_timeout_s` drains its
-idle replicas into sleep instead of stopping them; a request, or any scale-up, wakes
-sleepers before it starts new replicas; sleepers stop after their timeout or to make
-room in their node's host-memory budget (pool/sleep_budget.py), and a sleeper that
-cannot have its slots back or fails to wake is stopped for a cold start.
+The sleep tier: a revision with `sleep_timeout_s` drains its idle replicas into
+sleep instead of stopping them, and wakes them before it starts new ones
+(pool/sleepers.py).
 
 Prefetch (pool/weights/prefetch.py decides, pool/prefetcher.py pulls): a revision whose spec
 has `prefetch` gets its weights pulled into the cache in the background when it appears
@@ -67,11 +65,11 @@ from pool.replica import LIVE, STARTING, Replica, ReplicaState
 from pool.replica_events import ReplicaEvents
 from pool.weights.prefetch import to_prefetch
 from pool.prefetcher import Prefetcher
-from pool.sleep_budget import Sleeper, make_room
-from pool.sleep_tier import SleepFailed, SleepTier
+from pool.sleep_tier import SleepTier
 from pool.s3 import open_client
 from pool.request_refusals import backoff_refusal, gpu_quota_refusal, queue_refusal_for
 from pool.settings import PoolSettings
+from pool.sleepers import Sleepers
 from pool.stopping import ReplicaStopper
 from pool.survivors import Survivors
 from pool.weights.sources import SourceStores
@@ -93,6 +91,7 @@ class Running:
     prefetcher: Prefetcher
     heartbeats: Heartbeats
     stopper: ReplicaStopper
+    sleepers: Sleepers
 
 
 class PoolManager:
@@ -127,11 +126,12 @@ class PoolManager:
         stores = SourceStores(weights, self.desired, self._stack)
         cold_start = ColdStart(self.settings, self.backend, self.capacity, self._events, stores, http)
         sleep_tier = SleepTier(self.settings, self.backend, self.capacity, self._events, http, self.clock)
+        stopper = ReplicaStopper(self.backend, self.capacity, self._events, weights, http,
+                                 self.settings.stop_timeout_s)
         self._opened = Running(weights, http, cold_start, sleep_tier,
                                Prefetcher(stores, self.settings.pull_timeout_s),
                                Heartbeats(self._registry, self._events, self.clock, http, self.settings.heartbeat_s),
-                               ReplicaStopper(self.backend, self.capacity, self._events, weights, http,
-                                              self.settings.stop_timeout_s))
+                               stopper, Sleepers(self.settings, self._registry, sleep_tier, stopper, self._spawn))
         await self.backend.start()
         self.started = True                      # from here on, stop() undoes what start() did
         await self.capacity.update(await self.backend.inventory())
@@ -332,7 +332,7 @@ class PoolManager:
             for managed in scale_down_order(live)[:len(live) - rev.desired]:
                 self._scale_down(managed, decision.reason, to_sleep)
         for replica_id in decision.expired:
-            self._stop_sleeper(rev.replicas[replica_id], f"asleep for {rev.spec.sleep_timeout_s:g}s")
+            self._running.sleepers.stop(rev.replicas[replica_id], f"asleep for {rev.spec.sleep_timeout_s:g}s")
 
     def _new_replica(self, rev: RevisionState) -> None:
         replica = Replica(f"rep-{uuid.uuid4().hex[:12]}", rev.spec.revision_id,
@@ -385,60 +385,23 @@ class PoolManager:
             return
         rev = self._registry.get(managed.spec.revision_id)
         if managed.drain_to is SLEEPING and rev is not None:
-            await self._put_to_sleep(rev, managed)
+            if await self._running.sleepers.put_to_sleep(managed):
+                self._reconcile(rev)             # a request that came meanwhile wakes it now
         else:
             await self._running.stopper.shutdown(managed)
 
-    # ------------------------------------------------------------- the sleep tier
-
-    async def _put_to_sleep(self, rev: RevisionState, managed: ManagedReplica) -> None:
-        """Drained into sleep, after making room in its node's host-memory budget for
-        sleepers (or stopped, when it could never fit there)."""
-        node = managed.placed.node if managed.placed is not None else self.settings.node
-        room = make_room(self._sleepers(), node, managed.weight_bytes, self.settings.sleep_host_memory_bytes)
-        if room is None:
-            await self._running.stopper.shutdown(managed, reason="too large for the node's host-memory budget "
-                                                         "for sleeping replicas")
-            return
-        for replica_id in room:
-            victim = self._registry.replica(replica_id)
-            if victim is not None:
-                self._stop_sleeper(victim, "stopped to make room for a newer sleeper (host-memory budget)")
-        try:
-            await self._running.sleep_tier.sleep(managed)
-        except SleepFailed as exc:
-            await self._running.stopper.shutdown(managed, reason=f"sleep failed: {exc}")
-            return
-        self._reconcile(rev)                     # a request that came meanwhile wakes it now
-
-    def _sleepers(self) -> list[Sleeper]:
-        return [Sleeper(m.replica_id, m.asleep.node, m.asleep.host_bytes, m.asleep.since)
-                for rev in self._registry.all() for m in rev.in_state(SLEEPING) if m.asleep is not None]
-
-    def _stop_sleeper(self, managed: ManagedReplica, reason: str) -> None:
-        if managed.state is SLEEPING and not managed.stopping:
-            managed.stopping = True             # once: the next tick may name it again
-            self._spawn(self._running.stopper.shutdown(managed, reason=reason))
+    # ------------------------------------------------------------- the sleep tier (pool/sleepers.py)
 
     def _wake_or_start(self, rev: RevisionState) -> None:
-        """One more awake replica: a sleeper woken (the latest to fall asleep), else none
-        while one is still on its way to sleep (it is woken once asleep), else a cold start."""
-        sleepers = [m for m in rev.in_state(SLEEPING) if m.asleep is not None and not m.stopping]
-        if sleepers:
-            managed = max(sleepers, key=lambda m: m.asleep.since if m.asleep else 0.0)
-            if self._running.sleep_tier.claim(managed):
-                managed.task = self._spawn(self._wake(rev, managed))
-                return
-            self._stop_sleeper(managed, "its slots were taken while it slept: a cold start instead")
-        elif any(m.drain_to is SLEEPING for m in rev.in_state(DRAINING)):
-            return
-        self._new_replica(rev)
+        """One more awake replica: a sleeper woken, a wait for one falling asleep, or a cold start."""
+        choice = self._running.sleepers.next_awake(rev)
+        if choice.wake is not None:
+            choice.wake.task = self._spawn(self._wake(rev, choice.wake))
+        elif not choice.wait:
+            self._new_replica(rev)
 
     async def _wake(self, rev: RevisionState, managed: ManagedReplica) -> None:
-        try:
-            await self._running.sleep_tier.wake(managed)
-        except SleepFailed as exc:
-            await self._running.stopper.shutdown(managed, reason=f"wake failed, a cold start instead: {exc}")
+        if not await self._running.sleepers.wake(managed):
             self._reconcile(rev)
             return
         self._events.move(managed, READY)
