@@ -23,9 +23,9 @@ from pool.model_sandbox import ModelSandboxes
 from pool.sandbox import Platform, Sandbox, own_folder
 from pool.settings import PoolSettings
 from tests.pool.conftest import make_settings, running_manager
-from tests.pool.test_manager import until
 from tests.support.model_factory import upload_model
 from tests.support.replica_client import replica_http
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="session")]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox needs root (no root here)")
@@ -161,7 +161,7 @@ async def test_packed_layers_go_to_their_tenant_and_nothing_else_does(tmp_path):
 @needs_root
 async def test_a_standby_warms_up_in_the_background_and_serves_at_full_weight(two_tenants):
     manager, desired, _, (uri_a, _) = two_tenants
-    assert await until(lambda: manager.backend.standbys_ready >= 1, 120)
+    await eventually(lambda: manager.backend.standbys_ready >= 1, timeout_s=120, what="a standby up")
     standby = manager.backend._warm[0].process.pid
     assert nice_values(standby) == {STANDBY_NICE}, "its start yields the CPU to replicas serving calls"
     served = await serving(manager, desired, spec_for(uri_a, "tenant-a"))
