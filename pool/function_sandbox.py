@@ -109,7 +109,6 @@ class FunctionSandboxes:
         """runtime.functions.server as the tenant's uid, on a unix socket, its secret in a
         file; `env` is the server's whole environment as an unconfined one would get it,
         `gpus` the device indices of its GPUs, `egress` the hosts its tenant was granted."""
-        self.sandbox.sweep_orphans()
         uid = self.uid(tenant_id)
         profile = self.server_profile(uid, replica_id, package_dir, python, env[SECRET_ENV], memory_mb,
                                       cuda_devices(gpus))

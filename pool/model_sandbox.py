@@ -82,7 +82,6 @@ class ModelSandboxes:
         problem = self.sandbox.check()
         if problem is not None:
             raise ColdStartFailed(f"the sandbox cannot start on this node, so no model replica runs: {problem}")
-        self.sandbox.sweep_orphans()
         uid = self.sandbox.replica_uids().take()
         folder = self.folder(name)
         self._make_folders(name, uid, secret)

@@ -198,7 +198,10 @@ class Sandbox:
 
     def command(self, name: str, profile: SandboxProfile, argv: Sequence[str]) -> list[str]:
         """argv inside the sandbox, as one command line for the host; `name` (unique while
-        the process lives) names its cgroups, which `release(name)` removes."""
+        the process lives) names its cgroups, which `release(name)` removes. Every
+        sandbox made here (a build, a server, a model replica) first ends the node's
+        orphans (`sweep_orphans`)."""
+        self.sweep_orphans()
         joins = [f"echo $$ > {shlex.quote(str(p))}" for p in self.cgroups.create(name, profile.limits)]
         inner = [*self._bwrap(profile), "--", *_drop_to(profile.uid), "--",
                  "/usr/bin/env", "--default-signal=TERM", "--", *argv]

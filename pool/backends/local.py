@@ -3,11 +3,11 @@
 A warm pool keeps `warm_pool_size` standby processes (`--standby`: torch and
 the engine imported, no model); a cold start takes one and POSTs
 /admin/load, so it pays only for the weights. The pool is refilled in the
-background a moment after that load is done, and a standby warms up at a low CPU weight
-(STANDBY_NICE) until it is taken: on a node of few cores its start would
-otherwise slow the cold start it stands by for. Without a warm process (pool empty, size 0, or a multi-GPU
-replica that needs its own CUDA_VISIBLE_DEVICES) the replica is started
-directly with `--model DIR`.
+background a moment after that load is done, and a standby warms up at a low
+CPU weight (STANDBY_NICE) until it is taken: on a node of few cores its start
+would otherwise slow the cold start it stands by for. Without a warm process
+(pool empty, size 0, or a multi-GPU replica that needs its own
+CUDA_VISIBLE_DEVICES) the replica is started directly with `--model DIR`.
 
 Each process gets its own secret when it is spawned (a standby too, which
 then authenticates its /admin/load) and serves one replica in its life, so a
