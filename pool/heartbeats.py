@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Callable, Coroutine, Optional
+from typing import Optional
 
 import httpx
 
 from pool.api import Heartbeat
+from pool.background import Spawn
 from pool.clock import Clock
 from pool.health import served_tokens
 from pool.registry import ManagedReplica, Registry, holding_slots
 from pool.replica_events import ReplicaEvents
-
-Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
 
 @dataclass

@@ -39,7 +39,7 @@ import logging
 import uuid
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any, Coroutine, Optional
+from typing import Any, Optional
 
 import httpx
 
@@ -50,11 +50,12 @@ from pool.autoscaler import Decision, policy
 from pool.backends import build_backend
 from pool.backends.base import Backend, ReplicaHandle
 from pool.backends.runtime_args import draft_model_uri
-from pool.backoff import BackoffConfig, Failure, after_failure, may_start
+from pool.background import BackgroundTasks
+from pool.backoff import BackoffConfig, may_start
 from pool.capacity import Capacity
 from pool.clock import Clock
 from pool.cold_start import ColdStart, cold_start_timings, failure_reason
-from pool.health import why_unhealthy
+from pool.failures import ReplicaFailures
 from pool.heartbeats import Heartbeats
 from pool.inventory import Slot
 from pool.lease import ReplicaLease
@@ -63,7 +64,6 @@ from pool.registry import (ManagedReplica, Registry, RevisionState, revision_sta
                            scale_down_order, scaling_snapshot, weight_keys)
 from pool.replica import LIVE, STARTING, Replica, ReplicaState
 from pool.replica_events import ReplicaEvents
-from pool.weights.prefetch import to_prefetch
 from pool.prefetcher import Prefetcher
 from pool.sleep_tier import SleepTier
 from pool.s3 import open_client
@@ -91,6 +91,7 @@ class Running:
     prefetcher: Prefetcher
     heartbeats: Heartbeats
     stopper: ReplicaStopper
+    failures: ReplicaFailures
     sleepers: Sleepers
 
 
@@ -109,7 +110,7 @@ class PoolManager:
         self._s3 = s3_client
         self._opened: Optional[Running] = None
         self._ticker: Optional[asyncio.Task[None]] = None
-        self._background: set[asyncio.Task[None]] = set()
+        self._tasks = BackgroundTasks()
         self._stack = AsyncExitStack()
         self._last_refresh = float("-inf")
         self._last_inventory = float("-inf")
@@ -131,7 +132,9 @@ class PoolManager:
         self._opened = Running(weights, http, cold_start, sleep_tier,
                                Prefetcher(stores, self.settings.pull_timeout_s),
                                Heartbeats(self._registry, self._events, self.clock, http, self.settings.heartbeat_s),
-                               stopper, Sleepers(self.settings, self._registry, sleep_tier, stopper, self._spawn))
+                               stopper, ReplicaFailures(self._events, self.clock, self._backoff, stopper, http,
+                                                        self._tasks.spawn),
+                               Sleepers(self.settings, self._registry, sleep_tier, stopper, self._tasks.spawn))
         await self.backend.start()
         self.started = True                      # from here on, stop() undoes what start() did
         await self.capacity.update(await self.backend.inventory())
@@ -166,7 +169,7 @@ class PoolManager:
             rev.queue.fail_all(closing)
         await asyncio.gather(*(self._running.stopper.shutdown(r) for rev in revisions for r in rev.in_state(*LIVE)),
                              return_exceptions=True)
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self._tasks.wait()
 
     async def __aenter__(self) -> PoolManager:
         await self.start()
@@ -271,7 +274,7 @@ class PoolManager:
                             cold_start=cold_start_timings(managed.replica, queue_s) if cold else None,
                             headers=managed.handle.headers,
                             on_release=lambda lease: self._release_replica(rev, lease.replica_id),
-                            on_failed=lambda lease: self._check_soon(rev, lease.replica_id))
+                            on_failed=lambda lease: self._running.failures.check_soon(rev, lease.replica_id))
 
     def _release_replica(self, rev: RevisionState, replica_id: str) -> None:
         managed = rev.replicas.get(replica_id)
@@ -280,39 +283,14 @@ class PoolManager:
             return
         managed.in_flight = max(0, managed.in_flight - 1)
         if managed.state is DRAINING and managed.in_flight == 0:
-            self._spawn(self._finish_drain(managed))
-
-    def _check_soon(self, rev: RevisionState, replica_id: str) -> None:
-        managed = rev.replicas.get(replica_id)
-        if managed is not None and managed.state in (READY, DRAINING) and not managed.checking:
-            managed.check = self._spawn(self._check_replica(rev, managed))
-
-    async def _check_replica(self, rev: RevisionState, managed: ManagedReplica) -> None:
-        """After a failed request: a dead or unhealthy process is marked failed."""
-        if managed.state not in (READY, DRAINING) or managed.handle is None:
-            return
-        reason = await why_unhealthy(managed.handle, self._running.http)
-        if reason and managed.state in (READY, DRAINING):
-            self._fail(rev, managed, reason)
-        elif not reason:       # cleared (this task is not done yet): queued requests may go to it
-            managed.check = None
-            rev.queue.dispatch(lambda waiter: rev.route(waiter.prefix_key))
+            self._tasks.spawn(self._finish_drain(managed))
 
     # ------------------------------------------------------------- scaling
 
     def _reconcile_all(self) -> None:
         for rev in self._registry.all():
             self._reconcile(rev)
-        self._start_prefetches()
-
-    def _start_prefetches(self) -> None:
-        """Weights into the cache, in the background, for the revisions due one (pool/weights/prefetch.py)."""
-        prefetcher = self._running.prefetcher
-        views = {rev.spec.revision_id: (rev, prefetcher.view(rev, not self.backend.pulls_on_node))
-                 for rev in self._registry.all()}
-        for revision_id in to_prefetch(view for _, view in views.values()):
-            rev, view = views[revision_id]
-            prefetcher.start(rev, view.target)
+        self._running.prefetcher.start_due(self._registry.all(), not self.backend.pulls_on_node)
 
     def _reconcile(self, rev: RevisionState) -> None:
         if rev.retired:                          # no longer deployed: drain everything now
@@ -340,19 +318,19 @@ class PoolManager:
         managed = ManagedReplica(replica, rev.spec)
         rev.add(managed)
         self._events.publish(managed)
-        managed.task = self._spawn(self._cold_start(rev, managed))
+        managed.task = self._tasks.spawn(self._cold_start(rev, managed))
 
     def _scale_down(self, managed: ManagedReplica, reason: str, to_sleep: bool = False) -> None:
         if managed.state in STARTING:
             if managed.task:
                 managed.task.cancel()
-            self._spawn(self._running.stopper.shutdown(managed, reason=f"scaled down while starting: {reason}"))
+            self._tasks.spawn(self._running.stopper.shutdown(managed, reason=f"scaled down while starting: {reason}"))
         elif managed.state is READY:
             managed.drain_to = SLEEPING if to_sleep else ReplicaState.STOPPED
             self._events.move(managed, DRAINING, f"{reason}: to sleep" if to_sleep else reason)
             managed.drain_started = self.clock.mono()
             if managed.in_flight == 0:
-                self._spawn(self._finish_drain(managed))
+                self._tasks.spawn(self._finish_drain(managed))
 
     async def _cold_start(self, rev: RevisionState, managed: ManagedReplica) -> None:
         try:
@@ -360,25 +338,13 @@ class PoolManager:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes the replica's reason
-            self._fail(rev, managed, failure_reason(exc))
+            self._running.failures.fail(rev, managed, failure_reason(exc))
             return
         self._events.move(managed, READY)
         rev.last_error = None
         rev.queue.dispatch(lambda waiter: rev.route(waiter.prefix_key))
 
     # ------------------------------------------------------------- failure and stop
-
-    def _fail(self, rev: RevisionState, managed: ManagedReplica, reason: str) -> None:
-        if managed.state not in LIVE or managed.stopping:
-            return
-        log.warning("replica %s of %s failed: %s", managed.replica_id, rev.spec.revision_id, reason)
-        ready_at = managed.replica.entered(READY)
-        self._events.move(managed, ReplicaState.FAILED, reason)
-        rev.last_error = reason
-        rev.backoff, delay = after_failure(rev.backoff, Failure(self.clock.mono(), ready_at), self._backoff)
-        if not rev.in_state(*STARTING, READY):
-            rev.queue.fail_all(ColdStartFailed(reason, retry_after_s=max(1.0, delay)))
-        self._spawn(self._running.stopper.cleanup(managed))
 
     async def _finish_drain(self, managed: ManagedReplica) -> None:
         if managed.state is not DRAINING:
@@ -396,7 +362,7 @@ class PoolManager:
         """One more awake replica: a sleeper woken, a wait for one falling asleep, or a cold start."""
         choice = self._running.sleepers.next_awake(rev)
         if choice.wake is not None:
-            choice.wake.task = self._spawn(self._wake(rev, choice.wake))
+            choice.wake.task = self._tasks.spawn(self._wake(rev, choice.wake))
         elif not choice.wait:
             self._new_replica(rev)
 
@@ -423,23 +389,18 @@ class PoolManager:
         if self.clock.mono() - self._last_refresh >= self.settings.desired_refresh_s:
             await self.refresh()
         for rev in self._registry.all():
-            self._notice_crashes(rev)
+            self._running.failures.notice_crashes(rev)
             self._expire_drains(rev)
             self._reconcile(rev)
-        self._start_prefetches()
+        self._running.prefetcher.start_due(self._registry.all(), not self.backend.pulls_on_node)
         self._registry.drop_finished()
-        self._running.heartbeats.send_if_due(self._spawn)
-
-    def _notice_crashes(self, rev: RevisionState) -> None:
-        for managed in rev.in_state(READY, DRAINING, SLEEPING):
-            if managed.handle is not None and not managed.handle.is_alive():
-                self._fail(rev, managed, managed.handle.exit_reason() or "runtime process died")
+        self._running.heartbeats.send_if_due(self._tasks.spawn)
 
     def _expire_drains(self, rev: RevisionState) -> None:
         for managed in rev.in_state(DRAINING):
             started = managed.drain_started
             if started and self.clock.mono() - started >= self.settings.drain_timeout_s:
-                self._spawn(self._running.stopper.shutdown(managed, reason="drain timed out"))
+                self._tasks.spawn(self._running.stopper.shutdown(managed, reason="drain timed out"))
 
     async def refresh_inventory(self) -> None:
         """Re-read the backend's slots: a node that joined adds its slots (and wakes
@@ -454,9 +415,3 @@ class PoolManager:
         added, removed = await self.capacity.update(fresh)
         if added or removed:
             log.info("inventory: %d slot(s) joined, %d left; %d now", len(added), len(removed), len(fresh))
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Iterable
 
 from pool.api import ModelUnavailable, Pins, RevisionSpec
 from pool.backends.runtime_args import draft_model_uri
 from pool.cold_start import failure_reason
-from pool.weights.prefetch import Prefetched, PrefetchView, PrefetchTarget
+from pool.weights.prefetch import Prefetched, PrefetchView, PrefetchTarget, to_prefetch
 from pool.registry import RevisionState
 from pool.weights.sources import SourceStores
 
@@ -37,6 +38,13 @@ class Prefetcher:
                             PrefetchTarget(weight_uris(spec), rev.scale_ups),
                             rev.prefetched.target if rev.prefetched is not None else None,
                             spec.revision_id in self._running)
+
+    def start_due(self, revisions: Iterable[RevisionState], reads_pool_cache: bool) -> None:
+        """Start the prefetches pool.weights.prefetch.to_prefetch says are due."""
+        views = {rev.spec.revision_id: (rev, self.view(rev, reads_pool_cache)) for rev in revisions}
+        for revision_id in to_prefetch(view for _, view in views.values()):
+            rev, view = views[revision_id]
+            self.start(rev, view.target)
 
     def start(self, rev: RevisionState, target: PrefetchTarget) -> None:
         revision_id = rev.spec.revision_id

@@ -10,10 +10,10 @@ start.
 """
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
-from typing import Any, Callable, Coroutine, Optional
+from typing import Optional
 
+from pool.background import Spawn
 from pool.registry import ManagedReplica, Registry, RevisionState
 from pool.replica import ReplicaState
 from pool.settings import PoolSettings
@@ -21,7 +21,7 @@ from pool.sleep_budget import Sleeper, make_room
 from pool.sleep_tier import SleepFailed, SleepTier
 from pool.stopping import ReplicaStopper
 
-Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
+
 SLEEPING, DRAINING = ReplicaState.SLEEPING, ReplicaState.DRAINING
 
 

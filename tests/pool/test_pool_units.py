@@ -282,6 +282,7 @@ async def test_capacity_places_waiting_replicas_fairly_when_slots_free_and_quota
 
 def test_a_replica_being_stopped_is_not_failed_by_its_dead_handle():
     from pool.activator import RevisionQueue
+    from pool.failures import ReplicaFailures
     from pool.in_memory import EventLog, InMemoryDesiredState
     from pool.manager import PoolManager
     from pool.registry import RevisionState
@@ -291,5 +292,7 @@ def test_a_replica_being_stopped_is_not_failed_by_its_dead_handle():
     draining = managed("d", 0, PULLING, LOADING, READY, DRAINING)
     draining.stopping = True
     rev.replicas["d"] = draining
-    manager._fail(rev, draining, "stopped")
+    failures = ReplicaFailures(manager._events, manager.clock, manager._backoff, stopper=None,
+                               http=None, spawn=None)   # none is reached: nothing fails
+    failures.fail(rev, draining, "stopped")
     assert (draining.state, rev.backoff.failures, rev.last_error) == (DRAINING, 0, None)
