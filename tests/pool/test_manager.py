@@ -21,14 +21,14 @@ from pool.api import (ColdStartFailed, ColdStartTimeout, ModelUnavailable, Never
                       ReplicaShape, RevisionSpec, TenantQuota)
 from pool.in_memory import EventLog, InMemoryDesiredState
 from pool.manager import PoolManager
+from tests.support.pool_calls import IDLE_TIMEOUT_S, PROMPT, complete, spec_for
 from tests.support.replica_client import host_pid, replica_http
+from tests.support.waiting import eventually
 from tests.pool.conftest import FlakyS3, make_settings
 from tests.support.clock import SteppedClock
 from tests.support.model_factory import upload_model
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="session")]
-PROMPT = "The quick brown fox"
-IDLE_TIMEOUT_S = 600.0        # passed by SteppedClock.advance, never by waiting
 
 
 async def undeploy(manager: PoolManager, desired: InMemoryDesiredState, spec: RevisionSpec) -> None:
@@ -36,15 +36,6 @@ async def undeploy(manager: PoolManager, desired: InMemoryDesiredState, spec: Re
     desired.remove(spec.revision_id)
     await manager.refresh()
     assert await wait_no_live_replicas(manager, spec.revision_id)
-
-
-def spec_for(uri: str, **changes) -> RevisionSpec:
-    base = dict(revision_id=f"rev-{uuid.uuid4().hex[:8]}", deployment_id="dep-1", tenant_id="ten-1",
-                model_uri=uri, gpu_memory_gb=0.25, gpu_count=1, min_replicas=0, max_replicas=1,
-                target_concurrency=4, idle_timeout_s=IDLE_TIMEOUT_S,
-                engine={"kv_cache_tokens": 512})
-    base.update(changes)
-    return RevisionSpec(**base)
 
 
 @pytest.fixture(scope="module")
@@ -69,14 +60,6 @@ async def pool(s3_server, pool_bucket, tiny_model, tmp_path_factory):
             await manager.stop()
             for proc in list(getattr(manager.backend, "_all", {}).values()):
                 proc.kill_now()           # only if stop() itself failed
-
-
-async def complete(lease, **extra) -> dict:
-    body = {"model": lease.revision_id, "prompt": PROMPT, "max_tokens": 8, "temperature": 0.0, **extra}
-    async with replica_http(timeout=60, headers=lease.headers) as client:
-        resp = await client.post(f"{lease.base_url}/v1/completions", json=body)
-    assert resp.status_code == 200, resp.text
-    return resp.json()
 
 
 async def wait_no_live_replicas(manager, revision_id, timeout_s=30.0) -> bool:
@@ -319,7 +302,8 @@ async def test_a_tenant_at_its_gpu_quota_gets_429_while_another_tenant_thaws(poo
     lease_a1 = await manager.acquire(a1, request_id="a1", prefix_key=None, prompt_tokens=4, timeout_s=120)
     over_quota = asyncio.ensure_future(manager.acquire(a2, request_id="a2-1", prefix_key=None,
                                                        prompt_tokens=4, timeout_s=2.0))
-    assert await until(lambda: manager.revision_status(a2.revision_id).state == "waiting_for_capacity")
+    await eventually(lambda: manager.revision_status(a2.revision_id).state == "waiting_for_capacity",
+                     timeout_s=30, what="the second revision waits for capacity")
     thaw_b = asyncio.ensure_future(manager.acquire(b1, request_id="b1", prefix_key=None, prompt_tokens=4,
                                                    timeout_s=120))   # later in line, but A may not grow
     with pytest.raises(QuotaExceeded) as over:
@@ -334,7 +318,8 @@ async def test_a_tenant_at_its_gpu_quota_gets_429_while_another_tenant_thaws(poo
         assert (await complete(lease_b))["usage"]["completion_tokens"] == 8
     queued = [asyncio.ensure_future(manager.acquire(a2, request_id=f"a2-q{i}", prefix_key=None,
                                                     prompt_tokens=4, timeout_s=120)) for i in range(2)]
-    assert await until(lambda: manager.revision_status(a2.revision_id).queued_requests == 2)
+    await eventually(lambda: manager.revision_status(a2.revision_id).queued_requests == 2,
+                     timeout_s=30, what="two requests queued")
     with pytest.raises(QueueFull, match="tenant ten-a: 2 requests already wait"):   # across A's revisions
         await manager.acquire(a3, request_id="a3-1", prefix_key=None, prompt_tokens=4, timeout_s=120)
     (a2_replica,) = events.replica_ids(a2.revision_id)
@@ -396,15 +381,6 @@ def sample(metrics_text: str, name: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
     return next(s.value for f in text_string_to_metric_families(metrics_text) for s in f.samples if s.name == name)
-
-
-async def until(predicate, timeout_s: float = 30.0) -> bool:
-    """Bounded polling for a state change (not a timed assertion)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate() and loop.time() < deadline:
-        await asyncio.sleep(0.05)
-    return predicate()
 
 
 async def test_weights_swapped_after_deploy_are_refused_before_placement(pool, s3_server, pool_bucket, tiny_model,

@@ -29,7 +29,8 @@ from pool.processes import process_start_ticks
 from pool.s3 import open_client
 from tests.support.replica_client import replica_http
 from tests.pool.conftest import make_settings
-from tests.pool.test_manager import complete, spec_for, until
+from tests.support.pool_calls import complete, spec_for
+from tests.support.waiting import eventually
 from tests.support.clock import SteppedClock
 from tests.support.local_index import local_index
 from tests.support.model_factory import upload_model
@@ -41,7 +42,7 @@ PROBE = Path(__file__).resolve().parents[1] / "functions" / "packages" / "probe"
 def abandon(manager: PoolManager) -> None:
     """What a SIGKILL of the control plane leaves of its pool: no task runs on, nothing is
     stopped, the processes stay registered (the kernel would release the state dir's lock)."""
-    for task in (manager._ticker, manager._events._sender, *manager._background):
+    for task in (manager._ticker, manager._events._sender, *manager._tasks._tasks):
         if task is not None:
             task.cancel()
     manager.backend.detach()
@@ -110,8 +111,10 @@ async def serve_three_then_crash(first: PoolManager, events: EventLog, specs) ->
         first_event = next(e for e in events.events if e.replica_id == rid and e.slot_ids)
         assert first_event.state == "pulling", "GPU time starts when placement reserves the slots"
         held.slots[spec.revision_id] = first_event.slot_ids
-    assert await until(lambda: any(set(b.replica_ids) == set(held.ids.values()) for b in events.beats))
-    assert await until(lambda: any(w.ready.done() for w in first.backend._warm), 120)
+    await eventually(lambda: any(set(b.replica_ids) == set(held.ids.values()) for b in events.beats),
+                     timeout_s=30, what="a heartbeat lists the adopted replicas")
+    await eventually(lambda: any(w.ready.done() for w in first.backend._warm),
+                     timeout_s=120, what="a warm standby is ready")
     held.standby_pids = [w.process.pid for w in first.backend._warm]
     abandon(first)
     return held

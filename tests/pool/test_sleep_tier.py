@@ -21,7 +21,7 @@ from pool.manager import PoolManager
 from pool.s3 import open_client
 from pool.settings import GB
 from tests.pool.conftest import make_settings
-from tests.pool.test_manager import complete, spec_for
+from tests.support.pool_calls import complete, spec_for
 from tests.support.clock import SteppedClock
 from tests.support.model_factory import upload_model
 from tests.support.waiting import eventually
