@@ -172,14 +172,3 @@ _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
                    "max_queued_requests", "max_upload_bytes", "requests_per_min",
                    "tokens_per_min", "max_async_calls")],
 ]
-
-
-def admin_key_from_env(environ: Mapping[str, str] | None = None) -> Optional[str]:
-    """The CLI's admin key (THAWPOOL_ADMIN_KEY) and server URL are client settings."""
-    env = os.environ if environ is None else environ
-    return env.get("THAWPOOL_ADMIN_KEY") or None
-
-
-def server_url_from_env(environ: Mapping[str, str] | None = None) -> str:
-    env = os.environ if environ is None else environ
-    return env.get("THAWPOOL_URL", "http://127.0.0.1:8080")

@@ -1,4 +1,4 @@
-"""The `thawpool` command: `up` runs the control plane and the pool, `admin` manages tenants and keys,
+"""The `thawpool` command: `up` runs the control plane and the pool, `admin reconcile` checks the bill,
 `models import FILE.gguf OUT_DIR` turns a GGUF file into a model folder. The client commands
 (login, models push, deploy, status, chat, usage, keys, tenants, ...) are registered from
 controlplane.cli.commands; docs/cli.md describes them.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import signal
 import sys
 from pathlib import Path
@@ -49,24 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="deploy a small model, stream a completion, print the bill")
     up.set_defaults(func=cmd_up)
 
-    admin = commands.add_parser("admin", help="tenants and API keys on a running server")
-    admin.add_argument("--url", default=None, help="server URL (THAWPOOL_URL)")
-    admin.add_argument("--admin-key", default=None, help="admin key (THAWPOOL_ADMIN_KEY)")
+    admin = commands.add_parser("admin", help="the operator's commands on the database itself")
     actions = admin.add_subparsers(dest="action", required=True)
-    tenant = actions.add_parser("create-tenant")
-    tenant.add_argument("name")
-    key = actions.add_parser("create-key")
-    key.add_argument("--tenant", required=True)
-    key.add_argument("--scopes", default="invoke", help="comma list: invoke,deploy,billing:read")
-    key.add_argument("--expires", default=None, help="ISO 8601 expiry time")
-    key.add_argument("--name", default=None)
-    key.add_argument("--requests-per-min", type=int, default=None)
-    key.add_argument("--tokens-per-min", type=int, default=None)
-    revoke = actions.add_parser("revoke-key")
-    revoke.add_argument("prefix")
-    listing = actions.add_parser("list-keys")
-    listing.add_argument("--tenant", required=True)
-    admin.set_defaults(func=cmd_admin)
     from controlplane.billing import reconcile      # reads Postgres itself: works with the server down
 
     drift = actions.add_parser("reconcile", help="replicas' own token counters against the bill")
@@ -328,50 +311,6 @@ def _report_demo(task: asyncio.Task) -> None:
         print(f"thawpool: demo failed: {task.exception()!r}", file=sys.stderr, flush=True)
     else:
         print("thawpool: demo done; the server stays up (Ctrl-C stops it)", flush=True)
-
-
-# ------------------------------------------------------------------ admin
-
-def cmd_admin(args) -> int:
-    import httpx
-
-    from controlplane.settings import admin_key_from_env, server_url_from_env
-
-    key = args.admin_key or admin_key_from_env()
-    if not key:
-        print("thawpool admin: pass --admin-key or set THAWPOOL_ADMIN_KEY", file=sys.stderr)
-        return 2
-    url = (args.url or server_url_from_env()).rstrip("/")
-    with httpx.Client(base_url=url, headers={"authorization": f"Bearer {key}"},
-                      timeout=30) as client:
-        response = _admin_request(client, args)
-    body = response.json() if response.content else {}
-    if response.status_code >= 400:
-        from controlplane.cli.client import ApiRefused      # the client commands' one error line
-        from controlplane.cli.output import Output, fail
-
-        refused = ApiRefused.of(response)
-        return fail(Output(json_mode=False), 1, refused.message, status=refused.status,
-                    code=refused.code, request_id=refused.request_id)
-    if args.action == "create-key":
-        print(f"key: {body['key']}   (shown once; prefix {body['prefix']})")
-        body = {k: v for k, v in body.items() if k != "key"}
-    print(json.dumps(body, indent=2))
-    return 0
-
-
-def _admin_request(client, args):
-    if args.action == "create-tenant":
-        return client.post("/v1/tenants", json={"name": args.name})
-    if args.action == "create-key":
-        body = {"scopes": [s for s in args.scopes.split(",") if s], "name": args.name,
-                "expires_at": args.expires, "requests_per_min": args.requests_per_min,
-                "tokens_per_min": args.tokens_per_min}
-        return client.post(f"/v1/tenants/{args.tenant}/keys",
-                           json={k: v for k, v in body.items() if v is not None})
-    if args.action == "revoke-key":
-        return client.delete(f"/v1/keys/{args.prefix}")
-    return client.get(f"/v1/tenants/{args.tenant}/keys")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 
 The admin key comes from `--key`, else `THAWPOOL_ADMIN_KEY`, else the profile's key,
 so an operator either logs in with a profile of their own or keeps the key in the
-environment `thawpool admin` always read.
+environment.
 """
 from __future__ import annotations
 

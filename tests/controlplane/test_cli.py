@@ -1,7 +1,7 @@
-"""The `thawpool` command: admin subcommands against a live server, and `up` as a process."""
+"""The `thawpool` command: the admin's tenants and keys against a live server, and `up` as a process."""
 import asyncio
+import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -34,24 +34,27 @@ async def run_cli(capsys, *argv) -> tuple[int, str, str]:
 
 
 @in_session_loop
-async def test_admin_commands_manage_tenants_and_keys(plane, capsys):
-    auth = ["admin", "--url", plane.base_url, "--admin-key", plane.admin_key]
-    code, out, _ = await run_cli(capsys, *auth, "create-tenant", "cli-co")
-    assert code == 0 and '"name": "cli-co"' in out
-    code, out, _ = await run_cli(capsys, *auth, "create-key", "--tenant", "cli-co",
-                                 "--scopes", "invoke,deploy,billing:read")
+async def test_the_admin_manages_tenants_and_keys_from_one_command_tree(plane, capsys):
+    auth = ["--url", plane.base_url, "--key", plane.admin_key, "--json"]
+    code, out, _ = await run_cli(capsys, "tenants", "create", "cli-co", *auth)
+    assert code == 0 and json.loads(out)["name"] == "cli-co"
+    code, out, _ = await run_cli(capsys, "keys", "create", "--tenant", "cli-co",
+                                 "--scopes", "invoke,deploy,billing:read", *auth)
     assert code == 0
-    secret, prefix = re.search(r"key: (\S+)\s+\(shown once; prefix (\S+)\)", out).groups()
-    client = plane.client(secret)
+    made = json.loads(out)
+    client = plane.client(made["key"])
     assert (await client.get("/v1/deployments")).status_code == 200
-    code, out, _ = await run_cli(capsys, *auth, "revoke-key", prefix)
-    assert code == 0 and '"revoked_at": "' in out
+    code, out, _ = await run_cli(capsys, "keys", "revoke", made["prefix"], *auth)
+    assert code == 0 and json.loads(out)["revoked_at"]
     assert (await client.get("/v1/deployments")).status_code == 401
-    code, _, err = await run_cli(capsys, *auth, "create-tenant", "cli-co")
+    code, _, err = await run_cli(capsys, "tenants", "create", "cli-co", *auth)
     assert code == 1 and "409" in err
-    code, _, err = await run_cli(capsys, "admin", "--url", plane.base_url,
-                                 "--admin-key", secret, "create-tenant", "nope")
+    code, _, err = await run_cli(capsys, "tenants", "create", "nope", "--url", plane.base_url,
+                                 "--key", made["key"])
     assert code == 1 and "401" in err
+    with pytest.raises(SystemExit) as usage:            # one tree: the old spelling is gone
+        await run_cli(capsys, "admin", "create-tenant", "cli-co")
+    assert usage.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
 
 def start_up(data_dir: Path, port: int, log: Path, s3_server) -> subprocess.Popen:
