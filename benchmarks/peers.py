@@ -9,9 +9,8 @@ prompt tokens (so both servers get the very same token ids) with random output l
 from a fixed seed, greedy, ignore_eos, driven as a closed loop at --concurrency requests
 in flight, non-streaming (each reply counts its output tokens). llama-server runs with
 --threads threads, one slot per client (`-np`, continuous batching, no prompt cache);
-thawpool's server gets the same threads (OMP_NUM_THREADS) and KV room, and runs as it
-does by default, with its engine in an engine-core process (runtime/serve/engine_core.py), and
-with --no-engine-process, the engine in a thread of the server. The offline engine
+thawpool's server gets the same threads (OMP_NUM_THREADS) and KV room, its engine in its
+engine-core process (runtime/serve/engine_core.py). The offline engine
 (runtime.LLM.generate, all requests at once) is measured too, the ceiling the server path
 is held against, both as it is and with max_num_seqs = --concurrency: all at once it also
 decodes more sequences per step than a server with --concurrency requests in flight can.
@@ -62,16 +61,12 @@ class Pairing:
     gguf_type: str                     # llama.cpp's weights
     quantization: Optional[str]        # thawpool's, on the fp32 folder
     low_precision: bool = False        # thawpool's cpu_low_precision
-    engine_process: bool = False       # thawpool's server with the engine-core process (its default)
+    server = "thawpool server"
 
     @property
     def ours(self) -> str:
-        """thawpool's engine (the server's mode apart: the offline rows are the same engine's)."""
+        """thawpool's engine (the offline rows are the same engine's)."""
         return (self.quantization or "fp32") + (" (cpu_low_precision)" if self.low_precision else "")
-
-    @property
-    def server(self) -> str:
-        return "thawpool server" + (" (engine process)" if self.engine_process else " (engine in-thread)")
 
     @property
     def engine_options(self) -> dict[str, Any]:
@@ -82,8 +77,7 @@ class Pairing:
     @property
     def server_flags(self) -> list[str]:
         flags = ["--quantization", self.quantization] if self.quantization else []
-        flags += ["--cpu-low-precision"] if self.low_precision else []
-        return flags + (["--engine-process"] if self.engine_process else ["--no-engine-process"])
+        return flags + (["--cpu-low-precision"] if self.low_precision else [])
 
     @property
     def llama_label(self) -> str:
@@ -105,11 +99,7 @@ class Pairing:
 # Q8_0's matmuls quantize the activations to 8 bits too (ggml's q8_0 x q8_0 dot products):
 # its like is int8 with cpu_low_precision, W8A8 where the CPU has int8 dot products
 # (weight-only int8 where it has not: the option then changes nothing for int8 weights).
-# Each pairing runs thawpool's server as it runs by default (the engine-core process,
-# runtime/serve/engine_core.py) and with the engine in a thread of the server.
-PAIRINGS = tuple(Pairing(gguf, quantization, low_precision, engine_process)
-                 for gguf, quantization, low_precision in (("F32", None, False), ("Q8_0", "int8", True))
-                 for engine_process in (False, True))
+PAIRINGS = (Pairing("F32", None, False), Pairing("Q8_0", "int8", True))
 
 
 # ---------------------------------------------------------------- building llama-server
@@ -311,7 +301,7 @@ def slot_tokens(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- report
 
 def table_labels() -> list[str]:
-    """Each row once (llama.cpp's and the offline rows are shared by both server modes)."""
+    """Each row once, in the table's order."""
     return list(dict.fromkeys([p.llama_label for p in PAIRINGS] + [p.server_label for p in PAIRINGS]
                               + [p.offline_label for p in PAIRINGS] + [p.offline_capped_label for p in PAIRINGS]))
 
@@ -374,7 +364,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--skip-build", action="store_true", help="never build llama-server; skip it when absent")
     p.add_argument("--skip-offline", action="store_true", help="leave out the offline engine")
     p.add_argument("--thawpool-args", nargs=argparse.REMAINDER, default=[],
-                   help="the rest of the line goes to `python -m runtime.serve.server` (e.g. --engine-process)")
+                   help="the rest of the line goes to `python -m runtime.serve.server` (e.g. --max-num-seqs 64)")
     return p.parse_args(argv)
 
 

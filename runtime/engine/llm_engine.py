@@ -1,4 +1,5 @@
-"""LLMEngine: one replica's engine loop, shared by LLM.generate and the server.
+"""LLMEngine: one replica's engine loop, shared by LLM.generate (in the caller's process)
+and the server, which runs it in its engine-core process (runtime/serve/engine_core.py).
 
 step() is three calls: scheduler.schedule() -> model_runner.run(batch) ->
 scheduler.postprocess(batch, result). Options (speculative decoding, quantization,
@@ -110,7 +111,7 @@ class LLMEngine:
         self.step_s = 0.0          # wall time inside step()
 
     # Not thread-safe: only the thread that calls step() calls these (LLM.generate's, or
-    # AsyncEngine's engine thread). The requests it holds are the scheduler's `requests`.
+    # the engine core's CoreLoop). The requests it holds are the scheduler's `requests`.
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     cache_salt: Optional[str] = None) -> None:

@@ -7,7 +7,7 @@ wire's parser has already validated (fields, without the model) and answers it:
 2. `_prompt_token_ids`: tokenize the prompt, or render and tokenize the chat (with its
    tools: runtime/serve/tool_prompt.py);
    `GenerationRequest.max_tokens_within` is the one max_tokens rule;
-3. `_start`: hand it to the engine thread (`AsyncEngine.add`), where
+3. `_start`: hand it to the engine-core process (`EngineClient.add_samples`), where
    `LLMEngine.add_request` checks what needs the model: token ids against the
    vocabulary, the prompt against the context and the KV cache (a 400);
 4. `Generation`: the engine's token deltas as text (incremental detokenizer,
@@ -32,7 +32,8 @@ from typing import Any, AsyncGenerator, AsyncIterator, Optional, Sequence, Union
 
 from starlette.responses import JSONResponse, Response
 
-from runtime.serve.async_engine import EngineDead, EngineFrontend, RequestStream
+from runtime.serve.engine_client import EngineClient
+from runtime.serve.request_streams import EngineDead, RequestStream
 from runtime.serve.choices import Choice, close_all, merged, per_prompt, total_usage
 from runtime.core.detokenizer import IncrementalDetokenizer
 from runtime.serve.metrics import ServerMetrics
@@ -55,10 +56,10 @@ ID_PREFIX = {"completion": "cmpl", "chat": "chatcmpl"}   # the response id: PREF
 class OpenAIServing:
     """Answers /v1/completions and /v1/chat/completions for the one loaded model."""
 
-    def __init__(self, served_model_name: str, async_engine: EngineFrontend, tokenizer: Tokenizer,
+    def __init__(self, served_model_name: str, engine: EngineClient, tokenizer: Tokenizer,
                  max_model_len: int, metrics: ServerMetrics):
         self.served_model_name = served_model_name
-        self.async_engine = async_engine
+        self.engine = engine
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len   # the context, capped by the KV cache
         self.metrics = metrics
@@ -117,7 +118,7 @@ class OpenAIServing:
     async def _start(self, request: GenerationRequest, request_id: str,
                      prompt_ids: list[int]) -> list["Generation"]:
         try:
-            streams = await self.async_engine.add_samples(request_id, prompt_ids, request.params)
+            streams = await self.engine.add_samples(request_id, prompt_ids, request.params)
         except ValueError as exc:   # the engine's refusal names the field
             raise ProtocolError.from_value_error(exc) from None
         # samples after the first share the prompt's blocks: its tokens are counted once

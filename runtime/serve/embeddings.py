@@ -14,7 +14,8 @@ from typing import Optional
 
 from starlette.responses import JSONResponse, Response
 
-from runtime.serve.async_engine import EngineDead, EngineFrontend, RequestStream
+from runtime.serve.engine_client import EngineClient
+from runtime.serve.request_streams import EngineDead, RequestStream
 from runtime.serve.metrics import ServerMetrics
 from runtime.core.tokenizer import Tokenizer
 from wire.disconnect import until_disconnect
@@ -27,10 +28,10 @@ PREFILL_ONLY = SamplingParams(max_tokens=1)   # an embedding request samples not
 
 
 class EmbeddingServing:
-    def __init__(self, served_model_name: str, async_engine: EngineFrontend, tokenizer: Tokenizer,
+    def __init__(self, served_model_name: str, engine: EngineClient, tokenizer: Tokenizer,
                  metrics: ServerMetrics):
         self.served_model_name = served_model_name
-        self.async_engine = async_engine
+        self.engine = engine
         self.tokenizer = tokenizer
         self.metrics = metrics
 
@@ -62,7 +63,7 @@ class EmbeddingServing:
         streams: list[RequestStream] = []
         try:
             for ids in inputs:
-                streams.append(await self.async_engine.add(request_id, ids, PREFILL_ONLY))
+                streams.append(await self.engine.add(request_id, ids, PREFILL_ONLY))
         except ValueError as exc:   # the engine's refusal names the field
             for stream in streams:
                 stream.close()

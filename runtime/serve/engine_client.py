@@ -1,10 +1,11 @@
-"""The server's side of an engine-core process (runtime/serve/engine_core.py): the same
-EngineFrontend AsyncEngine offers the serving code, plus the EngineControl ModelHost
-needs, over one pipe read by the event loop itself (no thread).
+"""The server's side of the engine-core process (runtime/serve/engine_core.py):
+`EngineClient` is what the serving code (runtime/serve/completions.py, embeddings.py)
+adds requests to and ModelHost starts, sleeps, wakes and stops, over one pipe read by
+the event loop itself (no thread).
 
 - Out: every add, abort and call of one loop turn goes as one message.
 - In: one StepBatch per step of the core; its deltas land in the requests' queues
-  (RequestTable, as with AsyncEngine); detokenization happens here, in the readers.
+  (runtime/serve/request_streams.py); detokenization happens here, in the readers.
 - Back-pressure: when more than MAX_UNDELIVERED outputs wait in queues for their
   readers, the loop stops reading the pipe until they drain; the pipe fills and the
   core blocks on its next send. What this process buffers is bounded.
@@ -21,12 +22,12 @@ import multiprocessing as mp
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
-from runtime.serve.async_engine import EngineDead, RequestStream, RequestTable, added, settle
-from runtime.serve.engine_control import EngineInfo
-from runtime.serve.engine_core import (AbortOp, AddOp, CallOp, Load, Loaded, LoadFailed, Op, StepBatch,
-                                 Warmed, run_core, sleep_engine, wake_engine)
+from runtime.serve.engine_core import (AbortOp, AddOp, CallOp, Engine, EngineInfo, Load, Loaded,
+                                       LoadFailed, Op, StepBatch, Warmed, run_core, sleep_engine,
+                                       wake_engine)
+from runtime.serve.request_streams import EngineDead, RequestStream, RequestTable
 from runtime.load.timings import LoadTimings
 from runtime.engine.outputs import EngineStats
 from runtime.engine.request import sample_ids
@@ -34,7 +35,6 @@ from runtime.core.sleep_mode import Freed
 from wire.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from runtime.engine.llm_engine import LLMEngine
     from runtime.serve.model_host import LoadRequest
 
 MAX_UNDELIVERED = 65536   # outputs queued for readers before the core is made to wait
@@ -48,8 +48,27 @@ class CoreLoadFailed(RuntimeError):
     """The engine-core process could not load the model (or died while loading)."""
 
 
+class Core(Protocol):
+    """Where the core's step loop runs, as the client watches it: its process (a
+    multiprocessing process is one), or in tests a thread of this one."""
+
+    @property
+    def pid(self) -> Optional[int]: ...
+
+    @property
+    def sentinel(self) -> int:
+        """A file descriptor that turns readable when the core has ended."""
+
+    @property
+    def exitcode(self) -> Optional[int]: ...
+
+    def join(self, timeout: Optional[float] = None) -> None: ...
+
+    def kill(self) -> None: ...
+
+
 class EngineClient:
-    def __init__(self, process: BaseProcess, conn: Connection, loaded: Loaded,
+    def __init__(self, process: Core, conn: Connection, loaded: Loaded,
                  on_death: Callable[[str], None]):
         self.info: EngineInfo = loaded.info
         self.error: Optional[BaseException] = None
@@ -81,7 +100,7 @@ class EngineClient:
             raise
         return cls(core.process, core.conn, loaded, on_death)
 
-    # ---------------------------------------------------------- EngineControl
+    # ---------------------------------------------------------- lifecycle (ModelHost)
 
     @property
     def stats(self) -> EngineStats:
@@ -97,6 +116,7 @@ class EngineClient:
 
     @property
     def core_pid(self) -> Optional[int]:
+        """The engine-core process."""
         return self._process.pid
 
     async def sleep(self) -> Freed:
@@ -113,11 +133,13 @@ class EngineClient:
         if self._process.exitcode is None:
             self._process.kill()
             await asyncio.to_thread(self._process.join, STOP_TIMEOUT_S)
+        self._loop.remove_reader(self._process.sentinel)
 
-    # ---------------------------------------------------------- EngineFrontend
+    # ---------------------------------------------------------- requests (the serving code)
 
     async def add(self, request_id: str, prompt_token_ids: list[int],
                   params: SamplingParams) -> RequestStream:
+        """Queue a request; raises the core's ValueError (too long, bad ids) if it refuses."""
         return (await self.add_samples(request_id, prompt_token_ids, params))[0]
 
     async def add_samples(self, request_id: str, prompt_token_ids: list[int],
@@ -132,8 +154,9 @@ class EngineClient:
         await added(done, streams)
         return streams
 
-    async def call(self, work: Callable[["LLMEngine"], T]) -> T:
-        """Run `work` (a module-level function) on the engine between two steps."""
+    async def call(self, work: Callable[[Engine], T]) -> T:
+        """Run `work` (a module-level function) on the engine between two steps (nothing
+        else touches the engine meanwhile); its result, or its exception raised here."""
         if self.error is not None:
             raise EngineDead(str(self.error))
         call_id = next(self._call_ids)
@@ -221,6 +244,28 @@ class EngineClient:
     def _stop_reading(self) -> None:
         if not self._conn.closed:
             self._loop.remove_reader(self._conn.fileno())
+
+
+async def added(done: "asyncio.Future[None]", streams: list[RequestStream]) -> None:
+    """Wait for the engine to take a request: its ValueError (the table already forgot the
+    ids), or, if the caller leaves meanwhile, every sample aborted."""
+    try:
+        await asyncio.shield(done)
+    except ValueError:
+        raise
+    except BaseException:
+        for stream in streams:
+            stream.close()   # the client left while we waited
+        raise
+
+
+def settle(done: "asyncio.Future[Any]", result: Any, error: Optional[BaseException]) -> None:
+    if done.done():               # its caller left
+        return
+    if error is None:
+        done.set_result(result)
+    else:
+        done.set_exception(error)
 
 
 M = TypeVar("M")

@@ -1,6 +1,7 @@
-"""The engine-core process: it owns the LLMEngine and runs the step loop, so the steps
-never wait for the server's GIL (HTTP parsing, SSE framing, detokenization all stay in
-the server process, runtime/serve/engine_client.py).
+"""The engine-core process, the one way a replica runs its engine: it owns the LLMEngine
+and runs the step loop (`CoreLoop`), so the steps never wait for the server's GIL (HTTP
+parsing, SSE framing, detokenization all stay in the server process,
+runtime/serve/engine_client.py).
 
 One pipe joins the two. First the load: a core spawned for a `--standby` replica
 imports torch and the engine and builds the kernels at once (`Warmed`), then waits;
@@ -15,7 +16,8 @@ calls came to, the step's token deltas, the stats after it). The step loop:
 A reader thread moves the server's batches into a queue as they come, so the server
 never blocks on a step, and sees the pipe close: the server is gone (or stopping us),
 and the process exits. It also dies with its parent (PR_SET_PDEATHSIG), so it never
-outlives a server that was killed.
+outlives a server that was killed. `CoreLoop` needs nothing of the process but its end of
+the pipe: tests run it in a thread over a pipe within one process, with the same messages.
 """
 from __future__ import annotations
 
@@ -26,9 +28,8 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
 
-from runtime.serve.engine_control import EngineInfo
 from runtime.load.timings import LoadTimings
 from runtime.engine.outputs import EngineStats, RequestOutput
 from runtime.core.sleep_mode import Freed
@@ -39,6 +40,19 @@ if TYPE_CHECKING:
     from runtime.serve.model_host import LoadRequest
 
 PR_SET_PDEATHSIG = 1     # linux/prctl.h
+
+
+class Engine(Protocol):
+    """What the step loop drives: runtime.engine.llm_engine.LLMEngine (or a test's stand-in)."""
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams) -> None: ...
+    def abort_request(self, request_id: str) -> None: ...
+    def step(self) -> list[RequestOutput]: ...
+    def has_unfinished_requests(self) -> bool: ...
+    def unfinished_request_ids(self) -> list[str]: ...
+    def stats(self) -> EngineStats: ...
+    def sleep(self) -> Freed: ...
+    def wake(self) -> LoadTimings: ...
 
 
 # ---------------------------------------------------------------- messages in
@@ -63,21 +77,35 @@ class AbortOp:
 @dataclass
 class CallOp:
     call_id: int
-    work: Callable[["LLMEngine"], Any]   # a module-level function: pickled by name
+    work: Callable[[Engine], Any]   # a module-level function: pickled by name
 
 
 Op = Union[AddOp, AbortOp, CallOp]
 
 
-def sleep_engine(engine: "LLMEngine") -> Freed:
+def sleep_engine(engine: Engine) -> Freed:
     return engine.sleep()
 
 
-def wake_engine(engine: "LLMEngine") -> LoadTimings:
+def wake_engine(engine: Engine) -> LoadTimings:
     return engine.wake()
 
 
 # ---------------------------------------------------------------- messages out
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the server needs to know of a loaded engine to serve it."""
+    max_model_len: int                 # the context, capped by the KV cache
+    task: str                          # "generate" | "embed"
+    eos_token_ids: tuple[int, ...]     # the model config's, for the server's own tokenizer
+    load_timings: dict[str, float]     # the /health load_timings (runtime/load/timings.py)
+
+    @classmethod
+    def of(cls, llm_engine: "LLMEngine", load_timings: dict[str, float]) -> "EngineInfo":
+        return cls(llm_engine.max_model_len, llm_engine.config.task,
+                   tuple(llm_engine.model_config.eos_token_ids), load_timings)
+
 
 @dataclass
 class Warmed:
@@ -147,7 +175,9 @@ def _die_with_parent() -> None:
 
 
 class CoreLoop:
-    def __init__(self, engine: "LLMEngine", conn: Connection):
+    """The step loop, over the core's end of the pipe."""
+
+    def __init__(self, engine: Engine, conn: Connection):
         self.engine, self.conn = engine, conn
         self.inbox: queue.SimpleQueue[Optional[list[Op]]] = queue.SimpleQueue()
         threading.Thread(target=self._read, name="engine-core-inbox", daemon=True).start()

@@ -3,8 +3,8 @@
 Request-level figures (TTFT, inter-token latency, queue time, e2e, token
 counts, finish reasons) are observed by the server as requests finish.
 Engine-level figures (running/waiting, KV usage, prefix-cache counters) are
-read from the engine's latest `EngineStats` at scrape time by a collector, so
-the engine thread never touches prometheus objects.
+read at scrape time by a collector from the latest `EngineStats` the engine-core
+process sent, so the engine never touches prometheus objects.
 
 `ServerMetrics.served` keeps the same token counts as plain integers: what the
 pool reads from /stats (cheaply, as JSON) to reconcile the bill with what the

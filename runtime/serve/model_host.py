@@ -4,14 +4,14 @@ and ready -> sleeping -> waking -> ready (runtime/core/sleep_mode.py).
 A replica started with `--model` begins loading at once; one started with
 `--standby` waits with torch already imported until `/admin/load` names a
 model, so the pool can keep warm processes and skip the interpreter start.
-Loading runs in a worker thread so `/health` keeps answering meanwhile. The engine runs
-in a thread of this process (AsyncEngine) or, with `engine_process`, in an engine-core
-process of its own (runtime/serve/engine_core.py, runtime/serve/engine_client.py); a core that dies
-fails its requests, /health reports failed, and the replica exits like one whose
-tensor-parallel worker died. Sleep and wake run on the engine between steps; a replica is
-put to sleep only when no request is in flight (`Refused` otherwise: the pool sends
-only idle replicas to sleep, so it never drains), and from then on until it is
-ready again it refuses requests with 503.
+The engine runs in an engine-core process of its own (runtime/serve/engine_core.py),
+which loads the model while `/health` keeps answering here, and which a standby starts
+(and warms) before any model is named; the server talks to it through an `EngineClient`
+(runtime/serve/engine_client.py). A core that dies fails its requests, /health reports
+failed, and the replica exits like one whose tensor-parallel worker died. Sleep and wake
+run on the engine between steps; a replica is put to sleep only when no request is in
+flight (`Refused` otherwise: the pool sends only idle replicas to sleep, so it never
+drains), and from then on until it is ready again it refuses requests with 503.
 """
 from __future__ import annotations
 
@@ -24,10 +24,8 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Optional
 
-from runtime.serve.async_engine import AsyncEngine, EngineFrontend
 from runtime.serve.embeddings import EmbeddingServing
 from runtime.serve.engine_client import CoreProcess, EngineClient
-from runtime.serve.engine_control import EngineControl, EngineInfo, InThreadControl
 from runtime.load.timings import LoadTimings, process_age_s
 from runtime.serve.metrics import ServerMetrics
 from runtime.serve.completions import OpenAIServing
@@ -35,7 +33,7 @@ from runtime.engine.outputs import EngineStats
 from runtime.core.sleep_mode import Freed, NotIdle
 from runtime.core.tokenizer import Tokenizer
 
-if TYPE_CHECKING:   # importing the engine imports torch: that happens in the load thread
+if TYPE_CHECKING:   # importing the engine imports torch: only the engine-core process does
     from runtime.engine.llm_engine import LLMEngine
 
 log = logging.getLogger("thawpool.runtime")
@@ -68,17 +66,9 @@ class LoadRequest:
 class LoadedModel:
     """The model once its weights are in memory, and what serves it."""
     served_model_name: str
-    engine: EngineControl         # its lifecycle: stats, sleep, wake, stop
+    engine: EngineClient          # its lifecycle too: stats, sleep, wake, stop
     serving: OpenAIServing
     embedding: Optional[EmbeddingServing] = None   # engine task "embed": /v1/embeddings
-
-
-@dataclass
-class StartedEngine:
-    frontend: EngineFrontend      # what the serving code calls
-    control: EngineControl
-    info: EngineInfo
-    tokenizer: Tokenizer
 
 
 def warm_imports(device: Optional[str] = None) -> float:
@@ -112,8 +102,8 @@ def engine_kwarg_names() -> set[str]:
 
 
 def build_llm_engine(request: LoadRequest) -> tuple["LLMEngine", dict[str, float]]:
-    """Construct the engine (in a worker thread under the server) with its load timings:
-    see runtime/load/timings.py for the stages."""
+    """Construct the engine (in the engine-core process) with its load timings: see
+    runtime/load/timings.py for the stages."""
     start = time.perf_counter()
     timings = LoadTimings()
     # a process that has not imported torch yet was started for this very load (a
@@ -141,8 +131,7 @@ class ModelHost:
     """The replica's one model through its lifecycle, and the metrics of everything it served
     (a replica that loads no model still answers /metrics)."""
 
-    def __init__(self, engine_process: bool = False) -> None:
-        self.engine_process = engine_process   # the engine in a process of its own
+    def __init__(self) -> None:
         self._spare_core: Optional[CoreProcess] = None   # a standby's, warm, loading nothing yet
         self.status = Status.STANDBY
         self.error: Optional[str] = None
@@ -177,37 +166,29 @@ class ModelHost:
 
     async def _load(self, request: LoadRequest) -> None:
         start = time.perf_counter()
+        core, self._spare_core = self._spare_core, None
         try:
-            started = await (self._start_core(request) if self.engine_process
-                             else _start_in_thread(request))
+            client = await EngineClient.start(request, on_death=self._engine_died, core=core)
+            tokenizer = await asyncio.to_thread(Tokenizer, request.model, client.info.eos_token_ids)
         except Exception as exc:   # noqa: BLE001 - any failure is reported on /health
             self.status, self.error = Status.FAILED, f"{type(exc).__name__}: {exc}"
             self.load_timings = {"total_s": round(time.perf_counter() - start, 6)}
             return
-        name, info = request.served_model_name, started.info
-        serving = OpenAIServing(name, started.frontend, started.tokenizer, info.max_model_len,
-                                self.metrics)
-        embedding = EmbeddingServing(name, started.frontend, started.tokenizer, self.metrics) \
+        name, info = request.served_model_name, client.info
+        serving = OpenAIServing(name, client, tokenizer, info.max_model_len, self.metrics)
+        embedding = EmbeddingServing(name, client, tokenizer, self.metrics) \
             if info.task == "embed" else None
-        self.model = LoadedModel(name, started.control, serving, embedding)
+        self.model = LoadedModel(name, client, serving, embedding)
         self.load_timings = info.load_timings
         self.status = Status.READY
 
     async def warm(self) -> float:
-        """A standby's preparation (warm_imports), done where the engine will run: with
-        `engine_process`, in a core process started now, which the load then uses."""
-        if not self.engine_process:
-            return await asyncio.to_thread(warm_imports)
+        """A standby's preparation (warm_imports), done where the engine will run: in a core
+        process started now, which the load then uses."""
         core = CoreProcess.spawn(warm=True)
         seconds = await core.warmed()
         self._spare_core = core
         return seconds
-
-    async def _start_core(self, request: LoadRequest) -> StartedEngine:
-        core, self._spare_core = self._spare_core, None
-        client = await EngineClient.start(request, on_death=self._engine_died, core=core)
-        tokenizer = await asyncio.to_thread(Tokenizer, request.model, client.info.eos_token_ids)
-        return StartedEngine(client, client, client.info, tokenizer)
 
     def _engine_died(self, reason: str) -> None:
         """The engine-core process is gone (killed, out of memory, a dead tensor-parallel
@@ -283,11 +264,3 @@ class ModelHost:
             await self.model.engine.stop()
         if self._spare_core is not None:
             await asyncio.to_thread(self._spare_core.kill)
-
-
-async def _start_in_thread(request: LoadRequest) -> StartedEngine:
-    llm_engine, timings = await asyncio.to_thread(build_llm_engine, request)
-    async_engine = AsyncEngine(llm_engine)
-    async_engine.start()
-    return StartedEngine(async_engine, InThreadControl(async_engine, llm_engine),
-                         EngineInfo.of(llm_engine, timings), llm_engine.tokenizer)

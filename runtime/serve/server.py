@@ -9,7 +9,8 @@ This module is the settings (parsed once, in `main`) and thin routes: a
 completion is parsed by wire's rules and handed to the loaded model's
 `OpenAIServing` (runtime/serve/completions.py), where the rest of its path is.
 Everything stateful (the `ModelHost`: the model, its serving object, the
-metrics registry) is created in the lifespan and lives on `app.state`.
+metrics registry) is created in the lifespan and lives on `app.state`; the model's
+engine steps in an engine-core process the ModelHost starts (runtime/serve/engine_core.py).
 
 Under the pool a replica has a secret, given in its environment
 (THAWPOOL_REPLICA_SECRET) or in a file only its owner may read
@@ -25,7 +26,6 @@ import hmac
 import json
 import logging
 import os
-import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,10 +51,6 @@ from wire.sse import EventStreamResponse
 
 log = logging.getLogger("thawpool.runtime")
 OPEN_PATHS = frozenset({"/health"})                # answered without the secret
-# The default of --engine-process when the flag is not given: "0" (or false, no, off)
-# runs the engine in a thread of the server (on by default: benchmarks/peers.py, W8A8 on
-# SmolLM2 at concurrency 32, 0.97x the offline engine with it, 0.70x in the server's thread).
-ENGINE_PROCESS_ENV = "THAWPOOL_ENGINE_PROCESS"
 
 # ---------------------------------------------------------------- settings
 
@@ -69,7 +65,6 @@ class ServerSettings:
     log_level: str = "warning"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs given
     secret: Optional[str] = field(default=None, repr=False)       # None: open to every caller
-    engine_process: bool = True    # the engine in a process of its own (runtime/serve/engine_core.py)
 
     def load_request(self) -> LoadRequest:
         assert self.model is not None, "a --standby replica loads what /admin/load names"
@@ -120,9 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
     for dest in _ENGINE_SWITCHES:
         parser.add_argument("--" + dest.replace("_", "-"), dest=dest, action=argparse.BooleanOptionalAction,
                             default=None)
-    parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
-                        help="run the engine's step loop in a process of its own, away from "
-                             f"the server's GIL (default: on, or off with ${ENGINE_PROCESS_ENV}=0)")
     return parser
 
 
@@ -138,13 +130,9 @@ def parse_settings(argv: Optional[Sequence[str]] = None,
         secret = read_secret(env)
     except ValueError as exc:
         parser.error(str(exc))
-    engine_process = args.engine_process
-    if engine_process is None:
-        engine_process = env.get(ENGINE_PROCESS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
     return ServerSettings(host=args.host, port=args.port, uds=args.uds, model=args.model,
                           served_model_name=args.served_model_name, standby=args.standby,
-                          log_level=args.log_level, engine_kwargs=engine_kwargs, secret=secret,
-                          engine_process=engine_process)
+                          log_level=args.log_level, engine_kwargs=engine_kwargs, secret=secret)
 
 
 def read_secret(env: Mapping[str, str]) -> Optional[str]:
@@ -364,7 +352,7 @@ def carries_secret(scope: Scope, expected: bytes) -> bool:
 def build_app(settings: ServerSettings) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        host = ModelHost(engine_process=settings.engine_process)
+        host = ModelHost()
         app.state.host = host
         if settings.standby:
             await host.warm()   # the point of standby: torch is in memory where the engine runs
@@ -404,9 +392,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if settings.secret is None:
         log.warning("no replica secret (%s or %s): this server answers every caller",
                     SECRET_ENV, SECRET_FILE_ENV)
-    # The engine thread holds the GIL between torch ops; at the default 5 ms switch
-    # interval the event loop waits that long to send each SSE chunk.
-    sys.setswitchinterval(0.001)
     uvicorn.run(build_app(settings), host=settings.host, port=settings.port, uds=settings.uds,
                 log_level=settings.log_level, timeout_graceful_shutdown=5,
                 timeout_keep_alive=REPLICA_KEEPALIVE_S,

@@ -12,8 +12,8 @@ from benchmarks import peers
 from benchmarks.serve import Workload, start_replica
 
 ISSUE_FIGURES = {  # output tok/s quoted in the issue, from a quiet 2-core machine
-    "llama.cpp llama-server, F32 GGUF": 105.0, "thawpool server (engine in-thread), fp32": 142.0,
-    "llama.cpp llama-server, Q8_0 GGUF": 109.0, "thawpool server (engine in-thread), int8 (cpu_low_precision)": 145.0,
+    "llama.cpp llama-server, F32 GGUF": 105.0, "thawpool server, fp32": 142.0,
+    "llama.cpp llama-server, Q8_0 GGUF": 109.0, "thawpool server, int8 (cpu_low_precision)": 145.0,
     "thawpool offline LLM.generate, fp32": 205.0, "thawpool offline LLM.generate, int8 (cpu_low_precision)": 187.0,
 }
 
@@ -44,31 +44,26 @@ def test_each_api_asks_for_greedy_ignore_eos_and_counts_its_reply() -> None:
 
 def test_report_gives_each_pairings_ratio_against_the_target() -> None:
     lines = peers.report(ISSUE_FIGURES, target=2.5)
-    assert "thawpool server (engine in-thread) / llama-server, fp32 vs F32: 1.35x (target 2.5x: not met)" in lines
-    assert ("thawpool server (engine in-thread) / llama-server, int8 (cpu_low_precision) vs Q8_0: 1.33x "
+    assert "thawpool server / llama-server, fp32 vs F32: 1.35x (target 2.5x: not met)" in lines
+    assert ("thawpool server / llama-server, int8 (cpu_low_precision) vs Q8_0: 1.33x "
             "(target 2.5x: not met)") in lines
-    faster = {**ISSUE_FIGURES, "thawpool server (engine in-thread), int8 (cpu_low_precision)": 300.0}
-    assert ("thawpool server (engine in-thread) / llama-server, int8 (cpu_low_precision) vs Q8_0: 2.75x "
+    faster = {**ISSUE_FIGURES, "thawpool server, int8 (cpu_low_precision)": 300.0}
+    assert ("thawpool server / llama-server, int8 (cpu_low_precision) vs Q8_0: 2.75x "
             "(target 2.5x: met)") in peers.report(faster, 2.5)
-    # the server with the engine-core process is held against the same llama-server
-    process = {**ISSUE_FIGURES, "thawpool server (engine process), int8 (cpu_low_precision)": 300.0}
-    assert ("thawpool server (engine process) / llama-server, int8 (cpu_low_precision) vs Q8_0: 2.75x "
-            "(target 2.5x: met)") in peers.report(process, 2.5)
-    assert "thawpool server (engine process) / llama-server, fp32 vs F32: not measured" in lines
     skipped = {**ISSUE_FIGURES, "llama.cpp llama-server, F32 GGUF": None}
     lines = peers.report(skipped, 2.5)
-    assert "thawpool server (engine in-thread) / llama-server, fp32 vs F32: not measured" in lines
+    assert "thawpool server / llama-server, fp32 vs F32: not measured" in lines
     assert any(line.startswith("llama.cpp llama-server, F32 GGUF") and line.endswith("skipped") for line in lines)
 
 
 def test_report_holds_the_server_against_offline_all_at_once_and_at_its_concurrency() -> None:
     figures = {**ISSUE_FIGURES, "thawpool offline, fp32, max_num_seqs = concurrency": 150.0}
     lines = peers.report(figures, target=2.5)
-    assert ("thawpool server (engine in-thread) / offline, fp32: 0.69x all at once, "
+    assert ("thawpool server / offline, fp32: 0.69x all at once, "
             "0.95x at the same concurrency") in lines
     # int8 has no capped figure: no line rather than a half one
-    in_thread_int8 = "thawpool server (engine in-thread) / offline, int8 (cpu_low_precision)"
-    assert not any(line.startswith(in_thread_int8) for line in lines)
+    server_int8 = "thawpool server / offline, int8 (cpu_low_precision)"
+    assert not any(line.startswith(server_int8) for line in lines)
 
 
 def test_agreement_counts_the_shared_greedy_prefix() -> None:

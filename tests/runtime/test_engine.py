@@ -214,8 +214,8 @@ def test_unknown_engine_option_is_refused_by_name(tiny_model):
 
 
 def test_requests_added_between_steps_join_the_running_batch(tiny_model):
-    """Only the thread that steps adds (the server's AsyncEngine hands adds over between
-    steps); a duplicate id is refused while the first one is held."""
+    """Only the thread that steps adds (the engine core's CoreLoop applies the server's adds
+    between steps); a duplicate id is refused while the first one is held."""
     engine = LLMEngine(str(tiny_model), kv_cache_tokens=512, block_size=8)
     done = set()
     for i in range(20):

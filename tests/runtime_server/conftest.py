@@ -79,12 +79,8 @@ def engine_kwargs() -> dict:
 
 @pytest.fixture(scope="session")
 def server_process(tiny_model, tmp_path_factory, engine_kwargs):
-    """One replica shared by the HTTP tests, started as early as possible (it takes a while).
-    It runs the engine in its own thread (--no-engine-process), so that mode stays covered:
-    test_engine_process.py holds the default engine-core process against it, and every
-    replica the pool starts elsewhere in the suite runs the default."""
+    """One replica shared by the HTTP tests, started as early as possible (it takes a while)."""
     proc = start_server(["--model", str(tiny_model), "--served-model-name", SERVED_NAME,
-                         "--no-engine-process",
                          "--kv-cache-tokens", str(engine_kwargs["kv_cache_tokens"]),
                          "--block-size", str(engine_kwargs["block_size"])],
                         tmp_path_factory.mktemp("server") / "server.log")

@@ -2,8 +2,8 @@
 
 The tiny model makes a token in about a millisecond, so "the client left before the
 request finished" must not depend on the machine's speed: the server process is frozen
-(SIGSTOP) while the client goes, and thawed (SIGCONT) once it has gone; with
-`--engine-process` its engine core too.
+(SIGSTOP) while the client goes, and thawed (SIGCONT) once it has gone, and its engine
+core with it.
 """
 from __future__ import annotations
 
@@ -37,10 +37,10 @@ def wait_idle(base_url: str, timeout_s: float = 60) -> dict[str, float]:
 @contextlib.contextmanager
 def frozen(server):
     """The replica stopped for the duration of the block, resumed whatever happens: its
-    engine core first (when it has one, `--engine-process`), then the server; thawed the
-    other way round, so the server is running again before the core steps on."""
-    core = httpx.get(f"{server.base_url}/health", timeout=10).json().get("engine_core")
-    pids = ([core["pid"]] if core else []) + [server.process.pid]
+    engine core first, then the server; thawed the other way round, so the server is
+    running again before the core steps on."""
+    core = httpx.get(f"{server.base_url}/health", timeout=10).json()["engine_core"]
+    pids = [core["pid"], server.process.pid]
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:

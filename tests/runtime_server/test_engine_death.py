@@ -1,5 +1,7 @@
 """An engine that dies mid-stream: the replica says so in the stream and never sends
-[DONE], so nobody downstream (the gateway, a client) takes the answer for complete."""
+[DONE], so nobody downstream (the gateway, a client) takes the answer for complete.
+The engine's step loop runs in a thread over the engine core's pipe messages
+(tests/runtime_server/core_thread.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -7,19 +9,20 @@ import json
 
 import pytest
 
-from runtime.serve.async_engine import AsyncEngine
+from runtime.serve.engine_core import EngineInfo
 from runtime.serve.metrics import ServerMetrics
 from runtime.serve.completions import OpenAIServing
 from runtime.engine.outputs import EngineStats, RequestOutput
 from runtime.core.tokenizer import Tokenizer
 from wire.requests import parse_request
 from wire.sse import data_of
+from tests.runtime_server.core_thread import threaded_client
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 class DyingEngine:
-    """runtime.serve.async_engine.Engine that gives every request one token a step, and whose
+    """runtime.serve.engine_core.Engine that gives every request one token a step, and whose
     third step fails (as a CUDA fault or a dead tensor-parallel rank would)."""
 
     def __init__(self) -> None:
@@ -49,9 +52,6 @@ class DyingEngine:
 
 
 async def test_engine_death_mid_stream_is_an_error_event_without_done(tiny_model):
-    engine = AsyncEngine(DyingEngine())
-    engine.start()
-    serving = OpenAIServing("m", engine, Tokenizer(tiny_model), 512, ServerMetrics(lambda: None))
     request = parse_request("completions", {"prompt": "hi", "max_tokens": 50, "stream": True,
                                             "stream_options": {"include_usage": True,
                                                                "continuous_usage_stats": True}})
@@ -63,11 +63,11 @@ async def test_engine_death_mid_stream_is_an_error_event_without_done(tiny_model
     async def send(message):
         sent.append(message)
 
-    try:
+    async with threaded_client(DyingEngine(), EngineInfo(512, "generate", (), {})) as engine:
+        serving = OpenAIServing("m", engine, Tokenizer(tiny_model), 512, ServerMetrics(lambda: None))
         response = await serving.create(request, "req-dies", receive)
         await response({"type": "http"}, receive, send)
-    finally:
-        await engine.stop()
+        assert "illegal memory access" in str(engine.error)
     lines = b"".join(m.get("body", b"") for m in sent).decode().split("\n\n")
     events = [line.removeprefix("data: ") for line in lines if line]
     assert events[-1] != "[DONE]" and "[DONE]" not in events

@@ -1,14 +1,15 @@
-"""`--engine-process`: the engine's step loop in an engine-core process of its own
-(runtime/serve/engine_core.py), the server talking to it over a pipe (runtime/serve/engine_client.py).
+"""The engine's step loop in an engine-core process of its own (runtime/serve/engine_core.py),
+the server talking to it over a pipe (runtime/serve/engine_client.py): the one way a
+replica runs its engine.
 
-Same answers as the in-thread engine; a client that leaves frees its request in the
-core; a core that is killed fails its requests cleanly (an error event, never a hang),
-/health reports failed and the replica exits; a core never outlives its server; a
-standby's core is started (and imports torch) before the load names a model.
+A client that leaves frees its request in the core; a core that is killed fails its
+requests cleanly (an error event, never a hang), /health reports failed and the replica
+exits; a core never outlives its server, stopped or killed; a standby's core is started
+(and imports torch) before the load names a model. (The answers equal the offline
+engine's: test_server_openai.py; the loop without a process: test_engine_client.py.)
 """
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 from pathlib import Path
@@ -17,7 +18,6 @@ import httpx
 import pytest
 
 from runtime.serve.model_host import EXIT_WORKER_DIED
-from wire.sampling import SamplingParams
 from tests.runtime_server.conftest import SERVED_NAME, ServerProcess, start_server
 from tests.runtime_server.metrics_text import scrape
 from tests.runtime_server.test_cancellation import ABORTS, LONG, assert_aborted_once, wait_idle
@@ -26,32 +26,13 @@ from tests.support.waiting import eventually_sync
 EXIT_TIMEOUT_S = 30
 
 
-def start_core_server(tiny_model, engine_kwargs, log_dir) -> ServerProcess:
-    return start_server(["--model", str(tiny_model), "--served-model-name", SERVED_NAME,
-                         "--engine-process",
-                         "--kv-cache-tokens", str(engine_kwargs["kv_cache_tokens"]),
-                         "--block-size", str(engine_kwargs["block_size"])],
-                        log_dir / "server.log")
-
-
-@pytest.fixture(scope="module")
-def core_server(tiny_model, engine_kwargs, tmp_path_factory):
-    proc = start_core_server(tiny_model, engine_kwargs, tmp_path_factory.mktemp("core-server"))
-    try:
-        proc.wait_health({"ready"})
-        yield proc
-    finally:
-        core_pid = _core_pid_or_none(proc)
-        proc.stop()
-        if core_pid is not None:   # a clean stop ends the core too
-            eventually_sync(lambda: not _alive(core_pid), timeout_s=EXIT_TIMEOUT_S,
-                            what="the engine core exiting with its server")
-
-
 @pytest.fixture
 def doomed_server(tiny_model, engine_kwargs, tmp_path):
     """A replica of its own, for a test that kills part of it."""
-    proc = start_core_server(tiny_model, engine_kwargs, tmp_path)
+    proc = start_server(["--model", str(tiny_model), "--served-model-name", SERVED_NAME,
+                         "--kv-cache-tokens", str(engine_kwargs["kv_cache_tokens"]),
+                         "--block-size", str(engine_kwargs["block_size"])],
+                        tmp_path / "server.log")
     try:
         proc.wait_health({"ready"})
         yield proc
@@ -63,13 +44,6 @@ def core_pid(server: ServerProcess) -> int:
     pid = httpx.get(f"{server.base_url}/health", timeout=10).json()["engine_core"]["pid"]
     assert pid != server.process.pid
     return int(pid)
-
-
-def _core_pid_or_none(server: ServerProcess) -> int | None:
-    try:
-        return core_pid(server)
-    except (httpx.HTTPError, KeyError):
-        return None
 
 
 def _alive(pid: int) -> bool:
@@ -87,26 +61,20 @@ def completion(base_url: str, body: dict) -> dict:
     return resp.json()
 
 
-def test_greedy_output_equals_the_in_thread_engine(core_server, server):
-    for prompt in ["The quick brown fox", "Continuous batching lets new requests join", "hi"]:
-        body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
-                "logprobs": 2}
-        ours, theirs = completion(core_server.base_url, body), completion(server.base_url, body)
-        assert ours["choices"][0]["text"] == theirs["choices"][0]["text"]
-        assert ours["choices"][0]["logprobs"]["tokens"] == theirs["choices"][0]["logprobs"]["tokens"]
-        assert ours["usage"] == theirs["usage"]
+def test_the_shared_server_runs_its_engine_in_a_core_process(server):
+    assert core_pid(server) != server.process.pid
 
 
-def test_a_client_that_leaves_frees_its_request_in_the_core(core_server):
-    pid = core_pid(core_server)
+def test_a_client_that_leaves_frees_its_request_in_the_core(server):
+    pid = core_pid(server)
     body = {**LONG, "max_tokens": 1000, "stream": True}   # about 1 s of the core's time
     for _ in range(3):   # a machine too busy to freeze the core mid-request tries again
-        before = wait_idle(core_server.base_url)
-        if leave_mid_stream(core_server, pid, body, before):
+        before = wait_idle(server.base_url)
+        if leave_mid_stream(server, pid, body, before):
             break
     else:
         pytest.fail("the request always finished before the core could be frozen")
-    after = wait_idle(core_server.base_url)
+    after = wait_idle(server.base_url)
     assert_aborted_once(before, after, body["max_tokens"])
 
 
@@ -168,7 +136,8 @@ def _health_or_none(client: httpx.Client) -> httpx.Response | None:
 
 
 def test_a_standby_warms_its_core_and_loads_into_it(tiny_model, engine_kwargs, tmp_path):
-    proc = start_server(["--standby", "--engine-process"], tmp_path / "server.log")
+    proc = start_server(["--standby"], tmp_path / "server.log")
+    pid = None
     try:
         proc.wait_health({"standby"})
         # torch is imported where the engine will run, not in the server process
@@ -177,44 +146,12 @@ def test_a_standby_warms_its_core_and_loads_into_it(tiny_model, engine_kwargs, t
         assert httpx.post(f"{proc.base_url}/admin/load", json=load, timeout=10).status_code == 202
         ready = proc.wait_health({"ready"})
         assert ready["load_timings"]["process_s"] == 0.0, "the core had torch before the load"
-        assert ready["engine_core"]["pid"] != proc.process.pid
+        pid = core_pid(proc)
         done = completion(proc.base_url, {"prompt": "hi", "max_tokens": 3, "ignore_eos": True})
         assert done["usage"]["completion_tokens"] == 3
     finally:
         proc.stop()
+    # a clean stop ends the core too
+    eventually_sync(lambda: not _alive(pid), timeout_s=EXIT_TIMEOUT_S,
+                    what="the engine core exiting with its server")
 
-
-async def test_a_reader_that_falls_behind_pauses_the_pipe(tiny_model, engine_kwargs, monkeypatch):
-    """The server buffers at most MAX_UNDELIVERED outputs (plus the batch that crossed it);
-    the rest waits in the pipe, and all of it arrives in order once the reader reads."""
-    from runtime.serve import engine_client
-    from runtime.serve.model_host import LoadRequest
-
-    monkeypatch.setattr(engine_client, "MAX_UNDELIVERED", 8)
-    deaths: list[str] = []
-    client = await engine_client.EngineClient.start(
-        LoadRequest(str(tiny_model), SERVED_NAME, engine_kwargs), on_death=deaths.append)
-    try:
-        params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
-        async with await client.add("behind", [5, 6, 7, 8], params) as stream:
-            await asyncio.sleep(1.0)   # the core makes 200 tokens in a fraction of this
-            assert 1 <= stream.backlog <= 9
-            tokens = [t async for out in stream for t in out.new_token_ids]
-        assert len(tokens) == 200 and stream.finished and deaths == []
-    finally:
-        await client.stop()
-
-
-def test_the_engine_process_is_the_default_and_can_be_turned_off():
-    from runtime.serve.server import parse_settings
-
-    assert parse_settings(["--model", "m"], env={}).engine_process
-    assert not parse_settings(["--model", "m", "--no-engine-process"], env={}).engine_process
-    assert not parse_settings(["--model", "m"], env={"THAWPOOL_ENGINE_PROCESS": "0"}).engine_process
-    assert parse_settings(["--model", "m", "--engine-process"], env={"THAWPOOL_ENGINE_PROCESS": "0"}).engine_process
-
-
-def test_the_shared_server_runs_the_engine_in_its_own_thread(server, core_server):
-    """The comparison above is between the two modes: the shared server has no core."""
-    assert _core_pid_or_none(server) is None
-    assert _core_pid_or_none(core_server) is not None

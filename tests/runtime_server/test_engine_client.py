@@ -1,4 +1,6 @@
-"""AsyncEngine over a real LLMEngine in this process: handoffs, aborts, id dedupe."""
+"""EngineClient and the engine core's step loop over a real LLMEngine, the loop run in a
+thread of this process (tests/runtime_server/core_thread.py) over the same pipe messages
+as the engine-core process: adds, aborts, id dedupe, refusals, cancel, back-pressure."""
 from __future__ import annotations
 
 import asyncio
@@ -6,7 +8,11 @@ import asyncio
 import pytest
 
 from runtime import SamplingParams
-from runtime.serve.async_engine import AsyncEngine
+from runtime.serve import engine_client
+from runtime.serve.engine_client import EngineClient
+from runtime.serve.engine_core import EngineInfo
+from tests.runtime_server.core_thread import threaded_client
+from tests.support.waiting import eventually
 
 # The async fixture lives on the session loop (pyproject), so the tests must too.
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -15,15 +21,11 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 @pytest.fixture
 async def engine(offline_llm):
     # The offline LLM's engine is idle between its generate() calls; borrow it.
-    async_engine = AsyncEngine(offline_llm.engine)
-    async_engine.start()
-    try:
-        yield async_engine
-    finally:
-        await async_engine.stop()
+    async with threaded_client(offline_llm.engine, EngineInfo.of(offline_llm.engine, {})) as client:
+        yield client
 
 
-async def collect(engine: AsyncEngine, request_id: str, ids: list[int], params) -> list[int]:
+async def collect(engine: EngineClient, request_id: str, ids: list[int], params) -> list[int]:
     tokens = []
     async with await engine.add(request_id, ids, params) as stream:
         async for out in stream:
@@ -31,12 +33,9 @@ async def collect(engine: AsyncEngine, request_id: str, ids: list[int], params) 
     return tokens
 
 
-async def wait_blocks_free(engine: AsyncEngine) -> None:
-    for _ in range(500):
-        if engine.stats.kv_blocks_used == 0 and engine.stats.num_running == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"blocks still held: {engine.stats}")
+async def wait_blocks_free(engine: EngineClient) -> None:
+    await eventually(lambda: engine.stats.kv_blocks_used == 0 and engine.stats.num_running == 0,
+                     timeout_s=30, what=f"the core freeing every block ({engine.stats})")
 
 
 async def test_concurrent_requests_match_offline(engine, offline_llm):
@@ -92,3 +91,19 @@ async def test_cancel_waits_for_the_engines_last_output(engine):
     last = await stream.cancel()
     assert last.finished and last.finish_reason == "abort" and last.metrics is not None
     await wait_blocks_free(engine)
+
+
+async def test_a_reader_that_falls_behind_pauses_the_pipe(offline_llm, monkeypatch):
+    """The server buffers at most MAX_UNDELIVERED outputs (plus the batch that crossed it);
+    the rest waits in the pipe, and all of it arrives in order once the reader reads."""
+    monkeypatch.setattr(engine_client, "MAX_UNDELIVERED", 8)
+    llm_engine = offline_llm.engine
+    async with threaded_client(llm_engine, EngineInfo.of(llm_engine, {})) as client:
+        # few enough tokens that every step's batch fits in the pipe: the core finishes
+        params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+        async with await client.add("behind", [5, 6, 7, 8], params) as stream:
+            await eventually(lambda: stream.backlog >= 9 and not llm_engine.has_unfinished_requests(),
+                             timeout_s=30, what="the core making every token while nobody reads")
+            assert stream.backlog <= 9
+            tokens = [t async for out in stream for t in out.new_token_ids]
+        assert len(tokens) == 60 and stream.finished
