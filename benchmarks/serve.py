@@ -184,14 +184,16 @@ class Replica:
                 self.process.wait()
 
 
-def start_replica(model_dir: Path, engine_args: list[str], threads: int) -> Replica:
+def start_replica(model_dir: Path, engine_args: list[str], threads: int, repo: Path = REPO) -> Replica:
+    """`python -m runtime.serve.server` of the checkout at `repo` (this one by default)."""
     from controlplane.embedded.ports import free_port
 
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(repo)}
     process = subprocess.Popen(
         [sys.executable, "-m", "runtime.serve.server", "--model", str(model_dir), "--host", "127.0.0.1",
-         "--port", str(port), *engine_args], cwd=REPO, env=env)
+         "--port", str(port), *engine_args], cwd=repo, env=env)
     return wait_ready(Replica(process, f"http://127.0.0.1:{port}"), "replica")
 
 
