@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--before", type=Path, required=True, help="the checkout measured as before")
     p.add_argument("--after", type=Path, default=REPO, help="the checkout measured as after (this one)")
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rounds", type=int, default=21, help="each measures both servers, in turn")
     p.add_argument("--num-prompts", type=int, default=96)
     p.add_argument("--input-len", type=int, nargs=2, default=[32, 256], metavar=("MIN", "MAX"))
     p.add_argument("--output-len", type=int, nargs=2, default=[32, 96], metavar=("MIN", "MAX"))
