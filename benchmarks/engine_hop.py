@@ -6,8 +6,9 @@ PYTHONPATH, in its default mode) are started once on the same random model and s
 then each round measures one and then the other, the order swapped every round, so
 drift in the machine's load falls on both alike. A round is one closed loop of
 --num-prompts streaming requests (random prompts of exact lengths, greedy, ignore_eos)
-at --concurrency clients, then --ttft-requests requests one at a time (TTFT p50). The
-report gives, per checkout, the median over rounds; the median over rounds of
+at --concurrency clients (output tokens per second of wall time, and per CPU second of
+the server and its engine core together), then --ttft-requests requests one at a time
+(TTFT p50). The report gives, per checkout, the median over rounds; the median over rounds of
 after/before; every round; and the commit each checkout was at. The model is
 SMALL_SPEC, a Llama with the vocabulary and context of benchmarks/engine_throughput.py's
 BENCH_SPEC and steps of milliseconds, so the server's own path is much of each request.
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -38,31 +40,56 @@ SMALL_SPEC = {**BENCH_SPEC, "hidden_size": 128, "intermediate_size": 384, "num_h
 SIDES = ("before", "after")
 
 
-async def closed_loop(url: str, workload: Workload, concurrency: int) -> tuple[list[RequestResult], float]:
-    """Every request of the workload, at most `concurrency` in flight at once."""
+@dataclass(frozen=True)
+class Served:
+    """One checkout's replica: the server, and the processes whose CPU time it spends."""
+    replica: Replica
+    pids: tuple[int, ...]       # the server and its engine core
+
+    @classmethod
+    def start(cls, model_dir: Path, flags: list[str], threads: int, repo: Path) -> "Served":
+        replica = start_replica(model_dir, flags, threads, repo=repo)
+        core = httpx.get(f"{replica.url}/health", timeout=10).json()["engine_core"]["pid"]
+        return cls(replica, (replica.process.pid, int(core)))
+
+    def cpu_s(self) -> float:
+        """CPU seconds the server and its core have used (user and system)."""
+        total = 0
+        for pid in self.pids:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])    # utime, stime
+        return total / os.sysconf("SC_CLK_TCK")
+
+
+async def closed_loop(served: Served, workload: Workload, concurrency: int
+                      ) -> tuple[list[RequestResult], float, float]:
+    """Every request of the workload, at most `concurrency` in flight at once; the results,
+    the wall seconds and the replica's CPU seconds they took."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=served.replica.url, timeout=300, limits=limits) as client:
         await one_request(client, None, workload.prompts[0], 4)   # warm-up, untimed
 
         async def gated(prompt: list[int], max_tokens: int) -> RequestResult:
             async with gate:
                 return await one_request(client, None, prompt, max_tokens)
 
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), served.cpu_s()
         results = await asyncio.gather(*(gated(p, n) for p, n in
                                          zip(workload.prompts, workload.output_lens)))
-        return list(results), time.perf_counter() - start
+        return list(results), time.perf_counter() - start, served.cpu_s() - cpu_start
 
 
-def one_round(replica: Replica, workload: Workload, args: argparse.Namespace) -> dict[str, float]:
-    results, duration = asyncio.run(closed_loop(replica.url, workload, args.concurrency))
+def one_round(served: Served, workload: Workload, args: argparse.Namespace) -> dict[str, float]:
+    results, duration, cpu_s = asyncio.run(closed_loop(served, workload, args.concurrency))
     single = Workload(workload.prompts[:args.ttft_requests], [args.ttft_output_len] * args.ttft_requests)
-    singles, _ = asyncio.run(closed_loop(replica.url, single, 1))
+    singles, _, _ = asyncio.run(closed_loop(served, single, 1))
     failed = [r.error for r in results + singles if not r.ok]
     if failed:
         raise SystemExit(f"{len(failed)} request(s) failed, first: {failed[0]}")
-    return {"tok_s": sum(r.output_tokens for r in results) / duration,
+    tokens = sum(r.output_tokens for r in results)
+    return {"tok_s": tokens / duration, "tok_cpu_s": tokens / cpu_s,
             "ttft_p50_ms": 1000 * statistics.median(r.ttft_s for r in singles)}
 
 
@@ -121,36 +148,39 @@ def measure(checkouts: dict[str, Path], workload: Workload, args: argparse.Names
     flags = ["--kv-cache-tokens", str(args.kv_cache_tokens), "--max-num-seqs", str(args.concurrency)]
     with tempfile.TemporaryDirectory(prefix="engine-hop-bench-") as tmp:
         model_dir = make_model(Path(tmp) / "small", **SMALL_SPEC)
-        replicas: dict[str, Replica] = {}
+        servers: dict[str, Served] = {}
         try:
             for side in SIDES:
-                replicas[side] = start_replica(model_dir, flags, args.threads, repo=checkouts[side])
+                servers[side] = Served.start(model_dir, flags, args.threads, checkouts[side])
             for n in range(args.rounds):
                 for side in (SIDES if n % 2 == 0 else SIDES[::-1]):
-                    rows[side].append(one_round(replicas[side], workload, args))
+                    rows[side].append(one_round(servers[side], workload, args))
                 print(f"round {n + 1}: " + "  ".join(f"{side} {fmt(rows[side][-1])}" for side in SIDES),
                       flush=True)
         finally:
-            for replica in replicas.values():
-                replica.stop()
+            for served in servers.values():
+                served.replica.stop()
     return rows
 
 
 def fmt(row: dict[str, float]) -> str:
-    return f"tok_s={row['tok_s']:.1f} ttft_p50_ms={row['ttft_p50_ms']:.2f}"
+    return " ".join(f"{key}={value:.2f}" for key, value in row.items())
+
+
+COLUMNS = (("tok_s", "tok/s c=32"), ("tok_cpu_s", "tok/CPU-s c=32"), ("ttft_p50_ms", "TTFT p50 c=1 ms"))
 
 
 def report(rows: dict[str, list[dict[str, float]]]) -> None:
-    print(f"\n{'median over rounds':<20}{'tok/s c=32':>12}{'TTFT p50 c=1 (ms)':>20}")
+    print(f"\n{'median over rounds':<20}" + "".join(f"{title:>18}" for _, title in COLUMNS))
     for side in SIDES:
-        tok_s = statistics.median(r["tok_s"] for r in rows[side])
-        ttft = statistics.median(r["ttft_p50_ms"] for r in rows[side])
-        print(f"{side:<20}{tok_s:>12.1f}{ttft:>20.2f}")
+        print(f"{side:<20}" + "".join(f"{statistics.median(r[key] for r in rows[side]):>18.2f}"
+                                      for key, _ in COLUMNS))
     pairs = list(zip(rows["before"], rows["after"]))
-    tok_ratio = statistics.median(a["tok_s"] / b["tok_s"] for b, a in pairs)
-    ttft_ratio = statistics.median(a["ttft_p50_ms"] / b["ttft_p50_ms"] for b, a in pairs)
-    print(f"{'after / before':<20}{tok_ratio:>11.3f}x{ttft_ratio:>19.3f}x"
-          "   (median of the rounds' ratios; throughput: higher is better, TTFT: lower)")
+    print(f"{'after / before':<20}" + "".join(
+        f"{statistics.median(a[key] / b[key] for b, a in pairs):>17.3f}x" for key, _ in COLUMNS))
+    print("(after / before: the median of the rounds' ratios; throughput higher is better, "
+          "TTFT lower; tok/CPU-s counts the server's and its engine core's CPU time, which "
+          "other load on the machine moves less than wall time)")
 
 
 if __name__ == "__main__":
