@@ -118,7 +118,7 @@ class ModelInfo:
     num_attention_heads: int = 0
     vocab_size: int = 0
     # A function package (architecture FUNCTION_ARCHITECTURE): its thawpool.toml as text,
-    # which the control plane parses with the replica's own rules (runtime.functions.package).
+    # which the control plane parses with the replica's own rules (spec.function_package).
     function_manifest: Optional[str] = None
     # Every object read under the URI ("s3://bucket/key" -> ETag and size): the revision
     # made from this keeps them (RevisionSpec.pins).

@@ -87,7 +87,7 @@ class Platform:
     @classmethod
     def of_this_interpreter(cls, project_root: Path) -> "Platform":
         roots = {Path(sys.base_prefix), Path(sys.prefix), *map(Path, site.getsitepackages())}
-        own = [project_root / name for name in ("runtime", "wire", "kernels")]
+        own = [project_root / name for name in ("runtime", "spec", "wire", "kernels")]
         # by their real paths, and by a link's too (a venv reached through a link to it)
         return cls(_outermost({p.resolve() for p in roots} | roots | set(own)))
 

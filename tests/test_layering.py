@@ -1,10 +1,11 @@
 """The packages' layering, read from the imports of every product module (no import runs).
 
-- runtime/ (what runs in a replica's sandbox) imports only runtime/, wire/ and kernels/:
-  pool/sandbox.py binds exactly those into every replica;
+- runtime/ (what runs in a replica's sandbox) imports only runtime/, wire/, kernels/ and
+  spec/: pool/sandbox.py binds exactly those into every replica;
 - pool/ imports neither runtime/ (a replica is a process it starts) nor controlplane/;
-- wire/ and kernels/ import nothing of the others; nothing outside controlplane/
-  imports controlplane/;
+- controlplane/ imports no runtime/ module: what it shares with a replica is in spec/;
+- spec/ imports only wire/; wire/ and kernels/ import nothing of the others; nothing
+  outside controlplane/ imports controlplane/;
 - no cycle between modules through their module-level imports.
 
 Imports inside functions count for the layering (a lazy import still runs in that
@@ -18,13 +19,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("controlplane", "runtime", "pool", "wire", "kernels")
+PACKAGES = ("controlplane", "runtime", "pool", "spec", "wire", "kernels")
 ALLOWED = {
-    "runtime": {"runtime", "wire", "kernels"},
-    "pool": {"pool", "wire", "kernels"},
+    "runtime": {"runtime", "wire", "kernels", "spec"},
+    "pool": {"pool", "wire", "kernels", "spec"},
+    "spec": {"spec", "wire"},
     "wire": {"wire"},
     "kernels": {"kernels"},
-    "controlplane": {"controlplane", "pool", "wire", "runtime", "migrations"},
+    "controlplane": {"controlplane", "pool", "wire", "spec", "migrations"},
 }
 
 

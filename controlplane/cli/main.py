@@ -13,9 +13,12 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
+
+GGUF_IMPORTER = "runtime.gguf.importer"     # run as a module, never imported here
 
 if TYPE_CHECKING:       # imported where used: every client command starts without them
     from controlplane.settings import Settings
@@ -58,16 +61,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="models: push, ls, rm, import")
     model_actions = models.add_subparsers(dest="action", required=True)
-    from runtime.gguf import importer as gguf_import      # no torch: numpy, gguf, tokenizers
-
     gguf = model_actions.add_parser("import", help="a GGUF file into a model folder")
-    gguf_import.add_arguments(gguf)
-    gguf.set_defaults(func=gguf_import.run)
+    gguf.add_argument("gguf", help="the .gguf file")
+    gguf.add_argument("out_dir", help="the model folder to write (created)")
+    gguf.add_argument("--dtype", default=None, help="of the weights written (default float32; "
+                                                    f"python -m {GGUF_IMPORTER} --help lists the others)")
+    gguf.set_defaults(func=cmd_import_gguf)
 
     from controlplane.cli.commands import register_all      # login, models push, deploy, ...
 
     register_all(commands, model_actions)
     return parser
+
+
+def cmd_import_gguf(args: argparse.Namespace) -> int:
+    """The runtime's importer in a process of its own, as the pool runs it on a node
+    (pool/weights/gguf.py): the control plane imports no runtime module, and the importer
+    checks its own arguments."""
+    dtype = ["--dtype", args.dtype] if args.dtype else []
+    command = [sys.executable, "-m", GGUF_IMPORTER, args.gguf, args.out_dir, *dtype]
+    return subprocess.run(command).returncode
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -16,9 +16,8 @@ from controlplane.fields import boolean, integer, number, obj, storable_json
 from controlplane.deploy.model_sources import parse_s3_uri
 from controlplane.store.errors import Forbidden, InvalidField
 from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, ReplicaKind
-from runtime.core.architectures import (SUPPORTED_ARCHITECTURES,   # torch-free: the runtime's own list
-                                   engine_option_refusal)
-from runtime.tensor_parallel.shards import kv_heads_refusal   # torch-free arithmetic
+from spec.architectures import SUPPORTED_ARCHITECTURES, engine_option_refusal   # the runtime's own list
+from spec.tensor_parallel import kv_heads_refusal
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENGINE_FIELDS = frozenset({"dtype", "kv_cache_tokens", "enable_prefix_caching", "speculative",
@@ -277,7 +276,7 @@ def check_model(info: ModelInfo, resources: Resources, field_name: str = "model_
 
 def _check_heads(info: ModelInfo, gpu_count: int) -> None:
     """Tensor parallelism splits attention heads whole, gpu_count ways, and splits the KV
-    heads or replicates one on each rank (runtime/tensor_parallel/shards.py); 0: config.json does
+    heads or replicates one on each rank (spec/tensor_parallel.py); 0: config.json does
     not say, which cannot be split either."""
     if gpu_count == 1:
         return

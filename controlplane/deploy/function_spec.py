@@ -1,7 +1,7 @@
 """What a function deployment's package must be, checked at deploy from what the pool read.
 
 The package's thawpool.toml is parsed by the replica's own rules
-(runtime.functions.package, pure Python), so a package the replica would refuse is a
+(spec.function_package, pure Python), so a package the replica would refuse is a
 422 naming the field at deploy, not a failed cold start later; and the deployment
 must give it the memory and GPUs it asks for.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from controlplane.deploy.deployment_spec import Resources
 from controlplane.store.errors import InvalidField
 from pool.api import FUNCTION_ARCHITECTURE, ModelInfo
-from runtime.functions.package import MANIFEST, FunctionPackage, parse_manifest
+from spec.function_package import MANIFEST, FunctionPackage, parse_manifest
 
 
 def check_function(info: ModelInfo, resources: Resources) -> FunctionPackage:

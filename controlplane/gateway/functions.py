@@ -4,7 +4,7 @@
 as a completion (`Gateway.target`, `admit_tokens`, `lease`): the caller's own
 deployment only (404 for any other tenant's), the canary split, rate limits and
 the pool's refusals with Retry-After. Bad input is a 400 naming the field
-(runtime.functions.request, the replica's own rule) before anything is woken.
+(spec.function_request, the replica's own rule) before anything is woken.
 
 The replica batches items (runtime/functions/worker.py) and answers each call
 with its items' share of the batches' compute seconds; the call's usage row
@@ -35,7 +35,7 @@ from controlplane.store.tenants import Principal
 from controlplane.gateway.upstream import AnswerTooLarge, UpstreamError, UpstreamResponse
 from controlplane.billing.usage import UsageRecord
 from pool.api import Lease
-from runtime.functions.request import FunctionRequest, parse_function_request
+from spec.function_request import FunctionRequest, parse_function_request
 
 ENDPOINT = "functions/invoke"
 

@@ -1,7 +1,7 @@
 """A deployment whose model_uri names one `.gguf` object (s3://bucket/path/model.gguf).
 
-At deploy, `inspect_gguf` reads the object's header with ranged GETs (wire/gguf.py) and
-describes it as the model folder it imports to (wire/gguf_model.py: architecture by its
+At deploy, `inspect_gguf` reads the object's header with ranged GETs (spec/gguf.py) and
+describes it as the model folder it imports to (spec/gguf_model.py: architecture by its
 Hugging Face class, every tensor named and shaped, the tokenizer kind); a file the
 importer would refuse is a ModelUnavailable (422) here already.
 
@@ -20,9 +20,9 @@ from pathlib import Path
 from pool.api import ColdStartFailed, ModelInfo, ModelUnavailable
 from pool.weights.inspection import Retry, pins_of, read_range
 from pool.s3 import MISSING_CODES, S3Client, S3Object, error_code, origin_prefix
-from wire import gguf as wire_gguf
-from wire.gguf import GGUFError, GGUFHeader, Truncated, parse_header
-from wire.gguf_model import describe
+from spec import gguf as spec_gguf
+from spec.gguf import GGUFError, GGUFHeader, Truncated, parse_header
+from spec.gguf_model import describe
 
 FIRST_READ = 4 << 20                 # most headers (vocabulary included) fit in the first 4 MiB
 IMPORT_FORMAT = 1                    # bump when the importer's output changes: new cache entries
@@ -73,17 +73,17 @@ async def inspect_gguf(client: S3Client, model_uri: str, retry: Retry) -> ModelI
 
 async def read_gguf_header(client: S3Client, obj: S3Object, retry: Retry) -> GGUFHeader:
     """The header, read in growing ranges from the start of the object while it goes on,
-    never past wire.gguf's header cap (a header that would go past it is a GGUFError). It
+    never past spec.gguf's header cap (a header that would go past it is a GGUFError). It
     is parsed in a thread: a header of millions of values keeps the event loop serving."""
     buf = b""
-    want = min(FIRST_READ, obj.size, wire_gguf.HEADER_MAX_BYTES)
+    want = min(FIRST_READ, obj.size, spec_gguf.HEADER_MAX_BYTES)
     while True:
         if want > len(buf):
             buf += await read_range(client, obj, retry, len(buf), want - 1)
         try:
             return await asyncio.to_thread(parse_header, buf, obj.size)
         except Truncated as short:      # never once buf is the whole object: then a GGUFError
-            want = min(obj.size, wire_gguf.HEADER_MAX_BYTES, max(short.needed, 2 * len(buf)))
+            want = min(obj.size, spec_gguf.HEADER_MAX_BYTES, max(short.needed, 2 * len(buf)))
 
 
 def imported_key(obj: S3Object) -> str:

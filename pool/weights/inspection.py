@@ -18,7 +18,9 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol, TypeVar
 from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, ModelUnavailable, PinnedObject, Pins
 from pool.s3 import (DENIED_CODES, MISMATCH_CODES, MISSING_CODES, S3Client, S3Object, error_code,
                      list_objects, parse_uri)
+from spec.function_package import MANIFEST
 
+FUNCTION_MANIFEST = MANIFEST              # a function package's marker: the file the replica reads
 HEAD_GUESS = 64 * 1024
 # A model's small files are read whole at deploy time; past these sizes they are not
 # a model folder's files but an attempt to make the control plane read gigabytes.
@@ -33,7 +35,6 @@ SAFETENSORS_DTYPES = {
     "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
     "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
 }
-FUNCTION_MANIFEST = "thawpool.toml"          # runtime.functions.package.MANIFEST
 T = TypeVar("T")
 
 

@@ -1,1 +1,1 @@
-"""What every room of the runtime reads, torch-free: architectures, configs, the tokenizer."""
+"""What every room of the runtime reads, torch-free: configs, the tokenizer."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from runtime.core.architectures import SUPPORTED_ARCHITECTURES
+from spec.architectures import SUPPORTED_ARCHITECTURES
 
 QUANTIZATION_METHODS = (None, "int8")           # int8: weight-only, see runtime/load/quantization.py
 

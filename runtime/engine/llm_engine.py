@@ -12,7 +12,7 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from runtime.core.architectures import check_engine_options
+from spec.architectures import check_engine_options
 from runtime.engine.block_manager import BlockManager
 from runtime.core.config import EngineConfig, ModelConfig
 from runtime.load.timings import LoadTimings

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from runtime.functions.package import MANIFEST, FunctionPackage, parse_manifest
+from spec.function_package import MANIFEST, FunctionPackage, parse_manifest
 from wire.socket_forward import SocketForward
 
 PLATFORM_PTH = "_thawpool_platform.pth"

@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Protocol
 
-from runtime.functions.package import FunctionPackage
+from spec.function_package import FunctionPackage
 
 
 class Handler(Protocol):

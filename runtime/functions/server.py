@@ -1,7 +1,7 @@
 """One function replica: `python -m runtime.functions.server --package DIR`.
 
-Runs a tenant's handler (runtime/functions/package.py) in this process, never in
-the control plane or the pool. Routes: `POST /invoke` (runtime/functions/request.py's
+Runs a tenant's handler (spec/function_package.py) in this process, never in
+the control plane or the pool. Routes: `POST /invoke` (spec/function_request.py's
 body; items dynamically batched by runtime/functions/worker.py), `/health` (503
 `loading`, 200 `ready`, 500 `failed` with `error`: what the pool waits on),
 `/v1/models` (the served name, once ready: how the pool re-adopts a replica) and
@@ -35,8 +35,8 @@ from starlette.routing import Route
 from runtime.functions.batcher import Batcher
 from runtime.functions.env import through_egress
 from runtime.functions.handler import Handler, HandlerError, load_handler, run_batch
-from runtime.functions.package import MANIFEST, FunctionPackage, parse_manifest
-from runtime.functions.request import parse_function_request
+from spec.function_package import MANIFEST, FunctionPackage, parse_manifest
+from spec.function_request import parse_function_request
 from runtime.functions.worker import FunctionWorker
 from runtime.serve.server import RequireSecret, health_for, read_secret
 from wire.replica_secret import SECRET_ENV, SECRET_FILE_ENV

@@ -1,7 +1,7 @@
 """Import a GGUF file into a model folder: `import_gguf(FILE.gguf, OUT_DIR)`.
 
 What DESIGN.md calls a model folder comes out: config.json and generation_config.json
-from the metadata (wire/gguf_model.py, which also checks every tensor's name and shape
+from the metadata (spec/gguf_model.py, which also checks every tensor's name and shape
 before any is read), model.safetensors with every tensor dequantized
 (gguf.quants: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants, the IQ types)
 and renamed to the Hugging Face layout, with llama.cpp's reordering of q/k rows for its
@@ -30,8 +30,8 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from wire.gguf import GGUFError, GGUFHeader, TensorInfo, parse_header
-from wire.gguf_model import architecture, describe, stop_token_ids
+from spec.gguf import GGUFError, GGUFHeader, TensorInfo, parse_header
+from spec.gguf_model import architecture, describe, stop_token_ids
 
 OUT_DTYPES = {"float32": ("F32", 4), "float16": ("F16", 2), "bfloat16": ("BF16", 2)}
 
@@ -198,7 +198,7 @@ def _write_json(path: Path, value: dict[str, Any]) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The command line's arguments (also `thawpool models import`'s)."""
+    """The command line's arguments (`thawpool models import` runs this module with them)."""
     p.add_argument("gguf", type=Path, help="the .gguf file")
     p.add_argument("out_dir", type=Path, help="the model folder to write (created)")
     p.add_argument("--dtype", default="float32", choices=sorted(OUT_DTYPES),

@@ -19,8 +19,8 @@ from typing import Any, Optional
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from wire.gguf import GGUFError
-from wire.gguf_model import PRE_TOKENIZERS, PreTokenizer, check_tokenizer
+from spec.gguf import GGUFError
+from spec.gguf_model import PRE_TOKENIZERS, PreTokenizer, check_tokenizer
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4         # tokenizer.ggml.token_type (BYTE 6: not added)
 

@@ -8,7 +8,7 @@
 - llama.py (Llama, Mistral, Qwen2, Qwen3), gemma.py (Gemma 2, Gemma 3), phi3.py (Phi-3,
   Phi-4-mini), mixtral.py (Mixtral, Qwen3-MoE): how each reads its checkpoint.
 
-Which class serves which architecture is runtime/core/architectures.py. This package's
+Which class serves which architecture is spec/architectures.py. This package's
 __init__ imports no torch; model_class() imports the one module it names.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from runtime.core.architectures import ARCHITECTURES
+from spec.architectures import ARCHITECTURES
 
 
 def import_all() -> None:

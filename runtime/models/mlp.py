@@ -2,7 +2,7 @@
 
 Both take the layer's normed hidden states x [T, H] and return [T, H]. The gated MLP's
 down projection is row-parallel: its partial sums meet in one all-reduce. The experts
-run on one rank (runtime/core/architectures.py refuses tensor parallelism for them).
+run on one rank (spec/architectures.py refuses tensor parallelism for them).
 """
 from __future__ import annotations
 

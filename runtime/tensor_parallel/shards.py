@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from runtime.core.config import ModelConfig
+from spec.tensor_parallel import kv_heads_refusal
 
 if TYPE_CHECKING:
     import torch
@@ -160,12 +161,3 @@ def check_divisible(config: ModelConfig, size: int) -> None:
         raise ValueError(f"tensor_parallel_size: {size} exceeds the model's intermediate_size "
                          f"({config.intermediate_size})")
 
-
-def kv_heads_refusal(num_kv_heads: int, size: int) -> Optional[str]:
-    """Why `size` ranks cannot share num_kv_heads KV heads, or None: the ranks split them
-    evenly, or replicate each on the same number of ranks; neither is possible unless one
-    count divides the other."""
-    if num_kv_heads % size == 0 or size % num_kv_heads == 0:
-        return None
-    return (f"{size} and the model's num_key_value_heads ({num_kv_heads}): neither divides the "
-            "other; the ranks must split the KV heads evenly or each replicate one")

@@ -16,7 +16,7 @@ from pool.weights.cache import WeightCache, entry_key
 from pool.weights.store import WeightStore
 from tests.pool.conftest import FlakyS3
 from tests.support.gguf_files import write_model_gguf
-from wire import gguf as wire_gguf
+from spec import gguf as spec_gguf
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -123,7 +123,7 @@ class RangeLog(FlakyS3):
 
 async def test_a_header_past_the_cap_is_refused_without_reading_it(s3, s3_server, pool_bucket, fresh_prefix,
                                                                    monkeypatch):
-    monkeypatch.setattr(wire_gguf, "HEADER_MAX_BYTES", 64 << 10)
+    monkeypatch.setattr(spec_gguf, "HEADER_MAX_BYTES", 64 << 10)
     monkeypatch.setattr(gguf, "FIRST_READ", 16 << 10)
     key = f"{fresh_prefix}/big-header.gguf"
     s3_server.client().put_object(Bucket=pool_bucket, Key=key, Body=gguf_with_array(1 << 20, 0, bytes(1 << 20)))

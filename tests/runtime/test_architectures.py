@@ -1,4 +1,4 @@
-"""runtime/core/architectures.py: one list of what the runtime serves, each entry a model class,
+"""spec/architectures.py: one list of what the runtime serves, each entry a model class,
 the same list the control plane refuses others by, and every one with a tiny model here."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from runtime.core.architectures import ARCHITECTURES, SUPPORTED_ARCHITECTURES, check_engine_options
+from spec.architectures import ARCHITECTURES, SUPPORTED_ARCHITECTURES, check_engine_options
 from runtime.core.config import ModelConfig
 from tests.runtime.conftest import ARCH_SPECS
 from tests.support.model_factory import ARCHITECTURES as FACTORY_ARCHITECTURES
@@ -27,7 +27,7 @@ def test_every_architecture_has_an_exactness_spec():
 
 
 def test_the_control_plane_refuses_by_the_runtimes_list_without_torch():
-    code = ("import sys, controlplane.deploy.deployment_spec as d, runtime.core.architectures as r; "
+    code = ("import sys, controlplane.deploy.deployment_spec as d, spec.architectures as r; "
             "print(d.SUPPORTED_ARCHITECTURES is r.SUPPORTED_ARCHITECTURES, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "False"]

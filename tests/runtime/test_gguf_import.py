@@ -17,7 +17,7 @@ from runtime import LLM, SamplingParams
 from runtime.gguf.importer import import_gguf
 from tests.runtime.conftest import hf_greedy
 from tests.support.gguf_files import QTYPES, write_model_gguf
-from wire.gguf import GGUFError
+from spec.gguf import GGUFError
 
 NEW_TOKENS = 16
 # K-quants quantize rows in blocks of 256: every matmul's input width is a multiple of it

@@ -50,7 +50,7 @@ def _bpe(pre: str):
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     from runtime.gguf.tokenizer import byte_level_pre_tokenizer
-    from wire.gguf_model import PRE_TOKENIZERS
+    from spec.gguf_model import PRE_TOKENIZERS
 
     family = PRE_TOKENIZERS[pre]
     tok = Tokenizer(models.BPE())

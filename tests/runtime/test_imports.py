@@ -9,7 +9,7 @@ import pytest
 
 TORCH_FREE = ["wire.requests", "wire.sse", "runtime", "runtime.engine.llm_engine", "runtime.engine.scheduler",
               "runtime.engine.block_manager", "runtime.serve.server", "runtime.serve.completions",
-              "runtime.core.architectures", "runtime.models",
+              "runtime.models",
               "pool.manager", "controlplane.app"]
 
 

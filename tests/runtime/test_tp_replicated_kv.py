@@ -10,7 +10,8 @@ import torch
 from runtime import LLM, SamplingParams
 from runtime.core.config import ModelConfig
 from runtime.models import model_class
-from runtime.tensor_parallel.shards import Shard, TensorParallel, check_divisible, kv_heads_refusal
+from runtime.tensor_parallel.shards import Shard, TensorParallel, check_divisible
+from spec.tensor_parallel import kv_heads_refusal
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -1,12 +1,12 @@
-"""wire.gguf's header reader refuses a header too big to hold before reading or allocating
+"""spec.gguf's header reader refuses a header too big to hold before reading or allocating
 it: what a count or length declares is checked against the header cap first."""
 import struct
 import time
 
 import pytest
 
-from wire import gguf
-from wire.gguf import GGUFError, Truncated, parse_header
+from spec import gguf
+from spec.gguf import GGUFError, Truncated, parse_header
 
 TEN_GB = 10 << 30
 

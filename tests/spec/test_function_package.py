@@ -1,8 +1,8 @@
 """thawpool.toml and the invoke body: one parser each, refusals naming the field."""
 import pytest
 
-from runtime.functions.package import Batching, FunctionPackage, parse_manifest
-from runtime.functions.request import parse_function_request
+from spec.function_package import Batching, FunctionPackage, parse_manifest
+from spec.function_request import parse_function_request
 from wire.errors import ProtocolError
 
 GOOD = b"""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from wire.gguf import GGUFError, GGUFHeader, TensorInfo
+from spec.gguf import GGUFError, GGUFHeader, TensorInfo
 
 
 @dataclass(frozen=True)
