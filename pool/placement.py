@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Collection, Mapping, Optional, Sequence, Union
 
 from pool.api import ModelInfo
+from spec.engine_options import EngineOptions
 
 GB = 1024 ** 3
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "half": 2,
@@ -109,7 +110,7 @@ def _gb(n: int) -> str:
 
 # -- how much memory a revision needs -------------------------------------
 
-RUNTIME_DEFAULT_DTYPE = "float32"
+RUNTIME_DEFAULT_DTYPE = EngineOptions().dtype
 
 def weight_bytes(info: ModelInfo, dtype: Optional[str], quantization: Optional[str]) -> int:
     """Weights at the runtime dtype; int8 stores linear weights in one byte (+ scales)."""
@@ -141,7 +142,7 @@ def request_for(info: ModelInfo, gpu_memory_gb: float, gpu_count: int,
 
     A speculative draft model adds its own weights and KV cache: the runtime runs it at
     the target's dtype, unquantized, with as many KV tokens as the target."""
-    # The runtime computes in float32 unless told otherwise (runtime.core.config.EngineConfig),
+    # The runtime computes in float32 unless told otherwise (spec.engine_options.EngineOptions),
     # whatever width the checkpoint was saved in.
     dtype = engine.get("dtype") or RUNTIME_DEFAULT_DTYPE
     tokens = engine.get("kv_cache_tokens") or kv_tokens_default

@@ -2,7 +2,8 @@
 at deploy what a replica would refuse), the pool (to inspect and start it) and the runtime
 (to run it).
 
-`spec.architectures` is what the runtime serves and which engine options each architecture
+`spec.engine_options` is the engine's options and their one validation;
+`spec.architectures` what the runtime serves and which engine options each architecture
 takes; `spec.tensor_parallel` the split of a model's heads over ranks; `spec.gguf` and
 `spec.gguf_model` a GGUF file's header and the model folder it imports to;
 `spec.function_package` a function's thawpool.toml and `spec.function_request` the body

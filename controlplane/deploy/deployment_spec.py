@@ -17,14 +17,10 @@ from controlplane.deploy.model_sources import parse_s3_uri
 from controlplane.store.errors import Forbidden, InvalidField
 from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, ReplicaKind
 from spec.architectures import SUPPORTED_ARCHITECTURES, engine_option_refusal   # the runtime's own list
+from spec import engine_options
 from spec.tensor_parallel import kv_heads_refusal
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-ENGINE_FIELDS = frozenset({"dtype", "kv_cache_tokens", "enable_prefix_caching", "speculative",
-                           "quantization", "tensor_parallel_size", "max_num_seqs",
-                           "max_num_batched_tokens", "max_model_len", "block_size", "seed",
-                           "task", "pooling",   # task "embed": /v1/embeddings, "last"|"mean" pooling
-                           "kv_cache_dtype", "batch_invariant", "cpu_low_precision"})
 SPECULATIVE_FIELDS = frozenset({"method", "k", "n", "model", "max_batch", "min_acceptance"})
 CREATE_FIELDS = frozenset({"name", "kind", "model_uri", "resources", "scaling", "engine", "pricing"})
 KINDS = ("model", "function")
@@ -182,27 +178,18 @@ def _target_concurrency(value: Any) -> int:
 
 
 def parse_engine(raw: Any, kind: str = "model") -> dict[str, Any]:
-    value = dict(storable_json("engine", obj("engine", raw, ENGINE_FIELDS)))
+    """The engine options a tenant set, as given (null: not set), after the engine's own
+    validation (spec/engine_options.py) of the ones a tenant may set; a refusal names
+    `engine.<option>`."""
+    value = {k: v for k, v in storable_json("engine", obj("engine", raw, None)).items() if v is not None}
     if kind == "function" and value:
         raise InvalidField("engine", "a function has no engine settings (batching is in its thawpool.toml)")
-    if "dtype" in value and value["dtype"] not in ("float32", "float16", "bfloat16"):
-        raise InvalidField("engine.dtype", "one of float32, float16, bfloat16")
-    for name, allowed in (("task", ("generate", "embed")), ("pooling", ("last", "mean"))):
-        if name in value and value[name] not in allowed:
-            raise InvalidField(f"engine.{name}", " or ".join(repr(a) for a in allowed))
-    if value.get("quantization") not in (None, "int8"):
-        raise InvalidField("engine.quantization", "null or 'int8'")
-    for name in ("enable_prefix_caching", "batch_invariant", "cpu_low_precision"):
-        if name in value and not isinstance(value[name], bool):
-            raise InvalidField(f"engine.{name}", "must be true or false")
-    if value.get("kv_cache_dtype", "auto") not in ("auto", "bfloat16"):
-        raise InvalidField("engine.kv_cache_dtype", "'auto' (the model's dtype) or 'bfloat16'")
-    if value.get("speculative") is not None:
+    if "speculative" in value:
         value["speculative"] = parse_speculative(value["speculative"])
-    for name in ("kv_cache_tokens", "tensor_parallel_size", "max_num_seqs",
-                 "max_num_batched_tokens", "max_model_len", "block_size"):
-        if value.get(name) is not None:
-            integer(f"engine.{name}", value[name], minimum=1)
+    try:
+        engine_options.parse(value, engine_options.TENANT_OPTIONS)
+    except engine_options.InvalidOption as refusal:
+        raise InvalidField(f"engine.{refusal.option}", refusal.reason) from None
     return value
 
 

@@ -15,7 +15,6 @@ given the folder the weights were pulled into (`with_draft_folder`).
 """
 from __future__ import annotations
 
-import json
 import os
 import secrets
 from pathlib import Path
@@ -25,6 +24,7 @@ from pool.api import ModelUnavailable, RevisionSpec
 from pool.inventory import Slot
 from wire.replica_secret import SECRET_ENV
 from pool.s3 import parse_uri
+from spec.engine_options import to_flags
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,17 +64,9 @@ def engine_for(spec: RevisionSpec, slots: Sequence[Slot], kv_tokens_default: int
 
 
 def engine_flags(engine: Mapping[str, Any]) -> list[str]:
-    """runtime.LLM kwargs as `python -m runtime.serve.server` flags."""
-    flags: list[str] = []
-    for name, value in engine.items():
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else f"--no-{name.replace('_', '-')}")
-        elif isinstance(value, (dict, list)):
-            flags += [flag, json.dumps(value)]
-        elif value is not None:
-            flags += [flag, str(value)]
-    return flags
+    """The revision's engine options as `python -m runtime.serve.server` flags, spelled by
+    spec/engine_options.py (the server parses them with the same module)."""
+    return to_flags(engine)
 
 
 def runtime_env(runtime_threads: Optional[int], secret: str) -> dict[str, str]:

@@ -7,9 +7,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from spec.architectures import SUPPORTED_ARCHITECTURES
-
-QUANTIZATION_METHODS = (None, "int8")           # int8: weight-only, see runtime/load/quantization.py
-
+from spec.engine_options import EngineOptions, option_values
 
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}   # config.json's -> ours
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen3MoeForCausalLM")
@@ -204,66 +202,14 @@ def _generation_eos(model_dir: Path) -> tuple[int, ...]:
     return _as_ids(json.loads(path.read_text()).get("eos_token_id"))
 
 
-@dataclass
-class EngineConfig:
-    """How one replica runs a model; built from the LLM / LLMEngine keyword arguments."""
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig(EngineOptions):
+    """How one replica runs a model: the engine's options (spec/engine_options.py: their
+    fields, defaults and one `validate`) and the model folder they run. It extends the
+    options rather than holding them so that the runtime reads `config.block_size`, not
+    `config.options.block_size`, at each of its many call sites."""
     model: str
-    device: str = "cpu"
-    dtype: str = "float32"
-    kv_cache_tokens: Optional[int] = None        # None: sized from a memory budget
-    kv_cache_memory_fraction: float = 0.5        # of free device memory (CPU: of available RAM)
-    kv_cache_max_bytes_cpu: int = 4 << 30        # sane cap on the CPU
-    enable_prefix_caching: bool = True
-    cache_salt: Optional[str] = None             # e.g. a revision id; changes every block hash
-    speculative: Optional[dict[str, Any]] = None
-    quantization: Optional[str] = None
-    tensor_parallel_size: int = 1
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_model_len: Optional[int] = None          # None: the model's max_position_embeddings
-    seed: int = 0
-    task: str = "generate"                       # or "embed": pooled hidden states (runtime/engine/pooling.py)
-    pooling: str = "last"                        # embed: "last" token or "mean" over the prompt
-    kv_cache_dtype: str = "auto"                 # "auto": the model's dtype; "bfloat16": half the bytes
-    batch_invariant: bool = False                # a request's logprobs the same bits in any batch (CPU)
-    packed_cache_dir: Optional[str] = None       # CPU: the node's packed layers (runtime/load/packed_weights.py)
-    packed_cache_gb: float = 16.0                # ... and its size, least recently used evicted
-    cuda_graphs: bool = False                    # decode steps replayed as CUDA graphs (runtime/engine/cuda_graphs.py)
-    cpu_low_precision: bool = False              # bf16 / W8A8 GEMMs where the CPU has them (kernels/cpu/features.py)
 
-    def validate(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype: {self.dtype!r} is not one of float32, bfloat16, float16")
-        if self.quantization not in QUANTIZATION_METHODS:
-            raise ValueError(f"quantization: {self.quantization!r} is not supported "
-                             f"(use None or {', '.join(repr(m) for m in QUANTIZATION_METHODS[1:])})")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: must be a positive integer")
-        check_task(self.task, self.pooling, self.speculative)
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype: {self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
-        if self.cuda_graphs and not (self.device.startswith("cuda") and self.tensor_parallel_size == 1):
-            raise ValueError("cuda_graphs: decode graphs need a CUDA device and one rank "
-                             f"(device {self.device!r}, tensor_parallel_size {self.tensor_parallel_size})")
-        if self.batch_invariant and not self.device.startswith("cpu"):
-            raise ValueError("batch_invariant: the batch-invariant kernels are the CPU's; "
-                             f"device {self.device!r} has none yet")
-        if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:
-            raise ValueError(f"kv_cache_tokens: must be at least block_size ({self.block_size})")
-
-
-KV_CACHE_DTYPES = ("auto", "bfloat16")
-TASKS = ("generate", "embed")
-POOLINGS = ("last", "mean")
-
-
-def check_task(task: str, pooling: str, speculative: Optional[dict[str, Any]]) -> None:
-    if task not in TASKS:
-        raise ValueError(f"task: {task!r} is not one of {', '.join(TASKS)}")
-    if pooling not in POOLINGS:
-        raise ValueError(f"pooling: {pooling!r} is not one of {', '.join(POOLINGS)}")
-    if task == "embed" and speculative is not None:
-        raise ValueError("speculative: an embedding model generates nothing to speculate on")
+    @classmethod
+    def of(cls, model: str, options: EngineOptions) -> "EngineConfig":
+        return cls(model=model, **option_values(options))

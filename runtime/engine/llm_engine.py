@@ -8,11 +8,11 @@ speculator, never as flags inside the scheduler, so schedule() stays one policy.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from spec.architectures import check_engine_options
+from spec.engine_options import parse as parse_options
 from runtime.engine.block_manager import BlockManager
 from runtime.core.config import EngineConfig, ModelConfig
 from runtime.load.timings import LoadTimings
@@ -59,12 +59,7 @@ class LLMEngine:
 
     def __init__(self, model: str, on_worker_failure: Optional[Callable[[str], None]] = None,
                  **engine_kwargs: Any):
-        known = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"}
-        for key in engine_kwargs:
-            if key not in known:
-                raise ValueError(f"{key}: unknown engine option")
-        self.config = EngineConfig(model=str(model), **engine_kwargs)
-        self.config.validate()
+        self.config = EngineConfig.of(str(model), parse_options(engine_kwargs))
         check_features(self.config)
         timings = LoadTimings()
         since = time.perf_counter()

@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from runtime.serve.embeddings import EmbeddingServing
@@ -94,11 +94,6 @@ def import_engine() -> float:
 def _default_device() -> str:
     import torch
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def engine_kwarg_names() -> set[str]:
-    from runtime.core.config import EngineConfig
-    return {f.name for f in fields(EngineConfig)} - {"model", "extra"}
 
 
 def build_llm_engine(request: LoadRequest) -> tuple["LLMEngine", dict[str, float]]:

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import argparse
 import hmac
-import json
 import logging
 import os
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Mapping, Optional, Sequence, Union
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -39,7 +38,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.serve.metrics import CONTENT_TYPE
-from runtime.serve.model_host import LoadRequest, ModelHost, WrongState, engine_kwarg_names
+from runtime.serve.model_host import LoadRequest, ModelHost, WrongState
+from spec import engine_options
 from wire.embeddings import parse_embedding_request
 from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
@@ -72,33 +72,6 @@ class ServerSettings:
                            dict(self.engine_kwargs))
 
 
-# flag -> (LLM kwarg, type); flags left unset keep the engine's own defaults. Every
-# EngineConfig field has one: the pool turns a revision's engine dict into these flags.
-_ENGINE_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "--dtype": ("dtype", str),
-    "--device": ("device", str),
-    "--kv-cache-tokens": ("kv_cache_tokens", int),
-    "--kv-cache-memory-fraction": ("kv_cache_memory_fraction", float),
-    "--kv-cache-max-bytes-cpu": ("kv_cache_max_bytes_cpu", int),
-    "--cache-salt": ("cache_salt", str),
-    "--block-size": ("block_size", int),
-    "--max-num-seqs": ("max_num_seqs", int),
-    "--max-num-batched-tokens": ("max_num_batched_tokens", int),
-    "--max-model-len": ("max_model_len", int),
-    "--quantization": ("quantization", str),
-    "--tensor-parallel-size": ("tensor_parallel_size", int),
-    "--speculative": ("speculative", json.loads),
-    "--seed": ("seed", int),
-    "--task": ("task", str),
-    "--pooling": ("pooling", str),
-    "--kv-cache-dtype": ("kv_cache_dtype", str),
-    "--packed-cache-dir": ("packed_cache_dir", str),
-    "--packed-cache-gb": ("packed_cache_gb", float),
-}
-# on/off engine options: --x and --no-x
-_ENGINE_SWITCHES = ("enable_prefix_caching", "batch_invariant", "cuda_graphs", "cpu_low_precision")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m runtime.serve.server", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
@@ -110,11 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=["critical", "error", "warning", "info", "debug"])
     parser.add_argument("--standby", action="store_true",
                         help="start warm with no model; load one with POST /admin/load")
-    for flag, (dest, kind) in _ENGINE_FLAGS.items():
-        parser.add_argument(flag, dest=dest, type=kind, default=None)
-    for dest in _ENGINE_SWITCHES:
-        parser.add_argument("--" + dest.replace("_", "-"), dest=dest, action=argparse.BooleanOptionalAction,
-                            default=None)
+    engine_options.add_flags(parser)          # one per option; the pool's engine_flags spell them
     return parser
 
 
@@ -124,8 +93,7 @@ def parse_settings(argv: Optional[Sequence[str]] = None,
     args = parser.parse_args(argv)
     if bool(args.model) == args.standby:
         parser.error("give exactly one of --model DIR or --standby")
-    names = [dest for dest, _ in _ENGINE_FLAGS.values()] + list(_ENGINE_SWITCHES)
-    engine_kwargs = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    engine_kwargs = engine_options.from_flags(args)
     try:
         secret = read_secret(env)
     except ValueError as exc:
@@ -262,7 +230,7 @@ def _parse_load(body: Any) -> LoadRequest:
         raise ProtocolError("served_model_name: must be a string", param="served_model_name")
     if not isinstance(engine_kwargs, dict):
         raise ProtocolError("engine: must be an object of LLM keyword arguments", param="engine")
-    bad = sorted(set(engine_kwargs) - engine_kwarg_names())
+    bad = sorted(set(engine_kwargs) - engine_options.OPTIONS)
     if bad:
         raise ProtocolError(f"engine.{bad[0]}: unknown engine argument", param="engine")
     return LoadRequest(model, name or model, engine_kwargs)

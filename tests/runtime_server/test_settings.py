@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.serve.model_host import engine_kwarg_names
-from runtime.serve.server import build_parser, parse_settings
+from runtime.serve.server import parse_settings
+from spec import engine_options
 
 
 def test_engine_flags_become_llm_kwargs():
@@ -36,10 +36,20 @@ def test_standby_and_model_are_exclusive():
             parse_settings(argv)
 
 
-def test_every_engine_argument_has_a_flag():
-    """The pool starts replicas with `--<kwarg-with-dashes>` for each engine kwarg."""
-    dests = {a.dest for a in build_parser()._actions}
-    assert engine_kwarg_names() <= dests
+def test_every_engine_option_round_trips_through_the_pools_flags():
+    """The pool spells each option with spec.engine_options.to_flags; the server reads every
+    one of them back as it was."""
+    options = {"device": "cuda:1", "dtype": "bfloat16", "kv_cache_tokens": 4096,
+               "kv_cache_memory_fraction": 0.25, "kv_cache_max_bytes_cpu": 1 << 30,
+               "enable_prefix_caching": False, "cache_salt": "rev-1", "speculative": {"method": "ngram"},
+               "quantization": "int8", "tensor_parallel_size": 2, "block_size": 32, "max_num_seqs": 8,
+               "max_num_batched_tokens": 512, "max_model_len": 1024, "seed": 7, "task": "embed",
+               "pooling": "mean", "kv_cache_dtype": "bfloat16", "batch_invariant": True,
+               "packed_cache_dir": "/cache/packed", "packed_cache_gb": 2.5, "cuda_graphs": True,
+               "cpu_low_precision": True}
+    assert set(options) == engine_options.OPTIONS
+    settings = parse_settings(["--model", "/m", *engine_options.to_flags(options)])
+    assert settings.engine_kwargs == options
 
 
 def test_the_secret_comes_from_the_environment_or_an_owner_only_file(tmp_path, capsys):
