@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 CHILD = """
 import json, sys, time
 model, mode, packed_dir = sys.argv[1], sys.argv[2], sys.argv[3]
-from runtime.serve.model_host import LoadRequest, build_llm_engine, warm_imports
+from runtime.serve.model_host import build_llm_engine, warm_imports
+from wire.replica_control import LoadRequest
 if mode != "fresh":
     warm_imports("cpu")
 options = {"packed_cache_dir": packed_dir} if mode == "packed" else {}

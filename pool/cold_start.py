@@ -13,6 +13,7 @@
   load      the backend starts runtime.serve.server; the replica is loading until
             /health answers ready, with the replica's own stages of it (process,
             import, kernels, config, weights, ...), kept in the cold-start record
+            as wire/replica_control.py bounds them
 
 `ColdStart.run` moves the replica through pulling and loading and returns
 when it is healthy; the manager marks it ready, or failed with
@@ -21,11 +22,10 @@ when it is healthy; the manager marks it ready, or failed with
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Awaitable, FrozenSet, Mapping, Optional, TypeVar
+from typing import Awaitable, FrozenSet, Optional, TypeVar
 
 import httpx
 
@@ -50,10 +50,6 @@ from pool.weights.store import WeightStore, refuse_changed
 
 log = logging.getLogger(__name__)
 PREFERENCE_TIMEOUT_S = 30.0             # a backend stuck answering must not stall a cold start
-# what a replica's own load timings may hold (the cold-start record, logs, the console)
-MAX_STAGES = 32
-MAX_STAGE_NAME = 64
-MAX_STAGE_S = 86_400.0
 T = TypeVar("T")
 
 
@@ -95,7 +91,7 @@ class ColdStart:
         await self._place(managed, request, await self._nodes_with_weights(managed.spec.model_uri, tenant))
         handle = await self._pull_and_launch(managed, draft_uri)
         ready = await stage(wait_healthy(handle, self.http, s.health_poll_s), s.load_timeout_s, "loading")
-        managed.replica.load_stages = load_stages(ready)
+        managed.replica.load_stages = dict(ready.load_timings)
         log.info("replica %s loaded: %s", managed.replica_id,
                  " ".join(f"{k}={v:g}" for k, v in managed.replica.load_stages.items()) or "no stages reported")
 
@@ -217,18 +213,6 @@ def cold_start_timings(replica: Replica, queue_s: float) -> ColdStartTimings:
                             load_s=replica.seconds_in(ReplicaState.LOADING),
                             total_s=ready_at - replica.created_mono,
                             load_stages=dict(replica.load_stages))
-
-
-def load_stages(health: Mapping[str, Any]) -> dict[str, float]:
-    """The seconds of a ready /health's load_timings (the replica's stages): at most
-    MAX_STAGES of them, named in at most MAX_STAGE_NAME characters, each a finite number
-    from 0 to MAX_STAGE_S; anything else a replica sends there is left out."""
-    timings = health.get("load_timings")
-    if not isinstance(timings, Mapping):
-        return {}
-    stages = ((str(k)[:MAX_STAGE_NAME], float(v)) for k, v in timings.items()
-              if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= MAX_STAGE_S)
-    return dict(itertools.islice(stages, MAX_STAGES))
 
 
 def failure_reason(exc: BaseException) -> str:

@@ -4,7 +4,8 @@ what it serves (/v1/models) and what it has served (/stats).
 /health answers 200 once the weights are loaded, 500 with `error` when the
 load failed, 503 while loading (or in standby). It is the one path a replica
 answers without its secret; the pool sends the handle's headers anyway, as on
-every call it makes. /v1/models answered with the secret and naming the
+every call it makes. The bodies, and the bounds on what the pool takes from
+them, are wire/replica_control.py's. /v1/models answered with the secret and naming the
 revision is how a replica left by an earlier pool proves it is the one its
 record describes.
 """
@@ -17,25 +18,23 @@ import httpx
 
 from pool.api import ColdStartFailed
 from pool.backends.base import ReplicaHandle
+from wire.replica_control import HEALTH_PATH, STATS_PATH, BadReply, Health, Stats
 
-MAX_COUNTER = 2 ** 53        # far past any replica's life, and exact as a JSON number
 
-
-async def wait_healthy(handle: ReplicaHandle, http: httpx.AsyncClient, poll_s: float) -> dict[str, Any]:
-    """Until /health says ready, then its body; ColdStartFailed when the process exits or
-    the load fails."""
-    url = f"{handle.base_url}/health"
+async def wait_healthy(handle: ReplicaHandle, http: httpx.AsyncClient, poll_s: float) -> Health:
+    """Until /health says ready, then what it says; ColdStartFailed when the process exits
+    or the load fails."""
+    url = f"{handle.base_url}{HEALTH_PATH}"
     while True:
         if not handle.is_alive():
             raise ColdStartFailed(handle.exit_reason() or "runtime process exited while loading")
         try:
             resp = await http.get(url, timeout=2.0, headers=handle.headers)
             if resp.status_code == 200:
-                body = resp.json()
-                return body if isinstance(body, dict) else {}
+                return Health.parse(resp.json())
             if resp.status_code == 500:
-                raise ColdStartFailed(f"runtime failed to load: {resp.json().get('error')}")
-        except (httpx.HTTPError, ValueError):
+                raise ColdStartFailed(f"runtime failed to load: {Health.parse(resp.json()).error}")
+        except (httpx.HTTPError, ValueError):        # BadReply too: asked again
             pass
         await asyncio.sleep(poll_s)
 
@@ -46,7 +45,7 @@ async def why_unhealthy(handle: ReplicaHandle, http: httpx.AsyncClient) -> Optio
     if reason is not None:
         return reason
     try:
-        resp = await http.get(f"{handle.base_url}/health", timeout=2.0, headers=handle.headers)
+        resp = await http.get(f"{handle.base_url}{HEALTH_PATH}", timeout=2.0, headers=handle.headers)
     except httpx.HTTPError as exc:
         await wait_exit(handle, 1.0)          # a killed process may not be reaped yet
         return handle.exit_reason() or f"unreachable after a failed request: {type(exc).__name__}"
@@ -66,19 +65,15 @@ async def serves(handle: ReplicaHandle, http: httpx.AsyncClient, revision_id: st
 async def served_tokens(handle: ReplicaHandle, http: httpx.AsyncClient) -> Optional[tuple[int, int]]:
     """(prompt, completion) tokens the replica served since its process started, from its
     own counters (GET /stats); None when it does not answer in time, or with anything
-    but two counters (ints from 0, below MAX_COUNTER: a BIGINT column holds them)."""
-    body = await _get_json(handle, http, "/stats")
+    but two counters (`Stats.parse`)."""
+    body = await _get_json(handle, http, STATS_PATH)
     if body is None:
         return None
-    prompt, completion = counter(body.get("prompt_tokens")), counter(body.get("completion_tokens"))
-    return (prompt, completion) if prompt is not None and completion is not None else None
-
-
-def counter(value: Any) -> Optional[int]:
-    """A replica's counter as the pool keeps it: an int (not a bool) in [0, MAX_COUNTER)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_COUNTER:
+    try:
+        stats = Stats.parse(body)
+    except BadReply:
         return None
-    return value
+    return stats.prompt_tokens, stats.completion_tokens
 
 
 async def _get_json(handle: ReplicaHandle, http: httpx.AsyncClient, path: str) -> Optional[dict[str, Any]]:

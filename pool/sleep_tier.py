@@ -1,5 +1,6 @@
 """The sleep tier's I/O: a replica put to sleep and woken through the runtime's /sleep
-and /wake (runtime/core/sleep_mode.py), with the books kept in step.
+and /wake (runtime/core/sleep_mode.py; their answers are wire/replica_control.py's), with
+the books kept in step.
 
   sleep   draining -> sleeping once the replica says its device memory is free: only
           then are its slots released (the `sleeping` event carries none, so its GPU
@@ -22,12 +23,12 @@ from pool.api import RevisionSpec
 from pool.backends.base import Backend, ReplicaHandle
 from pool.capacity import Capacity
 from pool.clock import Clock
-from pool.cold_start import load_stages
 from pool.placement import PlacementRequest
 from pool.registry import Asleep, ManagedReplica
 from pool.replica import ReplicaState
 from pool.replica_events import ReplicaEvents
 from pool.settings import PoolSettings
+from wire.replica_control import SLEEP_PATH, WAKE_PATH, SleepReply, WakeReply
 
 
 class SleepFailed(Exception):
@@ -53,9 +54,9 @@ class SleepTier:
         placed, handle = managed.placed, managed.handle
         if placed is None or handle is None:
             raise SleepFailed("it holds no slots")
-        body = await self._post(handle, "/sleep")
+        reply = SleepReply.parse(await self._post(handle, SLEEP_PATH))
         managed.asleep = Asleep(placed.node, placed.slot_ids, placed.bytes_per_slot,
-                                self._host_bytes(body.get("host_bytes"), managed.weight_bytes),
+                                self._host_bytes(reply.host_bytes, managed.weight_bytes),
                                 self.clock.mono())
         managed.placed, managed.replica.slot_ids = None, ()
         self.events.move(managed, ReplicaState.SLEEPING)
@@ -77,18 +78,16 @@ class SleepTier:
     async def wake(self, managed: ManagedReplica) -> None:
         if managed.handle is None:
             raise SleepFailed("it has no process")
-        body = await self._post(managed.handle, "/wake")
-        managed.replica.wake_stages = load_stages({"load_timings": body.get("wake_timings")})
+        reply = WakeReply.parse(await self._post(managed.handle, WAKE_PATH))
+        managed.replica.wake_stages = dict(reply.wake_timings)
 
-    def _host_bytes(self, reported: Any, weight_bytes: int) -> int:
+    def _host_bytes(self, reported: Optional[int], weight_bytes: int) -> int:
         """The host memory a sleeper is counted for in its node's budget: what it reports,
-        if an int from 0 to the room made for it (its weights' size, or the whole budget
+        if a counter up to the room made for it (its weights' size, or the whole budget
         when that is unknown); its weights' size otherwise. A sleeper that claimed more
         would have the budget stop other tenants' sleepers to make room for it."""
         limit = weight_bytes or self.settings.sleep_host_memory_bytes
-        if isinstance(reported, bool) or not isinstance(reported, int) or not 0 <= reported <= limit:
-            return weight_bytes
-        return reported
+        return reported if reported is not None and reported <= limit else weight_bytes
 
     async def _post(self, handle: ReplicaHandle, path: str) -> dict[str, Any]:
         if not handle.is_alive():

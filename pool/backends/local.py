@@ -51,6 +51,7 @@ from pool.health import wait_healthy
 from pool.function_sandbox import FunctionSandboxes, gpu_indices
 from pool.model_sandbox import MODEL, ModelSandboxes
 from wire.replica_address import address_of, unix_base_url
+from wire.replica_control import HEALTH_PATH, LOAD_ACCEPTED, LOAD_PATH, Health, HealthStatus, LoadRequest
 from pool.inventory import Slot, discover_slots
 from pool.processes import RuntimeProcess, free_port
 from pool.replica_http import replica_client
@@ -228,13 +229,13 @@ class LocalBackend:
             assert self.models is not None
             engine = self.models.place(warm.sandbox, model_dir, spec.tenant_id, self._memory_mb(spec, []), engine)
             self._sandbox_of[replica_id], model = warm.sandbox, str(MODEL)
-        body = {"model": model, "served_model_name": spec.revision_id, "engine": engine}
+        body = LoadRequest(model, spec.revision_id, engine).to_json()
         try:
-            resp = await self.http.post(f"{base_url}/admin/load", json=body, headers=auth_headers(warm.secret))
+            resp = await self.http.post(f"{base_url}{LOAD_PATH}", json=body, headers=auth_headers(warm.secret))
         except httpx.HTTPError as exc:
             await self._discard_standby(warm)
             raise RuntimeError(f"warm runtime did not take the load command: {exc!r}") from exc
-        if resp.status_code != 202:
+        if resp.status_code != LOAD_ACCEPTED:
             await self._discard_standby(warm)
             raise RuntimeError(f"warm runtime refused the load command: {resp.status_code} {resp.text[:300]}")
         return LocalReplica(replica_id, base_url, warm.process, warm=True, secret=warm.secret)
@@ -450,13 +451,13 @@ class LocalBackend:
         return WarmProcess(proc, f"http://{self.settings.host}:{port}", ready, secret)
 
     async def _watch_standby(self, warm: WarmProcess) -> bool:
-        url = f"{warm.base_url}/health"
+        url = f"{warm.base_url}{HEALTH_PATH}"
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.load_timeout_s
         while loop.time() < deadline and warm.process.is_alive():
             try:
                 resp = await self.http.get(url, timeout=2.0, headers=auth_headers(warm.secret))
-                if resp.json().get("status") == "standby":
+                if Health.parse(resp.json()).status is HealthStatus.STANDBY:
                     if not warm.ready.done():
                         warm.ready.set_result(True)
                     return True

@@ -24,7 +24,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Optional, Sequence
+from typing import AsyncIterator, Optional, Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -38,7 +38,8 @@ from runtime.functions.handler import Handler, HandlerError, load_handler, run_b
 from spec.function_package import MANIFEST, FunctionPackage, parse_manifest
 from spec.function_request import parse_function_request
 from runtime.functions.worker import FunctionWorker
-from runtime.serve.server import RequireSecret, health_for, read_secret
+from runtime.serve.server import RequireSecret, health_response, read_secret
+from wire.replica_control import HEALTH_PATH, STATS_PATH, Health, HealthStatus, Stats
 from wire.replica_secret import SECRET_ENV, SECRET_FILE_ENV
 from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
@@ -85,7 +86,7 @@ class FunctionHost:
 
     def __init__(self, settings: FunctionSettings):
         self.settings = settings
-        self.state: str = "loading"
+        self.state = HealthStatus.LOADING           # then ready or failed
         self.error: Optional[str] = None
         self.worker: Optional[FunctionWorker] = None
         self.load_s: Optional[float] = None
@@ -96,23 +97,18 @@ class FunctionHost:
             package = parse_manifest((self.settings.package / MANIFEST).read_bytes())
             handler = await asyncio.to_thread(load_handler, package, self.settings.package)
         except BaseException as exc:  # noqa: BLE001 - the tenant's import or load(): report it
-            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            self.state, self.error = HealthStatus.FAILED, f"{type(exc).__name__}: {exc}"
             log.error("function failed to load: %s", self.error)
             if not isinstance(exc, Exception):
                 raise
             return
         self.worker = _worker(package, handler)
         self.worker.start()
-        self.state, self.load_s = "ready", time.perf_counter() - started
+        self.state, self.load_s = HealthStatus.READY, time.perf_counter() - started
 
-    def health(self) -> tuple[int, dict[str, Any]]:
-        status = {"loading": 503, "ready": 200, "failed": 500}[self.state]
-        body: dict[str, Any] = {"status": self.state}
-        if self.error:
-            body["error"] = self.error
-        if self.load_s is not None:
-            body["load_timings"] = {"load_s": round(self.load_s, 6)}
-        return status, body
+    def health(self) -> Health:
+        timings = {"load_s": round(self.load_s, 6)} if self.load_s is not None else {}
+        return Health(self.state, load_timings=timings, error=self.error)
 
     async def close(self) -> None:
         if self.worker is not None:
@@ -145,23 +141,21 @@ def _error(status: int, message: str, *, param: Optional[str] = None,
 
 async def health(request: Request) -> Response:
     host = _host(request)
-    status, body = host.health()
-    return JSONResponse(health_for(request, body, host.settings.secret), status_code=status)
+    return health_response(request, host.health(), host.settings.secret)
 
 
 async def models(request: Request) -> Response:
     host = _host(request)
-    data = [{"id": host.settings.served_model_name, "object": "model"}] if host.state == "ready" else []
+    data = [{"id": host.settings.served_model_name, "object": "model"}] if host.state is HealthStatus.READY else []
     return JSONResponse({"object": "list", "data": data})
 
 
 async def stats(request: Request) -> Response:
     host = _host(request)
     s = host.worker.stats if host.worker else None
-    return JSONResponse({"model": host.settings.served_model_name, "prompt_tokens": 0,
-                         "completion_tokens": 0, "requests": s.requests if s else 0,
-                         "items": s.items if s else 0, "batches": s.batches if s else 0,
-                         "compute_s": s.compute_s if s else 0.0})
+    return JSONResponse(Stats(host.settings.served_model_name, s.requests if s else 0, 0, 0,
+                              s.items if s else 0, s.batches if s else 0,
+                              s.compute_s if s else 0.0).to_json())
 
 
 async def invoke(request: Request) -> Response:
@@ -172,7 +166,7 @@ async def invoke(request: Request) -> Response:
     try:
         parsed = parse_function_request(parse_json(raw, "body", param="body"))
         if host.worker is None:
-            return _error(503, f"function is {host.state}", code="not_ready")
+            return _error(503, f"function is {host.state.value}", code="not_ready")
         results = await host.worker.submit(parsed.items)
     except ProtocolError as exc:
         return JSONResponse(exc.body(), status_code=exc.status)
@@ -201,9 +195,9 @@ def build_app(settings: FunctionSettings) -> Starlette:
             loading.cancel()
             await host.close()
 
-    routes = [Route("/health", health, methods=["GET"]),
+    routes = [Route(HEALTH_PATH, health, methods=["GET"]),
               Route("/v1/models", models, methods=["GET"]),
-              Route("/stats", stats, methods=["GET"]),
+              Route(STATS_PATH, stats, methods=["GET"]),
               Route("/invoke", invoke, methods=["POST"])]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
     if settings.secret is not None:

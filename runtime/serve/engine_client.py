@@ -35,7 +35,7 @@ from runtime.core.sleep_mode import Freed
 from wire.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from runtime.serve.model_host import LoadRequest
+    from wire.replica_control import LoadRequest
 
 MAX_UNDELIVERED = 65536   # outputs queued for readers before the core is made to wait
 RESUME_CHECK_S = 0.005    # how often a paused reader looks whether the queues drained

@@ -37,7 +37,7 @@ from wire.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from runtime.engine.llm_engine import LLMEngine
-    from runtime.serve.model_host import LoadRequest
+    from wire.replica_control import LoadRequest
 
 PR_SET_PDEATHSIG = 1     # linux/prctl.h
 

@@ -16,13 +16,12 @@ drains), and from then on until it is ready again it refuses requests with 503.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
 
 from runtime.serve.embeddings import EmbeddingServing
 from runtime.serve.engine_client import CoreProcess, EngineClient
@@ -32,6 +31,8 @@ from runtime.serve.completions import OpenAIServing
 from runtime.engine.outputs import EngineStats
 from runtime.core.sleep_mode import Freed, NotIdle
 from runtime.core.tokenizer import Tokenizer
+from wire.replica_control import Health, LoadRequest
+from wire.replica_control import HealthStatus as Status
 
 if TYPE_CHECKING:   # importing the engine imports torch: only the engine-core process does
     from runtime.engine.llm_engine import LLMEngine
@@ -42,24 +43,8 @@ EXIT_WORKER_DIED = 3      # exit status of a replica whose tensor-parallel worke
 EXIT_GRACE_S = 2.0
 
 
-class Status(str, enum.Enum):
-    STANDBY = "standby"
-    LOADING = "loading"
-    READY = "ready"
-    SLEEPING = "sleeping"
-    WAKING = "waking"
-    FAILED = "failed"
-
-
 class WrongState(Exception):
     """Sleep or wake asked in a state that does not allow it (409)."""
-
-
-@dataclass(frozen=True)
-class LoadRequest:
-    model: str
-    served_model_name: str
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs
 
 
 @dataclass
@@ -229,27 +214,15 @@ class ModelHost:
         (/health says why, and the pool replaces it)."""
         self.status, self.error = Status.FAILED, f"{what} failed: {type(exc).__name__}: {exc}"
 
-    def health(self) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, body) for /health."""
-        body: dict[str, Any] = {"status": self.status.value}
-        if self.pending is not None:
-            body["model"] = self.pending.served_model_name
-        if self.load_timings:
-            body["load_timings"] = self.load_timings
-        worker_pids = self.model.engine.worker_pids if self.model else []
-        if worker_pids:
-            body["tensor_parallel"] = {"size": 1 + len(worker_pids), "worker_pids": worker_pids}
-        core_pid = self.model.engine.core_pid if self.model else None
-        if core_pid is not None:
-            body["engine_core"] = {"pid": core_pid}
+    def health(self) -> Health:
+        status, error = self.status, self.error if self.status is Status.FAILED else None
         engine_error = self.model.engine.error if self.model else None
-        if self.status is Status.READY and engine_error is not None:
-            body["status"], body["error"] = Status.FAILED.value, f"engine: {engine_error!r}"
-            return 500, body
-        if self.status is Status.FAILED:
-            body["error"] = self.error
-            return 500, body
-        return (200 if self.status is Status.READY else 503), body
+        if status is Status.READY and engine_error is not None:
+            status, error = Status.FAILED, f"engine: {engine_error!r}"
+        return Health(status, self.pending.served_model_name if self.pending else None,
+                      self.load_timings, error,
+                      tuple(self.model.engine.worker_pids) if self.model else (),
+                      self.model.engine.core_pid if self.model else None)
 
     async def close(self) -> None:
         if self._task is not None and not self._task.done():

@@ -4,7 +4,8 @@ Routes: /v1/completions, /v1/chat/completions (SSE when stream=true), /v1/embedd
 (a model whose engine task is "embed"),
 /v1/models, /health, /metrics, /stats (what the replica served, as JSON, for
 the pool), /admin/load for a `--standby` replica, and /sleep and /wake (the pool's
-sleep tier: runtime/core/sleep_mode.py; the replica refuses requests with 503 while asleep).
+sleep tier: runtime/core/sleep_mode.py; the replica refuses requests with 503 while asleep);
+the bodies of /health, /stats, /admin/load, /sleep and /wake are wire/replica_control.py's.
 This module is the settings (parsed once, in `main`) and thin routes: a
 completion is parsed by wire's rules and handed to the loaded model's
 `OpenAIServing` (runtime/serve/completions.py), where the rest of its path is.
@@ -16,7 +17,7 @@ Under the pool a replica has a secret, given in its environment
 (THAWPOOL_REPLICA_SECRET) or in a file only its owner may read
 (THAWPOOL_REPLICA_SECRET_FILE), never on the command line; every request but
 /health must then carry `Authorization: Bearer <secret>` (`RequireSecret`), and
-/health without it says only whether the replica is ready (`health_for`).
+/health without it says only whether the replica is ready (`health_response`).
 Without one the server is open, like `vllm serve`, and says so at start.
 """
 from __future__ import annotations
@@ -38,19 +39,21 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.serve.metrics import CONTENT_TYPE
-from runtime.serve.model_host import LoadRequest, ModelHost, WrongState
+from runtime.serve.model_host import ModelHost, WrongState
 from spec import engine_options
 from wire.embeddings import parse_embedding_request
 from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
 from wire.json_input import parse_json
+from wire.replica_control import (HEALTH_PATH, LOAD_ACCEPTED, LOAD_PATH, SLEEP_PATH, STATS_PATH, WAKE_PATH,
+                                  FreedBytes, Health, LoadReply, LoadRequest, SleepReply, Stats, WakeReply)
 from wire.replica_secret import SECRET_ENV, SECRET_FILE_ENV
 from wire.request_id import RequestIdMiddleware
 from wire.requests import parse_request
 from wire.sse import EventStreamResponse
 
 log = logging.getLogger("thawpool.runtime")
-OPEN_PATHS = frozenset({"/health"})                # answered without the secret
+OPEN_PATHS = frozenset({HEALTH_PATH})                # answered without the secret
 
 # ---------------------------------------------------------------- settings
 
@@ -142,16 +145,15 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def health(request: Request) -> Response:
-    status, body = _host(request).health()
-    return JSONResponse(health_for(request, body, request.app.state.secret), status_code=status)
+    return health_response(request, _host(request).health(), request.app.state.secret)
 
 
-def health_for(request: Request, body: dict[str, Any], secret: Optional[str]) -> dict[str, Any]:
+def health_response(request: Request, health: Health, secret: Optional[str]) -> Response:
     """/health is open so anyone may ask whether the replica is ready; its load timings,
     model, pids and errors are for the pool, which always sends the secret."""
-    if secret is None or carries_secret(request.scope, f"Bearer {secret}".encode()):
-        return body
-    return {"status": body["status"]}
+    if secret is not None and not carries_secret(request.scope, f"Bearer {secret}".encode()):
+        return JSONResponse(health.public().to_json(), status_code=health.http_status)
+    return JSONResponse(health.to_json(), status_code=health.http_status)
 
 
 async def metrics(request: Request) -> Response:
@@ -163,9 +165,8 @@ async def stats(request: Request) -> Response:
     heartbeat and as it stops the replica, to reconcile the bill."""
     host = _host(request)
     served = host.metrics.served
-    return JSONResponse({"model": host.model.served_model_name if host.model else None,
-                         "requests": served.requests, "prompt_tokens": served.prompt_tokens,
-                         "completion_tokens": served.completion_tokens})
+    return JSONResponse(Stats(host.model.served_model_name if host.model else None, served.requests,
+                              served.prompt_tokens, served.completion_tokens).to_json())
 
 
 async def models(request: Request) -> Response:
@@ -180,14 +181,14 @@ async def models(request: Request) -> Response:
 async def admin_load(request: Request) -> Response:
     host = _host(request)
     try:
-        load = _parse_load(await _json_body(request))
+        load = LoadRequest.parse(await _json_body(request), engine_options.OPTIONS)
     except ProtocolError as exc:
         return _refusal(exc)
     if not host.can_load:
         return _error(409, f"replica is {host.status.value}; it loads one model once")
     host.start_loading(load)
-    return JSONResponse({"status": host.status.value, "model": load.served_model_name},
-                        status_code=202)
+    return JSONResponse(LoadReply(host.status, load.served_model_name).to_json(),
+                        status_code=LOAD_ACCEPTED)
 
 
 async def sleep(request: Request) -> Response:
@@ -199,10 +200,8 @@ async def sleep(request: Request) -> Response:
         return _error(409, str(exc))
     except Exception as exc:  # noqa: BLE001 - the host is failed now; /health says so too
         return _error(500, f"sleep failed: {type(exc).__name__}: {exc}")
-    return JSONResponse({"status": "sleeping", "sleep_s": round(seconds, 6),
-                         "freed_bytes": {"weights": freed.weight_bytes, "kv_cache": freed.kv_cache_bytes,
-                                         "total": freed.device_bytes},
-                         "host_bytes": freed.host_bytes})
+    return JSONResponse(SleepReply(freed.host_bytes, seconds,
+                                   FreedBytes(freed.weight_bytes, freed.kv_cache_bytes)).to_json())
 
 
 async def wake(request: Request) -> Response:
@@ -213,27 +212,7 @@ async def wake(request: Request) -> Response:
         return _error(409, str(exc))
     except Exception as exc:  # noqa: BLE001 - the host is failed now; /health says so too
         return _error(500, f"wake failed: {type(exc).__name__}: {exc}")
-    return JSONResponse({"status": "ready", "wake_timings": timings})
-
-
-def _parse_load(body: Any) -> LoadRequest:
-    if not isinstance(body, dict):
-        raise ProtocolError("request body must be a JSON object")
-    unknown = sorted(set(body) - {"model", "served_model_name", "engine"})
-    if unknown:
-        raise ProtocolError(f"{unknown[0]}: unknown field", param=unknown[0])
-    model, name = body.get("model"), body.get("served_model_name")
-    engine_kwargs = body.get("engine") or {}
-    if not isinstance(model, str) or not model:
-        raise ProtocolError("model: must be a model folder path", param="model")
-    if name is not None and not isinstance(name, str):
-        raise ProtocolError("served_model_name: must be a string", param="served_model_name")
-    if not isinstance(engine_kwargs, dict):
-        raise ProtocolError("engine: must be an object of LLM keyword arguments", param="engine")
-    bad = sorted(set(engine_kwargs) - engine_options.OPTIONS)
-    if bad:
-        raise ProtocolError(f"engine.{bad[0]}: unknown engine argument", param="engine")
-    return LoadRequest(model, name or model, engine_kwargs)
+    return JSONResponse(WakeReply(timings).to_json())
 
 
 async def _json_body(request: Request) -> Any:
@@ -332,13 +311,13 @@ def build_app(settings: ServerSettings) -> Starlette:
             await host.close()
 
     routes = [
-        Route("/health", health, methods=["GET"]),
+        Route(HEALTH_PATH, health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
-        Route("/stats", stats, methods=["GET"]),
+        Route(STATS_PATH, stats, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
-        Route("/admin/load", admin_load, methods=["POST"]),
-        Route("/sleep", sleep, methods=["POST"]),
-        Route("/wake", wake, methods=["POST"]),
+        Route(LOAD_PATH, admin_load, methods=["POST"]),
+        Route(SLEEP_PATH, sleep, methods=["POST"]),
+        Route(WAKE_PATH, wake, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),

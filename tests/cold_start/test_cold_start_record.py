@@ -13,9 +13,10 @@ from typing import Mapping, Optional
 import httpx
 
 from controlplane.embedded.ports import free_port
-from pool.cold_start import cold_start_timings, load_stages
+from pool.cold_start import cold_start_timings
 from pool.health import wait_healthy
 from pool.replica import Replica, ReplicaState
+from wire.replica_control import Health
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -34,9 +35,9 @@ def test_the_record_keeps_the_replicas_stages():
 def test_only_numbers_are_taken_from_health():
     body = {"status": "ready", "load_timings": {"weights_s": 1, "weights_gbps": 2.5, "note": "x",
                                                 "flag": True}}
-    assert load_stages(body) == {"weights_s": 1.0, "weights_gbps": 2.5}
-    assert load_stages({"status": "ready"}) == {}
-    assert load_stages({"load_timings": ["weights_s"]}) == {}
+    assert Health.parse(body).load_timings == {"weights_s": 1.0, "weights_gbps": 2.5}
+    assert Health.parse({"status": "ready"}).load_timings == {}
+    assert Health.parse({"status": "ready", "load_timings": ["weights_s"]}).load_timings == {}
 
 
 class ProcessHandle:
@@ -72,11 +73,11 @@ def test_a_fresh_replica_reports_every_stage_of_its_load(tiny_model, tmp_path):
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     handle = ProcessHandle(process, f"http://127.0.0.1:{port}")
 
-    async def ready() -> dict:
+    async def ready() -> Health:
         async with httpx.AsyncClient() as http:
             return await asyncio.wait_for(wait_healthy(handle, http, 0.2), 180)
     try:
-        stages = load_stages(asyncio.run(ready()))
+        stages = asyncio.run(ready()).load_timings
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -20,7 +20,6 @@ from starlette.routing import Route
 from pool.api import RevisionSpec
 from pool.capacity import Capacity
 from pool.clock import Clock
-from pool.cold_start import MAX_STAGES, load_stages
 from pool.in_memory import EventLog
 from pool.health import served_tokens
 from pool.placement import Placed
@@ -30,6 +29,7 @@ from pool.replica_events import ReplicaEvents
 from pool.settings import PoolSettings
 from pool.sleep_tier import SleepTier
 from tests.controlplane.support.servers import serve
+from wire.replica_control import MAX_STAGES, Health
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 WEIGHT_BYTES = 1000
@@ -81,10 +81,25 @@ async def test_load_stages_keep_only_finite_seconds_in_range():
     timings = {"weights_s": 1.5, "nan_s": math.nan, "inf_s": math.inf, "negative_s": -2.0,
                "years_s": 1e12, "huge_int_s": 10 ** 400, "flag_s": True, "text_s": "3",
                "x" * 10_000: 0.25}
-    stages = load_stages({"load_timings": timings})
+    stages = Health.parse({"status": "ready", "load_timings": timings}).load_timings
     assert stages == {"weights_s": 1.5, "x" * 64: 0.25}
-    many = load_stages({"load_timings": {f"s{i}": 0.1 for i in range(100_000)}})
-    assert len(many) == MAX_STAGES
+    many = Health.parse({"status": "ready", "load_timings": {f"s{i}": 0.1 for i in range(100_000)}})
+    assert len(many.load_timings) == MAX_STAGES
+
+
+async def test_wake_stages_are_bounded_like_load_stages():
+    """What a woken replica reports becomes its wake record only within the same bounds."""
+    settings = PoolSettings()
+    answer = {"status": "ready", "wake_timings": {"weights_s": 0.5, "nan_s": math.nan,
+                                                  "forever_s": 1e12, **{f"s{i}": 0.1 for i in range(100)}}}
+    async with serve(hostile(answer)) as base, httpx.AsyncClient() as http:
+        tier = SleepTier(settings, None, Capacity(settings), ReplicaEvents(EventLog(), Clock()),
+                         http, Clock())
+        managed = sleeping_replica(base)
+        await tier.wake(managed)
+    stages = managed.replica.wake_stages
+    assert len(stages) == MAX_STAGES and stages["weights_s"] == 0.5
+    assert "nan_s" not in stages and "forever_s" not in stages
 
 
 def sleeping_replica(base_url: str) -> ManagedReplica:

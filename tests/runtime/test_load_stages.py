@@ -13,7 +13,8 @@ import torch
 from runtime.engine.llm_engine import LLMEngine
 from runtime.models.kv_memory import zeros_untouched
 from runtime.load.timings import STAGES, LoadTimings, process_age_s
-from runtime.serve.model_host import LoadRequest, build_llm_engine
+from runtime.serve.model_host import build_llm_engine
+from wire.replica_control import LoadRequest
 from runtime.load.threads import parallel_map
 
 REPO = Path(__file__).resolve().parents[2]
