@@ -32,7 +32,7 @@ from runtime.engine.outputs import EngineStats
 from runtime.core.sleep_mode import Freed, NotIdle
 from runtime.core.tokenizer import Tokenizer
 from wire.replica_control import Health, LoadRequest
-from wire.replica_control import HealthStatus as Status
+from wire.replica_control import HealthStatus as Status     # the host's status is what /health says
 
 if TYPE_CHECKING:   # importing the engine imports torch: only the engine-core process does
     from runtime.engine.llm_engine import LLMEngine

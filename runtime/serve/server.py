@@ -53,7 +53,7 @@ from wire.requests import parse_request
 from wire.sse import EventStreamResponse
 
 log = logging.getLogger("thawpool.runtime")
-OPEN_PATHS = frozenset({HEALTH_PATH})                # answered without the secret
+OPEN_PATHS = frozenset({HEALTH_PATH})              # answered without the secret
 
 # ---------------------------------------------------------------- settings
 
@@ -151,9 +151,9 @@ async def health(request: Request) -> Response:
 def health_response(request: Request, health: Health, secret: Optional[str]) -> Response:
     """/health is open so anyone may ask whether the replica is ready; its load timings,
     model, pids and errors are for the pool, which always sends the secret."""
-    if secret is not None and not carries_secret(request.scope, f"Bearer {secret}".encode()):
-        return JSONResponse(health.public().to_json(), status_code=health.http_status)
-    return JSONResponse(health.to_json(), status_code=health.http_status)
+    told = health if secret is None or carries_secret(request.scope, f"Bearer {secret}".encode()) \
+        else health.public()
+    return JSONResponse(told.to_json(), status_code=health.http_status)
 
 
 async def metrics(request: Request) -> Response:
