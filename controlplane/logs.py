@@ -5,6 +5,7 @@ import json
 import logging
 import sys
 from datetime import datetime, timezone
+from typing import Optional, TextIO
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
@@ -20,11 +21,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
-def configure_logging(level: str = "INFO", stream=None) -> None:
+def configure_logging(level: str = "INFO", stream: Optional[TextIO] = None) -> None:
     """JSON lines on stderr for the `thawpool` loggers (called by the CLI, not on import)."""
     # the logging HOWTO's optimizations: no caller frame lookup, no thread or process
     # names (the JSON lines carry none of them), about a tenth of each line's cost
-    logging._srcfile = None  # type: ignore[attr-defined]  # documented there
+    logging._srcfile = None  # documented there
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from decimal import Decimal
 from pathlib import Path
+from typing import Any, Awaitable, Callable, Optional, Protocol, TextIO
 
 import httpx
 
@@ -28,6 +29,10 @@ DEMO_DEPLOYMENT = "demo-chat"
 DEMO_PRICES = Pricing(input_per_mtok=Decimal("0.10"), cached_input_per_mtok=Decimal("0.02"),
                       output_per_mtok=Decimal("0.40"), gpu_second=Decimal("0.0005"))
 REPO = Path(__file__).resolve().parents[2]
+
+
+class Say(Protocol):
+    def __call__(self, *parts: object, end: str = "\n") -> None: ...
 
 
 def demo_gguf() -> Path:
@@ -56,12 +61,13 @@ def upload(settings: Settings, gguf: Path, tenant_id: str) -> str:
     return f"s3://{bucket}/{key}"
 
 
-async def run_demo(settings: Settings, base_url: str, tenant_id: str, key: str, flush,
-                   out=None) -> None:
+async def run_demo(settings: Settings, base_url: str, tenant_id: str, key: str,
+                   flush: Callable[[], Awaitable[object]], out: Optional[TextIO] = None) -> None:
     """With the demo tenant's `key`: deploy, stream, report; prints every step to `out`."""
-    out = out or sys.stdout
-    def say(*parts, end="\n"):
-        print(*parts, file=out, flush=True, end=end)
+    stream = out or sys.stdout
+
+    def say(*parts: object, end: str = "\n") -> None:
+        print(*parts, file=stream, flush=True, end=end)
 
     gguf = await asyncio.to_thread(demo_gguf)
     model_uri = await asyncio.to_thread(upload, settings, gguf, tenant_id)
@@ -91,7 +97,7 @@ async def run_demo(settings: Settings, base_url: str, tenant_id: str, key: str, 
         f"\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
 
 
-async def _stream_chat(client: httpx.AsyncClient, say) -> None:
+async def _stream_chat(client: httpx.AsyncClient, say: Say) -> None:
     body = {"model": DEMO_DEPLOYMENT, "stream": True, "max_tokens": 200, "temperature": 0,
             "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": DEMO_QUESTION}]}
@@ -121,8 +127,9 @@ async def _stream_chat(client: httpx.AsyncClient, say) -> None:
     raise RuntimeError("demo: the deployment did not become ready")
 
 
-async def _ok(pending) -> dict:
+async def _ok(pending: Awaitable[httpx.Response]) -> dict[str, Any]:
     response = await pending
     if response.status_code >= 400:
         raise RuntimeError(f"{response.request.method} {response.request.url}: {response.text}")
-    return response.json()
+    body: dict[str, Any] = response.json()
+    return body

@@ -5,9 +5,12 @@ import logging
 import signal
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from controlplane.embedded.leftovers import PidFile
+
+if TYPE_CHECKING:
+    from pgserver.postgres_server import PostgresServer
 
 log = logging.getLogger(__name__)
 
@@ -21,19 +24,19 @@ class EmbeddedPostgres:
 
     def __init__(self, data_dir: Path | str):
         self.data_dir = Path(data_dir).absolute()       # as /proc shows it: see leftovers
-        self._server = None
+        self._server: Optional[PostgresServer] = None
         # SIGINT: Postgres's fast shutdown (sessions ended, no recovery on the next start)
         self._pid_file = PidFile(self.data_dir / "postmaster.pid", "postgres", "-D", self.data_dir,
                                  signal.SIGINT)
 
     def start(self) -> "EmbeddedPostgres":
-        import pgserver
+        from pgserver.postgres_server import get_server
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._pid_file.clear_leftover(spare=self.pid)
         if self._server is None:
             # cleanup_mode=None: we decide when it stops, not pgserver's atexit.
-            self._server = pgserver.get_server(self.data_dir, cleanup_mode=None)
+            self._server = get_server(self.data_dir, cleanup_mode=None)
         else:
             self._server.ensure_postgres_running()
         log.info("postgres ready at %s", self.libpq_uri)
@@ -47,7 +50,8 @@ class EmbeddedPostgres:
         if self._server is None or not self.is_running():
             return
         try:
-            pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.data_dir,
+            stop = ["-w", "-m", "fast", "stop"]
+            pgserver.pg_ctl(stop, pgdata=self.data_dir,  # type: ignore[attr-defined]  # made per binary
                             user=self._server.system_user, timeout=30)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
             self._pid_file.stop()

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from controlplane.embedded.leftovers import PidFile
 from controlplane.embedded.ports import free_ports, wait_for_port
@@ -43,7 +43,7 @@ class EmbeddedS3:
         self.pid_file = PidFile(self.data_dir / "weed.pid", "weed", "-dir=", self.data_dir, signal.SIGTERM)
         self.host = "127.0.0.1"
         self.port = port
-        self.process: Optional[subprocess.Popen] = None
+        self.process: Optional[subprocess.Popen[bytes]] = None
         self.access_key = ACCESS_KEY
         self.secret_key = SECRET_KEY
 
@@ -71,11 +71,11 @@ class EmbeddedS3:
             f"-filer.localSocket={self.data_dir / 'filer.sock'}",
         ]
         log_file = open(self.data_dir / "weed.log", "ab")
-        self.process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        self.process = process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL, start_new_session=True)
         log_file.close()
-        self.pid_file.write(self.process.pid)
-        if not wait_for_port(self.host, self.port, timeout_s) or not self._wait_s3_ready(timeout_s):
+        self.pid_file.write(process.pid)
+        if not wait_for_port(self.host, self.port, timeout_s) or not self._wait_s3_ready(process, timeout_s):
             self.stop()
             raise RuntimeError(f"SeaweedFS S3 did not start; see {self.data_dir / 'weed.log'}")
         log.info("s3 ready at %s", self.endpoint)
@@ -92,14 +92,14 @@ class EmbeddedS3:
         }]}))
         return path
 
-    def _wait_s3_ready(self, timeout_s: float) -> bool:
+    def _wait_s3_ready(self, process: subprocess.Popen[bytes], timeout_s: float) -> bool:
         """The port opens before the filer is usable: poll until a bucket listing works."""
         import time
 
         client = self.client()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            if process.poll() is not None:
                 return False
             try:
                 client.list_buckets()
@@ -108,7 +108,7 @@ class EmbeddedS3:
                 time.sleep(0.25)
         return False
 
-    def client(self):
+    def client(self) -> Any:
         import boto3
         from botocore.config import Config
 
@@ -148,7 +148,7 @@ class EmbeddedS3:
             pass
         self._forget(proc)
 
-    def _forget(self, proc: Optional[subprocess.Popen]) -> None:
+    def _forget(self, proc: Optional[subprocess.Popen[bytes]]) -> None:
         """Remove the pid file if it names proc (a later start may have written its own)."""
         if proc is not None and self.pid_file.pid() == proc.pid:
             self.pid_file.remove()
@@ -156,5 +156,5 @@ class EmbeddedS3:
     def __enter__(self) -> "EmbeddedS3":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -144,7 +144,8 @@ POOL_ENV = ("THAWPOOL_BACKEND", "THAWPOOL_RAY_ADDRESS", "THAWPOOL_RAY_REPLICA_HO
 
 
 def pool_settings_of(tmp_path, *argv):
-    from controlplane.cli.main import build_parser, pool_settings_for
+    from controlplane.cli.main import build_parser
+    from controlplane.cli.up import pool_settings_for
     from controlplane.settings import Settings
 
     return pool_settings_for(Settings(database_url="", data_dir=tmp_path), build_parser().parse_args(["up", *argv]))
@@ -168,7 +169,7 @@ def test_up_backend_flags_and_env_become_pool_settings(tmp_path, monkeypatch):
 
 
 def test_banner_hides_the_database_password():
-    from controlplane.cli.main import _without_password
+    from controlplane.cli.up import _without_password
 
     shown = _without_password("postgresql+asyncpg://tp:s3cr%2Ft@db.internal:5432/thawpool?ssl=require")
     assert "s3cr" not in shown and shown.startswith("postgresql+asyncpg://tp:***@db.internal:5432/thawpool")
