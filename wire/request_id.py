@@ -27,7 +27,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 def access_fields(scope: Scope) -> dict[str, Any]:
     """What a route adds to its request's access log line (one line per request: an
     invocation's deployment, outcome and tokens ride on it rather than a line of their
-    own, which cost every call about 40 us)."""
+    own, a second line's formatting and write on every call)."""
     fields: dict[str, Any] = scope.setdefault("state", {}).setdefault(ACCESS_FIELDS, {})
     return fields
 

@@ -51,7 +51,7 @@ log = logging.getLogger("thawpool.gateway")
 # max_model_len. Only the token rate limit reads it; the replica knows the real one.
 FALLBACK_CONTEXT_LEN = 2048
 # A unary answer still arriving after its headers is read under a disconnect watch that
-# starts only this late (a task and its cancellation, about 25 us of a short call); a
+# starts only this late (a task and its cancellation would cost every short call); a
 # client that left meanwhile is noticed then. One already whole needs no watch at all.
 WATCH_AFTER_S = 0.05
 
@@ -230,7 +230,7 @@ class Gateway:
         The call is journaled until metered, so that a control plane killed meanwhile
         leaves it to the next start to bill (controlplane.billing.call_journal). The open frame is
         written once the request is on its way, while the replica works on it: off the
-        call's latency (about 0.1 ms), and before any of the answer can reach the client."""
+        call's latency, and before any of the answer can reach the client."""
         try:
             pending = await self.http.request(
                 f"{call.lease.base_url.rstrip('/')}/v1/{call.endpoint}", upstream_body(body),

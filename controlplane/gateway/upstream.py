@@ -4,12 +4,10 @@ connections per replica.
 
 Every invocation crosses this hop twice (request out, answer back), so its CPU per
 call is latency the gateway adds and caps how many calls per second one control-plane
-process can pass. httpx's pool scanned every pooled connection on each request (over
-half the control plane's CPU at 32 calls in flight); aiohttp, which replaced it, still
-spent about 0.1 ms of Python per call on a 1-token completion (py-spy,
-benchmarks/gateway.py): a request object, a response object, a stream reader, timers
-and trace hooks that this hop does not use. Here a call is one write of the request's
-bytes, the parser's callbacks as the answer arrives, and one future per wait.
+process can pass: a call here is therefore one write of the request's bytes, the
+parser's callbacks as the answer arrives, and one future per wait, none of the
+per-request objects a general-purpose client builds (the clients tried before and
+their cost: benchmarks/results/code_figures.md).
 
 The gateway sees only `Upstream.post` and `UpstreamResponse` (status, the whole body,
 or its lines as they arrive) and one error type, `UpstreamError`, for a replica that

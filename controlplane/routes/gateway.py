@@ -41,8 +41,8 @@ async def invoke(request: Request, endpoint: str) -> GatewayResponse:
 
 class MeteredResponse:
     """`response`, then `meter()` whatever became of the send: the call is metered once its
-    answer is in the client's connection, off the call's latency (about 0.13 ms of journal
-    writes, metrics and a log line) but still inside the request, which a graceful shutdown
+    answer is in the client's connection, off the call's latency (journal writes, metrics
+    and a log line) but still inside the request, which a graceful shutdown
     waits for (the replica itself was given back before the send). A control plane killed
     between the two bills the call as it bills a stream cut after its last chunk (B-CP-3,
     docs/billing-guarantees.md)."""

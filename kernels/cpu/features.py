@@ -25,10 +25,9 @@ CPUINFO = Path("/proc/cpuinfo")
 
 # From a few rows up the weight-only kernel is bound by its fp32 FMAs on widened weights
 # rather than by memory, and a VNNI instruction does 4 int8 multiply-adds per lane where an
-# FMA does one. Measured on an Intel Xeon with AMX (SmolLM2's shapes): at 8 rows W8A8 is
-# level with the weight-only kernel or ahead on the larger layers (576 x 3072: 172 vs
-# 178 us; 1536 x 576: 73 vs 103 us), behind on 576 x 576 until about 24 rows. Below it, a
-# decode step of a few sequences keeps the weight-only kernel.
+# FMA does one; 8 rows is where W8A8 drew level on SmolLM2's larger layers on an AMX Xeon
+# (benchmarks/results/code_figures.md). Below it, a decode step of a few sequences keeps
+# the weight-only kernel.
 W8A8_MIN_ROWS = 8
 
 

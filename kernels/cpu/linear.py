@@ -2,9 +2,8 @@
 
 pack() reorders an fp32 weight once, at load, into oneDNN's blocked layout (an opaque
 mkldnn tensor: only linear() and to_dense() can read it); linear() then runs oneDNN's
-GEMM on it. On the 2-core EPYC this project builds on that is 1.3-1.9x the GFLOP/s of
-the MKL sgemm behind F.linear over the shapes of a decoder (batch 16 to 1024), and the
-result is the same up to summation order. Other dtypes, and a torch without oneDNN,
+GEMM on it, faster than the MKL sgemm behind F.linear over a decoder's shapes
+(benchmarks/kernels.py), the result the same up to summation order. Other dtypes, and a torch without oneDNN,
 keep the plain weight and F.linear, the reference (kernels/linear.py).
 """
 from __future__ import annotations

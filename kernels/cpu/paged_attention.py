@@ -3,7 +3,7 @@ cache in place (paged_attention.c).
 
 Same signatures and results as the references in kernels/attention.py, which gather
 every sequence's blocks into a contiguous copy each step; these read each k and v
-row in place instead (decode: about 7x faster at batch 64 on 2 cores). With a sliding
+row in place instead (no per-step copy of the cache: benchmarks/kernels.py). With a sliding
 window they read only the windows' rows. Prefill is flash-style: tiles of keys with an
 online softmax, so no [query, context] score matrix is built. The C kernels compute in
 fp32 over an fp32 cache, or over a bf16 one (kv_cache_dtype="bfloat16": each row widened

@@ -13,7 +13,7 @@ kernels/dispatch.py puts a RowSplit in KernelSet.int8_linear when the CPU has in
 dot products: W8A8 from min_rows rows of x up (with outliers=0 for weights smoothed at load,
 kernels/dispatch.py:every_channel_w8a8), the weight-only kernel below
 (kernels/cpu/features.py says why). Without them oneDNN's int8 GEMM runs on plain AVX2,
-about 20x slower than the fp32 GEMM of the same shape here, so only a forced plan
+far slower than the fp32 GEMM of the same shape, so only a forced plan
 (tests, benchmarks/lowp_quality.py) runs it on such a CPU.
 """
 from __future__ import annotations

@@ -218,9 +218,8 @@ class DecoderModel:
     def _tied_head(self) -> torch.Tensor:
         """A tied head stays the embedding itself (packing it in the same precision would
         keep a second copy), unless the linears run in a lower precision: then the head,
-        a small model's largest GEMM (SmolLM2's 49,152 x 576 took 18% of a W8A8 engine's
-        time in fp32), gets its own copy in that precision, half the embedding's bytes in
-        bf16."""
+        a small model's largest GEMM and a large share of a W8A8 engine's time in fp32,
+        gets its own copy in that precision, half the embedding's bytes in bf16."""
         # one row asks the packer what it makes, before a copy of the whole is (a CPU
         # without bf16 GEMMs would pack the embedding again in fp32, to throw it away)
         if not self.low_precision or self.ops.pack_linear(self.embed[:1]).dtype == self.embed.dtype:
