@@ -7,12 +7,17 @@
 
 What the script prints to stdout inside the block still goes to the terminal, and
 is also written to `benchmarks/results/<script name>.txt` under a header: the date
-(UTC) and duration, the git commit (and whether the tree had uncommitted changes),
-the command line, the CPU model and core counts from /proc/cpuinfo, the load
-average before and after (a busy machine moves wall-clock figures), the GPU if torch
-sees one, and the Python and torch versions. A run that raises writes nothing, so
+(UTC) and duration, the git commit and whether the tree was clean, the command line,
+the CPU model and core counts from /proc/cpuinfo, the load average before and after (a
+busy machine moves wall-clock figures), the GPU if torch sees one, and the Python and
+torch versions. A run that raises writes nothing, so
 the last good report stays; one that exits with a status (sys.exit) records it;
 --help and argument errors write nothing.
+
+Only a clean tree is recorded: a run over uncommitted changes (tracked or untracked
+files; the reports in benchmarks/results/ themselves excepted), or one during which the
+commit changed, prints as usual but writes no report, since no commit could reproduce
+it. THAWPOOL_BENCH_ALLOW_DIRTY=1 records it anyway, its header marked DIRTY.
 Figures quoted in the README come from these files.
 """
 from __future__ import annotations
@@ -25,12 +30,32 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional, TextIO
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = RESULTS.parents[1]
+ALLOW_DIRTY_ENV = "THAWPOOL_BENCH_ALLOW_DIRTY"
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """The commit a run measured and whether the tree matched it."""
+    commit: str                      # "": not a git checkout (nothing to check)
+    dirty: bool = False
+
+    def describe(self) -> str:
+        if not self.commit:
+            return "unknown (not a git checkout)"
+        if self.dirty:
+            return f"{self.commit} DIRTY (uncommitted changes: no commit reproduces this run)"
+        return f"{self.commit} (clean tree)"
+
+    def spanning(self, later: "Checkout") -> "Checkout":
+        """This checkout at a run's start and `later` at its end, as one."""
+        return Checkout(self.commit, self.dirty or later.dirty or later.commit != self.commit)
 
 
 class _Tee(io.TextIOBase):
@@ -57,26 +82,36 @@ def recorded(script: str, results_dir: Path = RESULTS) -> Iterator[None]:
     name = Path(script).stem
     started_at, started = datetime.now(timezone.utc), time.monotonic()
     load_before = _load()
+    at_start = checkout()
+    if at_start.dirty and not _dirty_allowed():
+        print(f"[uncommitted changes: this run will not be recorded ({ALLOW_DIRTY_ENV}=1 records it, "
+              "marked DIRTY)]", file=sys.stderr)
     tee = _Tee(sys.stdout)
     sys.stdout = tee
     try:
         yield
     except SystemExit as exc:
         sys.stdout = tee.terminal
-        _write(name, started_at, started, load_before, tee, results_dir, exc.code)
+        _write(name, started_at, started, load_before, tee, results_dir, exc.code, at_start)
         raise
     except BaseException:
         sys.stdout = tee.terminal                # a failed run leaves the last report alone
         raise
     sys.stdout = tee.terminal
-    _write(name, started_at, started, load_before, tee, results_dir, None)
+    _write(name, started_at, started, load_before, tee, results_dir, None, at_start)
 
 
 def _write(name: str, started_at: datetime, started: float, load_before: str, tee: _Tee,
-           results_dir: Path, status) -> None:
+           results_dir: Path, status, at_start: Checkout) -> None:
     if not tee.copy.getvalue() or {"-h", "--help"} & set(sys.argv[1:]):
         return                                   # a usage error or --help: no report
-    header = machine_header(name, started_at, time.monotonic() - started, load_before, status)
+    tree = at_start.spanning(checkout())
+    if tree.dirty and not _dirty_allowed():
+        print(f"[not recorded: the tree had uncommitted changes or its commit changed during the run; "
+              f"commit and rerun, or set {ALLOW_DIRTY_ENV}=1]", file=sys.stderr)
+        return
+    header = machine_header(name, started_at, time.monotonic() - started, load_before, status,
+                            tree=tree)
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.txt"
     path.write_text(header + "\n" + tee.copy.getvalue())
@@ -84,12 +119,13 @@ def _write(name: str, started_at: datetime, started: float, load_before: str, te
 
 
 def machine_header(name: str, started_at: datetime, seconds: float, load_before: str,
-                   status=None, script: Optional[str] = None) -> str:
-    """`script`: the program's path when it is not benchmarks/<name>.py."""
+                   status=None, script: Optional[str] = None, tree: Optional[Checkout] = None) -> str:
+    """`script`: the program's path when it is not benchmarks/<name>.py; `tree`: the
+    checkout the run measured (default: the one now)."""
     lines = [
         f"benchmark: {script or f'benchmarks/{name}.py'}",
         f"date:      {started_at.isoformat(timespec='seconds')} (took {seconds:.0f} s)",
-        f"commit:    {_git_commit()}",
+        f"commit:    {(tree or checkout()).describe()}",
         f"command:   {' '.join([Path(sys.executable).name, *sys.argv])}",
         f"cpu:       {_cpu()}",
         f"load avg:  {load_before} before, {_load()} after (1, 5, 15 min)",
@@ -146,16 +182,22 @@ def _torch() -> str:
     return f"torch {torch.__version__}" if torch is not None else "torch not imported"
 
 
-def _git_commit() -> str:
+def checkout(root: Path = ROOT) -> Checkout:
+    """HEAD, and whether any file but the reports differs from it (untracked ones too)."""
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()
     try:
         commit = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
+        changes = git("status", "--porcelain", "--untracked-files=normal", "--", ".",
+                      f":(exclude){RESULTS.relative_to(ROOT)}")
     except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return commit + (" + uncommitted changes" if dirty else "")
+        return Checkout("")
+    return Checkout(commit, bool(changes))
+
+
+def _dirty_allowed() -> bool:
+    return os.environ.get(ALLOW_DIRTY_ENV, "") not in ("", "0")
 
 
 def _shown(path: Path) -> str:
