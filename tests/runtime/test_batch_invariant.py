@@ -6,10 +6,14 @@ arrival steps (a request joins others mid-decode), a small token budget (prompts
 chunked wherever the budget runs out, down to one-token chunks), random max_num_seqs,
 with prefix caching on and shared prompt prefixes (some prompts start from cached blocks).
 Every logprob must equal its solo value exactly, not approximately.
+
+The negative control runs the same check with the default engine (batch_invariant off):
+it must see a difference, or the check above could pass without testing anything.
 """
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import pytest
 
@@ -45,8 +49,8 @@ def _prompts(seed: int) -> list[list[int]]:
     return prompts
 
 
-def _engine(model, **options) -> LLMEngine:
-    return LLMEngine(str(model), batch_invariant=True, kv_cache_tokens=4096, seed=0, **options)
+def _engine(model, invariant: bool = True, **options) -> LLMEngine:
+    return LLMEngine(str(model), batch_invariant=invariant, kv_cache_tokens=4096, seed=0, **options)
 
 
 def _run(engine: LLMEngine, prompts: list[list[int]], arrivals: list[int]) -> dict[str, tuple]:
@@ -66,10 +70,10 @@ def _run(engine: LLMEngine, prompts: list[list[int]], arrivals: list[int]) -> di
     return {i: (tokens[i], logprobs[i]) for i in tokens}
 
 
-def _solo(model, prompts: list[list[int]]) -> dict[str, tuple]:
+def _solo(model, prompts: list[list[int]], invariant: bool = True) -> dict[str, tuple]:
     out = {}
     for i, prompt in enumerate(prompts):
-        engine = _engine(model, enable_prefix_caching=False)   # truly alone: nothing cached
+        engine = _engine(model, invariant, enable_prefix_caching=False)   # truly alone: nothing cached
         out[str(i)] = _run(engine, [prompt], [0])["0"]
         engine.close()
     return out
@@ -83,19 +87,36 @@ def _assert_same(solo: dict[str, tuple], batched: dict[str, tuple], what: str) -
         assert batched[rid][1] == logprobs, f"{what}: request {rid}'s logprobs"
 
 
+def _compositions(model, prompts: list[list[int]], invariant: bool) -> Iterator[tuple[str, dict[str, tuple]]]:
+    """Each random composition's description and results: the same compositions for
+    either mode (a fixed seed, arrivals counted in engine steps, never in time)."""
+    rng = random.Random(5)
+    for n in range(COMPOSITIONS):
+        engine = _engine(model, invariant, max_num_batched_tokens=rng.choice([7, 16, 33, 64]),
+                         max_num_seqs=rng.choice([2, 3, 5, NUM_REQUESTS]))
+        arrivals = [rng.randrange(0, 12) for _ in prompts]
+        batched = _run(engine, prompts, arrivals)
+        engine.close()
+        yield f"composition {n} (arrivals {arrivals})", batched
+
+
 @pytest.mark.parametrize("which", ["llama", "sliding_window"])
 def test_logprobs_are_the_same_bits_in_any_batch(which, model, window_model):
     chosen = model if which == "llama" else window_model
     prompts = _prompts(seed=11)
     solo = _solo(chosen, prompts)
-    rng = random.Random(5)
-    for n in range(COMPOSITIONS):
-        engine = _engine(chosen, max_num_batched_tokens=rng.choice([7, 16, 33, 64]),
-                         max_num_seqs=rng.choice([2, 3, 5, NUM_REQUESTS]))
-        arrivals = [rng.randrange(0, 12) for _ in prompts]
-        batched = _run(engine, prompts, arrivals)
-        engine.close()
-        _assert_same(solo, batched, f"composition {n} (arrivals {arrivals})")
+    for what, batched in _compositions(chosen, prompts, invariant=True):
+        _assert_same(solo, batched, what)
+
+
+def test_the_default_engine_fails_the_same_check(model):
+    """The negative control: batch_invariant off, the same prompts and compositions,
+    some logprob differs from its solo value."""
+    prompts = _prompts(seed=11)
+    solo = _solo(model, prompts, invariant=False)
+    differ = [what for what, batched in _compositions(model, prompts, invariant=False)
+              if any(batched[rid][1] != logprobs for rid, (_, logprobs) in solo.items())]
+    assert differ, "the default engine gave the same bits in every batch: the check tests nothing"
 
 
 def test_batch_invariant_refuses_what_it_cannot_keep(model):
