@@ -5,9 +5,9 @@ In that mode every linear layer runs kernels/cpu/invariant_linear.c (each output
 summed in one fixed order, whatever the batch) instead of oneDNN's GEMM, and every row's
 attention, decoding ones included, the prefill kernel (runtime/engine/model_runner.py), so a
 request's logprobs are the same bits alone or in any batch (tests/runtime/test_batch_invariant.py
-checks that with random batch compositions). The two engines alternate, --rounds times,
-and the best of each counts, by wall time and by CPU time (the one to trust on a busy
-machine). Also written to benchmarks/results/batch_invariant.txt.
+checks that with random batch compositions). The two engines alternate, --rounds times
+(every round printed), and the median of each counts, by wall time and by CPU time (the
+one to trust on a busy machine). Also written to benchmarks/results/batch_invariant.txt.
 
     .venv/bin/python benchmarks/batch_invariant.py --real            # SmolLM2-135M-Instruct
     .venv/bin/python benchmarks/batch_invariant.py --num-requests 24  # a random 50M Llama
@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.engine_throughput import BENCH_SPEC, make_workload, run_thawpool  # noqa: E402
+from benchmarks.rounds import medians  # noqa: E402
 
 
 def main() -> None:
@@ -50,18 +51,20 @@ def main() -> None:
     work = make_workload(args)
     print(f"model {model_dir} | {args.num_requests} requests, prompts {args.min_prompt}-{args.max_prompt}, "
           f"outputs {args.min_output}-{args.max_output}, {work.output_tokens} output tokens, "
-          f"{args.threads} threads, best of {args.rounds} rounds each")
-    best: dict[bool, dict] = {}
-    for _ in range(args.rounds):
+          f"{args.threads} threads, the median of {args.rounds} rounds each")
+    rounds: dict[str, list[float]] = {}
+    for n in range(args.rounds):
         for invariant in (False, True):
             run = run_thawpool(model_dir, work, args, batch_invariant=invariant)
             mode = "batch-invariant" if invariant else "default"
-            print(f"  {mode:16s} {run['tok_s']:7.1f} output tok/s, {run['tok_cpu_s']:7.1f} per CPU-second")
+            print(f"  round {n + 1}: {mode:16s} {run['tok_s']:7.1f} output tok/s, "
+                  f"{run['tok_cpu_s']:7.1f} per CPU-second")
             for key in ("tok_s", "tok_cpu_s"):
-                best.setdefault(invariant, {})[key] = max(best.get(invariant, {}).get(key, 0.0), run[key])
-    wall = best[True]["tok_s"] / best[False]["tok_s"]
-    cpu = best[True]["tok_cpu_s"] / best[False]["tok_cpu_s"]
-    print(f"batch-invariant / default throughput: {wall:.2f}x wall, {cpu:.2f}x per CPU-second "
+                rounds.setdefault(f"{mode} {key}", []).append(run[key])
+    mid = medians(rounds)
+    wall = mid["batch-invariant tok_s"] / mid["default tok_s"]
+    cpu = mid["batch-invariant tok_cpu_s"] / mid["default tok_cpu_s"]
+    print(f"batch-invariant / default throughput (medians): {wall:.2f}x wall, {cpu:.2f}x per CPU-second "
           f"(the mode's cost: {100 * (1 - cpu):.0f}% of the throughput by CPU time)")
 
 

@@ -1,6 +1,6 @@
 """Where a replica's cold start goes, stage by stage, against the time to read its weights.
 
-    .venv/bin/python benchmarks/cold_start_stages.py [--model DIR] [--trials 2]
+    .venv/bin/python benchmarks/cold_start_stages.py [--model DIR] [--trials 3]
 
 The model is the real one by default (SmolLM2-135M, fp32, ~540 MB; `make model`). Each
 trial starts a fresh Python process per case and measures in it:
@@ -16,8 +16,9 @@ then one greedy token (first_token). The peer, measured in the same run and betw
 cases: reading the weight files into memory with plain `read()` from the page cache (warm:
 every case reads files that were just read). The figure printed per case is
 (time to ready) / (read time), the issue's target being about 1x; `other` is the part of
-ready that no stage recorded. Best (lowest ready) of --trials per case; on a busy machine
-only the ratios within one run mean anything. The report is also written to
+ready that no stage recorded. The median trial (by ready) of --trials per case, and the
+median read; every trial's ready and read are printed. On a busy machine only the ratios
+within one run mean anything. The report is also written to
 benchmarks/results/cold_start_stages.txt.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.rounds import median_round, shown  # noqa: E402
 
 CHILD = """
 import json, sys, time
@@ -59,7 +63,7 @@ print(json.dumps({"timings": timings, "first_token_s": first_token_s}))
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=None, help="model folder (default: SmolLM2-135M)")
-    p.add_argument("--trials", type=int, default=2)
+    p.add_argument("--trials", type=int, default=3, help="odd, so the median is a trial")
     return p.parse_args()
 
 
@@ -119,18 +123,21 @@ def main() -> None:
         args.model = smollm2_dir()
     paths = weight_paths(args.model)
     size = sum(p.stat().st_size for p in paths)
-    reads = [read_seconds(paths)]                 # the first also warms the page cache
-    cases: dict[str, dict] = {}
+    read_seconds(paths)                           # warms the page cache
+    reads: list[float] = []
+    trials: dict[str, list[dict]] = {"fresh": [], "standby": [], "packed": []}
     packed_dir = Path(tempfile.mkdtemp(prefix="thawpool-packed-"))
     run_case(args.model, "packed", packed_dir)   # fills the node's packed-layer cache
     for _ in range(args.trials):
-        for mode in ("fresh", "standby", "packed"):
-            result = run_case(args.model, mode, packed_dir)
+        for mode, results in trials.items():
+            results.append(run_case(args.model, mode, packed_dir))
             reads.append(read_seconds(paths))
-            if mode not in cases or ready_s(result) < ready_s(cases[mode]):
-                cases[mode] = result
     shutil.rmtree(packed_dir, ignore_errors=True)
-    report(min(reads[1:]), size, cases)
+    print(f"read (s): {shown(reads)}")
+    for mode, results in trials.items():
+        print(f"{mode} ready (s): {shown([ready_s(r) for r in results])}")
+    report(statistics.median(reads), size, {mode: median_round(results, key=ready_s)
+                                            for mode, results in trials.items()})
 
 
 if __name__ == "__main__":

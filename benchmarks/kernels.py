@@ -14,6 +14,7 @@ written, with the machine's details (CPU model, cores, GPU), to benchmarks/resul
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from functools import partial
@@ -41,7 +42,7 @@ def cuda_time_ms(fn, warmup: int = 10, iters: int = 50) -> float:
 
 
 def cpu_time_ms(fn, warmup: int = 3, iters: int = 20) -> float:
-    """Best of `iters`: on a shared CPU other load only ever adds time."""
+    """The median of `iters` calls."""
     for _ in range(warmup):
         fn()
     times = []
@@ -49,7 +50,7 @@ def cpu_time_ms(fn, warmup: int = 3, iters: int = 20) -> float:
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return min(times)
+    return statistics.median(times)
 
 
 def cases(ref: KernelSet, fast: KernelSet, dev: str, dtype: torch.dtype, batch: int, context: int,
@@ -148,7 +149,7 @@ def main() -> None:
     fast = get_kernels("cpu")
     rows = cases(ref, fast, "cpu", dtype, args.batch, args.context, 2048, 16, 4, 5632)
     report(f"CPU: {torch.get_num_threads()} threads  {fast.backend} vs torch  dtype={dtype}  "
-           f"batch={args.batch} (best of 20)", rows, cpu_time_ms)
+           f"batch={args.batch} (median of 20)", rows, cpu_time_ms)
     prefill = [row for prompts in ([128] * 8, [128, 256, 384, 512], [512] * 4)
                for row in prefill_cases(ref, fast, prompts, prefix=256)]
     report("\nprefill attention, SmolLM2-135M heads (9 q, 3 kv, dim 64), fp32", prefill, cpu_time_ms)

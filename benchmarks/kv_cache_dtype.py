@@ -9,10 +9,11 @@ On a real trained model, SmolLM2-135M-Instruct (scripts/real_model.py), fp32 wei
   engine's argmax along the fp32 engine's greedy continuation);
 - the decode attention kernel alone (kernels/cpu/paged_attention.c), bf16 cache vs fp32
   cache, at SmolLM2's attention shape (9 query heads over 3 kv heads of 64), batch
-  --batch, every sequence at --context tokens: time per call, best of the repeats, the two
-  alternating so load drift hits both;
+  --batch, every sequence at --context tokens: time per call, the median of the repeats
+  (each printed), the two alternating so load drift hits both;
 - end-to-end decode: time per engine step of --batch sequences of --e2e-context tokens
-  once all are prefilled (one token for each sequence per step), the two engines alternating.
+  once all are prefilled (one token for each sequence per step), the two engines alternating,
+  the median of --e2e-repeats.
 
 The machine is shared: ratios of peers measured in the same run are the figures to read.
 The report, with the machine's details, is also written to benchmarks/results/kv_cache_dtype.txt.
@@ -28,9 +29,8 @@ from typing import Any, Callable, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# best seconds of each call, the calls alternating so that load drift hits them all
-from benchmarks.lowp_quality import best_times  # noqa: E402
 from benchmarks.quant_quality import add_quality_args  # noqa: E402
+from benchmarks.rounds import alternating_times, medians, shown  # noqa: E402
 
 DTYPES = ("auto", "bfloat16")           # the fp32 cache (the model's dtype), then bf16
 
@@ -95,11 +95,14 @@ def kernel_calls(batch: int, context: int, block_size: int = 16) -> dict[str, Ca
 
 def kernel_speed(args: argparse.Namespace) -> None:
     for context in (int(c) for c in args.context.split(",")):
-        best = best_times(kernel_calls(args.batch, context), args.repeats)
+        times = alternating_times(kernel_calls(args.batch, context), args.repeats)
+        mid = medians(times)
         mib = args.batch * context * 3 * 64 * 2 * 4 / 2 ** 20
         print(f"decode attention kernel, batch {args.batch}, context {context} (fp32 k+v "
-              f"{mib:.0f} MiB per layer), best of {args.repeats}: fp32 KV {best['auto'] * 1e3:.2f} ms, "
-              f"bf16 KV {best['bfloat16'] * 1e3:.2f} ms (fp32/bf16 = {best['auto'] / best['bfloat16']:.2f}x)")
+              f"{mib:.0f} MiB per layer), median of {args.repeats}: fp32 KV {mid['auto'] * 1e3:.2f} ms, "
+              f"bf16 KV {mid['bfloat16'] * 1e3:.2f} ms (fp32/bf16 = {mid['auto'] / mid['bfloat16']:.2f}x)")
+        for dtype, values in times.items():
+            print(f"  {dtype} KV ms: {shown(values, 1e3, 2)}")
 
 
 def prefilled_engine(model: Path, kv_dtype: str, args: argparse.Namespace) -> Any:
@@ -126,12 +129,14 @@ def e2e_speed(model: Path, args: argparse.Namespace) -> None:
     def steps(engine: Any) -> Callable[[], object]:
         return lambda: [engine.step() for _ in range(args.e2e_steps)]
 
-    best = best_times({d: steps(e) for d, e in engines.items()}, args.e2e_repeats)
-    per_step = {d: best[d] / args.e2e_steps for d in DTYPES}
+    times = alternating_times({d: steps(e) for d, e in engines.items()}, args.e2e_repeats)
+    per_step = {d: s / args.e2e_steps for d, s in medians(times).items()}
     print(f"end-to-end decode, batch {args.batch}, context ~{args.e2e_context}, {args.e2e_steps} steps "
-          f"x best of {args.e2e_repeats}: fp32 KV {per_step['auto'] * 1e3:.1f} ms/step, bf16 KV "
+          f"x median of {args.e2e_repeats}: fp32 KV {per_step['auto'] * 1e3:.1f} ms/step, bf16 KV "
           f"{per_step['bfloat16'] * 1e3:.1f} ms/step (throughput bf16/fp32 = "
           f"{per_step['auto'] / per_step['bfloat16']:.2f}x)")
+    for dtype, values in times.items():
+        print(f"  {dtype} KV ms/step: {shown([v / args.e2e_steps for v in values], 1e3, 1)}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -10,8 +10,8 @@ or amx_int8. This script forces each path on with made-up CPU flags
   weight-only int8 and W8A8; target: bf16 and W8A8 within 1% of fp32. Every window is
   one prefill of --window rows, so the int8 model runs W8A8 in every linear layer;
 - GEMM throughput on a prefill-sized shape (--rows x K -> N, SmolLM2's gate/up by
-  default) of each path against fp32 oneDNN measured in the same run, alternating, best
-  of --repeats; target: bf16 and W8A8 at least 1.5x fp32 where the CPU has the
+  default) of each path against fp32 oneDNN measured in the same run, alternating, the
+  median of --repeats (every repeat printed); target: bf16 and W8A8 at least 1.5x fp32 where the CPU has the
   instructions. It prints which paths the dispatch picks on this CPU; where the CPU
   lacks the instructions the forced paths run emulated, and the ratio shows only that
   the dispatch is right not to pick them.
@@ -29,11 +29,12 @@ import contextlib
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.quant_quality import held_out_docs, perplexity  # noqa: E402
+from benchmarks.rounds import alternating_times, medians, shown  # noqa: E402
 from kernels.cpu.features import CpuFeatures, detect, plan  # noqa: E402
 
 BF16 = CpuFeatures(avx512_bf16=True)          # bf16 linears (oneDNN blocks the weights only if this CPU can)
@@ -76,19 +77,6 @@ def lacks(features: CpuFeatures) -> list[str]:
 # ---- GEMM speed
 
 
-def best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Best seconds per call of each, the candidates alternating so load drift hits all."""
-    for fn in fns.values():
-        fn()                                                     # warm-up: oneDNN builds its kernel
-    best = {name: float("inf") for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
-
-
 def gemm_speed(args: argparse.Namespace, here: CpuFeatures) -> None:
     import torch
     from kernels.dispatch import get_kernels
@@ -99,18 +87,19 @@ def gemm_speed(args: argparse.Namespace, here: CpuFeatures) -> None:
     qweight, scale = quantize_per_channel(w)
     fp32, bf16, w8a8 = (get_kernels("cpu", features=f) for f in (NONE, BF16, W8A8))
     packed32, packed16 = fp32.pack_linear(w), bf16.pack_linear(w)
-    best = best_times({
+    times = alternating_times({
         "fp32": lambda: fp32.linear(x, packed32),
         "bf16": lambda: bf16.linear(x, packed16),
         "int8 weight-only": lambda: fp32.int8_linear(x, qweight, scale),
         "W8A8": lambda: w8a8.int8_linear(x, qweight, scale),
     }, args.repeats)
+    mid = medians(times)
     flops = 2 * args.rows * args.k * args.n
-    print(f"GEMM {args.rows} x {args.k} -> {args.n}, best of {args.repeats} (GFLOP/s; throughput vs fp32):")
-    for name, s in best.items():
-        print(f"  {name:17s} {flops / s / 1e9:7.1f}  {best['fp32'] / s:5.2f}x")
+    print(f"GEMM {args.rows} x {args.k} -> {args.n}, median of {args.repeats} (GFLOP/s; throughput vs fp32):")
+    for name, s in mid.items():
+        print(f"  {name:17s} {flops / s / 1e9:7.1f}  {mid['fp32'] / s:5.2f}x   ms per call: {shown(times[name], 1e3)}")
     for name, has in (("bf16", here.bf16_gemm), ("W8A8", here.int8_gemm)):
-        ratio = best["fp32"] / best[name]
+        ratio = mid["fp32"] / mid[name]
         verdict = (("met" if ratio >= TARGET_SPEED else "NOT met") if has
                    else "cannot be shown: this CPU lacks the instructions, the dispatch does not pick it here")
         print(f"{name} / fp32 throughput {ratio:.2f}x (target >= {TARGET_SPEED}x: {verdict})")

@@ -14,7 +14,7 @@ in four forms measured in one run:
   avx_vnni or amx_int8.
 
 Each is a ratio of output tokens per second against fp32 measured in the same run (the
-forms alternate over --rounds, best of each). Target (issue 20): bf16 and W8A8 at least
+forms alternate over --rounds, the median of each, every round printed). Target (issue 20): bf16 and W8A8 at least
 1.5x fp32 on a CPU with the instructions; on one without them cpu_low_precision must
 change nothing (the dispatch keeps fp32 and weight-only int8), which the ratio shows.
 The report is also written to benchmarks/results/lowp_throughput.txt.
@@ -32,6 +32,7 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.lowp_quality import describe_dispatch, lacks  # noqa: E402
+from benchmarks.rounds import medians  # noqa: E402
 from benchmarks.serve import Workload, offline_tok_s  # noqa: E402
 
 TARGET = 1.5
@@ -53,7 +54,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, nargs=2, default=[16, 128], metavar=("MIN", "MAX"))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rounds", type=int, default=1, help="each form this many times, alternating; best kept")
+    p.add_argument("--rounds", type=int, default=1, help="each form this many times, alternating; the median reported")
     return p.parse_args(argv)
 
 
@@ -63,13 +64,14 @@ def verdict(ratio: float, has_instructions: bool) -> str:
     return "this CPU lacks the instructions: the dispatch keeps fp32 / weight-only, so about 1x is right"
 
 
-def report(best: dict[str, float], features: object) -> list[str]:
-    width = max(len(name) for name in best) + 2
-    lines = [f"{'form':<{width}}output tok/s   vs fp32"]
-    lines += [f"{name:<{width}}{tok_s:12.1f}   {tok_s / best['fp32']:6.2f}x" for name, tok_s in best.items()]
+def report(tok_s: dict[str, float], features: object) -> list[str]:
+    """`tok_s`: each form's median round."""
+    width = max(len(name) for name in tok_s) + 2
+    lines = [f"{'form':<{width}}output tok/s   vs fp32   (medians of the rounds)"]
+    lines += [f"{name:<{width}}{rate:12.1f}   {rate / tok_s['fp32']:6.2f}x" for name, rate in tok_s.items()]
     lines.append("")
     for name, needs in NEEDS.items():
-        ratio = best[name] / best["fp32"]
+        ratio = tok_s[name] / tok_s["fp32"]
         lines.append(f"{name} / fp32: {ratio:.2f}x ({verdict(ratio, bool(getattr(features, needs)))})")
     return lines
 
@@ -90,14 +92,14 @@ def main(argv: Optional[list[str]] = None) -> None:
     missing = lacks(here)
     if missing:
         print(f"this CPU lacks {' and '.join(missing)}")
-    best = {name: 0.0 for name in FORMS}
+    rounds: dict[str, list[float]] = {name: [] for name in FORMS}
     for round_ in range(args.rounds):
         order = list(FORMS) if round_ % 2 == 0 else list(reversed(FORMS))
         for name in order:
             tok_s = offline_tok_s(model_dir, workload, FORMS[name], args.threads)
             print(f"  round {round_ + 1}: {name}: {tok_s:.1f} tok/s", flush=True)
-            best[name] = max(best[name], tok_s)
-    print("\n".join(["", *report(best, here)]))
+            rounds[name].append(tok_s)
+    print("\n".join(["", *report(medians(rounds), here)]))
 
 
 if __name__ == "__main__":

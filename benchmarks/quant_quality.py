@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.rounds import medians, shown  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -207,16 +208,13 @@ def main(argv=None) -> None:
 
 
 def report_speed(times: dict[str, list[float]], args, threads: int) -> None:
-    # On a shared CPU other processes only ever add time, so the best repeat is the
-    # engine's own cost; the median shows how noisy the machine was.
-    best = {k: min(v) for k, v in times.items()}
-    mid = {k: statistics.median(v) for k, v in times.items()}
-    ratio = best["int8"] / best["full"]
+    mid = medians(times)
+    ratio = mid["int8"] / mid["full"]
     print(f"CPU decode, {threads} thread(s), batch 1, {args.speed_tokens} tokens x {args.speed_repeats} repeats: "
-          f"best full {best['full'] * 1e3:.2f} int8 {best['int8'] * 1e3:.2f} ms/token, "
           f"median full {mid['full'] * 1e3:.2f} int8 {mid['int8'] * 1e3:.2f} ms/token "
-          f"(int8/full best {ratio:.2f}x, median {mid['int8'] / mid['full']:.2f}x; "
-          f"target <= 1.2x: {verdict(ratio <= 1.2)})")
+          f"(int8/full {ratio:.2f}x; target <= 1.2x: {verdict(ratio <= 1.2)})")
+    for name, values in times.items():
+        print(f"  {name} ms/token: {shown(values, 1e3, 2)}")
 
 
 if __name__ == "__main__":

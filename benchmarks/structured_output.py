@@ -12,7 +12,8 @@ minus run 2's) as a share of run 1's decode time (target < 10%); and, measured
 directly (robust to a busy machine): the time the sampler waited for the masks after
 the forward (the critical path) and the time computing them on the helper thread
 (overlapped with the forward; all of it would be the cost without the overlap).
---repeats N: each run N times, alternated, the fastest counts.
+--repeats N: each run N times, alternated, the median (by wall time) counts; every
+repeat's decode time is printed.
 The report, with the machine's details, is also written to benchmarks/results/structured_output.txt.
 
     .venv/bin/python benchmarks/structured_output.py
@@ -27,6 +28,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.rounds import median_round, shown  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -68,10 +71,6 @@ def run(llm, prompt_ids, params) -> tuple[float, float, int, list]:
     return wall, wall - first_token, sum(len(o.token_ids) for o in outs), outs
 
 
-def fastest(runs: list[tuple[float, float, int, list]]) -> tuple[float, float, int, list]:
-    return min(runs, key=lambda r: r[0])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=32)
@@ -105,8 +104,8 @@ def main() -> None:
         guided_runs.append(run(llm, prompt_ids, [guided] * args.batch))
         plain_runs.append(run(llm, prompt_ids, same))
     mask_s, wait_s = times.mask_s / args.repeats, times.wait_s / args.repeats
-    g_wall, g_decode, g_tokens, _ = fastest(guided_runs)
-    p_wall, p_decode, p_tokens, _ = fastest(plain_runs)
+    g_wall, g_decode, g_tokens, _ = median_round(guided_runs, key=lambda r: r[0])
+    p_wall, p_decode, p_tokens, _ = median_round(plain_runs, key=lambda r: r[0])
     valid = sum(_parses(o.text) for o in outs)
     assert p_tokens == g_tokens, (p_tokens, g_tokens)
 
@@ -114,7 +113,8 @@ def main() -> None:
           f"{g_tokens} output tokens per run, greedy; {valid}/{args.batch} outputs parse")
     print(f"with JSON schema: {g_tokens / g_decode:8.1f} output tok/s  (wall {g_wall:.2f} s, decode {g_decode:.2f} s)")
     print(f"no format:        {p_tokens / p_decode:8.1f} output tok/s  (wall {p_wall:.2f} s, decode {p_decode:.2f} s)")
-    print(f"ratio (schema / none): {p_decode / g_decode:.3f}x decode throughput")
+    print(f"ratio (schema / none): {p_decode / g_decode:.3f}x decode throughput; decode s, with schema "
+          f"{shown([r[1] for r in guided_runs])}, none {shown([r[1] for r in plain_runs])}")
     print(f"mask cost: {100 * (g_decode - p_decode) / g_decode:.1f}% of decode time by the difference of "
           f"the runs (target < 10%; noisy on a busy machine)")
     print(f"  on the critical path (sampler waiting for masks after the forward): {1e3 * wait_s:.0f} ms = "
