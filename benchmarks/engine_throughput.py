@@ -10,8 +10,10 @@ tokens each request asked for are counted. Its batch size is swept in the same r
 the best of them; one size given is a fixed setting, and the report says so.
 
 Conditions that matter: random weights (so outputs are never cut short by EOS),
-fp32 on CPU with --threads torch threads for both engines, one run each (the
-per-CPU-second ratio is the one to trust on a shared machine). The report, with the
+fp32 on CPU with --threads torch threads for both engines, the same untimed warm-up
+for both (`warm_up`: the first request's first 16 tokens, 2 generated), loading
+untimed for both, one run each (the per-CPU-second ratio is the one to trust on a
+shared machine). The report, with the
 machine's details, is also written to benchmarks/results/engine_throughput.txt.
 
     .venv/bin/python benchmarks/engine_throughput.py                 # the full workload
@@ -39,6 +41,9 @@ BENCH_SPEC = dict(arch="llama", hidden_size=512, intermediate_size=1536, num_hid
                   max_position_embeddings=1024)
 
 
+WARMUP_PROMPT_TOKENS, WARMUP_NEW_TOKENS = 16, 2
+
+
 @dataclass
 class Workload:
     prompts: list[list[int]]
@@ -47,6 +52,11 @@ class Workload:
     @property
     def output_tokens(self) -> int:
         return sum(self.output_lens)
+
+    @property
+    def warm_up(self) -> list[int]:
+        """The prompt of both engines' untimed warm-up (WARMUP_NEW_TOKENS generated)."""
+        return self.prompts[0][:WARMUP_PROMPT_TOKENS]
 
 
 def make_workload(args) -> Workload:
@@ -68,7 +78,7 @@ def run_thawpool(model_dir: Path, work: Workload, args, **options) -> dict:
     llm = LLM(str(model_dir), kv_cache_tokens=args.kv_cache_tokens, enable_prefix_caching=True, **limits,
               **options)
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in work.output_lens]
-    llm.generate([work.prompts[0][:16]], SamplingParams(max_tokens=2, temperature=0.0))   # warm-up
+    llm.generate([work.warm_up], SamplingParams(max_tokens=WARMUP_NEW_TOKENS, temperature=0.0))
     engine = llm.engine
     step0, fwd0 = engine.step_s, engine.forward_s
     started, cpu = time.perf_counter(), time.process_time()
@@ -89,6 +99,10 @@ def run_transformers(model_dir: Path, work: Workload, batch_size: int) -> dict:
 
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     order = sorted(range(len(work.prompts)), key=lambda i: (len(work.prompts[i]), work.output_lens[i]))
+    with torch.inference_mode():
+        model.generate(input_ids=torch.tensor([work.warm_up]), attention_mask=torch.ones(1, len(work.warm_up),
+                       dtype=torch.long), max_new_tokens=WARMUP_NEW_TOKENS, min_new_tokens=WARMUP_NEW_TOKENS,
+                       do_sample=False, pad_token_id=0)
     started, cpu = time.perf_counter(), time.process_time()
     for b in range(0, len(order), batch_size):
         batch = order[b:b + batch_size]
