@@ -23,7 +23,8 @@ Conditions that matter. On a CPU machine the weights of a sleeper stay where the
 are (runtime/core/sleep_mode.py), so a wake there is the KV cache allocated again and the
 pool's own path (slot claimed, /wake, routing); on CUDA the wake also copies the
 weights from pinned host memory back (about 200 MB here: tens of ms at PCIe rates).
-The report prints which one this was. Best of --trials.
+The report prints which one this was. The median trial of each (by total; every
+trial's total printed).
 The report, with the machine's details, is also written to benchmarks/results/sleep_wake.txt.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.cold_start import build_model, first_token, model_args  # noqa: E402  (the same model, the same token)
+from benchmarks.rounds import median_round  # noqa: E402
 from pool.api import RevisionSpec  # noqa: E402
 from pool.in_memory import EventLog, InMemoryDesiredState  # noqa: E402
 from pool.manager import PoolManager  # noqa: E402
@@ -171,14 +173,15 @@ async def main() -> None:
         s3.stop()
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    best_cold = min(colds, key=lambda r: r["total_s"])
-    best_wake = min(wakes, key=lambda r: r["total_s"])
-    print(f"model: {size / MB:.1f} MB fp32 random Llama; best of {args.trials}")
+    cold = median_round(colds, key=lambda r: r["total_s"])
+    wake = median_round(wakes, key=lambda r: r["total_s"])
+    print(f"model: {size / MB:.1f} MB fp32 random Llama; the median of {args.trials} trials")
     print("trials (s): cold", [round(r["total_s"], 3) for r in colds],
           "wake", [round(r["total_s"], 3) for r in wakes])
-    ratio = report(best_cold, best_wake, device)
-    print(json.dumps({"model_mb": round(size / MB, 1), "device": device, "cold": best_cold,
-                      "wake": best_wake, "ratio": ratio, "target": TARGET}, default=float))
+    ratio = report(cold, wake, device)
+    print(json.dumps({"model_mb": round(size / MB, 1), "device": device, "cold": cold,
+                      "wake": wake, "ratio": ratio, "target": TARGET, "cold_trials": colds,
+                      "wake_trials": wakes}, default=float))
 
 
 if __name__ == "__main__":
