@@ -11,7 +11,10 @@ blackholed (SIGSTOP for 5 s), the control plane SIGKILLed and restarted on its d
 dir (or the same with half a record left at the end of its outbox), the serving
 replica SIGKILLed, S3 stopped for 5 s. The last part of the run is quiet again.
 
-Printed: calls by status; usage events lost (a call that received tokens and has no
+Printed: calls by status; the share of calls that failed (no 200, or a stream that
+ended without a finish_reason) and their counts by reason (the HTTP status they were
+refused with, or the client's error: a connection that failed or broke off, an error
+event mid-stream), then by the fault they overlapped; usage events lost (a call that received tokens and has no
 row) and doubled (a call with two rows); tokens received against tokens billed, the
 calls cut by a control-plane kill among them (billed at the next start from the call
 journal: B-CP-3 in docs/billing-guarantees.md); p50/p99 call latency before, during (a call that overlaps a
@@ -30,6 +33,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -184,6 +188,7 @@ async def report(stack: FaultStack, ledger: Ledger, faults: list[Fault], since: 
     recovered = [r for r in rows if r["recovered"]]
     print(f"faults: {len(faults)} ({', '.join(sorted({f.name for f in faults})) or 'none'})")
     print(f"calls: {len(ledger.calls)}  by status: {dict(sorted(ledger.by_status().items()))}")
+    print(failures_by_reason(ledger.calls))
     print(_failures_by_fault(ledger, faults))
     print(f"usage events lost: {len(lost)}   doubled: {len(doubled)}")
     for call in lost:
@@ -200,13 +205,38 @@ async def report(stack: FaultStack, ledger: Ledger, faults: list[Fault], since: 
     return 0 if not lost and not doubled and billed == received else 1
 
 
+def failed(call: Call) -> bool:
+    return call.status != 200 or not call.finished
+
+
+def reason(call: Call) -> str:
+    """Why a failed call failed, as its client saw it."""
+    kind = (call.error or "").split(":", 1)[0]
+    if call.status == 200:
+        return "200, stream ended without a finish_reason"
+    if call.status == 0:
+        return f"connection failed or cut ({kind or 'no error'})"
+    if kind == "Error code":                        # openai's APIStatusError: the answer's status
+        return f"HTTP {call.status}"
+    return f"error event mid-stream ({kind or 'no error'})"
+
+
+def failures_by_reason(calls: list[Call]) -> str:
+    """The share of calls that failed, and how many for each reason, most first."""
+    reasons = Counter(reason(c) for c in calls if failed(c))
+    count = sum(reasons.values())
+    share = count / len(calls) if calls else 0.0
+    by_reason = "; ".join(f"{n} {why}" for why, n in reasons.most_common()) or "none"
+    return f"failed calls: {count} of {len(calls)} ({share:.2%}); by reason: {by_reason}"
+
+
 def _failures_by_fault(ledger: Ledger, faults: list[Fault]) -> str:
-    """Each failed call (not 200) against the faults it overlapped: a failure no fault
-    explains is listed by request id."""
+    """Each failed call against the faults it overlapped: a failure no fault explains is
+    listed by request id."""
     explained: dict[str, int] = {}
     unexplained: list[Call] = []
     for call in ledger.calls:
-        if call.status == 200:
+        if not failed(call):
             continue
         end = call.started + call.latency_s
         hit = [f.name for f in faults if call.started <= f.ended + FAILURE_SLACK_S and end >= f.started]
