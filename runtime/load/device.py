@@ -9,12 +9,14 @@ CUDA stream without waiting for it, and fills its other buffer meanwhile; a buff
 reused only after the event of the copy that read it. `threads` workers keep that many
 copies in flight over the PCIe link while the CPU side fills the next ones, as
 fastsafetensors and Run:ai's model streamer do. Tensors are dealt out to the workers
-by size (`deal`), so they finish together.
+by size (`deal`), so they finish together. The staging loop (`copy_staged`) is written
+against a Link, CUDA's in service (`CudaLink`); a test's link on the CPU lands each copy
+only when it is waited for, so a buffer refilled too early shows as wrong bytes.
 
 A tensor stored in another dtype than the engine's is converted on the device after
 its copy; a tensor-parallel shard copies only its rows (a column shard is made
-contiguous on the host first). `plan_pieces` and `deal` are pure and tested on any
-machine; the copy itself runs only where CUDA does (scripts/gpu_checks.py compares it
+contiguous on the host first). `plan_pieces`, `deal` and `copy_staged` are tested on any
+machine; the CUDA copies run only where CUDA does (scripts/gpu_checks.py compares them
 with safetensors' own load, byte for byte, and prints its GB/s).
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import heapq
 import threading
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 
@@ -62,13 +64,16 @@ def deal(sizes: Sequence[int], workers: int) -> list[list[int]]:
 
 
 def stream_to_device(tensors: dict[str, torch.Tensor], device: str, dtype: torch.dtype,
-                     threads: int = THREADS, stage_bytes: int = STAGE_BYTES) -> tuple[dict[str, torch.Tensor], int]:
+                     threads: int = THREADS, stage_bytes: int = STAGE_BYTES,
+                     open_link: Callable[[str], Link] | None = None) -> tuple[dict[str, torch.Tensor], int]:
     """(name -> tensor on `device` in `dtype`, bytes moved) from host tensors (views of
-    the mapped files)."""
+    the mapped files). open_link(device): each worker's Link (default: CudaLink)."""
+    opener = open_link or CudaLink.open
     copies = [Copy(name, source.contiguous(), torch.empty(source.shape, dtype=source.dtype, device=device))
               for name, source in tensors.items()]
     errors: list[BaseException] = []
-    workers = [threading.Thread(target=_worker, args=([copies[i] for i in share], device, stage_bytes, errors),
+    workers = [threading.Thread(target=_worker, args=([copies[i] for i in share], device, opener, stage_bytes,
+                                                      errors),
                                 name=f"weights-to-{device}-{n}", daemon=True)
                for n, share in enumerate(deal([c.nbytes for c in copies], threads)) if share]
     for worker in workers:
@@ -81,36 +86,76 @@ def stream_to_device(tensors: dict[str, torch.Tensor], device: str, dtype: torch
     return {c.name: c.target if c.target.dtype == dtype else c.target.to(dtype) for c in copies}, moved
 
 
-def _worker(copies: list[Copy], device: str, stage_bytes: int, errors: list[BaseException]) -> None:
+class Done(Protocol):
+    """A copy sent over a Link: synchronize() returns once it has read its staging buffer."""
+
+    def synchronize(self) -> None: ...
+
+
+class Link(Protocol):
+    """One worker's way to the device: host staging buffers and asynchronous copies out of them."""
+
+    def staging(self, nbytes: int) -> torch.Tensor: ...
+
+    def send(self, target: torch.Tensor, staged: torch.Tensor) -> Done: ...
+
+    def drain(self) -> None:
+        """Returns once every copy sent has landed."""
+
+
+@dataclass(frozen=True)
+class CudaLink:
+    """Pinned staging buffers, copies on a CUDA stream of the worker's own (so that the
+    workers' copies overlap each other and the CPU's memcpys)."""
+    stream: torch.cuda.Stream
+
+    @classmethod
+    def open(cls, device: str) -> "CudaLink":
+        return cls(torch.cuda.Stream(device))  # type: ignore[no-untyped-call]
+
+    def staging(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def send(self, target: torch.Tensor, staged: torch.Tensor) -> Done:
+        with torch.cuda.stream(self.stream):
+            target.copy_(staged, non_blocking=True)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(self.stream)
+        done: Done = event
+        return done
+
+    def drain(self) -> None:
+        self.stream.synchronize()
+
+
+def _worker(copies: list[Copy], device: str, open_link: Callable[[str], Link], stage_bytes: int,
+            errors: list[BaseException]) -> None:
     try:
-        _copy_all(copies, device, stage_bytes)
+        copy_staged(copies, open_link(device), stage_bytes)
     except BaseException as exc:  # noqa: BLE001 - raised again by stream_to_device
         errors.append(exc)
 
 
-def _copy_all(copies: list[Copy], device: str, stage_bytes: int) -> None:
-    stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-    largest = max(c.nbytes for c in copies)
+def copy_staged(copies: Sequence[Copy], link: Link, stage_bytes: int) -> None:
+    """Every copy's bytes through two staging buffers taken in turn: a buffer is filled
+    again only after the copy that read it last is done."""
+    largest = max((c.nbytes for c in copies), default=0)
     size = max(1, min(stage_bytes, largest))
-    buffers = [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
-    pending: list[Optional[torch.cuda.Event]] = [None, None]
+    buffers = [link.staging(size) for _ in range(2)]
+    pending: list[Optional[Done]] = [None, None]
     turn = 0
-    with torch.cuda.stream(stream):
-        for copy in copies:
-            source, target = _bytes(copy.source), _bytes(copy.target)
-            for offset, length in plan_pieces(source.numel(), size):
-                slot = turn % 2
-                done = pending[slot]
-                if done is not None:
-                    done.synchronize()                    # its last copy has read the buffer
-                staged = buffers[slot][:length]
-                staged.copy_(source[offset:offset + length])
-                target[offset:offset + length].copy_(staged, non_blocking=True)
-                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                event.record(stream)
-                pending[slot] = event
-                turn += 1
-    stream.synchronize()
+    for copy in copies:
+        source, target = _bytes(copy.source), _bytes(copy.target)
+        for offset, length in plan_pieces(source.numel(), size):
+            slot = turn % 2
+            done = pending[slot]
+            if done is not None:
+                done.synchronize()                    # its last copy has read the buffer
+            staged = buffers[slot][:length]
+            staged.copy_(source[offset:offset + length])
+            pending[slot] = link.send(target[offset:offset + length], staged)
+            turn += 1
+    link.drain()
 
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:
