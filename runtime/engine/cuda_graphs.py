@@ -7,17 +7,20 @@ SGLang do. What a graph needs, and this module provides:
 
 - fixed shapes: a batch of n decoding sequences runs the graph of the smallest captured
   size >= n (`graph_batch_size`), its rows past n padding; the block tables are as wide
-  as the longest sequence the replica allows;
+  as the longest sequence the replica allows (`replay_size` decides, `stage` fills);
 - fixed addresses: inputs are copied into static buffers before each replay, and the
-  logits come back in the graph's own output buffer (read before the next step);
+  logits come back in the graph's own output buffer (the rows the batch samples are
+  read out of it before the next step: a one-token chunk of a prompt samples nothing);
 - harmless padding: a padding row decodes token 0 at position 0 with a context of one
   token whose k/v slot is in a scratch block the block manager never hands out.
 
 Prefill, chunked prefill, speculative verification (several rows per sequence) and
 batches larger than the largest graph run eagerly. Only one rank (no tensor parallel
-collectives inside a graph). It has never run on a GPU: `make gpu-check`
-(`cuda_graphs_decode`) compares it with the eager engine and prints the speedup; the
-option stays off by default until that check has passed on one.
+collectives inside a graph) and no mixture of experts (`require_capturable`). It has
+never run on a GPU: `make gpu-check` (`cuda_graphs_decode`) compares it with the eager
+engine and prints the speedup; the option stays off by default until that check has
+passed on one. `stage` and `step` run on any device, so the tests check on the CPU
+what a replay computes.
 """
 from __future__ import annotations
 
@@ -35,13 +38,18 @@ log = logging.getLogger(__name__)
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
-def require_capturable(backend: str) -> None:
-    """ValueError unless the kernels can be recorded in a graph: the Triton set's decode
-    attention reads the block tables on the device, the references' reads them on the
-    host (`.tolist()`), which a capture refuses. Asked before the weights load."""
+def require_capturable(backend: str, experts: bool) -> None:
+    """ValueError unless the decode step can be recorded in a graph: the Triton set's
+    decode attention reads the block tables on the device, the references' reads them on
+    the host (`.tolist()`), which a capture refuses; a mixture of experts (`experts`)
+    counts each expert's tokens on the host too (kernels/moe.py). Asked before the
+    weights load."""
     if backend != "triton":
         raise ValueError(f"cuda_graphs: needs the Triton kernels (this process has the {backend!r} set: "
                          "is triton installed?); the reference decode attention cannot be captured")
+    if experts:
+        raise ValueError("cuda_graphs: a mixture-of-experts model cannot be captured (its expert dispatch "
+                         "reads token counts on the host); serve it without cuda_graphs")
 
 
 def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -55,6 +63,19 @@ def graph_batch_size(rows: int, sizes: Sequence[int]) -> Optional[int]:
     """The smallest captured size that holds `rows` decoding sequences (None: none does)."""
     i = bisect.bisect_left(sizes, rows)
     return sizes[i] if rows >= 1 and i < len(sizes) else None
+
+
+def replay_size(rows: int, batch: ForwardBatch, sizes: Sequence[int], max_blocks: int) -> Optional[int]:
+    """The captured size whose graph runs a batch of `rows` input rows; None where it runs
+    eagerly: a prefill in it, no decode rows, rows that are not one per sequence, more
+    rows than the largest graph, or block tables wider than the captured ones."""
+    decode = batch.decode
+    if batch.prefill is not None or decode is None:
+        return None
+    tables_rows, width = decode.block_tables.shape
+    if rows != tables_rows or width > max_blocks:
+        return None
+    return graph_batch_size(rows, sizes)
 
 
 @dataclass
@@ -104,36 +125,40 @@ class DecodeGraphs:
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):          # compiles and autotunes outside the capture
                 for _ in range(2):
-                    self._step(size, batch)
+                    self.step(size, batch)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[size] = self._step(size, batch)
+                self.outputs[size] = self.step(size, batch)
             pool = graph.pool()
             self.graphs[size] = graph
         torch.cuda.synchronize(self.device)
         log.info("captured CUDA graphs of the decode step for batch sizes %s", self.sizes)
 
     def run(self, input_ids: torch.Tensor, batch: ForwardBatch) -> Optional[torch.Tensor]:
-        """Logits [n, V] of a decode-only batch through its graph; None when the batch is
-        not one a graph can run (then the caller runs it eagerly)."""
-        decode = batch.decode
-        if batch.prefill is not None or decode is None:
+        """Logits of the batch's logits_indices rows, as the eager step returns them, through
+        a graph; None when the batch is not one a graph can run (the caller runs it eagerly)."""
+        size = self.stage(input_ids, batch)
+        if size is None:
             return None
+        self.graphs[size].replay()
+        return self.outputs[size].index_select(0, batch.logits_indices)
+
+    def stage(self, input_ids: torch.Tensor, batch: ForwardBatch) -> Optional[int]:
+        """Copy a decode batch into the static buffers, padding after it up to the size of
+        the graph that runs it; that size (None: no graph runs it, nothing is copied)."""
         n = int(input_ids.shape[0])
-        size = graph_batch_size(n, self.sizes)
-        width = decode.block_tables.shape[1]
-        if size is None or n != decode.block_tables.shape[0] or width > self.static.tables.shape[1]:
+        size = replay_size(n, batch, self.sizes, self.static.tables.shape[1])
+        if size is None or batch.decode is None:
             return None
-        s = self.static
+        s, decode = self.static, batch.decode
         s.input_ids[:n].copy_(input_ids, non_blocking=True)
         s.positions[:n].copy_(batch.positions, non_blocking=True)
         s.slots[:n].copy_(batch.slot_mapping, non_blocking=True)
-        s.tables[:n, :width].copy_(decode.block_tables, non_blocking=True)
+        s.tables[:n, :decode.block_tables.shape[1]].copy_(decode.block_tables, non_blocking=True)
         s.lens[:n].copy_(decode.context_lens, non_blocking=True)
         self._pad(n, size)
-        self.graphs[size].replay()
-        return self.outputs[size][:n]
+        return size
 
     def _pad(self, start: int, stop: int) -> None:
         """Rows start..stop-1 decode token 0 at position 0 into the scratch block."""
@@ -144,6 +169,8 @@ class DecodeGraphs:
         s.tables[start:stop, 0] = self.scratch_block
         s.lens[start:stop] = 1
 
-    def _step(self, size: int, batch: ForwardBatch) -> torch.Tensor:
+    def step(self, size: int, batch: ForwardBatch) -> torch.Tensor:
+        """What the graph of `size` records: the model's logits of every static row
+        (batch: the static buffers' batch of that size)."""
         hidden = self.model.forward(self.static.input_ids[:size], batch, self.kv_caches)
         return self.model.logits(hidden)

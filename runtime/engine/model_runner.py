@@ -59,7 +59,7 @@ class ModelRunner:
         kernels = get_kernels(self.device)  # built or loaded once per process; the model asks again
         timings.record("kernels", since)
         if config.cuda_graphs:
-            require_capturable(kernels.backend)
+            require_capturable(kernels.backend, experts=model_config.moe is not None)
         self.model = model_class(model_config.architecture)(
             model_config, DTYPES[config.dtype], self.device, quantization=config.quantization, tp=tp,
             context_len=self.max_len, batch_invariant=config.batch_invariant,
