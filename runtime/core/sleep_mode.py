@@ -4,9 +4,10 @@ way back takes; torch-free (the model runner does the moving).
 A sleeping replica keeps its process, its tokenizer and its weights; it gives back the
 device. Sleep (only with no request in the engine) drops the prefix cache (its blocks
 live in the KV cache), frees the KV cache, and on CUDA moves every weight tensor to
-pinned host memory; on the CPU the weights are already in host memory and stay where
-they are. Wake moves the weights back and allocates a fresh, zeroed KV cache, timed by
-stage like a load (runtime/load/timings.py):
+pinned host memory (runtime/engine/model_runner.py: WeightOffload); on the CPU the
+weights are already in host memory and stay where they are. Wake moves the weights
+back and allocates a fresh, zeroed KV cache, timed by stage like a load
+(runtime/load/timings.py):
 
   weights    every weight tensor host -> device (`weight_bytes` of them; 0 on the CPU)
   kv_cache   the paged KV cache allocated again

@@ -75,6 +75,7 @@ class ModelRunner:
         self.pooler = Pooler(config.pooling) if config.task == "embed" else None
         self.structured: Optional[StructuredOutputs] = None   # the engine's, when it has one
         self.forward_s = 0.0                  # time inside the model forward (incl. logits)
+        self.offload = weight_offload(self.device)   # how weights leave the device in sleep
 
     def _allocate_kv_cache(self) -> list:
         """The paged KV cache: the block manager's blocks, then (CUDA graphs) one scratch
@@ -202,10 +203,10 @@ class ModelRunner:
             kv_bytes = sum(k.nbytes + v.nbytes for k, v in self.kv_caches)   # views of one tensor
             self.kv_caches, self.graphs = [], None
             weights = self.model.weight_memory().total_bytes
-            if not self.device.startswith("cuda"):
+            if self.offload is None:
                 return Freed(0, kv_bytes, weights)
-            self.model.move_weights(_to_pinned_host)
-            torch.cuda.empty_cache()          # give the freed blocks back to the device
+            self.model.move_weights(self.offload.to_host)
+            self.offload.release()
             return Freed(weights, kv_bytes, weights)
         mine, theirs = self._on_every_rank(local, "sleep")
         return sum(theirs, mine)
@@ -215,9 +216,9 @@ class ModelRunner:
         def local() -> LoadTimings:
             timings = LoadTimings()
             since = time.perf_counter()
-            if self.device.startswith("cuda"):
-                self.model.move_weights(lambda t: t.to(self.device, non_blocking=True))
-                torch.cuda.synchronize(self.device)
+            if self.offload is not None:
+                self.model.move_weights(self.offload.to_device)
+                self.offload.settle()
                 timings.weight_bytes = self.model.weight_memory().total_bytes
             since = timings.record("weights", since)
             self.kv_caches = self._allocate_kv_cache()
@@ -371,10 +372,35 @@ def _padded(tables: list[list[int]]) -> torch.Tensor:
     return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
 
 
-def _to_pinned_host(t: torch.Tensor) -> torch.Tensor:
-    """A copy in page-locked host memory, so that the way back runs at full bus speed."""
-    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
-    return host.copy_(t)
+@dataclasses.dataclass(frozen=True)
+class WeightOffload:
+    """How a sleeping runner's weights leave `device` and come back: to host memory,
+    page-locked (`pin`) so that the way back runs at full bus speed."""
+    device: str
+    pin: bool
+
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.pin)
+        return host.copy_(t)
+
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device, non_blocking=self.pin)
+
+    def release(self) -> None:
+        """The device's freed blocks back to the driver (torch's allocator keeps them)."""
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+    def settle(self) -> None:
+        """Returns once every copy to the device has landed."""
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize(self.device)
+
+
+def weight_offload(device: str) -> Optional[WeightOffload]:
+    """CUDA: weights sleep in pinned host memory; None on the CPU, where they are in host
+    memory already and stay where they are."""
+    return WeightOffload(device, pin=True) if device.startswith("cuda") else None
 
 
 def _free_memory(device: str) -> int:
