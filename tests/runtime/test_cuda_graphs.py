@@ -202,3 +202,18 @@ def test_a_batch_no_graph_runs_is_not_staged(model):
     batch.prefill = PrefillMeta(num_tokens=0, query_lens=[], context_lens=[], block_tables=None)
     assert graphs.run(input_ids, batch) is None
     assert all(torch.equal(a, b) for a, b in zip(before, (graphs.static.input_ids, graphs.static.tables)))
+
+
+@pytest.mark.parametrize("device, waits", [("cuda:0", ["cuda:0"]), ("cpu", [])])
+def test_the_forward_time_on_cuda_waits_for_its_kernels(monkeypatch, device, waits):
+    """forward_s counts a CUDA forward once its kernels have run, not once they are queued
+    (a graph replay queues the whole step in microseconds)."""
+    from types import SimpleNamespace
+
+    from runtime.engine.model_runner import ModelRunner
+
+    synchronized: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronized.append)
+    runner = SimpleNamespace(device=device, forward_s=0.0)
+    ModelRunner._count_forward(runner, started=0.0)
+    assert synchronized == waits and runner.forward_s > 0
