@@ -71,7 +71,7 @@ setup: $(STAMP) $(SCAN_STAMP) $(MODEL_STAMP) browser sandbox
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider
 
-# Everything CUDA, in under 8 minutes, report in benchmarks/results/gpu_check.txt
+# Everything CUDA, in about 8 minutes, report in benchmarks/results/gpu_check.txt
 # (scripts/gpu_check.py); where torch sees no GPU it says so and exits 0.
 gpu-check: $(STAMP)
 	$(PY) scripts/gpu_check.py

@@ -4,7 +4,10 @@ Each takes the model folders (`Models`) and the device ("cuda"; "cpu" only to te
 the checks themselves) and returns (passed, figures). They reuse what the CPU suite
 already has: the Triton kernel tests (run with TRITON_INTERPRET=0, so on the GPU), the
 exactness prompts and engine limits of tests/runtime/exactness.py, and the model and
-workload of benchmarks/engine_throughput.py.
+workload of benchmarks/engine_throughput.py. Before any of them runs a kernel,
+triton_compile runs those tests and a short generate of each engine configuration
+(WARM_ENGINES) in processes of their own, all at once, so that Triton's compile cache
+is warm and each later check's time is its run time.
 
 The models: a trained one when there is one (SmolLM2-135M-Instruct once `make model`
 has imported it, or --model), else random ones: a small Llama for exactness and int8
@@ -22,8 +25,11 @@ chose a token fp32 ranks further than that below its best.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import subprocess
+import sys
 import time
 from argparse import Namespace
 from dataclasses import dataclass
@@ -182,21 +188,125 @@ class _Tally:
             self.passed += 1
 
 
+def triton_cache_dir() -> Path:
+    """Where Triton keeps its compiled kernels (TRITON_CACHE_DIR, else its default)."""
+    return Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+
+
+def compiled_kernels(cache: Path) -> set[str]:
+    """The compiled kernels in Triton's cache: one folder with a cubin per compile."""
+    return {p.parent.name for p in cache.glob("*/*.cubin")} if cache.is_dir() else set()
+
+
+def triton_test_files() -> list[str]:
+    from scripts.gpu_check import TRITON_TESTS
+
+    return [str(REPO / "tests" / "kernels" / f"test_triton_{name}.py") for name in TRITON_TESTS]
+
+
+def triton_compile(models: Models, device: str) -> Outcome:
+    """Warm Triton's cache with what the later checks run: each kernel test file, and a
+    short generate of each engine configuration, each a process of its own, all at once.
+    Passes when every process did; its figures: the kernels compiled and their time."""
+    cache = triton_cache_dir()
+    before = compiled_kernels(cache)
+    started = time.monotonic()
+    took, failed = run_at_once(warm_jobs(models, device), models.folder, TRITON_INTERPRET="0")
+    seconds, compiled, jobs = time.monotonic() - started, len(compiled_kernels(cache) - before), len(took)
+    for name in failed:
+        print(f"--- {name}: last lines of its output\n"
+              + "\n".join((models.folder / f"warm-{name}.log").read_text(errors="replace").splitlines()[-15:]))
+    return not failed, (f"{compiled} kernels compiled into {cache} in {seconds:.0f} s by {jobs} processes "
+                        f"at once; {per_compile(took)}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+
+
+def warm_jobs(models: Models, device: str) -> dict[str, list[str]]:
+    """name -> argv of each process triton_compile runs: a kernel test file, or an engine."""
+    jobs = {Path(f).stem: [sys.executable, "-m", "pytest", f, "-q", "-p", "no:cacheprovider",
+                           "--basetemp", str(models.folder / f"pytest-{Path(f).stem}")]
+            for f in triton_test_files()}
+    given = str(models.given) if models.given else None
+    jobs.update({f"engine_{name}": [sys.executable, "-c", "from scripts import gpu_checks; gpu_checks.warm_engine("
+                                    f"{str(models.folder)!r}, {given!r}, {device!r}, {name!r})"]
+                 for name in WARM_ENGINES})
+    return jobs
+
+
+def run_at_once(jobs: dict[str, list[str]], folder: Path, **env: str) -> tuple[dict[str, float], list[str]]:
+    """Start every job (its output to folder/warm-<name>.log), wait for all; (seconds until
+    each ended, the names of those that failed)."""
+    took: dict[str, float] = {}
+    failed: list[str] = []
+    with contextlib.ExitStack() as logs:
+        started = time.monotonic()
+        running = {name: subprocess.Popen(argv, cwd=REPO, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                                          stdout=logs.enter_context(open(folder / f"warm-{name}.log", "wb")),
+                                          stderr=subprocess.STDOUT)
+                   for name, argv in jobs.items()}
+        while len(took) < len(running):
+            for name, process in running.items():
+                if name not in took and process.poll() is not None:
+                    took[name] = time.monotonic() - started
+                    failed += [name] if process.returncode else []
+            time.sleep(0.2)
+    return took, failed
+
+
+def per_compile(took: dict[str, float]) -> str:
+    """Each process's seconds, and for a kernel test file its seconds per specialization
+    (start-up included: an upper bound of one compile, to set COMPILE_S by)."""
+    from scripts.gpu_check import TRITON_TESTS
+
+    def one(name: str) -> str:
+        count = TRITON_TESTS.get(name.removeprefix("test_triton_"))
+        return f"{name} {took[name]:.0f} s" + (f" / {count} = {took[name] / count:.1f} s each" if count else "")
+    return ", ".join(one(name) for name in sorted(took, key=lambda n: -took[n]))
+
+
+# The engine configurations the later checks run, warmed by triton_compile: by check,
+# the model and engine options it uses (a short generate compiles what it launches;
+# cuda_graphs_decode runs exactness_bf16's kernels).
+WARM_ENGINES: dict[str, tuple[str, dict[str, Any]]] = {
+    "exactness_fp16": ("small", dict(dtype="float16", kv_cache_tokens=208, block_size=8,
+                                     max_num_batched_tokens=24, max_num_seqs=4)),
+    "exactness_bf16": ("small", dict(dtype="bfloat16", kv_cache_tokens=208, block_size=8,
+                                     max_num_batched_tokens=24, max_num_seqs=4)),
+    "int8_vs_bf16_batch1": ("small", dict(dtype="bfloat16", quantization="int8", enable_prefix_caching=False)),
+    "throughput_vs_transformers": ("bench", dict(dtype="bfloat16", kv_cache_tokens=128 * 784)),
+}
+
+
+def warm_engine(folder: str, given: Optional[str], device: str, name: str) -> None:
+    """A short generate of WARM_ENGINES[name]: prompts of several lengths, a few tokens."""
+    from tests.runtime.exactness import BATCH_LENGTHS, prompts
+
+    models = Models(Path(folder), Path(given) if given else None)
+    which, engine = WARM_ENGINES[name]
+    model_dir = models.small if which == "small" else models.bench
+    llm = _llm(model_dir, device, **engine)
+    llm.generate(prompts(2, BATCH_LENGTHS), _greedy(4, logprobs=1))
+    llm.generate(prompts(2, BATCH_LENGTHS[:1]), _greedy(4))            # batch 1
+
+
 def triton_kernels(models: Models, device: str) -> Outcome:
     os.environ["TRITON_INTERPRET"] = "0"     # before kernels.triton is imported: compiled, on CUDA
     import pytest
 
     from kernels.dispatch import get_kernels
 
+    cache = triton_cache_dir()
+    before = compiled_kernels(cache)
     backend = get_kernels("cuda").backend
     tally = _Tally()
-    tests = sorted(str(p) for p in (REPO / "tests" / "kernels").glob("test_triton_*.py"))
-    code = pytest.main([*tests, "-q", "-p", "no:cacheprovider", "--basetemp", str(models.folder / "pytest")],
-                       plugins=[tally])
+    started = time.monotonic()
+    code = pytest.main([*triton_test_files(), "-q", "-p", "no:cacheprovider", "--basetemp",
+                        str(models.folder / "pytest")], plugins=[tally])
+    seconds, compiled = time.monotonic() - started, len(compiled_kernels(cache) - before)
     passed = code == 0 and not tally.failed and tally.passed > 0 and backend == "triton"
     failed = f" ({', '.join(tally.failed[:5])}{' ...' if len(tally.failed) > 5 else ''})" if tally.failed else ""
     return passed, (f"{tally.passed} passed, {len(tally.failed)} failed{failed}, {tally.skipped} skipped "
-                    f"on {torch.cuda.get_device_name()}; the engine's kernels on CUDA: {backend}")
+                    f"on {torch.cuda.get_device_name()} in {seconds:.0f} s, {compiled} kernels compiled "
+                    f"(0: triton_compile warmed them all); the engine's kernels on CUDA: {backend}")
 
 
 def exactness(models: Models, device: str, dtype: str) -> Outcome:
@@ -351,8 +461,8 @@ def cuda_graphs(models: Models, device: str) -> Outcome:
         _free(device)
     (eager, e1, e16), (graphed, g1, g16) = runs[False], runs[True]
     same = sum(a.token_ids == b.token_ids for a, b in zip(eager, graphed))
-    worst = max(abs(x[0] - y[0]) for a, b in zip(eager, graphed) if a.token_ids == b.token_ids
-                for x, y in zip(a.logprobs, b.logprobs))
+    worst = max((abs(x[0] - y[0]) for a, b in zip(eager, graphed) if a.token_ids == b.token_ids
+                 for x, y in zip(a.logprobs, b.logprobs)), default=float("inf"))   # none equal: fails
     passed = same >= len(eager) - 1 and worst <= 0.05
     return passed, (f"{model_dir.name} bf16, {new} tokens: greedy equal to eager for {same}/{len(eager)} "
                     f"requests, logprobs max diff {worst:.4f} (pass: all but one equal, diff <= 0.05); "
@@ -363,6 +473,7 @@ def cuda_graphs(models: Models, device: str) -> Outcome:
 CHECKS: dict[str, Callable[[Models, str], Outcome]] = {
     "random_models": random_models,
     "weight_loader": weight_loader,
+    "triton_compile": triton_compile,
     "triton_kernels": triton_kernels,
     "exactness_fp16": lambda model, device: exactness(model, device, "float16"),
     "exactness_bf16": lambda model, device: exactness(model, device, "bfloat16"),

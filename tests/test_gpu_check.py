@@ -1,9 +1,13 @@
 """scripts/gpu_check.py off the GPU: it says there is none and exits 0 writing nothing;
-its report, time limits and skips; the checks' logprob comparison; and two checks run
-on the CPU with a tiny model, so that a change to the engine's API shows here and not
-first on a GPU."""
+its report, time limits and skips; the compile phase's budget, from the Triton
+specializations the kernel tests launch (counted again here), and its parallel jobs;
+the checks' logprob comparison; and two checks and an engine warm-up run on the CPU
+with a tiny model, so that a change to the engine's API shows here and not first on a
+GPU."""
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -83,11 +87,12 @@ def test_skips():
 
 
 def test_report_and_exit_code():
-    results = [Result("triton_kernels", Status.PASS, "120 passed", 40.0),
+    results = [Result("triton_kernels", Status.PASS, "120 passed", 40.0, limit_s=30.0),
                Result("tensor_parallel_nccl", Status.SKIP, "needs 2 GPUs, 1 visible"),
                Result("exactness_bf16", Status.FAIL, "max 0.9", 12.0, "Traceback ...")]
     text = gpu_check.report(results)
-    assert text.splitlines()[0] == "PASS  triton_kernels                 40.0 s  120 passed"
+    assert text.splitlines()[0] == "PASS  triton_kernels                 40.0 s of  30 s  120 passed"
+    assert text.splitlines()[1] == "SKIP  tensor_parallel_nccl            0.0 s  needs 2 GPUs, 1 visible"
     assert "--- exactness_bf16: last lines of its output\nTraceback ..." in text
     assert text.rstrip().endswith("gpu-check: 1 pass, 1 fail, 1 skip; FAILED: exactness_bf16")
     assert gpu_check.exit_code(results) == 1
@@ -96,7 +101,71 @@ def test_report_and_exit_code():
 
 def test_the_driver_and_the_checks_name_the_same_checks():
     assert [c.name for c in gpu_check.CHECKS] == list(gpu_checks.CHECKS)
-    assert sum(c.limit_s for c in gpu_check.CHECKS if c.gpus == 1) <= gpu_check.TOTAL_S <= 470
+    # every check's budget holds within the total, and the total within a 10-minute call
+    assert sum(c.limit_s for c in gpu_check.CHECKS if c.gpus == 1) <= gpu_check.TOTAL_S <= 490
+    names = [c.name for c in gpu_check.CHECKS]
+    assert names.index("triton_compile") < min(names.index(n) for n in [*gpu_checks.WARM_ENGINES, "triton_kernels"])
+
+
+def test_the_compile_budget_is_the_busiest_process_compiles():
+    busiest = max(*gpu_check.TRITON_TESTS.values(), gpu_check.ENGINE_SPECIALIZATIONS)
+    limit = next(c.limit_s for c in gpu_check.CHECKS if c.name == "triton_compile")
+    assert limit == gpu_check.PROCESS_S + busiest * gpu_check.COMPILE_S == gpu_check.compile_budget_s()
+    assert f"{busiest} compiles x {gpu_check.COMPILE_S:.0f} s" in gpu_check.budgets()
+    assert "triton_compile 120 s" in gpu_check.budgets()
+
+
+def test_the_gpu_runs_every_triton_kernel_test_file_but_the_compile_only_one():
+    files = sorted(p.stem.removeprefix("test_triton_") for p in (REPO / "tests" / "kernels").glob("test_triton_*.py"))
+    assert sorted(gpu_check.TRITON_TESTS) == [f for f in files if f != "compile"]
+    assert gpu_checks.triton_test_files() == [str(REPO / "tests" / "kernels" / f"test_triton_{f}.py")
+                                              for f in gpu_check.TRITON_TESTS]
+
+
+def test_the_budgeted_specializations_are_those_the_tests_launch(tmp_path):
+    """TRITON_TESTS, counted again through the interpreter: a test that launches a kernel
+    in a new specialization must raise its file's count (and so the compile budget)."""
+    pytest.importorskip("triton")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
+                          str(tmp_path), "-p", "tests.support.triton_specializations",
+                          *gpu_checks.triton_test_files()],
+                         cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    mark = "TRITON_SPECIALIZATIONS "      # the plugin's line (importing it here would hook this process)
+    counted = json.loads(next(line for line in run.stdout.splitlines() if line.startswith(mark))[len(mark):])
+    assert counted == {f"test_triton_{name}": n for name, n in gpu_check.TRITON_TESTS.items()}
+
+
+def test_compiled_kernels_are_the_cache_folders_with_a_cubin(tmp_path):
+    for name, files in {"a": ["k.cubin", "k.json"], "b": ["k.json"], "c": ["k.cubin"]}.items():
+        (tmp_path / name).mkdir()
+        for f in files:
+            (tmp_path / name / f).write_text("")
+    assert gpu_checks.compiled_kernels(tmp_path) == {"a", "c"}
+    assert gpu_checks.compiled_kernels(tmp_path / "none") == set()
+
+
+def test_warm_jobs_run_at_once_and_each_reports(tmp_path):
+    code = "import sys, time; time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))"
+    jobs = {"slow": [sys.executable, "-c", code, "1.0", "0"], "broken": [sys.executable, "-c", code, "0.1", "3"]}
+    started = time.monotonic()
+    took, failed = gpu_checks.run_at_once(jobs, tmp_path, WARM_TEST="1")
+    assert time.monotonic() - started < 5 and failed == ["broken"]
+    assert took["broken"] < took["slow"] and (tmp_path / "warm-slow.log").exists()
+    line = gpu_checks.per_compile({"test_triton_rmsnorm": 42.0, "engine_int8_vs_bf16_batch1": 50.0})
+    rmsnorm = gpu_check.TRITON_TESTS["rmsnorm"]
+    assert line == f"engine_int8_vs_bf16_batch1 50 s, test_triton_rmsnorm 42 s / {rmsnorm} = {42 / rmsnorm:.1f} s each"
+
+
+def test_the_engine_warm_up_job_runs_on_the_cpu(model_factory, tmp_path):
+    """The command line triton_compile starts for an engine, run here with a tiny model."""
+    models = gpu_checks.Models(tmp_path, given=model_factory(max_position_embeddings=1024))
+    jobs = gpu_checks.warm_jobs(models, "cpu")
+    assert set(jobs) == {*(Path(f).stem for f in gpu_checks.triton_test_files()),
+                         *(f"engine_{name}" for name in gpu_checks.WARM_ENGINES)}
+    run = subprocess.run(jobs["engine_exactness_bf16"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
 
 
 def test_agreement_and_tolerance():
