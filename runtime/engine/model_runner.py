@@ -392,9 +392,12 @@ class WeightOffload:
             torch.cuda.empty_cache()
 
     def settle(self) -> None:
-        """Returns once every copy to the device has landed."""
+        """Returns once every copy to the device has landed; the host copies, let go by
+        then, go back to the OS (torch's pinned allocator would keep them, a model's worth
+        of page-locked host memory held by a replica that is awake)."""
         if self.device.startswith("cuda"):
             torch.cuda.synchronize(self.device)
+            torch.accelerator.empty_host_cache()
 
 
 def weight_offload(device: str) -> Optional[WeightOffload]:

@@ -66,6 +66,21 @@ def test_only_cuda_offloads_weights_and_pins_their_host_copies():
     assert weight_offload("cuda:1") == WeightOffload("cuda:1", pin=True)
 
 
+def test_on_cuda_a_wake_waits_for_its_copies_then_unpins_the_host_copies(monkeypatch):
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device: calls.append(f"synchronize {device}"))
+    monkeypatch.setattr(torch.accelerator, "empty_host_cache", lambda: calls.append("empty_host_cache"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    offload = WeightOffload("cuda:1", pin=True)
+    offload.release()
+    offload.settle()
+    assert calls == ["empty_cache", "synchronize cuda:1", "empty_host_cache"]
+    calls.clear()
+    WeightOffload("cpu", pin=False).release()
+    WeightOffload("cpu", pin=False).settle()
+    assert calls == []
+
+
 @pytest.mark.parametrize("arch, quantization", [("llama", None), ("qwen2", None), ("llama", "int8")],
                          ids=["llama", "qwen2-tied-head", "llama-int8"])
 def test_an_offloaded_sleep_restores_every_weight_bit_for_bit(model_factory, arch, quantization):
