@@ -25,19 +25,21 @@ import asyncio
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Awaitable, FrozenSet, Optional, TypeVar
+from typing import Any, Awaitable, FrozenSet, Mapping, Optional, Sequence, TypeVar
 
 import httpx
 
 from pool.admission import WaitReason, never_within_quota
 from pool.adoption import Registration, spec_fingerprint
-from pool.api import ColdStartFailed, ColdStartTimings, ModelInfo, ModelUnavailable, NeverFits, Pins
+from pool.api import ColdStartFailed, ColdStartTimings, ModelInfo, ModelUnavailable, NeverFits, Pins, RevisionSpec
 from pool.backends.base import Backend, ReplicaHandle
-from pool.backends.runtime_args import draft_model_uri, with_draft_folder
+from pool.backends.runtime_args import draft_model_uri, engine_for, runtime_env, with_draft_folder
 from pool.capacity import Capacity
-from pool.function_env import FUNCTION_PYTHON, build_env
+from pool.function_env import build_env, memory_limit_mb
 from pool.function_sandbox import FunctionSandboxes
 from pool.health import wait_healthy
+from pool.inventory import Slot
+from pool.launch import Confinement, FunctionServer, ModelServer, ReplicaLaunch
 from pool.weights.inspection import inspect_model
 from pool.placement import PlacementRequest, weights_of
 from pool.registry import ManagedReplica
@@ -138,30 +140,30 @@ class ColdStart:
     async def _pull_and_launch(self, managed: ManagedReplica, draft_uri: Optional[str]) -> ReplicaHandle:
         """pulling, then loading once the runtime process is started.
 
-        A backend that pulls on its node gets no local folder; its start_replica
+        A backend that pulls on its node gets a launch with no folder; its start_replica
         pulls there first (the draft model too, under its own pull timeout; a
         function's venv is built there too, and reported as the handle's env_s), so
         it runs while pulling. Otherwise the pool pulls (and builds a function's venv),
         and the runtime is given the draft's local folder in place of its URI.
         """
-        slots = self.capacity.slots_for(managed.replica.slot_ids)
-        registration = Registration(spec_fingerprint(managed.spec),
-                                    managed.placed.bytes_per_slot if managed.placed else None)
+        spec, slots = managed.spec, self.capacity.slots_for(managed.replica.slot_ids)
+        registration = Registration(spec_fingerprint(spec), managed.placed.bytes_per_slot if managed.placed else None)
         if self.backend.pulls_on_node:
-            await self._refuse_own_credentials(managed.spec.tenant_id, (managed.spec.model_uri, draft_uri))
-            managed.handle = await self.backend.start_replica(managed.spec, slots, None, managed.replica_id,
+            await self._refuse_own_credentials(spec.tenant_id, (spec.model_uri, draft_uri))
+            launch = launch_for(spec, slots, self.settings, self.backend, folder=None)
+            managed.handle = await self.backend.start_replica(spec, launch, slots, managed.replica_id,
                                                               registration=registration)
             managed.replica.env_s = managed.handle.env_s     # a function's venv, built on its node
             self.events.move(managed, ReplicaState.LOADING)
             return managed.handle
-        model_dir = await self._pull(managed, managed.spec.model_uri)
-        spec = managed.spec
+        model_dir = await self._pull(managed, spec.model_uri)
+        pulled = spec
         if draft_uri is not None:
-            spec = replace(spec, engine=with_draft_folder(spec.engine, str(await self._pull(managed, draft_uri))))
-        if spec.kind == "function":
-            spec = replace(spec, engine={**spec.engine, FUNCTION_PYTHON: await self._function_env(managed, model_dir)})
+            pulled = replace(spec, engine=with_draft_folder(spec.engine, str(await self._pull(managed, draft_uri))))
+        venv = await self._function_env(managed, model_dir) if spec.kind == "function" else None
+        launch = launch_for(pulled, slots, self.settings, self.backend, folder=model_dir, venv=venv)
         self.events.move(managed, ReplicaState.LOADING)
-        managed.handle = await self.backend.start_replica(spec, slots, model_dir, managed.replica_id,
+        managed.handle = await self.backend.start_replica(spec, launch, slots, managed.replica_id,
                                                           registration=registration)
         return managed.handle
 
@@ -188,6 +190,28 @@ class ColdStart:
         managed.files += (files,)
         managed.replica.downloaded_bytes += files.downloaded_bytes
         return files.model_dir
+
+
+def launch_for(spec: RevisionSpec, slots: Sequence[Slot], settings: PoolSettings, backend: Backend, *,
+               folder: Optional[Path], venv: Optional[str] = None) -> ReplicaLaunch:
+    """What the replica's process is on `slots`, as far as the pool knows it: `folder` its
+    weights or package as the pool pulled them (None: its node pulls them), `venv` a
+    function's interpreter as the pool built it (None: its node builds it). Where a
+    backend runs replicas on nodes of their own (pulls_on_node), the node also names a
+    model's interpreter, and the pool's packed-layer cache is not there to map."""
+    memory = memory_limit_mb(spec.gpu_memory_gb, len(slots), on_cuda=any(s.kind == "cuda" for s in slots))
+    here = not backend.pulls_on_node
+    program: ModelServer | FunctionServer
+    if spec.kind == "function":
+        program, interpreter, egress = FunctionServer(spec.revision_id, memory), venv, spec.quota.egress
+    else:
+        packed = (settings.packed_dir, settings.packed_cache_gb) if here else None
+        engine = engine_for(spec, slots, settings.kv_cache_tokens_default, isolated=backend.isolates_gpus,
+                            packed=packed)
+        program, egress = ModelServer(spec.revision_id, engine), ()
+        interpreter = settings.runtime_python if here else None
+    sandbox = Confinement(spec.tenant_id, memory, egress) if settings.sandbox != "off" else None
+    return ReplicaLaunch(program, interpreter, folder, runtime_env(settings.runtime_threads), sandbox)
 
 
 async def stage(work: Awaitable[T], timeout_s: float, name: str) -> T:

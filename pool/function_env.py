@@ -33,13 +33,12 @@ from typing import Mapping, Optional, Sequence
 from pool.api import ColdStartFailed
 from pool.backends.runtime_args import PROJECT_ROOT
 from pool.egress import EgressProxy, allowed_hosts
-from pool.function_sandbox import EGRESS, EGRESS_SOCKET, PACKAGE, FunctionSandboxes, function_server_args
+from pool.function_sandbox import EGRESS, EGRESS_SOCKET, PACKAGE, FunctionSandboxes
 from pool.settings import PoolSettings
 
 PLAIN_VARS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
 INSTALLER_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
                   "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
-FUNCTION_PYTHON = "function_python"       # the engine key cold_start hands the backend
 BASE_MEMORY_MB = 3072
 
 
@@ -155,14 +154,6 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def server_args(python: str, host: str, port: int, package_dir: Path, served_name: str,
-                memory_limit_mb: Optional[int]) -> list[str]:
-    """`python -m runtime.functions.server` in the function's venv, with its limits."""
-    return [python, *function_server_args(package_dir, served_name, memory_limit_mb),
-            "--host", host, "--port", str(port)]
-
 
 
 def memory_limit_mb(gpu_memory_gb: float, slot_count: int, on_cuda: bool) -> Optional[int]:

@@ -42,7 +42,6 @@ EGRESS_ROOT = Path("/run/thawpool-egress")  # on the host: the proxies' sockets
 # on the host: each sandboxed server's folder (its socket, its secret), under /run because a
 # unix socket's path has at most 107 bytes, which a deep state dir leaves too few of
 RUN_ROOT = Path("/run/thawpool-replicas")
-MAX_OPEN_FILES = 4096
 
 
 @dataclass(frozen=True)
@@ -103,17 +102,17 @@ class FunctionSandboxes:
         return SandboxProfile(uid, binds, self._limits(memory_mb), self.settings.sandbox_tmp_mb * MB,
                               devices=devices)
 
-    def server(self, tenant_id: str, replica_id: str, package_dir: Path, python: str, served_name: str,
+    def server(self, tenant_id: str, replica_id: str, package_dir: Path, python: str, argv: Sequence[str],
                memory_mb: int | None, env: Mapping[str, str], gpus: Sequence[int],
                egress: Sequence[str] = ()) -> SandboxedServer:
         """runtime.functions.server as the tenant's uid, on a unix socket, its secret in a
-        file; `env` is the server's whole environment as an unconfined one would get it,
-        `gpus` the device indices of its GPUs, `egress` the hosts its tenant was granted."""
+        file; `argv` follows the venv's interpreter (the package at PACKAGE), `env` is the
+        server's whole environment as an unconfined one would get it, `gpus` the device
+        indices of its GPUs, `egress` the hosts its tenant was granted."""
         uid = self.uid(tenant_id)
         profile = self.server_profile(uid, replica_id, package_dir, python, env[SECRET_ENV], memory_mb,
                                       cuda_devices(gpus))
-        args = [str(VENV / "bin" / "python"), *function_server_args(PACKAGE, served_name, memory_mb),
-                "--uds", str(REPLICA / SOCKET)]
+        args = [str(VENV / "bin" / "python"), *argv, "--uds", str(REPLICA / SOCKET)]
         inside = secret_as_file(env)
         proxy = self.egress_proxy(replica_id, egress)
         if proxy is not None:
@@ -179,9 +178,3 @@ def package_binds(package_dir: Path) -> tuple[Bind, ...]:
     return tuple(Bind(path.resolve(), PACKAGE / path.relative_to(package_dir))
                  for path in files_under(package_dir))
 
-
-def function_server_args(package_dir: Path, served_name: str, memory_limit_mb: Optional[int]) -> list[str]:
-    """What follows the venv's interpreter but for --host/--port (a Ray node picks its port)."""
-    args = ["-m", "runtime.functions.server", "--package", str(package_dir), "--served-model-name", served_name,
-            "--max-open-files", str(MAX_OPEN_FILES)]
-    return args + (["--memory-limit-mb", str(memory_limit_mb)] if memory_limit_mb else [])

@@ -102,12 +102,12 @@ class ModelSandboxes:
 
     def server(self, name: str, python: str, env: Mapping[str, str], memory_mb: Optional[int],
                gpus: Sequence[int], args: Callable[[], list[str]]) -> SandboxedServer:
-        """`python -m runtime.serve.server <args()>` in the sandbox `name`, on its unix socket;
-        `env` is what an unconfined server would add to the node's environment (its secret
-        among it), `gpus` its GPUs' device indices; args() runs once the folder is made."""
+        """`python <args()>` (runtime.serve.server and its arguments) in the sandbox `name`, on
+        its unix socket; `env` is what an unconfined server would add to the node's environment
+        (its secret among it), `gpus` its GPUs' device indices; args() runs once the folder is made."""
         try:
             profile = self.profile(name, env[SECRET_ENV], memory_mb, cuda_devices(gpus))
-            argv = [python, "-m", "runtime.serve.server", "--uds", str(REPLICA / SOCKET), *args()]
+            argv = [python, *args(), "--uds", str(REPLICA / SOCKET)]
             command = self.sandbox.command(name, profile, argv)
         except BaseException:
             self.remove(name)                # no half-made folder or group outlives a failed start

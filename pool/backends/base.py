@@ -1,8 +1,12 @@
-"""The Backend protocol: how the pool starts a runtime replica somewhere.
+"""The Backend protocol: where the pool starts a runtime replica.
 
 Two implementations: local processes (backends/local.py) and a Ray cluster
 (backends/ray.py); `pool.backends.build_backend` picks one from the settings.
-Every replica is a `runtime.serve.server` reached over HTTP at base_url; the pool
+What a replica's process is (its server, interpreter, arguments, environment,
+sandbox) the cold start decides once, as a `ReplicaLaunch` (pool/launch.py); a
+backend decides where it runs (which node, which GPUs, a warm standby or a fresh
+process) and fills in only what that node knows (its address, its copy of the
+weights, its interpreter). Every replica is reached over HTTP at base_url; the pool
 itself waits for /health, so a backend only lists slots, starts and stops.
 The protocol lists everything the manager calls, so both backends (and any
 test double) implement all of it; where a method means nothing for a backend
@@ -15,12 +19,15 @@ pool finds it, and `survivors()` hands the next pool what it found.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterable, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Protocol, Sequence
 
 from pool.adoption import Registration, ReplicaRecord
 from pool.api import RevisionSpec
 from pool.inventory import Slot
+
+if TYPE_CHECKING:
+    # pool.launch imports this package's runtime_args, whose package imports this module first
+    from pool.launch import ReplicaLaunch
 
 
 class ReplicaHandle(Protocol):
@@ -58,6 +65,13 @@ class Backend(Protocol):
         ...
 
     @property
+    def isolates_gpus(self) -> bool:
+        """True: a replica's process sees only its own GPUs (Ray sets CUDA_VISIBLE_DEVICES for
+        an actor), so its engine's device is plain "cuda"; False: it may see the node's
+        every GPU, and one GPU is named by index."""
+        ...
+
+    @property
     def can_sleep(self) -> bool:
         """True: a sleeping replica (pool/sleep_tier.py) frees its GPUs for the pool to
         place others on; False: the backend holds a replica's GPUs for its whole life (a
@@ -80,16 +94,16 @@ class Backend(Protocol):
         preferred for a cold start. Asked only when pulls_on_node."""
         ...
 
-    async def start_replica(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Optional[Path],
+    async def start_replica(self, spec: RevisionSpec, launch: ReplicaLaunch, slots: Sequence[Slot],
                             replica_id: str, *, registration: Optional[Registration] = None) -> ReplicaHandle:
-        """Begin serving spec on slots; returns before the model is loaded.
+        """Start launch's process for spec's revision on slots; returns before it is loaded.
 
-        model_dir is the pool's local copy of the weights, or None when
-        pulls_on_node (the chosen node fetches spec.model_uri itself, and a
-        speculative draft model's URI too). The runtime process has a secret of
-        its own and answers only calls that carry the handle's headers. The
-        replica is registered (its ReplicaRecord, with what `registration` adds;
-        None: the fingerprint of spec) until forget().
+        launch.folder is the pool's local copy of the weights, or None when
+        pulls_on_node (the chosen node fetches spec.model_uri itself, pinned to
+        spec.pins, and a speculative draft model's URI too). The runtime process
+        has a secret of its own and answers only calls that carry the handle's
+        headers. The replica is registered (its ReplicaRecord, with what
+        `registration` adds; None: the fingerprint of spec) until forget().
         """
         ...
 

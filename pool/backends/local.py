@@ -1,13 +1,14 @@
-"""Local backend: each replica is a `python -m runtime.serve.server` child on 127.0.0.1.
+"""Local backend: each replica is a child process on this machine, the cold start's
+`ReplicaLaunch` (pool/launch.py) on a port of 127.0.0.1 or in its sandbox.
 
 A warm pool keeps `warm_pool_size` standby processes (`--standby`: torch and
-the engine imported, no model); a cold start takes one and POSTs
+the engine imported, no model); a cold start of a model takes one and POSTs
 /admin/load, so it pays only for the weights. The pool is refilled in the
 background a moment after that load is done, and a standby warms up at a low
 CPU weight (STANDBY_NICE) until it is taken: on a node of few cores its start
 would otherwise slow the cold start it stands by for. Without a warm process
-(pool empty, size 0, or a multi-GPU replica that needs its own
-CUDA_VISIBLE_DEVICES) the replica is started directly with `--model DIR`.
+(pool empty, size 0, a multi-GPU replica that needs its own
+CUDA_VISIBLE_DEVICES, a function in its own venv) the launch is started directly.
 
 Each process gets its own secret when it is spawned (a standby too, which
 then authenticates its /admin/load) and serves one replica in its life, so a
@@ -35,21 +36,21 @@ import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import httpx
 
 from pool.adoption import Registration, record_for
 from pool.api import ColdStartFailed, RevisionSpec
 from pool.backends.base import ReplicaHandle, Survivor
-from pool import function_env
 from pool.backends.local_state import ProcessEntry, ProcessRegistry
-from pool.backends.runtime_args import (auth_headers, engine_flags, engine_for,
-                                        new_secret, runtime_env)
+from pool.backends.runtime_args import auth_headers, new_secret, runtime_env
 from pool.egress import EgressProxy
 from pool.health import wait_healthy
-from pool.function_sandbox import FunctionSandboxes, gpu_indices
-from pool.model_sandbox import MODEL, ModelSandboxes
+from pool.function_sandbox import gpu_indices
+from pool.launch import MODEL_SERVER, ModelServer, ReplicaLaunch
+from pool.model_sandbox import MODEL
+from pool.replica_sandbox import ReplicaSandboxes, model_sandbox_name
 from wire.replica_address import address_of, unix_base_url
 from wire.replica_control import HEALTH_PATH, LOAD_ACCEPTED, LOAD_PATH, Health, HealthStatus, LoadRequest
 from pool.inventory import Slot, discover_slots
@@ -100,6 +101,7 @@ class WarmProcess:
 
 class LocalBackend:
     pulls_on_node = False            # replicas read the pool's own cache folder
+    isolates_gpus = False            # a standby, started before its GPU is known, sees them all
     can_sleep = True                 # a process's GPU memory is freed by its /sleep
 
     def __init__(self, settings: PoolSettings):
@@ -112,8 +114,8 @@ class LocalBackend:
         self._refilling: Optional[asyncio.Task[None]] = None
         self._closed = False
         self._state = ProcessRegistry(settings.replica_state_dir / "local")
-        self.sandboxes = FunctionSandboxes.from_settings(settings)
-        self.models = ModelSandboxes(self.sandboxes.sandbox, settings) if self.sandboxes else None
+        self.sandboxes = ReplicaSandboxes.from_settings(settings)
+        self.models = self.sandboxes.models if self.sandboxes else None
         self._sandbox_of: dict[str, str] = {}              # replica id -> its model sandbox's name
         self._egress: dict[str, EgressProxy] = {}          # replica id -> its granted hosts' proxy
         self._kernels: Optional[asyncio.Future[None]] = None
@@ -127,7 +129,7 @@ class LocalBackend:
         self._state.lock()
         self._left_behind = self._state.entries()
         if self.models is not None:
-            env = {**os.environ, **runtime_env(None, "")}
+            env = {**os.environ, **runtime_env(None)}
             self._kernels = asyncio.ensure_future(
                 asyncio.to_thread(self.models.prebuild_kernels, self.settings.runtime_python, env))
         self.refill()
@@ -180,25 +182,27 @@ class LocalBackend:
 
     # -- replicas ----------------------------------------------------------
 
-    async def start_replica(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Optional[Path],
+    async def start_replica(self, spec: RevisionSpec, launch: ReplicaLaunch, slots: Sequence[Slot],
                             replica_id: str, *, registration: Optional[Registration] = None) -> LocalReplica:
-        if model_dir is None:
-            raise ValueError("the local backend serves from the pool's own copy: model_dir is required")
-        if spec.kind == "function":          # its own venv's interpreter: never a warm standby
-            replica = self._start_function(spec, slots, model_dir, replica_id)
-            self._replicas[replica_id] = replica
-            self._register(replica, spec, slots, registration)
-            return replica
-        engine = engine_for(spec, slots, self.settings.kv_cache_tokens_default, isolated=False,
-                            packed=(self.settings.packed_dir, self.settings.packed_cache_gb))
-        # a sandboxed standby sees no GPU: a CUDA replica in a sandbox starts directly
-        direct = needs_own_process(slots) or (self.models is not None and any(s.kind == "cuda" for s in slots))
-        warm = None if direct else await self._take_warm()
-        replica = self._start_direct(spec, slots, model_dir, engine, replica_id) if warm is None \
-            else await self._thaw(warm, model_dir, spec, engine, replica_id)
+        folder, interpreter = launch.folder, launch.interpreter
+        if folder is None or interpreter is None:
+            raise ValueError("the local backend starts what the pool pulled and built: "
+                             "the launch's folder and interpreter are required")
+        warm = await self._take_warm() if self._standby_may_load(launch, slots) else None
+        replica = self._start_direct(launch, slots, replica_id, interpreter, folder) if warm is None \
+            else await self._thaw(warm, launch, replica_id, folder)
         self._replicas[replica_id] = replica
         self._register(replica, spec, slots, registration)
         return replica
+
+    def _standby_may_load(self, launch: ReplicaLaunch, slots: Sequence[Slot]) -> bool:
+        """A standby (confined as the launch asks, or not) sees every GPU of the machine, or
+        none in a sandbox: a multi-GPU replica needs CUDA_VISIBLE_DEVICES of its own, a CUDA
+        replica in a sandbox its GPUs' device files, so both start directly."""
+        sandboxed = launch.sandbox is not None
+        if not launch.takes_standby or sandboxed != (self.models is not None) or needs_own_process(slots):
+            return False
+        return not (sandboxed and any(s.kind == "cuda" for s in slots))
 
     def _register(self, replica: LocalReplica, spec: RevisionSpec, slots: Sequence[Slot],
                   registration: Optional[Registration]) -> None:
@@ -211,25 +215,26 @@ class LocalBackend:
         egress = spec.quota.egress if replica.replica_id in self._egress else ()
         self._state.write(ProcessEntry(process.pid, process.started, port, process.log_path, record, egress))
 
-    async def _thaw(self, warm: WarmProcess, model_dir: Path, spec: RevisionSpec,
-                    engine: dict[str, Any], replica_id: str) -> LocalReplica:
+    async def _thaw(self, warm: WarmProcess, launch: ReplicaLaunch, replica_id: str, folder: Path) -> LocalReplica:
         """The standby loads the model; the pool refills once that load is done."""
         try:
-            replica = await self._load_into(warm, model_dir, spec, engine, replica_id)
+            replica = await self._load_into(warm, launch, replica_id, folder)
         except BaseException:
             self.refill()
             raise
         self.refill(after=replica)
         return replica
 
-    async def _load_into(self, warm: WarmProcess, model_dir: Path, spec: RevisionSpec,
-                         engine: dict[str, Any], replica_id: str) -> LocalReplica:
-        base_url, model = warm.base_url, str(model_dir)
-        if warm.sandbox is not None:
+    async def _load_into(self, warm: WarmProcess, launch: ReplicaLaunch, replica_id: str,
+                         folder: Path) -> LocalReplica:
+        program, confinement = launch.program, launch.sandbox
+        assert isinstance(program, ModelServer), "only a model's launch takes a standby"
+        base_url, model, engine = warm.base_url, str(folder), dict(program.engine)
+        if warm.sandbox is not None and confinement is not None:
             assert self.models is not None
-            engine = self.models.place(warm.sandbox, model_dir, spec.tenant_id, self._memory_mb(spec, []), engine)
+            engine = self.models.place(warm.sandbox, folder, confinement.tenant_id, confinement.memory_mb, engine)
             self._sandbox_of[replica_id], model = warm.sandbox, str(MODEL)
-        body = LoadRequest(model, spec.revision_id, engine).to_json()
+        body = LoadRequest(model, program.served_name, engine).to_json()
         try:
             resp = await self.http.post(f"{base_url}{LOAD_PATH}", json=body, headers=auth_headers(warm.secret))
         except httpx.HTTPError as exc:
@@ -240,71 +245,25 @@ class LocalBackend:
             raise RuntimeError(f"warm runtime refused the load command: {resp.status_code} {resp.text[:300]}")
         return LocalReplica(replica_id, base_url, warm.process, warm=True, secret=warm.secret)
 
-    def _start_direct(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Path,
-                      engine: dict[str, Any], replica_id: str) -> LocalReplica:
-        if self.models is not None:
-            return self._start_model_sandboxed(spec, slots, model_dir, engine, replica_id)
-        port, secret = free_port(self.settings.host), new_secret()
-        args = [*self._server_args(port), "--model", str(model_dir),
-                "--served-model-name", spec.revision_id, *engine_flags(engine)]
-        proc = self._spawn(args, f"replica-{replica_id}", slots, secret, port)
-        return LocalReplica(replica_id, f"http://{self.settings.host}:{port}", proc, warm=False, secret=secret)
-
-    def _start_model_sandboxed(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Path,
-                               engine: dict[str, Any], replica_id: str) -> LocalReplica:
-        """runtime.serve.server with its model in a sandbox of its own (pool/model_sandbox.py)."""
-        models = self.models
-        assert models is not None
-        name, secret, memory = f"model-{replica_id}", new_secret(), self._memory_mb(spec, slots)
-        proc, base_url = self._spawn_model_sandbox(name, secret, memory, slots, lambda: [
-            "--model", str(MODEL), "--served-model-name", spec.revision_id,
-            *engine_flags(models.place(name, model_dir, spec.tenant_id, None, engine))])
-        self._sandbox_of[replica_id] = name
-        return LocalReplica(replica_id, base_url, proc, warm=False, secret=secret)
-
-    def _spawn_model_sandbox(self, name: str, secret: str, memory_mb: Optional[int], slots: Sequence[Slot],
-                             args: Callable[[], list[str]]) -> tuple[RuntimeProcess, str]:
-        """runtime.serve.server in the sandbox `name` (ModelSandboxes.server)."""
-        assert self.models is not None
-        gpus = gpu_indices(slots)
-        env = runtime_env(self.settings.runtime_threads, secret)
-        if len(gpus) > 1:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
-        server = self.models.server(name, self.settings.runtime_python, env, memory_mb, gpus, args)
-        proc = self._spawn(server.command, name, slots, secret, 0, server.env)
-        return proc, unix_base_url(str(server.socket))
-
-    def _memory_mb(self, spec: RevisionSpec, slots: Sequence[Slot]) -> Optional[int]:
-        on_cuda = any(s.kind == "cuda" for s in slots)
-        return function_env.memory_limit_mb(spec.gpu_memory_gb, len(slots), on_cuda=on_cuda)
-
-    def _start_function(self, spec: RevisionSpec, slots: Sequence[Slot], package_dir: Path,
-                        replica_id: str) -> LocalReplica:
-        """runtime.functions.server in the venv cold_start built, with a clean environment,
-        in its sandbox (pool/function_sandbox.py) unless the operator turned that off."""
-        secret = new_secret()
-        cuda = [s.device_index for s in slots if s.kind == "cuda" and s.device_index is not None]
-        limit = function_env.memory_limit_mb(spec.gpu_memory_gb, len(slots), on_cuda=bool(cuda))
-        python = str(spec.engine[function_env.FUNCTION_PYTHON])
-        if self.sandboxes is not None:
-            return self._start_sandboxed(spec, slots, package_dir, replica_id, python, limit, secret, cuda)
+    def _start_direct(self, launch: ReplicaLaunch, slots: Sequence[Slot], replica_id: str, interpreter: str,
+                      folder: Path) -> LocalReplica:
+        """The launch's own process: on a port of this machine, or in its sandbox on a unix socket."""
+        secret, gpus, name = new_secret(), gpu_indices(slots), f"{launch.kind}-{replica_id}"
+        if self.sandboxes is not None and launch.sandbox is not None:
+            server = self.sandboxes.server(launch, replica_id, interpreter, folder, secret,
+                                           launch.visible_gpus(gpus), gpus)
+            if launch.kind == "model":
+                self._sandbox_of[replica_id] = model_sandbox_name(replica_id)
+            if server.egress is not None:
+                self._egress[replica_id] = server.egress
+            proc = self._spawn(server.command, name, 0, server.env)
+            return LocalReplica(replica_id, unix_base_url(str(server.socket)), proc, warm=False, secret=secret)
+        if launch.sandbox is not None:
+            raise ColdStartFailed("the launch asks for a sandbox, which the operator turned off here")
         port = free_port(self.settings.host)
-        args = function_env.server_args(python, self.settings.host, port, package_dir, spec.revision_id, limit)
-        env = function_env.server_env(os.environ, runtime_env(self.settings.runtime_threads, secret), cuda)
-        proc = self._spawn(args, f"function-{replica_id}", slots, secret, port, env)
+        proc = self._spawn(launch.command(interpreter, str(folder), self.settings.host, port), name, port,
+                           launch.environment(os.environ, secret, launch.visible_gpus(gpus)))
         return LocalReplica(replica_id, f"http://{self.settings.host}:{port}", proc, warm=False, secret=secret)
-
-    def _start_sandboxed(self, spec: RevisionSpec, slots: Sequence[Slot], package_dir: Path, replica_id: str,
-                         python: str, limit: Optional[int], secret: str, cuda: list[int]) -> LocalReplica:
-        """The same server as the tenant's uid, on a unix socket, its secret in a file."""
-        assert self.sandboxes is not None
-        env = function_env.server_env({}, runtime_env(self.settings.runtime_threads, secret), cuda)
-        server = self.sandboxes.server(spec.tenant_id, replica_id, package_dir, python, spec.revision_id, limit,
-                                       env, cuda, spec.quota.egress)
-        if server.egress is not None:
-            self._egress[replica_id] = server.egress
-        proc = self._spawn(server.command, f"function-{replica_id}", slots, secret, 0, server.env)
-        return LocalReplica(replica_id, unix_base_url(str(server.socket)), proc, warm=False, secret=secret)
 
     async def _discard(self, proc: RuntimeProcess) -> None:
         await proc.stop(self.settings.stop_timeout_s)
@@ -331,7 +290,7 @@ class LocalBackend:
         if model is not None and self.models is not None:
             self.models.remove(model)
         elif self.sandboxes is not None:
-            self.sandboxes.remove(replica_id)
+            self.sandboxes.functions.remove(replica_id)
 
     def _unsandbox_standby(self, warm: WarmProcess) -> None:
         if warm.sandbox is not None and self.models is not None:
@@ -373,7 +332,7 @@ class LocalBackend:
     def _adopt_egress(self, replica_id: str, hosts: tuple[str, ...]) -> None:
         """The proxy of a function replica's granted hosts, which died with the earlier pool."""
         if hosts and self.sandboxes is not None:
-            proxy = self.sandboxes.egress_proxy(replica_id, hosts)
+            proxy = self.sandboxes.functions.egress_proxy(replica_id, hosts)
             if proxy is not None:
                 self._egress[replica_id] = proxy
 
@@ -442,12 +401,15 @@ class LocalBackend:
 
     def _spawn_warm(self) -> WarmProcess:
         secret, ready = new_secret(), asyncio.get_running_loop().create_future()
+        env, python = runtime_env(self.settings.runtime_threads, secret), self.settings.runtime_python
         if self.models is not None:
             name = f"standby-{uuid.uuid4().hex[:12]}"
-            proc, base_url = self._spawn_model_sandbox(name, secret, None, [], lambda: ["--standby"])
-            return WarmProcess(proc, base_url, ready, secret, sandbox=name)
+            server = self.models.server(name, python, env, None, [], lambda: ["-m", MODEL_SERVER, "--standby"])
+            proc = self._spawn(server.command, name, 0, server.env)
+            return WarmProcess(proc, unix_base_url(str(server.socket)), ready, secret, sandbox=name)
         port = free_port(self.settings.host)
-        proc = self._spawn([*self._server_args(port), "--standby"], f"standby-{port}", [], secret, port)
+        command = [python, "-m", MODEL_SERVER, "--standby", "--host", self.settings.host, "--port", str(port)]
+        proc = self._spawn(command, f"standby-{port}", port, {**os.environ, **env})
         return WarmProcess(proc, f"http://{self.settings.host}:{port}", ready, secret)
 
     async def _watch_standby(self, warm: WarmProcess) -> bool:
@@ -471,25 +433,12 @@ class LocalBackend:
 
     # -- processes ---------------------------------------------------------
 
-    def _server_args(self, port: int) -> list[str]:
-        return [self.settings.runtime_python, "-m", "runtime.serve.server",
-                "--host", self.settings.host, "--port", str(port)]
-
-    def _spawn(self, args: list[str], name: str, slots: Sequence[Slot], secret: str, port: int,
-               env: Optional[dict[str, str]] = None) -> RuntimeProcess:
-        env = env if env is not None else self._env(slots, secret)
+    def _spawn(self, args: list[str], name: str, port: int, env: dict[str, str]) -> RuntimeProcess:
         proc = RuntimeProcess.spawn(args, env, self.settings.logs / f"{name}.log")
         self._all[proc.pid] = proc
         self._state.write(ProcessEntry(proc.pid, proc.started, port, proc.log_path))
         log.info("started %s pid %d", name, proc.pid)
         return proc
-
-    def _env(self, slots: Sequence[Slot], secret: str) -> dict[str, str]:
-        env = {**os.environ, **runtime_env(self.settings.runtime_threads, secret)}
-        cuda = [s for s in slots if s.kind == "cuda"]
-        if len(cuda) > 1:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s.device_index) for s in cuda)
-        return env
 
 
 def _kill_all(processes: dict[int, RuntimeProcess]) -> None:

@@ -4,16 +4,16 @@ The pool's placement picks slots from `inventory()` (one Slot per GPU of
 each alive Ray node, `node` = the Ray node id); the backend then pins the
 actor to that node: a one-GPU replica with hard node affinity, a multi-GPU
 (tensor-parallel) replica through a STRICT_PACK placement group, so its
-GPUs are reserved together on one node or not at all. The actor starts
-`python -m runtime.serve.server` on its node (backends/ray_actor.py) and reports
-its base_url; the pool then talks to it over HTTP exactly as to a local one.
+GPUs are reserved together on one node or not at all. The actor starts the
+cold start's `ReplicaLaunch` (pool/launch.py) on its node (backends/ray_actor.py)
+and reports its base_url; the pool then talks to it over HTTP exactly as to a
+local one.
 
-A function revision (`kind` "function") is the same actor with another child:
-the node pulls the package into its own cache, builds (or finds) the
-package's venv under that cache as the local backend does on its machine
-(pool/function_env.py, timed as the replica's `env_s`), and starts
-`python -m runtime.functions.server` with the venv's interpreter, a clean
-environment and the same limits and secret.
+What the launch leaves to the node, the node fills in (`_on_node`): its own pull
+of the revision into its own cache, a draft model's too; its own interpreter;
+for a function, the package's venv, built (or found) under that cache as the
+local backend's pool does on its machine (pool/function_env.py, timed as the
+replica's `env_s`); its port.
 
 A replica is dead when its runtime process exits or its actor dies (ray.kill,
 or its node is lost: Ray fails every actor of a dead node). A watch task per
@@ -32,7 +32,7 @@ import contextlib
 import logging
 import signal
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
@@ -47,11 +47,9 @@ from pool import function_env
 from pool.adoption import Registration, ReplicaRecord, record_for
 from pool.api import ColdStartFailed, Pins, RevisionSpec
 from pool.backends.base import ReplicaHandle, Survivor
-from pool.backends.ray_actor import (Child, ReplicaActor, SandboxedFunction, SandboxedModel, cache_entries,
-                                     node_cache_dir)
-from pool.backends.runtime_args import (auth_headers, draft_model_uri, engine_flags, engine_for, new_secret,
-                                        runtime_env, with_draft_folder)
-from pool.function_sandbox import function_server_args
+from pool.backends.ray_actor import ReplicaActor, cache_entries, node_cache_dir
+from pool.backends.runtime_args import auth_headers, draft_model_uri, new_secret, with_draft_folder
+from pool.launch import FunctionServer, ModelServer, ReplicaLaunch
 from pool.inventory import Slot
 from pool.settings import GB, PoolSettings
 
@@ -104,8 +102,9 @@ class RayReplica:
 
 class RayBackend:
     # Each node pulls a revision's weights into its own cache (ReplicaActor.model_folder):
-    # the pool skips its local fetch and passes no model folder.
+    # the pool skips its local fetch, and its launch names no folder.
     pulls_on_node = True
+    isolates_gpus = True             # Ray sets an actor's CUDA_VISIBLE_DEVICES to its GPUs
     can_sleep = False                # an actor holds its num_gpus until it ends
 
     def __init__(self, settings: PoolSettings, address: Optional[str] = None,
@@ -169,14 +168,14 @@ class RayBackend:
 
     # -- replicas ----------------------------------------------------------
 
-    async def start_replica(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Optional[Path],
+    async def start_replica(self, spec: RevisionSpec, launch: ReplicaLaunch, slots: Sequence[Slot],
                             replica_id: str, *, registration: Optional[Registration] = None) -> RayReplica:
-        """model_dir: a folder the node may read as is; None: the node pulls spec.model_uri."""
+        """launch.folder: a folder the node may read as is; None: the node pulls spec.model_uri."""
         group = await self._reserve_group(slots, replica_id)
         actor = self._actor_class.options(**self._actor_options(slots, group, replica_id)).remote(
             replica_id, str(self.settings.logs))
         try:
-            handle = await self._launch(actor, group, spec, slots, model_dir, replica_id)
+            handle = await self._launch(actor, group, spec, launch, replica_id)
             await self._remember(handle, spec, slots, registration)
         except BaseException:
             release(actor, group)
@@ -186,47 +185,31 @@ class RayBackend:
         log.info("replica %s on node %s at %s", replica_id, handle.node_id[:12], handle.base_url)
         return handle
 
-    async def _launch(self, actor: Any, group: Optional[PlacementGroup], spec: RevisionSpec,
-                      slots: Sequence[Slot], model_dir: Optional[Path], replica_id: str) -> RayReplica:
+    async def _launch(self, actor: Any, group: Optional[PlacementGroup], spec: RevisionSpec, launch: ReplicaLaunch,
+                      replica_id: str) -> RayReplica:
         s = self.settings
-        local = str(model_dir) if model_dir is not None else None
+        local = str(launch.folder) if launch.folder is not None else None
         folder = await self._await(actor.model_folder.remote(local, spec.model_uri, s, dict(spec.pins)),
                                    s.pull_timeout_s, "placing the replica or pulling its weights")
-        child: Child | SandboxedModel | SandboxedFunction
-        if spec.kind == "function":
-            child, env_s = await self._function_child(actor, spec, slots, folder)
-        else:
-            child, env_s = await self._model_child(actor, spec, slots, folder), 0.0
+        on_node, env_s = await self._on_node(actor, launch, Path(folder), spec)
         secret = new_secret()          # in the child's environment, passed as an argument of the call
-        launch = actor.launch.remote(child, runtime_env(s.runtime_threads, secret), self.bind_host, None)
-        where = await self._await(launch, s.load_timeout_s, "starting the runtime")
+        started = actor.launch.remote(on_node, secret, s, self.bind_host, None)
+        where = await self._await(started, s.load_timeout_s, "starting the runtime")
         await self._note_cache(actor, where["node_id"])
         return RayReplica(replica_id, where["base_url"], where["node_id"], tuple(where["gpu_ids"]),
                           where["child_pid"], actor, secret, group, env_s=env_s)
 
-    async def _model_child(self, actor: Any, spec: RevisionSpec, slots: Sequence[Slot],
-                           folder: str) -> Child | SandboxedModel:
-        """runtime.serve.server on the node's interpreter, with the engine the slots imply, in its
-        sandbox on the node unless the operator turned that off."""
-        engine = engine_for(spec, slots, self.settings.kv_cache_tokens_default, isolated=True)
-        engine = await self._pull_draft(actor, engine, spec.pins)
-        if self.settings.sandbox != "off":
-            return SandboxedModel(self.settings, spec.tenant_id, folder, spec.revision_id, engine,
-                                  memory_limit(spec, slots))
-        return Child(("-m", "runtime.serve.server", "--model", folder, "--served-model-name", spec.revision_id,
-                      *engine_flags(engine)))
-
-    async def _function_child(self, actor: Any, spec: RevisionSpec, slots: Sequence[Slot],
-                              package_dir: str) -> tuple[Child | SandboxedFunction, float]:
-        """runtime.functions.server in the package's venv on the node, with the local backend's
-        limits, clean environment and sandbox; and the seconds the venv took."""
-        env = await self._function_env(actor, package_dir, spec.tenant_id)
-        limit = memory_limit(spec, slots)
-        if self.settings.sandbox != "off":
-            return SandboxedFunction(self.settings, spec.tenant_id, package_dir, env.python, spec.revision_id,
-                                     limit, spec.quota.egress), env.seconds
-        args = function_server_args(Path(package_dir), spec.revision_id, limit)
-        return Child(tuple(args), python=env.python, clean_env=True), env.seconds
+    async def _on_node(self, actor: Any, launch: ReplicaLaunch, folder: Path,
+                       spec: RevisionSpec) -> tuple[ReplicaLaunch, float]:
+        """The launch as its node has it: the node's folder, a function's venv built there
+        when the pool built none (and the seconds it took), a draft model pulled there."""
+        program, interpreter, env_s = launch.program, launch.interpreter, 0.0
+        if isinstance(program, FunctionServer) and interpreter is None:
+            env = await self._function_env(actor, str(folder), spec.tenant_id)
+            interpreter, env_s = env.python, env.seconds
+        elif isinstance(program, ModelServer):
+            program = await self._pull_draft(actor, program, spec.pins)
+        return replace(launch, program=program, interpreter=interpreter, folder=folder), env_s
 
     async def _function_env(self, actor: Any, package_dir: str, tenant_id: str) -> function_env.FunctionEnv:
         """The package's venv on the actor's node, built or found in its cache (the same stage
@@ -280,14 +263,14 @@ class RayBackend:
         self.replicas[record.replica_id] = handle
         return Survivor(record, handle)
 
-    async def _pull_draft(self, actor: Any, engine: dict[str, Any], pins: Pins) -> dict[str, Any]:
+    async def _pull_draft(self, actor: Any, program: ModelServer, pins: Pins) -> ModelServer:
         """A speculative draft model named by URI is pulled into the node's cache too."""
-        uri = draft_model_uri(engine)
+        uri = draft_model_uri(program.engine)
         if uri is None:
-            return engine
+            return program
         folder = await self._await(actor.model_folder.remote(None, uri, self.settings, dict(pins)),
                                    self.settings.pull_timeout_s, "pulling the draft model")
-        return with_draft_folder(engine, folder)
+        return program.with_engine(with_draft_folder(program.engine, folder))
 
     async def _note_cache(self, actor: Any, node_id: str) -> None:
         """Remember what this node's cache holds now (it may just have pulled)."""
@@ -455,11 +438,6 @@ def release(actor: Any, group: Optional[PlacementGroup]) -> None:
             remove_placement_group(group)
         except RayError:
             pass
-
-
-def memory_limit(spec: RevisionSpec, slots: Sequence[Slot]) -> Optional[int]:
-    on_cuda = any(slot.kind == "cuda" for slot in slots)
-    return function_env.memory_limit_mb(spec.gpu_memory_gb, len(slots), on_cuda=on_cuda)
 
 
 def short_error(exc: BaseException) -> str:

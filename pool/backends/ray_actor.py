@@ -2,11 +2,11 @@
 
 `ReplicaActor` is a plain class; backends/ray.py turns it into a Ray actor
 that holds the replica's GPUs (Ray sets CUDA_VISIBLE_DEVICES for it) and
-starts the replica's process as its child on the same node (`Child`):
-`python -m runtime.serve.server` with the node's interpreter, or for a function
-`python -m runtime.functions.server` with the interpreter of the package's
-venv, which the actor builds first (`function_env`, under the node's own
-cache folder) and with a clean environment (pool/function_env.py). The child
+starts the replica's process as its child on the same node (`launch`): the
+cold start's `ReplicaLaunch` (pool/launch.py) with this node's folder and
+interpreter (its own, or for a function the package's venv, which the actor
+builds first: `function_env`, under the node's own cache folder), on a port
+of this node or in its sandbox (pool/replica_sandbox.py). The child
 gets PR_SET_PDEATHSIG, so when the actor dies (ray.kill, node lost) the
 runtime process dies with it and never holds a GPU Ray thinks is free. The
 actor keeps its replica's record (`remember`), which the next pool reads
@@ -24,96 +24,24 @@ import signal
 import subprocess
 import sys
 from contextlib import AsyncExitStack, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from pool import function_env
-from pool.api import Pins
-from pool.backends.runtime_args import engine_flags
+from pool.api import Pins, ReplicaKind
 from pool.egress import EgressProxy
 from wire.socket_forward import SocketForward
 from pool.function_sandbox import FunctionSandboxes
-from pool.model_sandbox import MODEL, ModelSandboxes
+from pool.launch import ReplicaLaunch
+from pool.replica_sandbox import ReplicaSandboxes
 from pool.weights.inspection import FUNCTION_MANIFEST
 from pool.processes import free_port
-from pool.sandbox import SandboxedServer
 from pool.settings import PoolSettings
 
 PR_SET_PDEATHSIG = 1
 NODE_CACHE_ENV = "THAWPOOL_CACHE_DIR"      # a node's own cache folder, set where its raylet starts
 NODE_BUDGET_ENV = "THAWPOOL_CACHE_DISK_BUDGET_GB"   # and its own disk budget for that cache
 FOLDER_MARKERS = ("config.json", FUNCTION_MANIFEST)  # a model folder, or a function package
-
-
-@dataclass(frozen=True)
-class Child:
-    """The process an actor starts, less --host and --port (it picks the port on its node).
-
-    python None: the node's own interpreter (the pool's path may not exist there).
-    clean_env: the child gets only plain variables, what the pool adds and the actor's
-    GPUs (a function: the node's environment is not the tenant's to read); otherwise it
-    inherits the actor's environment, Ray's CUDA_VISIBLE_DEVICES included.
-    """
-    args: tuple[str, ...]
-    python: Optional[str] = None
-    clean_env: bool = False
-
-
-@dataclass(frozen=True)
-class SandboxedModel:
-    """runtime.serve.server for a model, in its sandbox on the node (pool/model_sandbox.py)."""
-    settings: PoolSettings               # the pool's: the node's own cache replaces its cache_dir
-    tenant_id: str
-    model_dir: str
-    served_name: str
-    engine: dict[str, Any]
-    memory_mb: Optional[int]
-
-    def server(self, replica_id: str, env: Mapping[str, str], gpus: Sequence[str]) -> SandboxedServer:
-        """`env`: what an unconfined child gets added; `gpus`: the actor's visible GPUs."""
-        models, name = self._sandboxes(), f"model-{replica_id}"
-        if not models.kernels_dir.is_dir():          # once per node: a sandbox's /tmp is its own
-            models.prebuild_kernels(sys.executable, {**os.environ, "PYTHONPATH": env.get("PYTHONPATH", "")})
-        added = {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else dict(env)
-        return models.server(name, sys.executable, added, self.memory_mb, _indices(gpus), lambda: [
-            "--model", str(MODEL), "--served-model-name", self.served_name,
-            *engine_flags(models.place(name, Path(self.model_dir), self.tenant_id, None, self.engine))])
-
-    def remove(self, replica_id: str) -> None:
-        self._sandboxes().remove(f"model-{replica_id}")
-
-    def _sandboxes(self) -> ModelSandboxes:
-        node = node_settings(self.settings)
-        functions = FunctionSandboxes.from_settings(node)
-        assert functions is not None, "a sandboxed child where the sandbox is off"
-        return ModelSandboxes(functions.sandbox, node)
-
-
-@dataclass(frozen=True)
-class SandboxedFunction:
-    """runtime.functions.server in its venv, in its tenant's sandbox on the node
-    (pool/function_sandbox.py)."""
-    settings: PoolSettings
-    tenant_id: str
-    package_dir: str
-    python: str                          # the venv's interpreter, as the node built it
-    served_name: str
-    memory_mb: Optional[int]
-    egress: tuple[str, ...] = ()         # the hosts its tenant was granted
-
-    def server(self, replica_id: str, env: Mapping[str, str], gpus: Sequence[str]) -> SandboxedServer:
-        sandboxes = self._sandboxes()
-        return sandboxes.server(self.tenant_id, replica_id, Path(self.package_dir), self.python, self.served_name,
-                                self.memory_mb, function_env.server_env({}, env, gpus), _indices(gpus), self.egress)
-
-    def remove(self, replica_id: str) -> None:
-        self._sandboxes().remove(replica_id)
-
-    def _sandboxes(self) -> FunctionSandboxes:
-        sandboxes = FunctionSandboxes.from_settings(node_settings(self.settings))
-        assert sandboxes is not None, "a sandboxed child where the sandbox is off"
-        return sandboxes
 
 
 def _indices(gpus: Sequence[str]) -> list[int]:
@@ -125,11 +53,16 @@ def visible_gpus(environ: Mapping[str, str]) -> list[str]:
     return [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
 
 
-def child_environ(child: Child, environ: Mapping[str, str], added: Mapping[str, str]) -> dict[str, str]:
-    """The child's whole environment, from the actor's (environ) and the pool's (added)."""
-    if not child.clean_env:
-        return {**environ, **added}
-    return function_env.server_env(environ, added, visible_gpus(environ))
+def node_sandboxes(settings: PoolSettings, launch: ReplicaLaunch) -> ReplicaSandboxes:
+    """This node's sandboxes for a confined launch, with the kernels a model's sandbox binds
+    built once per node (a sandbox's /tmp is its own)."""
+    sandboxes = ReplicaSandboxes.from_settings(node_settings(settings))
+    if sandboxes is None:
+        raise RuntimeError("a sandboxed launch where the sandbox is off")
+    if launch.kind == "model" and not sandboxes.models.kernels_dir.is_dir():
+        path = launch.env.get("PYTHONPATH", "")
+        sandboxes.models.prebuild_kernels(sys.executable, {**os.environ, "PYTHONPATH": path})
+    return sandboxes
 
 
 def die_with_parent() -> None:
@@ -170,7 +103,7 @@ class ReplicaActor:
         self.installer: Optional[subprocess.Popen[bytes]] = None   # a function's venv build
         self.where: dict[str, Any] = {}          # what launch() answered
         self.record: Optional[dict[str, Any]] = None   # pool.adoption.ReplicaRecord.to_json()
-        self.sandboxed: Optional[SandboxedModel | SandboxedFunction] = None
+        self.sandboxed: Optional[tuple[ReplicaSandboxes, ReplicaKind]] = None   # what stop() removes
         self.forward: Optional[SocketForward] = None    # the node's port to a sandboxed child's socket
         self.egress: Optional[EgressProxy] = None       # the proxy of its tenant's granted hosts
 
@@ -221,18 +154,24 @@ class ReplicaActor:
 
     # -- the runtime process -----------------------------------------------
 
-    def launch(self, child: Child | SandboxedModel | SandboxedFunction, env: Mapping[str, str], bind_host: str,
+    def launch(self, launch: ReplicaLaunch, secret: str, settings: PoolSettings, bind_host: str,
                advertise_host: Optional[str]) -> dict[str, Any]:
-        """Start the child on a port of this node (`<python> args --host --port`, or a
-        sandboxed server on its unix socket, which a SocketForward carries the port to);
-        returns the base_url and where it runs."""
-        if isinstance(child, Child):
+        """Start the launch's process on a port of this node (`--host --port`), or in its
+        sandbox on its unix socket, which a SocketForward carries the port to; returns the
+        base_url and where it runs. The launch's folder is this node's; its interpreter,
+        where None, this node's own (the pool's path may not exist here). It sees the
+        actor's GPUs, as Ray gave them."""
+        interpreter, folder, gpus = launch.interpreter or sys.executable, launch.folder, visible_gpus(os.environ)
+        if folder is None:
+            raise ValueError("a launch on a node names the node's folder")
+        if launch.sandbox is None:
             port = free_port(bind_host)
-            command = [child.python or sys.executable, *child.args, "--host", bind_host, "--port", str(port)]
-            process = self._spawn(command, child_environ(child, os.environ, env))
+            process = self._spawn(launch.command(interpreter, str(folder), bind_host, port),
+                                  launch.environment(os.environ, secret, gpus))
         else:
-            server = child.server(self.replica_id, env, visible_gpus(os.environ))
-            self.sandboxed, self.egress = child, server.egress
+            sandboxes = node_sandboxes(settings, launch)
+            server = sandboxes.server(launch, self.replica_id, interpreter, folder, secret, gpus, _indices(gpus))
+            self.sandboxed, self.egress = (sandboxes, launch.kind), server.egress
             process = self._spawn(server.command, server.env)
             self.forward = SocketForward(bind_host, server.socket)
             port = self.forward.start()
@@ -289,7 +228,8 @@ class ReplicaActor:
             if server is not None:
                 server.close()
         if self.sandboxed is not None and self.returncode() is not None:
-            self.sandboxed.remove(self.replica_id)
+            sandboxes, kind = self.sandboxed
+            sandboxes.remove(kind, self.replica_id)
         return self.returncode()
 
 

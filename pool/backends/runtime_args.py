@@ -1,7 +1,7 @@
-"""How a replica's `python -m runtime.serve.server` is started: engine kwargs, flags, environment.
+"""What a replica's `python -m runtime.serve.server` is given: engine kwargs, flags, environment.
 
-Both backends start the same server; they differ in what the process sees
-of the GPUs (`isolated`) and in where it runs.
+The cold start builds one launch from these for both backends (pool/launch.py);
+the engine differs only by what the process sees of the GPUs (`isolated`).
 
 Every runtime process gets its own random secret in its environment
 (wire/replica_secret.py: SECRET_ENV), never on its command line, and
@@ -69,12 +69,12 @@ def engine_flags(engine: Mapping[str, Any]) -> list[str]:
     return to_flags(engine)
 
 
-def runtime_env(runtime_threads: Optional[int], secret: str) -> dict[str, str]:
+def runtime_env(runtime_threads: Optional[int], secret: Optional[str] = None) -> dict[str, str]:
     """What a runtime.serve.server child needs on top of the environment it inherits: its
-    secret, this checkout importable, and its thread count when the settings fix one
-    (CPU replicas)."""
+    secret (None: added where each process is started, `ReplicaLaunch.environment`), this
+    checkout importable, and its thread count when the settings fix one (CPU replicas)."""
     path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {"PYTHONPATH": path, SECRET_ENV: secret}
+    env = {"PYTHONPATH": path, **({SECRET_ENV: secret} if secret is not None else {})}
     if runtime_threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(runtime_threads)
     return env

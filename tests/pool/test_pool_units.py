@@ -9,6 +9,7 @@ from pool.backends.base import ReplicaHandle, Survivor
 from pool.backends.runtime_args import engine_flags, engine_for
 from pool.cold_start import cold_start_timings, failure_reason
 from pool.inventory import Slot, cpu_slots
+from pool.launch import ReplicaLaunch
 from pool.registry import ManagedReplica, scale_down_order
 from pool.replica import Replica, ReplicaState
 from pool.settings import GB, PoolSettings
@@ -63,6 +64,41 @@ def test_cpu_replicas_are_given_the_nodes_packed_layer_cache():
         "kv_cache_tokens": 64, "packed_cache_dir": "/c/packed", "packed_cache_gb": 4.0}
     assert "packed_cache_dir" not in engine_for(SPEC, cuda, 64, isolated=False, packed=packed)
     assert "packed_cache_dir" not in engine_for(SPEC, cpu, 64, isolated=False, packed=(Path("/c"), 0.0))
+
+
+def test_the_cold_start_builds_one_launch_and_leaves_the_node_what_only_it_knows():
+    from dataclasses import replace
+
+    from pool.api import TenantQuota
+    from pool.cold_start import launch_for
+    from pool.launch import Confinement, FunctionServer, ModelServer
+
+    class Here:
+        pulls_on_node, isolates_gpus = False, False
+
+    settings = PoolSettings(cache_dir=Path("/c"), runtime_python="/py", runtime_threads=2, packed_cache_gb=4.0,
+                            kv_cache_tokens_default=256)
+    cpu, cuda = cpu_slots(PoolSettings(cpu_slots=1))[:1], [Slot("n/cuda1", "n", "cuda", GB, 1)]
+    model = launch_for(SPEC, cuda, settings, Here(), folder=Path("/m"))         # type: ignore[arg-type]
+    assert model.program == ModelServer(SPEC.revision_id, {"kv_cache_tokens": 256, "device": "cuda:1"})
+    assert (model.interpreter, model.folder, model.kind, model.takes_standby) == ("/py", Path("/m"), "model", True)
+    assert model.env["OMP_NUM_THREADS"] == "2" and "THAWPOOL_REPLICA_SECRET" not in model.env
+    assert model.sandbox == Confinement(SPEC.tenant_id, None)
+    assert model.visible_gpus([1]) == [] and model.visible_gpus([1, 2]) == [1, 2]   # one GPU: named by index
+
+    on_node = launch_for(SPEC, cuda, settings, FakeBackend([]), folder=None)
+    assert (on_node.interpreter, on_node.folder) == (None, None)                   # the node names both
+    assert isinstance(on_node.program, ModelServer) and on_node.program.engine["device"] == "cuda"
+    assert "packed_cache_dir" in launch_for(SPEC, cpu, settings, Here(), folder=Path("/m")).program.engine
+    assert "packed_cache_dir" not in launch_for(SPEC, cpu, settings, FakeBackend([]), folder=None).program.engine
+
+    granted = replace(SPEC, kind="function", quota=TenantQuota(egress=("api.example:443",)))
+    function = launch_for(granted, cpu, settings, Here(), folder=Path("/p"), venv="/venv/bin/python")
+    assert function.program == FunctionServer(SPEC.revision_id, 3072 + 1024)
+    assert (function.interpreter, function.takes_standby, function.clean_env) == ("/venv/bin/python", False, True)
+    assert function.sandbox == Confinement(SPEC.tenant_id, 3072 + 1024, ("api.example:443",))
+    assert function.visible_gpus([1]) == [1]                                       # its handler says "cuda"
+    assert launch_for(granted, cpu, settings.with_(sandbox="off"), Here(), folder=Path("/p")).sandbox is None
 
 
 def test_each_replica_gets_its_secret_in_its_environment_and_sends_it_as_a_bearer_header():
@@ -181,6 +217,7 @@ class FakeBackend:
     """A whole Backend (pool.backends.base) that starts nothing: inventory() answers
     whatever `slots` holds now, as a cluster's would while nodes come and go."""
     pulls_on_node = True
+    isolates_gpus = True
     can_sleep = False
 
     def __init__(self, slots: Sequence[Slot]):
@@ -199,7 +236,7 @@ class FakeBackend:
     async def nodes_holding(self, keys: Iterable[str]) -> set[str]:
         return set()
 
-    async def start_replica(self, spec: RevisionSpec, slots: Sequence[Slot], model_dir: Optional[Path],
+    async def start_replica(self, spec: RevisionSpec, launch: ReplicaLaunch, slots: Sequence[Slot],
                             replica_id: str, *, registration: Optional[Registration] = None) -> ReplicaHandle:
         raise RuntimeError("FakeBackend starts no replicas")
 

@@ -35,6 +35,15 @@ async def backend(cluster, tmp_path):
         await wait_until(lambda: gpus_free() == GPUS_PER_NODE * len(cluster.workers), 30)
 
 
+async def start_on(backend, spec, slots, folder: Path | None, replica_id: str):
+    """backend.start_replica with the launch a cold start would make for it, `folder` given
+    to the node as it is (None, or one it cannot read: the node pulls spec.model_uri)."""
+    from pool.cold_start import launch_for
+
+    launch = launch_for(spec, slots, backend.settings, backend, folder=folder)
+    return await backend.start_replica(spec, launch, slots, replica_id)
+
+
 def gpus_free() -> float:
     return ray.available_resources().get("GPU", 0.0)
 

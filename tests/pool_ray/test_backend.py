@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from pool.api import RevisionSpec
-from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, wait_until
+from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, start_on, wait_until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
 CPU_ENGINE = {"device": "cpu", "dtype": "float32", "kv_cache_tokens": 256}
@@ -81,7 +81,7 @@ async def test_inventory_has_one_cuda_slot_per_gpu_on_each_node(backend, cluster
 async def test_three_replicas_spread_serve_and_release_every_gpu(backend, cluster, tiny_model):
     spec = spec_for()
     slots = free_slots_by_node(await backend.inventory(), 3)
-    handles = [await backend.start_replica(spec, [slot], tiny_model, f"r{i}") for i, slot in enumerate(slots)]
+    handles = [await start_on(backend, spec, [slot], tiny_model, f"r{i}") for i, slot in enumerate(slots)]
     assert [h.node_id for h in handles] == [s.node for s in slots]
     assert {h.node_id for h in handles} == {n.node_id for n in cluster.workers}
     assert all(h.base_url.startswith("http://127.0.0.1:") for h in handles)
@@ -108,7 +108,7 @@ async def test_tensor_parallel_replica_gets_two_gpus_on_one_node(backend, tiny_m
     node = slots[-1].node
     pair = [s for s in slots if s.node == node]
     spec = spec_for(gpu_count=2)                   # no tensor_parallel_size: the backend's
-    handle = await backend.start_replica(spec, pair, tiny_model, "tp")
+    handle = await start_on(backend, spec, pair, tiny_model, "tp")
     try:
         assert handle.node_id == node and len(handle.gpu_ids) == 2
         assert handle.group is not None
@@ -131,7 +131,7 @@ async def test_tensor_parallel_replica_gets_two_gpus_on_one_node(backend, tiny_m
 
 async def test_runtime_exit_is_reported_with_its_code(backend, tiny_model):
     slots = await backend.inventory()
-    handle = await backend.start_replica(spec_for(), slots[:1], tiny_model, "killed")
+    handle = await start_on(backend, spec_for(), slots[:1], tiny_model, "killed")
     os.kill(handle.pid, signal.SIGKILL)          # same machine: the node's child is ours to see
     assert await wait_until(lambda: not handle.is_alive(), 60)
     assert "exited with code -9" in handle.exit_reason(), handle.exit_reason()

@@ -16,6 +16,7 @@ from pool.s3 import open_client
 from pool.weights.cache import WeightCache, entry_key
 from pool.weights.store import WeightStore
 from tests.pool.conftest import make_settings
+from tests.pool_ray.conftest import start_on
 from tests.pool_ray.test_backend import CPU_ENGINE, complete, wait_ready
 from tests.support.model_factory import upload_model
 
@@ -46,7 +47,7 @@ async def test_node_without_the_folder_pulls_into_its_own_cache(cluster, s3_serv
         engine = {**CPU_ENGINE, "speculative": {"method": "draft", "model": draft_uri, "k": 2}}
         spec = RevisionSpec(f"rev-{uuid.uuid4().hex[:8]}", "dep-ray", "ten-ray", uri, engine=engine)
         missing = Path("/nonexistent/thawpool/model")           # not readable on any node
-        handle = await backend.start_replica(spec, [target], missing, "pulled")
+        handle = await start_on(backend, spec, [target], missing, "pulled")
 
         assert await backend.nodes_holding(keys) == {target.node}
         assert keys | draft_keys <= set(await handle.cached(settings.cache_dir))

@@ -37,6 +37,7 @@ DRIVER = textwrap.dedent("""
     from pathlib import Path
     from pool.api import RevisionSpec
     from pool.backends.ray import RayBackend
+    from pool.cold_start import launch_for
     from pool.settings import PoolSettings
 
     async def main(address, model, cache, namespace, specs):
@@ -47,7 +48,9 @@ DRIVER = textwrap.dedent("""
         started = {}
         for slot, (name, spec) in zip(slots, json.loads(specs).items()):
             rid = f"{name}-{spec['revision_id']}"
-            handle = await backend.start_replica(RevisionSpec(**spec), [slot], Path(model), rid)
+            spec = RevisionSpec(**spec)
+            launch = launch_for(spec, [slot], backend.settings, backend, folder=Path(model))
+            handle = await backend.start_replica(spec, launch, [slot], rid)
             started[name] = {"replica_id": handle.replica_id, "pid": handle.pid, "base_url": handle.base_url}
         print(json.dumps(started), flush=True)
         await asyncio.sleep(3600)

@@ -24,7 +24,7 @@ from pool.adoption import spec_fingerprint
 from pool.api import ColdStartFailed, RevisionSpec
 from pool.backends.ray import RayBackend
 from pool.health import serves
-from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, ray_settings, wait_until
+from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, ray_settings, start_on, wait_until
 from tests.pool_ray.test_backend import wait_ready
 from tests.pool_ray.test_manager_on_ray import pool_settings, running_pool
 from tests.pool_ray.test_node_loss import process_gone
@@ -93,7 +93,7 @@ async def test_the_next_pool_finds_a_function_replica_still_serving(cluster, tmp
     first, second = RayBackend(settings), RayBackend(settings)
     await first.start()
     slot = (await first.inventory())[0]
-    handle = await first.start_replica(spec, [slot], probe_package(tmp_path / "probe"), "fn-kept")
+    handle = await start_on(first, spec, [slot], probe_package(tmp_path / "probe"), "fn-kept")
     try:
         assert await wait_ready(handle), handle.exit_reason()
         served = (await invoke(handle, {"echo": 1}))["pid"]
@@ -122,7 +122,7 @@ async def test_a_venv_that_cannot_be_built_fails_the_start_with_the_installers_r
     (package / "wheels").mkdir()              # its own wheels only, and none of them is tinydep
     slot = (await backend.inventory())[0]
     with pytest.raises(ColdStartFailed) as failed:
-        await backend.start_replica(function_spec("s3://unused/probe/"), [slot], package, "fn-broken")
+        await start_on(backend, function_spec("s3://unused/probe/"), [slot], package, "fn-broken")
     assert "installing requirements failed" in failed.value.reason and "tinydep" in failed.value.reason
     assert backend.replicas == {}
     assert await wait_until(lambda: gpus_free() == GPUS_PER_NODE * len(cluster.workers), 30), gpus_free()

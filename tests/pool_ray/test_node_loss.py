@@ -13,7 +13,7 @@ from functools import partial
 import pytest
 
 from pool.api import ColdStartFailed, RevisionSpec
-from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, wait_until
+from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, start_on, wait_until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
 CPU_ENGINE = {"device": "cpu", "dtype": "float32", "kv_cache_tokens": 256}
@@ -34,8 +34,8 @@ async def test_lost_node_fails_its_replicas_and_replacements_land_on_the_survivo
     slots = await backend.inventory()
     on_lost = [s for s in slots if s.node == lost.node_id]
     on_survivor = [s for s in slots if s.node == survivor.node_id]
-    doomed = [await backend.start_replica(spec, [s], tiny_model, f"doomed{i}") for i, s in enumerate(on_lost)]
-    kept = await backend.start_replica(spec, on_survivor[:1], tiny_model, "kept")
+    doomed = [await start_on(backend, spec, [s], tiny_model, f"doomed{i}") for i, s in enumerate(on_lost)]
+    kept = await start_on(backend, spec, on_survivor[:1], tiny_model, "kept")
 
     cluster.remove_worker(lost)
 
@@ -47,10 +47,10 @@ async def test_lost_node_fails_its_replicas_and_replacements_land_on_the_survivo
     assert kept.is_alive()
     assert {s.node for s in await backend.inventory()} == {survivor.node_id}
     with pytest.raises(ColdStartFailed, match="left the cluster"):
-        await backend.start_replica(spec, on_lost[:1], tiny_model, "stale")
+        await start_on(backend, spec, on_lost[:1], tiny_model, "stale")
 
     free = [s for s in await backend.inventory() if s.slot_id != on_survivor[0].slot_id]
-    replacement = await backend.start_replica(spec, free[:1], tiny_model, "replacement")
+    replacement = await start_on(backend, spec, free[:1], tiny_model, "replacement")
     assert replacement.node_id == survivor.node_id and replacement.is_alive()
     assert gpus_free() == 0
 

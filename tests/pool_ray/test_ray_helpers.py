@@ -57,16 +57,17 @@ def test_a_node_pulls_into_its_own_cache_with_its_own_budget(tmp_path, monkeypat
 
 
 def test_a_function_child_sees_only_plain_variables_the_pools_and_the_actors_gpus():
-    from pool.backends.ray_actor import Child, child_environ
+    from pool.launch import FunctionServer, ModelServer, ReplicaLaunch
 
     actor = {"PATH": "/bin", "HOME": "/h", "CUDA_VISIBLE_DEVICES": "3", "THAWPOOL_CACHE_DIR": "/node",
              "RAY_ADDRESS": "127.0.0.1:1", "AWS_SECRET_ACCESS_KEY": "s"}
-    added = {"THAWPOOL_REPLICA_SECRET": "r", "PYTHONPATH": "/src"}
-    function = Child(("-m", "runtime.functions.server"), python="/venv/bin/python", clean_env=True)
-    assert child_environ(function, actor, added) == {"PATH": "/bin", "HOME": "/h", "CUDA_VISIBLE_DEVICES": "3",
-                                                     "THAWPOOL_REPLICA_SECRET": "r", "PYTHONPATH": "/src"}
-    assert "CUDA_VISIBLE_DEVICES" not in child_environ(function, {"PATH": "/bin"}, added)
-    assert child_environ(Child(("-m", "runtime.serve.server")), actor, added) == {**actor, **added}
+    added = {"PYTHONPATH": "/src"}
+    function = ReplicaLaunch(FunctionServer("rev-1", None), "/venv/bin/python", None, added, None)
+    assert function.environment(actor, "r", ["3"]) == {"PATH": "/bin", "HOME": "/h", "CUDA_VISIBLE_DEVICES": "3",
+                                                       "THAWPOOL_REPLICA_SECRET": "r", "PYTHONPATH": "/src"}
+    assert "CUDA_VISIBLE_DEVICES" not in function.environment({"PATH": "/bin"}, "r", [])
+    model = ReplicaLaunch(ModelServer("rev-1", {}), None, None, added, None)
+    assert model.environment(actor, "r", ["3"]) == {**actor, **added, "THAWPOOL_REPLICA_SECRET": "r"}
 
 
 def test_the_installers_answer_is_the_venv_or_its_reason(tmp_path):
@@ -85,13 +86,11 @@ def test_the_installers_answer_is_the_venv_or_its_reason(tmp_path):
         built_env(-9, b"", b"Killed")
 
 
-def test_a_function_server_gets_the_same_arguments_on_ray_as_locally(tmp_path):
-    from pool.function_env import server_args
-    from pool.function_sandbox import function_server_args
+def test_a_function_server_gets_its_arguments_from_its_launch_and_its_address_from_its_node(tmp_path):
+    from pool.launch import FunctionServer, ReplicaLaunch
 
-    ray_args = function_server_args(tmp_path, "rev-1", None)
-    assert server_args("/venv/bin/python", "127.0.0.1", 9, tmp_path, "rev-1", None) == [
-        "/venv/bin/python", *ray_args, "--host", "127.0.0.1", "--port", "9"]
-    assert ray_args == ["-m", "runtime.functions.server", "--package", str(tmp_path), "--served-model-name",
-                        "rev-1", "--max-open-files", "4096"]
-    assert function_server_args(tmp_path, "rev-1", 3328)[-2:] == ["--memory-limit-mb", "3328"]
+    launch = ReplicaLaunch(FunctionServer("rev-1", None), "/venv/bin/python", None, {}, None)
+    assert launch.command("/venv/bin/python", str(tmp_path), "127.0.0.1", 9) == [
+        "/venv/bin/python", "-m", "runtime.functions.server", "--package", str(tmp_path), "--served-model-name",
+        "rev-1", "--max-open-files", "4096", "--host", "127.0.0.1", "--port", "9"]
+    assert FunctionServer("rev-1", 3328).argv(str(tmp_path))[-2:] == ["--memory-limit-mb", "3328"]

@@ -21,7 +21,7 @@ pytest.importorskip("ray", reason="ray not installed")
 
 from pool.api import RevisionSpec  # noqa: E402
 from pool.backends.ray import RayBackend  # noqa: E402
-from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, ray_settings, wait_until  # noqa: E402
+from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, ray_settings, start_on, wait_until  # noqa: E402
 from tests.pool_ray.test_backend import CPU_ENGINE, wait_ready  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session"),
@@ -54,8 +54,8 @@ async def sandboxed(cluster, tmp_path):
 
 async def test_a_hostile_function_on_ray_finds_nothing_of_the_node_or_the_cluster(sandboxed, cluster, tmp_path):
     slot = (await sandboxed.inventory())[0]
-    handle = await sandboxed.start_replica(spec_for("function"), [slot], shutil.copytree(HOSTILE, tmp_path / "h"),
-                                           "hostile-ray")
+    handle = await start_on(sandboxed, spec_for("function"), [slot], shutil.copytree(HOSTILE, tmp_path / "h"),
+                            "hostile-ray")
     try:
         assert await wait_ready(handle), handle.exit_reason()
         me = await probe(handle, "identity")
@@ -74,7 +74,7 @@ async def test_a_hostile_function_on_ray_finds_nothing_of_the_node_or_the_cluste
 
 async def test_a_model_replica_on_ray_runs_in_its_sandbox(sandboxed, tiny_model):
     slot = (await sandboxed.inventory())[0]
-    handle = await sandboxed.start_replica(spec_for("model"), [slot], tiny_model, "model-ray")
+    handle = await start_on(sandboxed, spec_for("model"), [slot], tiny_model, "model-ray")
     try:
         assert await wait_ready(handle), handle.exit_reason()
         server = [pid for pid in _group(handle.pid) if b"python" in _argv(pid).split(b"\0")[0]
