@@ -25,7 +25,7 @@ import asyncio
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Awaitable, FrozenSet, Mapping, Optional, Sequence, TypeVar
+from typing import Awaitable, FrozenSet, Optional, Sequence, TypeVar
 
 import httpx
 

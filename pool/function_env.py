@@ -13,7 +13,8 @@ it holds the platform's S3 keys and database URL. Each gets an allowlist of
 plain variables (the installer also the proxies it needs to reach an index, and
 the index the operator named for tenants, `function_index_url`: never the
 installer's own PIP_*/UV_* settings, which may carry its credentials), plus what
-the runtime needs (this checkout on PYTHONPATH, runtime_args.runtime_env).
+the runtime needs (this checkout on PYTHONPATH, runtime_args.runtime_env); the
+server's is made by its launch (pool/launch.py: `ReplicaLaunch.environment`).
 
 With the sandbox on (pool/function_sandbox.py), the build runs in one, as its
 tenant's uid, into that tenant's own venv folder.
@@ -28,7 +29,7 @@ import signal
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional
 
 from pool.api import ColdStartFailed
 from pool.backends.runtime_args import PROJECT_ROOT
@@ -164,12 +165,3 @@ def memory_limit_mb(gpu_memory_gb: float, slot_count: int, on_cuda: bool) -> Opt
         return None
     return BASE_MEMORY_MB + int(gpu_memory_gb * 1024 * max(1, slot_count))
 
-
-def server_env(environ: Mapping[str, str], runtime: Mapping[str, str],
-               cuda_devices: Sequence[int | str]) -> dict[str, str]:
-    """The function server's whole environment: plain variables, the runtime's (its secret,
-    PYTHONPATH, threads), and only its own GPUs visible (the handler says "cuda")."""
-    env = {**plain_env(environ), **runtime}
-    if cuda_devices:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in cuda_devices)
-    return env

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Mapping, Optional, Sequence
 
 from pool.api import ReplicaKind
 from pool.backends.runtime_args import engine_flags
-from pool.function_env import server_env
+from pool.function_env import plain_env
 from wire.replica_secret import SECRET_ENV
 
 MODEL_SERVER = "runtime.serve.server"
@@ -76,6 +76,8 @@ class Confinement:
 
 @dataclass(frozen=True)
 class ReplicaLaunch:
+    """One replica's process as the cold start describes it, for a backend to start where
+    it placed it (module docstring: what the node fills in)."""
     program: ModelServer | FunctionServer
     interpreter: Optional[str]         # None: the node's (module docstring)
     folder: Optional[Path]             # the pool's copy of the weights or package; None: the node pulls
@@ -110,10 +112,7 @@ class ReplicaLaunch:
         """Its whole environment, from the node's (empty: a sandbox's start, which adds its
         own), what the launch adds and its secret, with only `gpus` visible (empty: as the
         node's environment says)."""
-        added = {**self.env, SECRET_ENV: secret}
-        if self.clean_env:
-            return server_env(node_environ, added, gpus)
-        env = {**node_environ, **added}
+        env = {**(plain_env(node_environ) if self.clean_env else node_environ), **self.env, SECRET_ENV: secret}
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         return env

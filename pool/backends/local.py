@@ -252,11 +252,11 @@ class LocalBackend:
         if self.sandboxes is not None and launch.sandbox is not None:
             server = self.sandboxes.server(launch, replica_id, interpreter, folder, secret,
                                            launch.visible_gpus(gpus), gpus)
-            if launch.kind == "model":
-                self._sandbox_of[replica_id] = model_sandbox_name(replica_id)
             if server.egress is not None:
                 self._egress[replica_id] = server.egress
             proc = self._spawn(server.command, name, 0, server.env)
+            if launch.kind == "model":
+                self._sandbox_of[replica_id] = model_sandbox_name(replica_id)
             return LocalReplica(replica_id, unix_base_url(str(server.socket)), proc, warm=False, secret=secret)
         if launch.sandbox is not None:
             raise ColdStartFailed("the launch asks for a sandbox, which the operator turned off here")

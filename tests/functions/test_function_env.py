@@ -6,7 +6,8 @@ import subprocess
 import pytest
 
 from pool.api import ColdStartFailed
-from pool.function_env import build_env, installer_env, plain_env, server_env
+from pool.function_env import build_env, installer_env, plain_env
+from pool.launch import FunctionServer, ReplicaLaunch
 from pool.function_sandbox import FunctionSandboxes
 from pool.settings import PoolSettings
 from tests.functions.conftest import make_wheel
@@ -83,6 +84,7 @@ def test_children_never_see_the_platforms_credentials():
     assert installer_env(environ, "https://tenants/simple") == {
         "PATH": "/bin", "HOME": "/root", "HTTPS_PROXY": "http://proxy:3128",
         "PIP_INDEX_URL": "https://tenants/simple", "UV_INDEX_URL": "https://tenants/simple"}
-    served = server_env(environ, {"THAWPOOL_REPLICA_SECRET": "r", "PYTHONPATH": "/src"}, [1, 3])
+    function = ReplicaLaunch(FunctionServer("rev", None), "/venv/bin/python", None, {"PYTHONPATH": "/src"}, None)
+    served = function.environment(environ, "r", [1, 3])
     assert served == {"PATH": "/bin", "HOME": "/root", "THAWPOOL_REPLICA_SECRET": "r", "PYTHONPATH": "/src",
                       "CUDA_VISIBLE_DEVICES": "1,3"}
