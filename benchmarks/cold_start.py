@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from benchmarks.rounds import median_round, shown  # noqa: E402
+from spec.engine_options import ChosenOptions  # noqa: E402
 from pool.api import RevisionSpec  # noqa: E402
 from pool.in_memory import EventLog, InMemoryDesiredState  # noqa: E402
 from pool.manager import PoolManager  # noqa: E402
@@ -217,7 +218,7 @@ async def pool_cold_starts(settings: PoolSettings, uri: str, proxy: Optional[Pro
         settings = settings.with_(s3_endpoint=proxy.endpoint)
     spec = RevisionSpec(revision_id="bench-rev", deployment_id="bench", tenant_id="bench",
                         model_uri=uri, gpu_memory_gb=0, idle_timeout_s=1.0,
-                        engine={"kv_cache_tokens": 1024})
+                        engine=ChosenOptions({"kv_cache_tokens": 1024}))
     manager = PoolManager(settings, InMemoryDesiredState([spec]), EventLog())
     await manager.start()
     try:

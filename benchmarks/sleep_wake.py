@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.cold_start import build_model, first_token, model_args  # noqa: E402  (the same model, the same token)
 from benchmarks.rounds import median_round  # noqa: E402
+from spec.engine_options import ChosenOptions  # noqa: E402
 from pool.api import RevisionSpec  # noqa: E402
 from pool.in_memory import EventLog, InMemoryDesiredState  # noqa: E402
 from pool.manager import PoolManager  # noqa: E402
@@ -76,7 +77,7 @@ def bench_settings(s3: Any, workdir: Path) -> PoolSettings:
 def spec(uri: str, name: str, sleep_timeout_s: float) -> RevisionSpec:
     return RevisionSpec(revision_id=f"bench-{name}", deployment_id=name, tenant_id="bench",
                         model_uri=uri, gpu_memory_gb=0, idle_timeout_s=1.0,
-                        sleep_timeout_s=sleep_timeout_s, engine={"kv_cache_tokens": 1024})
+                        sleep_timeout_s=sleep_timeout_s, engine=ChosenOptions({"kv_cache_tokens": 1024}))
 
 
 async def thaw(manager: PoolManager, revision: RevisionSpec) -> dict[str, Any]:

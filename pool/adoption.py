@@ -64,7 +64,7 @@ class ReplicaRecord:
 
 def spec_fingerprint(spec: RevisionSpec) -> str:
     """Equal for two specs whose replicas are interchangeable (same model, engine and size)."""
-    what = {"model_uri": spec.model_uri, "engine": spec.engine, "gpu_memory_gb": spec.gpu_memory_gb,
+    what = {"model_uri": spec.model_uri, "engine": spec.engine.to_json(), "gpu_memory_gb": spec.gpu_memory_gb,
             "gpu_count": spec.gpu_count}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24]
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Mapping, Optional, Protocol
+from typing import Literal, Mapping, Optional, Protocol
+
+from spec.engine_options import ChosenOptions
 
 
 # what a revision's replica runs: an LLM (runtime.serve.server) or a function package
@@ -72,7 +74,7 @@ class RevisionSpec:
     max_replicas: int = 1
     target_concurrency: int = 8
     idle_timeout_s: float = 300.0
-    engine: Mapping[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs
+    engine: ChosenOptions = field(default_factory=ChosenOptions)   # the deploy's; the rest default
     quota: TenantQuota = TenantQuota()       # the tenant's, the same on all its revisions
     kind: ReplicaKind = "model"    # model: runtime.serve.server | function: runtime.functions.server
     # The sleep tier: an idle replica sleeps (process and host-memory weights kept, GPU
@@ -95,7 +97,7 @@ class ReplicaShape:
     """What one replica of a revision asks of the slots: placement sizes it from this."""
     gpu_memory_gb: float
     gpu_count: int
-    engine: Mapping[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs
+    engine: ChosenOptions = field(default_factory=ChosenOptions)
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Optional, Sequence
+from typing import ClassVar, Mapping, Optional, Sequence
 
 from pool.api import ReplicaKind
 from pool.backends.runtime_args import engine_flags
 from pool.function_env import plain_env
+from spec.engine_options import ChosenOptions
 from wire.replica_secret import SECRET_ENV
 
 MODEL_SERVER = "runtime.serve.server"
@@ -36,7 +37,7 @@ MAX_OPEN_FILES = 4096                  # a function server's descriptors
 class ModelServer:
     """`python -m runtime.serve.server`: an LLM served from a model folder."""
     served_name: str
-    engine: Mapping[str, Any]          # runtime.LLM kwargs, with what the slots imply
+    engine: ChosenOptions              # the revision's, with what the slots imply
 
     kind: ClassVar[ReplicaKind] = "model"
 
@@ -45,9 +46,9 @@ class ModelServer:
         return ["-m", MODEL_SERVER, "--model", folder, "--served-model-name", self.served_name,
                 *engine_flags(self.engine)]
 
-    def with_engine(self, engine: Mapping[str, Any]) -> ModelServer:
+    def with_engine(self, engine: ChosenOptions) -> ModelServer:
         """The same server with the engine as its node sees it (a draft's folder, a sandbox's paths)."""
-        return replace(self, engine=dict(engine))
+        return replace(self, engine=engine)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import subprocess
 from dataclasses import dataclass
 from hashlib import sha256
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from pool.api import ColdStartFailed
 from kernels.cpu.build import KERNELS_DIR_ENV
@@ -40,6 +40,7 @@ from pool.function_sandbox import REPLICA, RUN_ROOT, SECRET, SOCKET, cuda_device
 from pool.sandbox import (Bind, Sandbox, SandboxedServer, SandboxProfile, files_under, own_folder, replica_folder,
                           sandbox_env)
 from pool.settings import MB, PoolSettings
+from spec.engine_options import ChosenOptions
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class ModelSandboxes:
         return SandboxedServer(command, sandbox_env(os.environ, inside), self.socket_path(name))
 
     def place(self, name: str, model_dir: Path, tenant_id: str, memory_mb: Optional[int],
-              engine: dict[str, Any]) -> dict[str, Any]:
+              engine: ChosenOptions) -> ChosenOptions:
         """The model's files (its draft's too) and its tenant's packed layers into the
         process's folder; the engine options as the process sees them."""
         folder = self.folder(name)
@@ -125,13 +126,13 @@ class ModelSandboxes:
         speculative = engine.get("speculative")
         if isinstance(speculative, dict) and speculative.get("model"):
             _link_files(Path(speculative["model"]), folder / "draft")
-            engine = {**engine, "speculative": {**speculative, "model": str(DRAFT)}}
+            engine = engine.with_(speculative={**speculative, "model": str(DRAFT)})
         for pack in self._tenant_packs(tenant_id).glob("*.pack"):
             os.utime(pack)                 # recently used: the last its tenant's budget evicts
             _link(pack, folder / "packed" / pack.name)
         if memory_mb is not None and not self.sandbox.cgroups.limit_memory(name, memory_mb * MB):
             log.warning("no memory limit for %s: the host refused it", name)
-        return {**engine, "packed_cache_dir": str(PACKED)} if "packed_cache_dir" in engine else engine
+        return engine.with_(packed_cache_dir=str(PACKED)) if "packed_cache_dir" in engine else engine
 
     def remove(self, name: str) -> None:
         """A stopped process's cgroups and folder, its new packed layers kept for its tenant."""

@@ -51,7 +51,7 @@ class ReplicaSandboxes:
                                          confinement.egress)
         models, name = self.models, model_sandbox_name(replica_id)
         return models.server(name, interpreter, env, confinement.memory_mb, devices, lambda: program.with_engine(
-            models.place(name, folder, confinement.tenant_id, None, dict(program.engine))).argv(str(MODEL)))
+            models.place(name, folder, confinement.tenant_id, None, program.engine)).argv(str(MODEL)))
 
     def remove(self, kind: ReplicaKind, replica_id: str) -> None:
         """The sandbox `server` made for the replica: its folders, cgroups and egress proxy's socket."""

@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import typing
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
-from typing import AbstractSet, Any, Callable, Mapping, Optional
+from typing import AbstractSet, Any, Callable, Optional
 
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "int8")              # int8: weight-only, runtime/load/quantization.py
@@ -127,6 +128,50 @@ def parse(values: Mapping[str, Any], allowed: AbstractSet[str] = OPTIONS) -> Eng
     options = EngineOptions(**{name: value for name, value in values.items() if value is not None})
     options.validate()
     return options
+
+
+class ChosenOptions(Mapping[str, Any]):
+    """The options a deployment chose, and the pool then adds to, by name; one left out
+    keeps the engine's default (so the pool can tell "not set" from "set to the default":
+    the device, the KV budget, tensor parallelism). Read-only and compared by value: a
+    revision's spec holds one. Names are checked here; values when the engine is built
+    (`options`), since a value the deploy checked may only be judged with the rest."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Optional[Mapping[str, Any]] = None):
+        chosen = {name: value for name, value in (values or {}).items() if value is not None}
+        unknown = sorted(set(chosen) - OPTIONS)
+        if unknown:
+            raise InvalidOption(unknown[0], "unknown engine option")
+        self._values = chosen
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"ChosenOptions({self._values!r})"
+
+    def with_(self, **changes: Any) -> ChosenOptions:
+        """A copy with `changes` chosen (None: back to the engine's default)."""
+        return ChosenOptions({**self._values, **changes})
+
+    def with_defaults(self, **defaults: Any) -> ChosenOptions:
+        """A copy where each of `defaults` is chosen unless it already is."""
+        return ChosenOptions({**defaults, **self._values})
+
+    def options(self) -> EngineOptions:
+        """Every option, validated (InvalidOption names the first wrong one)."""
+        return parse(self._values)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self._values)
 
 
 # ---------------------------------------------------------------- as flags

@@ -29,6 +29,7 @@ from controlplane.store import deployments, model_sources, quotas
 from controlplane.store.errors import InvalidField, Unavailable
 from controlplane.deploy.traffic import parse_split, rollback_target
 from pool.api import ModelInfo, ModelUnavailable, NeverFits, Pins, Pool, ReplicaShape
+from spec.engine_options import ChosenOptions
 from pool.s3 import is_transient
 
 Deployed = tuple[Deployment, list[Revision]]
@@ -150,7 +151,7 @@ class Deployer:
             check_model(draft_model, Resources(), DRAFT_MODEL)
             pins.update(draft_model.objects)
         shape = ReplicaShape(config.resources.gpu_memory_gb, config.resources.gpu_count,
-                             config.engine)
+                             ChosenOptions(config.engine))
         try:
             self.pool.check_fits(model, shape)
         except NeverFits as exc:

@@ -21,6 +21,7 @@ from controlplane.deploy.deployment_spec import NAME, DeploymentSpec, Resources,
 from controlplane.store.tables import Deployment, Revision, utcnow
 from controlplane.store.errors import AlreadyExists, NotFound
 from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, PinnedObject, Pins, ReplicaKind, RevisionSpec, TenantQuota
+from spec.engine_options import ChosenOptions
 
 async def create(session: AsyncSession, tenant_id: str, spec: DeploymentSpec,
                  model: ModelInfo, pins: Pins) -> tuple[Deployment, list[Revision]]:
@@ -144,7 +145,7 @@ def revision_spec(deployment: Deployment, revision: Revision, quota: TenantQuota
         gpu_count=revision.gpu_count, min_replicas=deployment.min_replicas,
         max_replicas=deployment.max_replicas,
         target_concurrency=deployment.target_concurrency,
-        idle_timeout_s=deployment.idle_timeout_s, engine=dict(revision.engine), quota=quota,
+        idle_timeout_s=deployment.idle_timeout_s, engine=ChosenOptions(revision.engine), quota=quota,
         kind=kind_of(revision), sleep_timeout_s=deployment.sleep_timeout_s,
         prefetch=deployment.prefetch, pins=pins_of(revision))
 

@@ -229,12 +229,12 @@ class LocalBackend:
                          folder: Path) -> LocalReplica:
         program, confinement = launch.program, launch.sandbox
         assert isinstance(program, ModelServer), "only a model's launch takes a standby"
-        base_url, model, engine = warm.base_url, str(folder), dict(program.engine)
+        base_url, model, engine = warm.base_url, str(folder), program.engine
         if warm.sandbox is not None and confinement is not None:
             assert self.models is not None
             engine = self.models.place(warm.sandbox, folder, confinement.tenant_id, confinement.memory_mb, engine)
             self._sandbox_of[replica_id], model = warm.sandbox, str(MODEL)
-        body = LoadRequest(model, program.served_name, engine).to_json()
+        body = LoadRequest(model, program.served_name, engine.to_json()).to_json()
         try:
             resp = await self.http.post(f"{base_url}{LOAD_PATH}", json=body, headers=auth_headers(warm.secret))
         except httpx.HTTPError as exc:

@@ -24,7 +24,7 @@ from pool.api import ModelUnavailable, RevisionSpec
 from pool.inventory import Slot
 from wire.replica_secret import SECRET_ENV
 from pool.s3 import parse_uri
-from spec.engine_options import to_flags
+from spec.engine_options import ChosenOptions, to_flags
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +39,7 @@ def auth_headers(secret: str) -> dict[str, str]:
 
 
 def engine_for(spec: RevisionSpec, slots: Sequence[Slot], kv_tokens_default: int, *,
-               isolated: bool, packed: Optional[tuple[Path, float]] = None) -> dict[str, Any]:
+               isolated: bool, packed: Optional[tuple[Path, float]] = None) -> ChosenOptions:
     """The revision's engine kwargs plus what the slots imply: a KV budget when it
     gives none, the device, and tensor parallelism across more than one slot.
 
@@ -49,17 +49,16 @@ def engine_for(spec: RevisionSpec, slots: Sequence[Slot], kv_tokens_default: int
     CUDA_VISIBLE_DEVICES to them. packed: the node's packed-layer cache (folder, GB) for
     CPU replicas.
     """
-    engine = dict(spec.engine)
-    engine.setdefault("kv_cache_tokens", kv_tokens_default)
+    engine = spec.engine.with_defaults(kv_cache_tokens=kv_tokens_default)
     cuda = [s for s in slots if s.kind == "cuda"]
-    if cuda and "device" not in engine:
+    if cuda:
         own_index = len(cuda) == 1 and not isolated
-        engine["device"] = f"cuda:{cuda[0].device_index}" if own_index else "cuda"
+        engine = engine.with_defaults(device=f"cuda:{cuda[0].device_index}" if own_index else "cuda")
     if len(slots) > 1:
-        engine.setdefault("tensor_parallel_size", len(slots))
+        engine = engine.with_defaults(tensor_parallel_size=len(slots))
     if packed is not None and not cuda and packed[1] > 0:
         # the node's packed layers: a CPU replica of a model packed here before maps them
-        engine["packed_cache_dir"], engine["packed_cache_gb"] = str(packed[0]), packed[1]
+        engine = engine.with_(packed_cache_dir=str(packed[0]), packed_cache_gb=packed[1])
     return engine
 
 
@@ -101,6 +100,6 @@ def _is_model_uri(value: str) -> bool:
     return True
 
 
-def with_draft_folder(engine: Mapping[str, Any], folder: str) -> dict[str, Any]:
-    """The engine kwargs with the draft model's local folder in place of its URI."""
-    return {**engine, "speculative": {**engine["speculative"], "model": folder}}
+def with_draft_folder(engine: ChosenOptions, folder: str) -> ChosenOptions:
+    """The engine options with the draft model's local folder in place of its URI."""
+    return engine.with_(speculative={**engine["speculative"], "model": folder})

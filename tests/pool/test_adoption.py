@@ -24,9 +24,11 @@ from pool.placement import Placed
 from pool.processes import RuntimeProcess, process_start_ticks
 from pool.replica import ReplicaState
 from pool.settings import GB, PoolSettings
+from spec.engine_options import ChosenOptions
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
-SPEC = RevisionSpec("rev-1", "dep", "ten", "s3://b/m/", gpu_memory_gb=0.5, engine={"kv_cache_tokens": 64})
+SPEC = RevisionSpec("rev-1", "dep", "ten", "s3://b/m/", gpu_memory_gb=0.5,
+                    engine=ChosenOptions({"kv_cache_tokens": 64}))
 SLOTS = {"n/cpu0", "n/cpu1"}
 
 
@@ -39,7 +41,7 @@ def record(spec: RevisionSpec = SPEC, **changes) -> ReplicaRecord:
 def test_the_fingerprint_is_what_a_replica_runs_not_how_its_revision_scales():
     scaled = dataclasses.replace(SPEC, min_replicas=2, max_replicas=5, idle_timeout_s=1, target_concurrency=1)
     assert spec_fingerprint(scaled) == spec_fingerprint(SPEC)
-    for changed in (dict(model_uri="s3://b/other/"), dict(engine={"kv_cache_tokens": 128}),
+    for changed in (dict(model_uri="s3://b/other/"), dict(engine=ChosenOptions({"kv_cache_tokens": 128})),
                     dict(gpu_memory_gb=1.0), dict(gpu_count=2)):
         assert spec_fingerprint(dataclasses.replace(SPEC, **changed)) != spec_fingerprint(SPEC), changed
 
@@ -50,7 +52,7 @@ def test_each_survivor_is_adopted_stopped_or_forgotten():
     cases = [
         (dict(alive=False, answers=False, wanted=SPEC), Verdict.FORGET, "its process is gone"),
         (dict(alive=True, answers=True, wanted=None), Verdict.STOP, "revision rev-1 is no longer deployed"),
-        (dict(alive=True, answers=True, wanted=dataclasses.replace(SPEC, engine={"kv_cache_tokens": 8})),
+        (dict(alive=True, answers=True, wanted=dataclasses.replace(SPEC, engine=ChosenOptions({"kv_cache_tokens": 8}))),
          Verdict.STOP, "revision rev-1 now has another spec"),
         (dict(alive=True, answers=False, wanted=SPEC), Verdict.STOP, "does not answer with its secret"),
     ]

@@ -26,6 +26,7 @@ from tests.pool.conftest import make_settings, running_manager
 from tests.support.model_factory import upload_model
 from tests.support.replica_client import replica_http
 from tests.support.waiting import eventually
+from spec.engine_options import ChosenOptions
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="session")]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox needs root (no root here)")
@@ -34,7 +35,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox needs root 
 def spec_for(uri: str, tenant: str) -> RevisionSpec:
     return RevisionSpec(revision_id=f"rev-{uuid.uuid4().hex[:8]}", deployment_id=f"dep-{tenant}",
                         tenant_id=tenant, model_uri=uri, gpu_memory_gb=0.25, idle_timeout_s=600.0,
-                        engine={"kv_cache_tokens": 512})
+                        engine=ChosenOptions({"kv_cache_tokens": 512}))
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from pool.launch import ReplicaLaunch
 from pool.registry import ManagedReplica, scale_down_order
 from pool.replica import Replica, ReplicaState
 from pool.settings import GB, PoolSettings
+from spec.engine_options import ChosenOptions
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 SPEC = RevisionSpec("rev", "dep", "ten", "s3://b/m/")
@@ -47,13 +48,14 @@ def test_one_engine_for_both_backends():
     """A local process names its one GPU; a Ray actor (isolated: it sees only its own
     GPUs) and a multi-GPU local replica (CUDA_VISIBLE_DEVICES narrowed) say plain cuda."""
     one, two = [Slot("n/cuda3", "n", "cuda", GB, 3)], [Slot(f"n/cuda{i}", "n", "cuda", GB, i) for i in (1, 2)]
-    spec = RevisionSpec("rev", "dep", "ten", "s3://b/m/", engine={"dtype": "float16"})
+    spec = RevisionSpec("rev", "dep", "ten", "s3://b/m/", engine=ChosenOptions({"dtype": "float16"}))
     assert engine_for(spec, one, 64, isolated=False) == {"dtype": "float16", "kv_cache_tokens": 64,
                                                          "device": "cuda:3"}
     assert engine_for(spec, one, 64, isolated=True)["device"] == "cuda"
     assert engine_for(spec, two, 64, isolated=False) == {"dtype": "float16", "kv_cache_tokens": 64,
                                                          "device": "cuda", "tensor_parallel_size": 2}
-    pinned = RevisionSpec("rev", "dep", "ten", "s3://b/m/", engine={"device": "cpu", "kv_cache_tokens": 8})
+    pinned = RevisionSpec("rev", "dep", "ten", "s3://b/m/",
+                          engine=ChosenOptions({"device": "cpu", "kv_cache_tokens": 8}))
     assert engine_for(pinned, one, 64, isolated=False) == {"device": "cpu", "kv_cache_tokens": 8}
 
 
@@ -118,7 +120,8 @@ def test_a_draft_model_is_a_uri_and_the_runtime_gets_its_local_folder():
     from pool.api import ModelUnavailable
     from pool.backends.runtime_args import draft_model_uri, with_draft_folder
 
-    draft = {"speculative": {"method": "draft", "model": "s3://models/ten/draft/", "k": 4}, "dtype": "float32"}
+    draft = ChosenOptions({"speculative": {"method": "draft", "model": "s3://models/ten/draft/", "k": 4},
+                           "dtype": "float32"})
     assert draft_model_uri(draft) == "s3://models/ten/draft/"
     assert draft_model_uri({"speculative": {"method": "ngram", "k": 4}}) is None
     assert draft_model_uri({}) is None

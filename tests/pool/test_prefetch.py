@@ -22,6 +22,7 @@ from pool.weights.store import CachedModel, WeightStore
 from tests.pool.conftest import FlakyS3, make_settings, running_manager
 from tests.support.model_factory import upload_model
 from tests.support.waiting import eventually
+from spec.engine_options import ChosenOptions
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="session")]
 
@@ -29,7 +30,7 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="session"
 def spec_for(uri: str, **changes) -> RevisionSpec:
     base = dict(revision_id=f"rev-{uuid.uuid4().hex[:8]}", deployment_id="dep-p", tenant_id="ten-p",
                 model_uri=uri, gpu_memory_gb=0.25, min_replicas=0, max_replicas=1,
-                idle_timeout_s=600.0, engine={"kv_cache_tokens": 512}, prefetch=True)
+                idle_timeout_s=600.0, engine=ChosenOptions({"kv_cache_tokens": 512}), prefetch=True)
     base.update(changes)
     return RevisionSpec(**base)
 
@@ -106,7 +107,7 @@ async def test_a_prefetch_reads_s3_as_the_revisions_own_tenant():
     stores = RecordingStores()
     prefetcher = Prefetcher(stores, timeout_s=30)
     spec = spec_for("s3://acme-own/m/", tenant_id="ten-acme",
-                    engine={"speculative": {"method": "draft", "model": "s3://acme-own/draft/"}})
+                    engine=ChosenOptions({"speculative": {"method": "draft", "model": "s3://acme-own/draft/"}}))
     rev = RevisionState(spec, queue=None)  # type: ignore[arg-type] - the queue is not used here
     view = prefetcher.view(rev, reads_pool_cache=True)
     assert view.target == PrefetchTarget(("s3://acme-own/m/", "s3://acme-own/draft/"), 0) and view.wanted

@@ -21,6 +21,7 @@ from pool.weights.cache import entry_key
 from tests.support.replica_client import replica_http
 from tests.pool.conftest import make_settings
 from tests.support.model_factory import upload_model
+from spec.engine_options import ChosenOptions
 
 pytestmark = [pytest.mark.timeout(240)]
 TENANT, OTHER = "ten-acme", "ten-other"
@@ -78,7 +79,7 @@ async def test_a_granted_bucket_is_read_with_its_own_credentials(s3_server, tena
 
         spec = RevisionSpec(revision_id=f"rev-{uuid.uuid4().hex[:8]}", deployment_id="dep-acme",
                             tenant_id=TENANT, model_uri=uri, gpu_memory_gb=0.25,
-                            engine={"kv_cache_tokens": 512})
+                            engine=ChosenOptions({"kv_cache_tokens": 512}))
         desired.put(spec)
         lease = await manager.acquire(spec, request_id="own-1", prefix_key=None, prompt_tokens=1,
                                       timeout_s=180)

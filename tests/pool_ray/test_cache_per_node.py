@@ -44,7 +44,7 @@ async def test_node_without_the_folder_pulls_into_its_own_cache(cluster, s3_serv
     try:
         assert await backend.nodes_holding(keys) == set()
         target = (await backend.inventory())[0]
-        engine = {**CPU_ENGINE, "speculative": {"method": "draft", "model": draft_uri, "k": 2}}
+        engine = CPU_ENGINE.with_(speculative={"method": "draft", "model": draft_uri, "k": 2})
         spec = RevisionSpec(f"rev-{uuid.uuid4().hex[:8]}", "dep-ray", "ten-ray", uri, engine=engine)
         missing = Path("/nonexistent/thawpool/model")           # not readable on any node
         handle = await start_on(backend, spec, [target], missing, "pulled")

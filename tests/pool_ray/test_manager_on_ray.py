@@ -29,6 +29,7 @@ from tests.pool.conftest import make_settings
 from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, wait_until
 from tests.pool_ray.test_backend import CPU_ENGINE, complete
 from tests.support.model_factory import upload_model
+from spec.engine_options import ChosenOptions
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
 LIVE = ("pending", "pulling", "loading", "ready", "draining")
@@ -123,7 +124,7 @@ async def test_second_cold_start_goes_to_the_node_holding_the_weights(cluster, s
     settings = pool_settings(cluster, s3_server, tmp_path)
     client, prefix = s3_server.client(), uuid.uuid4().hex[:8]
     blocker = spec_for(upload_model(tiny_model, client, s3_bucket, f"{prefix}/blocker"), gpu_count=2,
-                       min_replicas=1, engine={**CPU_ENGINE, "tensor_parallel_size": 1})
+                       min_replicas=1, engine=ChosenOptions({**CPU_ENGINE, "tensor_parallel_size": 1}))
     spec = spec_for(upload_model(tiny_model, client, s3_bucket, f"{prefix}/tiny"))
     keys = await model_keys(settings, spec.model_uri, tmp_path / "lister")
     async with running_pool(settings, [blocker, spec]) as (manager, desired):

@@ -14,9 +14,10 @@ import pytest
 
 from pool.api import ColdStartFailed, RevisionSpec
 from tests.pool_ray.conftest import GPUS_PER_NODE, gpus_free, start_on, wait_until
+from spec.engine_options import ChosenOptions
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
-CPU_ENGINE = {"device": "cpu", "dtype": "float32", "kv_cache_tokens": 256}
+CPU_ENGINE = ChosenOptions({"device": "cpu", "dtype": "float32", "kv_cache_tokens": 256})
 
 
 def process_gone(pid: int) -> bool:

@@ -6,6 +6,7 @@ from pool.backends.ray_actor import cache_entries
 from pool.backends.runtime_args import engine_for
 from pool.inventory import Slot
 from tests.pool_ray.test_backend import CPU_ENGINE, spec_for
+from spec.engine_options import ChosenOptions
 
 
 def test_slots_come_from_alive_gpu_nodes_only():
@@ -20,9 +21,9 @@ def test_slots_come_from_alive_gpu_nodes_only():
 
 def test_engine_gets_plain_cuda_and_tensor_parallel_from_the_slots():
     cuda = [Slot("n/gpu0", "n", "cuda", 1, 0), Slot("n/gpu1", "n", "cuda", 1, 1)]
-    assert engine_for(spec_for(engine={}), cuda, 128, isolated=True) == {
+    assert engine_for(spec_for(engine=ChosenOptions()), cuda, 128, isolated=True) == {
         "kv_cache_tokens": 128, "device": "cuda", "tensor_parallel_size": 2}
-    assert engine_for(spec_for(engine={}), cuda[:1], 128, isolated=True)["device"] == "cuda"   # not cuda:0
+    assert engine_for(spec_for(engine=ChosenOptions()), cuda[:1], 128, isolated=True)["device"] == "cuda"   # not cuda:0
     assert engine_for(spec_for(), cuda[:1], 128, isolated=True) == CPU_ENGINE
 
 

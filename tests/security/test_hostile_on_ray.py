@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from spec.engine_options import ChosenOptions
 
 pytest.importorskip("ray", reason="ray not installed")
 
@@ -38,7 +39,7 @@ async def probe(handle, name: str, **args: Any) -> dict[str, Any]:
 
 def spec_for(kind: str, uri: str = "s3://unused/x/") -> RevisionSpec:
     return RevisionSpec(f"rev-{uuid.uuid4().hex[:8]}", f"dep-{kind}", "ten-hostile", uri, gpu_memory_gb=0.25,
-                        max_replicas=1, kind=kind, engine=CPU_ENGINE if kind == "model" else {})
+                        max_replicas=1, kind=kind, engine=CPU_ENGINE if kind == "model" else ChosenOptions())
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from spec import engine_options
-from spec.engine_options import EngineOptions, InvalidOption, parse
+from spec.engine_options import ChosenOptions, EngineOptions, InvalidOption, parse
 
 
 @pytest.mark.parametrize("values, option", [
@@ -69,3 +69,23 @@ def test_the_runtimes_config_is_the_options_and_the_model():
     assert {f.name for f in dataclasses.fields(config)} == engine_options.OPTIONS | {"model"}
     with pytest.raises(ValueError, match="^block_size: must be a positive integer"):
         dataclasses.replace(config, block_size=0).validate()
+
+
+def test_chosen_options_keep_what_was_set_apart_from_the_defaults():
+    chosen = ChosenOptions({"dtype": "bfloat16", "seed": None})
+    assert dict(chosen) == {"dtype": "bfloat16"} and "seed" not in chosen      # null: not chosen
+    assert chosen == {"dtype": "bfloat16"} and chosen == ChosenOptions({"dtype": "bfloat16"})
+    pool_side = chosen.with_defaults(dtype="float32", kv_cache_tokens=64).with_(device="cuda:1")
+    assert pool_side == {"dtype": "bfloat16", "kv_cache_tokens": 64, "device": "cuda:1"}
+    assert chosen == {"dtype": "bfloat16"}                                      # a copy, never changed
+    assert pool_side.with_(device=None) == {"dtype": "bfloat16", "kv_cache_tokens": 64}
+    assert pool_side.options().device == "cuda:1" and ChosenOptions().options() == EngineOptions()
+    assert pool_side.to_json() == dict(pool_side)
+
+
+def test_chosen_options_refuse_an_unknown_name_at_once_and_a_bad_value_when_built():
+    with pytest.raises(InvalidOption, match="^temperature: unknown engine option"):
+        ChosenOptions({"temperature": 0.5})
+    chosen = ChosenOptions({"block_size": 0})       # a row the deploy of an older version kept
+    with pytest.raises(InvalidOption, match="^block_size: must be a positive integer"):
+        chosen.options()

@@ -6,6 +6,7 @@ import uuid
 
 from pool.api import RevisionSpec
 from tests.support.replica_client import replica_http
+from spec.engine_options import ChosenOptions
 
 PROMPT = "The quick brown fox"
 IDLE_TIMEOUT_S = 600.0        # passed by SteppedClock.advance, never by waiting
@@ -15,7 +16,7 @@ def spec_for(uri: str, **changes) -> RevisionSpec:
     base = dict(revision_id=f"rev-{uuid.uuid4().hex[:8]}", deployment_id="dep-1", tenant_id="ten-1",
                 model_uri=uri, gpu_memory_gb=0.25, gpu_count=1, min_replicas=0, max_replicas=1,
                 target_concurrency=4, idle_timeout_s=IDLE_TIMEOUT_S,
-                engine={"kv_cache_tokens": 512})
+                engine=ChosenOptions({"kv_cache_tokens": 512}))
     base.update(changes)
     return RevisionSpec(**base)
 
