@@ -21,6 +21,7 @@ from pool.api import (ColdStartFailed, ColdStartTimeout, ModelUnavailable, Never
                       ReplicaShape, RevisionSpec, TenantQuota)
 from pool.in_memory import EventLog, InMemoryDesiredState
 from pool.manager import PoolManager
+from spec.engine_options import ChosenOptions
 from tests.support.pool_calls import IDLE_TIMEOUT_S, PROMPT, complete, spec_for
 from tests.support.replica_client import host_pid, replica_http
 from tests.support.waiting import eventually
@@ -345,12 +346,12 @@ async def test_a_draft_model_is_pulled_by_uri_cached_and_released_with_its_repli
     draft_dir = model_factory(arch="llama", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                               num_key_value_heads=1, seed=1)
     draft_uri = upload_model(draft_dir, s3_server.client(), pool_bucket, f"{uuid.uuid4().hex[:8]}/draft")
-    engine = {"kv_cache_tokens": 512, "speculative": {"method": "draft", "model": draft_uri, "k": 4}}
+    engine = ChosenOptions({"kv_cache_tokens": 512, "speculative": {"method": "draft", "model": draft_uri, "k": 4}})
     spec = spec_for(uri, engine=engine, idle_timeout_s=30)
     desired.put(spec)
     info = await manager.inspect_model(uri)
     manager.check_fits(info, spec.shape)
-    by_path = {**engine, "speculative": {**engine["speculative"], "model": str(draft_dir)}}
+    by_path = engine.with_(speculative={**engine["speculative"], "model": str(draft_dir)})
     with pytest.raises(ModelUnavailable, match="must be a model URI"):
         manager.check_fits(info, ReplicaShape(0.25, 1, by_path))
 

@@ -36,6 +36,7 @@ DRIVER = textwrap.dedent("""
     import ray
     from pathlib import Path
     from pool.api import RevisionSpec
+    from spec.engine_options import ChosenOptions
     from pool.backends.ray import RayBackend
     from pool.cold_start import launch_for
     from pool.settings import PoolSettings
@@ -48,7 +49,7 @@ DRIVER = textwrap.dedent("""
         started = {}
         for slot, (name, spec) in zip(slots, json.loads(specs).items()):
             rid = f"{name}-{spec['revision_id']}"
-            spec = RevisionSpec(**spec)
+            spec = RevisionSpec(**{**spec, "engine": ChosenOptions(spec["engine"])})
             launch = launch_for(spec, [slot], backend.settings, backend, folder=Path(model))
             handle = await backend.start_replica(spec, launch, [slot], rid)
             started[name] = {"replica_id": handle.replica_id, "pid": handle.pid, "base_url": handle.base_url}
@@ -71,7 +72,8 @@ class Reachable:
 async def test_a_pool_started_after_its_driver_died_adopts_what_it_wants(cluster, tiny_model, tmp_path, s3_server):
     namespace = f"tp-{uuid.uuid4().hex[:8]}"
     keep, drop = spec_for(engine=CPU_ENGINE), spec_for(engine=CPU_ENGINE)
-    specs = {"keep": dataclasses.asdict(keep), "drop": dataclasses.asdict(drop)}
+    specs = {name: {**dataclasses.asdict(spec), "engine": spec.engine.to_json()}
+             for name, spec in (("keep", keep), ("drop", drop))}
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, cluster.cluster.address, str(tiny_model),
                                str(tmp_path / "cache"), namespace, json.dumps(specs)], stdout=subprocess.PIPE,
                               text=True, cwd=Path(__file__).resolve().parents[2], start_new_session=True)
