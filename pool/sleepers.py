@@ -11,7 +11,7 @@ start.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Awaitable, Optional
 
 from pool.background import Spawn
 from pool.registry import ManagedReplica, Registry, RevisionState
@@ -66,19 +66,18 @@ class Sleepers:
             victim = self.registry.replica(replica_id)
             if victim is not None:
                 self.stop(victim, "stopped to make room for a newer sleeper (host-memory budget)")
-        try:
-            await self.tier.sleep(managed)
-        except SleepFailed as exc:
-            await self.stopper.shutdown(managed, reason=f"sleep failed: {exc}")
-            return False
-        return True
+        return await self._or_stop(self.tier.sleep(managed), managed, "sleep failed")
 
     async def wake(self, managed: ManagedReplica) -> bool:
         """Awake again; False when the wake failed and it was stopped (a cold start instead)."""
+        return await self._or_stop(self.tier.wake(managed), managed, "wake failed, a cold start instead")
+
+    async def _or_stop(self, step: Awaitable[None], managed: ManagedReplica, why: str) -> bool:
+        """True when `step` (a sleep or a wake) succeeded; else the replica is stopped."""
         try:
-            await self.tier.wake(managed)
+            await step
         except SleepFailed as exc:
-            await self.stopper.shutdown(managed, reason=f"wake failed, a cold start instead: {exc}")
+            await self.stopper.shutdown(managed, reason=f"{why}: {exc}")
             return False
         return True
 
