@@ -46,6 +46,8 @@ class KernelSet:
     prefill_attention: Callable         # (q [T,nh,D], k [T,nkv,D], v, query_lens, scale, window=None,
                                         #  softcap=None): nothing cached yet
     int8_linear: Callable               # (x [T,K], qweight [N,K] int8, scale [N], bias=None) -> [T,N]
+    group_linear: Callable              # (x [T,K], kernels.group_quant.GroupQuantized [N,K], bias=None)
+                                        #  -> [T,N]
     silu_and_mul: Callable              # (x [T,2I]) -> [T,I]
     gelu_and_mul: Callable              # (x [T,2I]) -> [T,I]  (GeGLU; the reference everywhere)
     pack_linear: Callable               # (weight [N,K]) -> what `linear` takes, once at load
@@ -86,7 +88,7 @@ def get_kernels(device: torch.device | str, features: Optional[CpuFeatures] = No
 
 
 def reference_kernels() -> KernelSet:
-    from kernels import activation, attention, int8, linear, rmsnorm, rotary
+    from kernels import activation, attention, group_quant, int8, linear, rmsnorm, rotary
 
     return KernelSet(backend="torch", rms_norm=rmsnorm.rms_norm,
                      fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
@@ -94,7 +96,7 @@ def reference_kernels() -> KernelSet:
                      paged_decode_attention=attention.paged_decode_attention,
                      paged_prefill_attention=attention.paged_prefill_attention,
                      prefill_attention=attention.prefill_attention,
-                     int8_linear=int8.int8_linear,
+                     int8_linear=int8.int8_linear, group_linear=group_quant.linear,
                      silu_and_mul=activation.silu_and_mul,
                      gelu_and_mul=activation.gelu_and_mul,
                      pack_linear=linear.pack, linear=linear.linear)

@@ -28,6 +28,8 @@ from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 
+from runtime.load.stored_dtype import KeepDtype, converted
+
 STAGE_BYTES = 32 << 20          # one pinned buffer; two per worker
 THREADS = 4
 
@@ -65,7 +67,8 @@ def deal(sizes: Sequence[int], workers: int) -> list[list[int]]:
 
 def stream_to_device(tensors: dict[str, torch.Tensor], device: str, dtype: torch.dtype,
                      threads: int = THREADS, stage_bytes: int = STAGE_BYTES,
-                     open_link: Callable[[str], Link] | None = None) -> tuple[dict[str, torch.Tensor], int]:
+                     open_link: Callable[[str], Link] | None = None,
+                     keep: KeepDtype | None = None) -> tuple[dict[str, torch.Tensor], int]:
     """(name -> tensor on `device` in `dtype`, bytes moved) from host tensors (views of
     the mapped files). open_link(device): each worker's Link (default: CudaLink)."""
     opener = open_link or CudaLink.open
@@ -83,7 +86,7 @@ def stream_to_device(tensors: dict[str, torch.Tensor], device: str, dtype: torch
     if errors:
         raise errors[0]
     moved = sum(c.nbytes for c in copies)
-    return {c.name: c.target if c.target.dtype == dtype else c.target.to(dtype) for c in copies}, moved
+    return {c.name: converted(c.name, c.target, dtype, keep) for c in copies}, moved
 
 
 class Done(Protocol):

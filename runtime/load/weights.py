@@ -27,6 +27,7 @@ import torch
 from safetensors import safe_open
 
 from runtime.load.device import stream_to_device
+from runtime.load.stored_dtype import KeepDtype, converted
 from runtime.load.timings import LoadTimings
 from runtime.load.threads import parallel_map
 from runtime.load.safetensors_layout import PREFIX_BYTES, TensorEntry, chunks, header_length, parse_header
@@ -55,39 +56,40 @@ def weight_files(model_dir: str | Path) -> list[Path]:
 
 
 def read_weights(model_dir: str | Path, dtype: torch.dtype, device: str, timings: LoadTimings,
-                 shard_of: Optional[ShardOf] = None) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint by name, in `dtype` on `device`; the `weights` stage.
+                 shard_of: Optional[ShardOf] = None, keep: Optional[KeepDtype] = None) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint by name, in `dtype` on `device` (but for the parts
+    of quantized weights: `converted`); the `weights` stage.
 
     shard_of(name): the rows or columns of it this rank keeps (tensor parallelism)."""
     since = time.perf_counter()
     if torch.device(device).type == "cpu":
-        tensors, moved = mapped_weights(model_dir, dtype, shard_of)
+        tensors, moved = mapped_weights(model_dir, dtype, shard_of, keep)
     else:
-        tensors, moved = _onto_device(model_dir, dtype, device, shard_of)
+        tensors, moved = _onto_device(model_dir, dtype, device, shard_of, keep)
     timings.weight_bytes += moved
     timings.record("weights", since)
     return tensors
 
 
-def _onto_device(model_dir: str | Path, dtype: torch.dtype, device: str,
-                 shard_of: Optional[ShardOf]) -> tuple[dict[str, torch.Tensor], int]:
+def _onto_device(model_dir: str | Path, dtype: torch.dtype, device: str, shard_of: Optional[ShardOf] = None,
+                 keep: Optional[KeepDtype] = None) -> tuple[dict[str, torch.Tensor], int]:
     """The staged loader; safetensors' own read if it fails. The staged path has not run on
     a GPU yet (make gpu-check compares the two), so a failure of it must not fail a load."""
     try:
         views, _ = host_views(model_dir, shard_of, populate_pages=False)
-        return stream_to_device(views, device, dtype)
+        return stream_to_device(views, device, dtype, keep=keep)
     except (RuntimeError, OSError) as exc:
         log.warning("staged weight loading failed (%s: %s); reading with safetensors instead",
                     type(exc).__name__, exc)
-        tensors = dict(iter_weights(model_dir, dtype, device, shard_of))
+        tensors = dict(iter_weights(model_dir, dtype, device, shard_of, keep))
         return tensors, sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def mapped_weights(model_dir: str | Path, dtype: torch.dtype,
-                   shard_of: Optional[ShardOf] = None) -> tuple[dict[str, torch.Tensor], int]:
+def mapped_weights(model_dir: str | Path, dtype: torch.dtype, shard_of: Optional[ShardOf] = None,
+                   keep: Optional[KeepDtype] = None) -> tuple[dict[str, torch.Tensor], int]:
     """(name -> CPU tensor viewing the mapped file, bytes populated)."""
     views, moved = host_views(model_dir, shard_of)
-    return {name: tensor.to(dtype=dtype) for name, tensor in views.items()}, moved
+    return {name: converted(name, tensor, dtype, keep) for name, tensor in views.items()}, moved
 
 
 def host_views(model_dir: str | Path, shard_of: Optional[ShardOf] = None,
@@ -144,8 +146,8 @@ def _sharded(tensor: torch.Tensor, shard: Optional[Shard]) -> torch.Tensor:
     return part if shard.dim == 0 else part.contiguous()    # columns: the kernels want rows whole
 
 
-def iter_weights(model_dir: str | Path, dtype: torch.dtype, device: str,
-                 shard_of: Optional[ShardOf] = None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(model_dir: str | Path, dtype: torch.dtype, device: str, shard_of: Optional[ShardOf] = None,
+                 keep: Optional[KeepDtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, tensor) read by safetensors onto `device`, one tensor at a time.
 
     shard_of(name): the rows or columns to read (tensor parallelism); only those bytes
@@ -155,8 +157,9 @@ def iter_weights(model_dir: str | Path, dtype: torch.dtype, device: str,
             for name in f.keys():
                 shard = shard_of(name) if shard_of is not None else None
                 if shard is None:
-                    yield name, f.get_tensor(name).to(dtype=dtype)
+                    yield name, converted(name, f.get_tensor(name), dtype, keep)
                     continue
                 part = f.get_slice(name)
                 index = slice(shard.start, shard.stop)
-                yield name, (part[index] if shard.dim == 0 else part[:, index]).to(device=device, dtype=dtype)
+                yield name, converted(name, (part[index] if shard.dim == 0 else part[:, index]).to(device),
+                                      dtype, keep)

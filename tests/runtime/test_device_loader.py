@@ -168,8 +168,8 @@ def test_the_staged_path_is_the_one_taken_when_it_works(model_factory, monkeypat
 
     model = model_factory()
     monkeypatch.setattr(weights, "stream_to_device",
-                        lambda views, dev, dtype: device.stream_to_device(
-                            views, dev, dtype, open_link=lambda _: DeferredLink()))
+                        lambda views, dev, dtype, **kw: device.stream_to_device(
+                            views, dev, dtype, open_link=lambda _: DeferredLink(), **kw))
     monkeypatch.setattr(weights, "iter_weights", lambda *a, **k: pytest.fail("fell back"))
     tensors, moved = weights._onto_device(model, torch.float32, "cpu", None)
     reference, _ = weights.mapped_weights(model, torch.float32)
