@@ -48,6 +48,7 @@ class KernelSet:
     int8_linear: Callable               # (x [T,K], qweight [N,K] int8, scale [N], bias=None) -> [T,N]
     group_linear: Callable              # (x [T,K], kernels.group_quant.GroupQuantized [N,K], bias=None)
                                         #  -> [T,N]
+    fp8_linear: Callable                # (x [T,K], kernels.fp8.Fp8Weight [N,K], bias=None) -> [T,N]
     silu_and_mul: Callable              # (x [T,2I]) -> [T,I]
     gelu_and_mul: Callable              # (x [T,2I]) -> [T,I]  (GeGLU; the reference everywhere)
     pack_linear: Callable               # (weight [N,K]) -> what `linear` takes, once at load
@@ -88,7 +89,7 @@ def get_kernels(device: torch.device | str, features: Optional[CpuFeatures] = No
 
 
 def reference_kernels() -> KernelSet:
-    from kernels import activation, attention, group_quant, int8, linear, rmsnorm, rotary
+    from kernels import activation, attention, fp8, group_quant, int8, linear, rmsnorm, rotary
 
     return KernelSet(backend="torch", rms_norm=rmsnorm.rms_norm,
                      fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
@@ -97,7 +98,7 @@ def reference_kernels() -> KernelSet:
                      paged_prefill_attention=attention.paged_prefill_attention,
                      prefill_attention=attention.prefill_attention,
                      int8_linear=int8.int8_linear, group_linear=group_quant.linear,
-                     silu_and_mul=activation.silu_and_mul,
+                     fp8_linear=fp8.linear_ref, silu_and_mul=activation.silu_and_mul,
                      gelu_and_mul=activation.gelu_and_mul,
                      pack_linear=linear.pack, linear=linear.linear)
 

@@ -112,6 +112,10 @@ class ModelInfo:
     # What placement needs to size int8 weights and the KV cache, and what the
     # control plane checks at deploy (tensor-parallel head split, edge validation).
     linear_parameters: int = 0     # parameters of *_proj.weight matrices (int8-quantizable)
+    # A quantized checkpoint: the parameters it stores quantized, and the bytes they take
+    # loaded as they are (whatever the runtime dtype of the rest)
+    quantized_parameters: int = 0
+    quantized_bytes: int = 0
     bytes_by_dtype: Mapping[str, int] = field(default_factory=dict)
     num_hidden_layers: int = 0
     num_key_value_heads: int = 0

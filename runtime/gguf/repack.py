@@ -22,9 +22,10 @@ Pure numpy over whole tensors at once (no loop over blocks).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
+
 
 QK_K = 256
 
@@ -52,8 +53,13 @@ class Repacked:
         return Repacked(**{**self.__dict__, **{k: v[order] for k, v in self.arrays().items()}})
 
 
-def repackable(type_name: str) -> bool:
-    return type_name in REPACKERS
+def q4_0_offsets_fit(raw: np.ndarray) -> bool:
+    """Whether every -8 d of these Q4_0 rows is a float16 (else the offsets are float32)."""
+    return _eight_fits(_f16(_blocks(raw, 18)[..., 0:2]))
+
+
+def _eight_fits(d: np.ndarray) -> bool:
+    return bool((np.abs(d.astype(np.float32)) * 8 <= np.finfo(np.float16).max).all())
 
 
 def repack(raw: np.ndarray, type_name: str) -> Repacked:
@@ -89,9 +95,7 @@ def _pack(codes: np.ndarray) -> np.ndarray:
 
 def _minus_eight(d: np.ndarray) -> np.ndarray:
     """-8 d in float16 (exact: a power of two), or in float32 past float16's range."""
-    with np.errstate(over="ignore"):
-        out = d * np.float16(-8)
-    return out if np.isfinite(out).all() else d.astype(np.float32) * np.float32(-8)
+    return d * np.float16(-8) if _eight_fits(d) else d.astype(np.float32) * np.float32(-8)
 
 
 def _q4_0(raw: np.ndarray) -> Repacked:
@@ -115,7 +119,8 @@ def _q8_0(raw: np.ndarray) -> Repacked:
 def _five_bit(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
     """Q5_0/Q5_1: [.., 4] high bits (a little-endian u32) and [.., 16] low nibbles -> [.., 32]."""
     high = np.unpackbits(qh, axis=-1, bitorder="little")          # bit j of the u32 -> value j
-    return _nibbles_in_order(qs) | (high << 4)
+    out: np.ndarray = _nibbles_in_order(qs) | (high << 4)
+    return out
 
 
 def _q5_0(raw: np.ndarray) -> Repacked:
@@ -138,7 +143,7 @@ def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def _k_levels(b: np.ndarray) -> dict:
+def _k_levels(b: np.ndarray) -> dict[str, Any]:
     """Q4_K/Q5_K's scale fields: integer sub-scales and mins under d and -dmin."""
     sc, mn = _k_scale_min(b[..., 4:16])
     return dict(scales=_flat(sc).astype(np.float16), scale_super=_f16(b[..., 0:2]),
@@ -160,20 +165,19 @@ def _q5_k(raw: np.ndarray) -> Repacked:
     b = _blocks(raw, 176)
     qh = b[..., 16:48]                                              # bit i of byte j: value 32 i + j
     high = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1
-    q = _k_low_nibbles(b[..., 48:]) | (high.reshape(*qh.shape[:-1], QK_K) << 4)
-    return Repacked(codes=_flat(q.astype(np.int8)), bits=8, group=32, **_k_levels(b))
+    codes = _k_low_nibbles(b[..., 48:]) | (high.reshape(*qh.shape[:-1], QK_K) << 4)
+    return Repacked(codes=_flat(codes.astype(np.int8)), bits=8, group=32, **_k_levels(b))
 
 
 def _q6_k(raw: np.ndarray) -> Repacked:
     b = _blocks(raw, 210)
     lead = b.shape[:-1]
-    ql = b[..., 0:128].reshape(*lead, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)
-    ql = (ql & 0x0F).reshape(*lead, 8, 32)
-    qh = b[..., 128:192].reshape(*lead, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)
-    qh = (qh & 0x03).reshape(*lead, 8, 32)
-    q = (ql | (qh << 4)).astype(np.int8) - np.int8(32)
+    low = b[..., 0:128].reshape(*lead, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)
+    high = b[..., 128:192].reshape(*lead, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)
+    q = (low & 0x0F).reshape(*lead, 8, 32) | ((high & 0x03).reshape(*lead, 8, 32) << 4)
+    codes = q.astype(np.int8) - np.int8(32)
     sc = b[..., 192:208].view(np.int8)
-    return Repacked(codes=_flat(q.reshape(*lead, QK_K)), scales=_flat(sc).astype(np.float16),
+    return Repacked(codes=_flat(codes.reshape(*lead, QK_K)), scales=_flat(sc).astype(np.float16),
                     scale_super=_f16(b[..., 208:210]), bits=8, group=16, super_every=16)
 
 

@@ -39,7 +39,9 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import torch
 
 from runtime.load.weights import populate, weight_files
-from runtime.load.quantization import Int8Weight
+from kernels.fp8 import Fp8Weight
+from kernels.group_quant import GroupQuantized
+from runtime.load.quantization import Int8Weight, RowStack
 
 log = logging.getLogger(__name__)
 
@@ -176,11 +178,20 @@ class _Placer:
         return offset
 
 
+# the quantized kinds of weight (runtime/load/quantization.py), each a dataclass of
+# tensors and plain numbers, stored field by field
+STRUCTS: dict[str, type] = {"int8": Int8Weight, "group": GroupQuantized, "fp8": Fp8Weight}
+
+
 def _entry(value: Any, place: Callable[[memoryview], int]) -> Optional[dict[str, Any]]:
     if value is None:
         return None
-    if isinstance(value, Int8Weight):
-        return {"kind": "int8", "qweight": _entry(value.qweight, place), "scale": _entry(value.scale, place)}
+    if isinstance(value, RowStack):
+        return {"kind": "rows", "parts": [_entry(part, place) for part in value.parts]}
+    kind = next((k for k, cls in STRUCTS.items() if isinstance(value, cls)), None)
+    if kind is not None:
+        return {"kind": kind, "fields": {f.name: _field(getattr(value, f.name), place)
+                                         for f in dataclasses.fields(value)}}
     if value.is_mkldnn:
         md = torch.ops.mkldnn._get_mkldnn_serialized_md(value)
         nbytes = torch.ops.mkldnn._nbytes(value)
@@ -193,11 +204,18 @@ def _entry(value: Any, place: Callable[[memoryview], int]) -> Optional[dict[str,
             "offset": place(view), "nbytes": view.nbytes}
 
 
+def _field(value: Any, place: Callable[[memoryview], int]) -> Any:
+    return {"value": value} if value is None or isinstance(value, int) else _entry(value, place)
+
+
 def _rebuild(entry: Optional[dict[str, Any]], mapping: mmap.mmap, base: int) -> Any:
     if entry is None:
         return None
-    if entry["kind"] == "int8":
-        return Int8Weight(_rebuild(entry["qweight"], mapping, base), _rebuild(entry["scale"], mapping, base))
+    if entry["kind"] == "rows":
+        return RowStack(tuple(_rebuild(part, mapping, base) for part in entry["parts"]))
+    if entry["kind"] in STRUCTS:
+        return STRUCTS[entry["kind"]](**{name: field["value"] if "value" in field else _rebuild(field, mapping, base)
+                                         for name, field in entry["fields"].items()})
     if entry["kind"] == "mkldnn":
         return _mkldnn_at(base + entry["offset"], entry["shape"], getattr(torch, entry["dtype"]),
                           bytes(entry["md"]))

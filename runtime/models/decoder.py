@@ -42,7 +42,10 @@ from runtime.models.mlp import GatedMLP, SparseMoE
 from runtime.models.rope import make_rotary
 from runtime.load.packed_weights import PackedWeightCache, cache_key
 from runtime.load.threads import in_background, parallel_map
-from runtime.load.quantization import Int8Weight, Weight, WeightMemory, pack_layer, quantize_layer, weight_memory
+from kernels.group_quant import GroupQuantized, dequantize_rows
+from runtime.load.checkpoint_formats import checkpoint_format
+from runtime.load.quantization import (Weight, WeightMemory, linear, map_weight, pack_layer, quantize_layer,
+                                       stack_rows, weight_memory)
 from runtime.tensor_parallel.shards import TensorParallel
 
 KVCache = tuple[torch.Tensor, torch.Tensor]        # one layer's k_cache, v_cache
@@ -51,7 +54,8 @@ KVCache = tuple[torch.Tensor, torch.Tensor]        # one layer's k_cache, v_cach
 @dataclass
 class LayerWeights:
     """One layer. Its matmuls (runtime/load/quantization.py's LINEAR_FIELDS) are float tensors
-    packed for the kernels' linear, or Int8Weight with quantization="int8"."""
+    packed for the kernels' linear, Int8Weight with quantization="int8", or a quantized
+    checkpoint's weights as it stores them."""
     attn_norm: torch.Tensor                          # [H]
     qkv: Weight                                      # [(nh + 2*nkv) * D, H]
     o: Weight                                        # [H, nh * D]
@@ -84,6 +88,9 @@ class DecoderModel:
         self.tp = tp = tp or TensorParallel()          # a single rank unless given
         self.config, self.dtype, self.device = config, dtype, device
         self.quantization = quantization       # None or "int8" (EngineConfig validated it)
+        self.checkpoint = checkpoint_format(config.quantization_config)
+        if self.checkpoint is not None:
+            _refuse_with_quantized_checkpoint(self.checkpoint.name, quantization, tp, batch_invariant)
         kv_start, kv_stop = tp.kv_heads(config.num_key_value_heads)
         self.num_kv_heads = kv_stop - kv_start      # this rank's share, or its one replicated head
         self.vocab_start, _, self.vocab_rows = tp.vocab_rows(config.vocab_size)
@@ -108,9 +115,9 @@ class DecoderModel:
         local = make_rotary(config, device, local=True) if config.local_rope_theta is not None else rotary
         self.rotaries = [rotary if w is None else local for w in self.windows]
         self.layers: list[LayerWeights] = []
-        self.embed: Optional[torch.Tensor] = None
+        self.embed: Optional[Weight] = None
         self.norm: Optional[torch.Tensor] = None
-        self.lm_head: Optional[torch.Tensor] = None
+        self.lm_head: Optional[Weight] = None
         self.packed_mapping: Optional[mmap.mmap] = None     # the cache file the layers live in
         self.packed_writer: Optional[Future[int]] = None    # the cache file being written
 
@@ -132,8 +139,11 @@ class DecoderModel:
         # the float matrices of the layers being quantized, not the whole model
         where = "cpu" if self.quantization else self.device
         raw = read_weights(model_dir, self.dtype, where, timings,
-                           lambda name: self.tp.shard_of(name, self.config))
+                           lambda name: self.tp.shard_of(name, self.config),
+                           keep=self.checkpoint.keep if self.checkpoint is not None else None)
         since = time.perf_counter()
+        if self.checkpoint is not None:
+            raw = self.checkpoint.gather(raw, self.dtype)
         self._assemble(raw)
         since = timings.record("assemble", since)
         key = cache_key(model_dir, self._packing_identity()) if packed is not None else None
@@ -206,43 +216,56 @@ class DecoderModel:
         """Layer i's weights, popped from the checkpoint's tensors (per architecture)."""
         raise NotImplementedError
 
-    def _assemble(self, raw: dict[str, torch.Tensor]) -> None:
+    def _assemble(self, raw: dict[str, Weight]) -> None:
         """Everything but the layers: embedding, final norm, head."""
         dev = self.device
-        self.embed = self._vocab_padded(raw.pop("model.embed_tokens.weight")).to(dev)
+        self.embed = map_weight(self._vocab_padded(raw.pop("model.embed_tokens.weight")), lambda t: t.to(dev))
         self.norm = self._norm(raw, "model.norm.weight").to(dev)
         head = raw.pop("lm_head.weight", None)
         tied = self.config.tie_word_embeddings or head is None
-        self.lm_head = self._tied_head() if tied else self.ops.pack_linear(self._vocab_padded(head).to(dev))
+        if tied:
+            self.lm_head = self._tied_head()
+        elif isinstance(head, torch.Tensor):
+            self.lm_head = self.ops.pack_linear(self._vocab_padded(head).to(dev))
+        else:
+            self.lm_head = map_weight(head, lambda t: t.to(dev))
 
-    def _tied_head(self) -> torch.Tensor:
+    def _tied_head(self) -> Weight:
         """A tied head stays the embedding itself (packing it in the same precision would
         keep a second copy), unless the linears run in a lower precision: then the head,
         a small model's largest GEMM and a large share of a W8A8 engine's time in fp32,
         gets its own copy in that precision, half the embedding's bytes in bf16."""
         # one row asks the packer what it makes, before a copy of the whole is (a CPU
         # without bf16 GEMMs would pack the embedding again in fp32, to throw it away)
-        if not self.low_precision or self.ops.pack_linear(self.embed[:1]).dtype == self.embed.dtype:
+        assert self.embed is not None
+        if (not isinstance(self.embed, torch.Tensor) or not self.low_precision
+                or self.ops.pack_linear(self.embed[:1]).dtype == self.embed.dtype):
             return self.embed
         packed: torch.Tensor = self.ops.pack_linear(self.embed)
         return packed
 
-    def _norm(self, raw: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    def _norm(self, raw: dict[str, Weight], name: str) -> torch.Tensor:
         weight = raw.pop(name)
+        assert isinstance(weight, torch.Tensor), f"{name}: a norm is never quantized"
         return weight + self.norm_offset if self.norm_offset else weight
 
     def _placed(self, layer: LayerWeights) -> LayerWeights:
         """Float matmuls are packed for the kernels' linear; int8: the layer was read on the
         CPU, its matmuls are quantized and all of it moved to the device."""
         if self.quantization is None:
-            return pack_layer(layer, self.ops.pack_linear)
+            packed = pack_layer(layer, self.ops.pack_linear)     # a checkpoint's quantized weights stay
+            return dataclasses.replace(packed, **{
+                f.name: map_weight(getattr(packed, f.name), lambda t: t.to(self.device))
+                for f in dataclasses.fields(packed) if getattr(packed, f.name) is not None})
         layer = quantize_layer(layer, self.device)
         return dataclasses.replace(layer, **{
             f.name: getattr(layer, f.name).to(self.device) for f in dataclasses.fields(layer)
             if isinstance(getattr(layer, f.name), torch.Tensor)})
 
-    def _vocab_padded(self, rows: torch.Tensor) -> torch.Tensor:
+    def _vocab_padded(self, rows: Weight) -> Weight:
         """The last rank's vocabulary slice grows zero rows up to the common slice size."""
+        if not isinstance(rows, torch.Tensor):
+            return rows                    # quantized checkpoints run on one rank
         missing = self.vocab_rows - rows.shape[0]
         return F.pad(rows, (0, 0, 0, missing)) if missing else rows
 
@@ -260,9 +283,7 @@ class DecoderModel:
             return moved[id(t)]
 
         def field(value):
-            if isinstance(value, Int8Weight):
-                return Int8Weight(one(value.qweight), one(value.scale))
-            return one(value) if isinstance(value, torch.Tensor) else value
+            return value if value is None else map_weight(value, one)
 
         self.layers = [dataclasses.replace(layer, **{f.name: field(getattr(layer, f.name))
                                                      for f in dataclasses.fields(layer)})
@@ -300,7 +321,8 @@ class DecoderModel:
         return self.ops.rms_norm(hidden, self.norm, self.config.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = self.ops.linear(hidden, self.lm_head).float()    # [N, V / tp]
+        assert self.lm_head is not None
+        local = linear(hidden, self.lm_head, None, self.ops).float()    # [N, V / tp]
         logits = self.tp.gather_columns(local, self.config.vocab_size)   # [N, V]
         cap = self.config.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
@@ -328,12 +350,26 @@ class DecoderModel:
         return hidden * torch.tensor(self.config.hidden_size ** 0.5, dtype=hidden.dtype)
 
     def _embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.embed, GroupQuantized):
+            return dequantize_rows(self.embed, input_ids).to(self.dtype)
+        assert isinstance(self.embed, torch.Tensor)
         if self.tp.size == 1:
             return F.embedding(input_ids, self.embed)
         local = input_ids - self.vocab_start
         mine = (local >= 0) & (local < self.vocab_rows)
         hidden = F.embedding(local.clamp(0, self.vocab_rows - 1), self.embed)
         return self.tp.all_reduce(hidden * mine.unsqueeze(-1).to(hidden.dtype))
+
+
+def _refuse_with_quantized_checkpoint(name: str, quantization: Optional[str], tp: TensorParallel,
+                                      batch_invariant: bool) -> None:
+    """What a checkpoint stored quantized does not run with, named."""
+    if quantization is not None:
+        raise ValueError(f"quantization: the checkpoint is quantized already ({name}); leave quantization unset")
+    if tp.size > 1:
+        raise ValueError(f"tensor_parallel_size: a quantized checkpoint ({name}) runs on one rank")
+    if batch_invariant:
+        raise ValueError(f"batch_invariant: float32 dense models only, not a quantized checkpoint ({name})")
 
 
 # ---- reading a checkpoint's layer (shared by the model classes)
@@ -354,7 +390,7 @@ def split_attention(raw: dict[str, torch.Tensor], p: str, norm: Norm) -> dict[st
     if f"{p}q_proj.bias" in raw:
         bias = torch.cat([raw.pop(f"{p}{n}_proj.bias") for n in "qkv"])
     has_norm = f"{p}q_norm.weight" in raw
-    return dict(qkv=torch.cat([raw.pop(f"{p}{n}_proj.weight") for n in "qkv"]), qkv_bias=bias,
+    return dict(qkv=stack_rows([raw.pop(f"{p}{n}_proj.weight") for n in "qkv"]), qkv_bias=bias,
                 o=raw.pop(p + "o_proj.weight"),
                 q_norm=norm(raw, p + "q_norm.weight") if has_norm else None,
                 k_norm=norm(raw, p + "k_norm.weight") if has_norm else None)
@@ -362,5 +398,5 @@ def split_attention(raw: dict[str, torch.Tensor], p: str, norm: Norm) -> dict[st
 
 def split_mlp(raw: dict[str, torch.Tensor], p: str) -> dict[str, torch.Tensor]:
     """LayerWeights' gated-MLP fields from gate_proj, up_proj, down_proj under prefix p."""
-    return dict(gate_up=torch.cat([raw.pop(p + "gate_proj.weight"), raw.pop(p + "up_proj.weight")]),
+    return dict(gate_up=stack_rows([raw.pop(p + "gate_proj.weight"), raw.pop(p + "up_proj.weight")]),
                 down=raw.pop(p + "down_proj.weight"))

@@ -18,3 +18,20 @@ def test_more_ranks_than_kv_heads_replicate_them_and_counts_that_neither_divide_
         _check_heads(info(12, 3), 4)
     with pytest.raises(InvalidField, match="num_attention_heads"):
         _check_heads(info(9, 3), 2)
+
+
+def test_a_quantized_checkpoint_refuses_what_it_does_not_run_with():
+    from controlplane.deploy.deployment_spec import check_model
+    from controlplane.store.errors import InvalidField
+    from controlplane.deploy.deployment_spec import Resources
+    from pool.api import ModelInfo
+
+    info = ModelInfo("s3://b/m.gguf", "LlamaForCausalLM", 0, "float32", 10, (), num_attention_heads=8,
+                     num_key_value_heads=8, quantized_parameters=8, quantized_bytes=4)
+    check_model(info, Resources(gpu_count=1), engine={})
+    cases = {"engine.quantization": (1, {"quantization": "int8"}),
+             "engine.batch_invariant": (1, {"batch_invariant": True}), "resources.gpu_count": (2, {})}
+    for field_name, (gpus, engine) in cases.items():
+        with pytest.raises(InvalidField) as caught:
+            check_model(info, Resources(gpu_count=gpus), engine=engine)
+        assert caught.value.field == field_name

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from kernels import activation, attention, group_quant, int8, linear, rmsnorm, rotary
+from kernels import activation, attention, fp8, group_quant, int8, linear, rmsnorm, rotary
 from kernels.dispatch import KernelSet, reference_kernels, get_kernels
 from kernels.cpu.features import CpuFeatures
 
@@ -19,7 +19,7 @@ def test_the_reference_set():
                                          paged_prefill_attention=attention.paged_prefill_attention,
                                          prefill_attention=attention.prefill_attention,
                                          int8_linear=int8.int8_linear,
-                                         group_linear=group_quant.linear,
+                                         group_linear=group_quant.linear, fp8_linear=fp8.linear_ref,
                                          silu_and_mul=activation.silu_and_mul,
                                          gelu_and_mul=activation.gelu_and_mul,
                                          pack_linear=linear.pack, linear=linear.linear)

@@ -121,3 +121,11 @@ def test_preference_keeps_a_multi_slot_replica_on_one_node():
 def test_unknown_preferred_nodes_change_nothing():
     pool = slots(10, 4, 16, 3)
     assert place(PlacementRequest(3 * GB), pool, prefer_nodes={"gone"}) == Placed("n1", ("n1/s3",), 3 * GB)
+
+
+def test_a_quantized_checkpoint_is_sized_by_its_quantized_bytes():
+    """GGUF 4-bit: its matrices take their own bytes whatever the dtype; the rest widen."""
+    info = ModelInfo("s3://b/m.gguf", "LlamaForCausalLM", weight_bytes=1_600, dtype="float32",
+                     num_parameters=1_000, files=("m.gguf",), quantized_parameters=900, quantized_bytes=500)
+    assert weight_bytes(info, "float32", None) == 500 + 100 * 4
+    assert weight_bytes(info, "bfloat16", None) == 500 + 100 * 2

@@ -1,6 +1,7 @@
 """GGUF import: a GGUF written by the `gguf` package from a random Hugging Face model, for
-each quant type, imports to a folder that holds exactly the dequantized weights, and whose
-greedy output through our engine equals transformers' on those same weights. A corrupt or
+each quant type, imports to a folder whose greedy output through our engine, its weights
+kept quantized and run by the engine's kernels, equals transformers' on the dequantized
+weights; imported with dequantize=True the folder holds exactly those weights. A corrupt or
 unsupported file is refused with an error that names the field or tensor."""
 from __future__ import annotations
 
@@ -59,8 +60,13 @@ def _greedy_equal(imported: Path, oracle_dir: Path, hf_oracle, seed: int = 3) ->
 def test_each_quant_type_imports_to_the_dequantized_weights(qtype, model_factory, hf_oracle, tmp_path):
     source = model_factory(**K_SPEC)
     expected = write_model_gguf(tmp_path / "m.gguf", source, qtype, seed=QTYPES.index(qtype))
+    _assert_same_weights(import_gguf(tmp_path / "m.gguf", tmp_path / "widened", dequantize=True), expected)
     imported = import_gguf(tmp_path / "m.gguf", tmp_path / "imported")
-    _assert_same_weights(imported, expected)
+    quantized = json.loads((imported / "config.json").read_text()).get("quantization_config")
+    if qtype in ("F32", "F16", "BF16"):
+        assert quantized is None
+    else:
+        assert {w["type"] for w in quantized["weights"].values()} == {qtype} and quantized["widened"] == []
     _greedy_equal(imported, _expected_folder(source, expected, tmp_path / "oracle"), hf_oracle)
 
 
@@ -72,8 +78,9 @@ def test_qwen2_qwen3_and_llama3_rope(model_factory, hf_oracle, tmp_path):
     for name, spec in specs.items():
         source = model_factory(**spec)
         expected = write_model_gguf(tmp_path / f"{name}.gguf", source, "Q8_0")
+        _assert_same_weights(import_gguf(tmp_path / f"{name}.gguf", tmp_path / f"{name}-widened", dequantize=True),
+                             expected)
         imported = import_gguf(tmp_path / f"{name}.gguf", tmp_path / f"{name}-imported")
-        _assert_same_weights(imported, expected)
         config = json.loads((imported / "config.json").read_text())
         if name == "qwen2":
             assert config["architectures"] == ["Qwen2ForCausalLM"] and config["tie_word_embeddings"] is True

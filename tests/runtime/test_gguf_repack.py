@@ -78,3 +78,19 @@ def test_rows_reorder_every_array():
     moved = r.rows(order)
     for name, array in moved.arrays().items():
         assert np.array_equal(array, r.arrays()[name][order]), name
+
+
+@pytest.mark.parametrize("type_name", sorted(REPACKERS))
+def test_the_spec_layout_says_what_repack_makes_and_its_bytes(type_name):
+    """spec/gguf_layouts.py sizes replicas before any byte is read: it must match."""
+    from spec.gguf import TensorInfo
+    from spec.gguf_layouts import LAYOUTS, kept_bytes
+
+    raw = random_blocks(type_name, rows=6, cols=512)
+    r = repack(raw, type_name)
+    layout = LAYOUTS[type_name]
+    assert (r.bits, r.group, r.super_every, r.offsets is not None) == \
+        (layout.bits, layout.group, layout.super_every, layout.offsets)
+    info = TensorInfo("w", (6, 512), TYPE_IDS[type_name], 0)
+    assert kept_bytes(info) == sum(a.nbytes for a in r.arrays().values())
+    assert set(LAYOUTS) == set(REPACKERS)

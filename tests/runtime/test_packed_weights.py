@@ -131,3 +131,24 @@ def test_smoothed_w8a8_layers_are_cached_and_calibrated_once(tiny_model, tmp_pat
     assert "calibrate" not in second.engine.load_timings
     assert _answers(second) == expected
     assert len(list(tmp_path.glob("*.pack"))) == 2
+
+
+def test_a_quantized_checkpoints_layers_map_back_as_they_were(tiny_model, tmp_path):
+    """GGUF Q4_0 kept 4-bit: the fused layers' group-wise weights round-trip through the file."""
+    from kernels.group_quant import GroupQuantized
+    from runtime.gguf.importer import import_gguf
+    from tests.support.gguf_files import write_model_gguf
+
+    write_model_gguf(tmp_path / "m.gguf", tiny_model, "Q4_0")
+    folder = import_gguf(tmp_path / "m.gguf", tmp_path / "folder")
+    expected = _answers(LLM(str(folder), kv_cache_tokens=512))
+    first = _load(folder, tmp_path / "cache")
+    assert _wait_written(first) > 0 and _answers(first) == expected
+    second = _load(folder, tmp_path / "cache")
+    model = second.engine.runner.model
+    qkv = model.layers[0].qkv
+    assert model.packed_mapping is not None and isinstance(qkv, GroupQuantized)
+    assert _inside(qkv.codes, model.packed_mapping)
+    for name in ("codes", "scales", "offsets"):
+        assert torch.equal(getattr(qkv, name), getattr(first.engine.runner.model.layers[0].qkv, name)), name
+    assert _answers(second) == expected
