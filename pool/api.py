@@ -112,8 +112,9 @@ class ModelInfo:
     # What placement needs to size int8 weights and the KV cache, and what the
     # control plane checks at deploy (tensor-parallel head split, edge validation).
     linear_parameters: int = 0     # parameters of *_proj.weight matrices (int8-quantizable)
-    # A quantized checkpoint: the parameters it stores quantized, and the bytes they take
-    # loaded as they are (whatever the runtime dtype of the rest)
+    # A quantized checkpoint's quantized weights (config.json's quantization_config): the
+    # elements of their tensors as stored, and the bytes they take once loaded, whatever
+    # the engine's dtype (their other parameters load at it).
     quantized_parameters: int = 0
     quantized_bytes: int = 0
     bytes_by_dtype: Mapping[str, int] = field(default_factory=dict)

@@ -19,6 +19,7 @@ from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, ModelUnavailable, PinnedO
 from pool.s3 import (DENIED_CODES, MISMATCH_CODES, MISSING_CODES, S3Client, S3Object, error_code,
                      list_objects, parse_uri)
 from spec.function_package import MANIFEST
+from spec.quantization_config import QuantizationScheme, loaded_bytes, scheme
 
 FUNCTION_MANIFEST = MANIFEST              # a function package's marker: the file the replica reads
 HEAD_GUESS = 64 * 1024
@@ -59,14 +60,24 @@ async def inspect_model(client: S3Client, model_uri: str, retry: Retry = _plain)
     if "config.json" not in objects:
         raise ModelUnavailable(f"missing object s3://{bucket}/{prefix}config.json")
     config = await read_json(client, objects["config.json"], retry)
+    quantization = quantization_of(config, objects["config.json"])
     shards = await weight_files(client, objects, retry, f"s3://{bucket}/{prefix}")
     headers = await read_headers(client, [objects[name] for name in shards], retry)
     try:    # a header of a million tensors is seconds of CPU: off the event loop
-        info = await asyncio.to_thread(summarize, model_uri, config, shards, headers)
+        info = await asyncio.to_thread(summarize, model_uri, config, shards, headers, quantization)
         return replace(info, objects=pins_of(objects.values()))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ModelUnavailable(f"bad safetensors header under {model_uri}: a tensor entry "
                                f"without a valid dtype, shape or data_offsets ({exc!r})") from exc
+
+
+def quantization_of(config: dict[str, Any], obj: S3Object) -> QuantizationScheme | None:
+    """The checkpoint's quantization, refused here (a 422 naming the field) when the
+    runtime cannot serve it, before any replica tries to load it."""
+    try:
+        return scheme(config)
+    except ValueError as exc:
+        raise ModelUnavailable(f"{obj.uri}: {exc}") from exc
 
 
 async def listing(client: S3Client, bucket: str, prefix: str) -> list[S3Object]:
@@ -192,9 +203,12 @@ def parse_header(obj: S3Object, raw: bytes) -> dict[str, Any]:
     return header
 
 
-def summarize(model_uri: str, config: dict[str, Any], files: list[str], headers: list[dict[str, Any]]) -> ModelInfo:
+def summarize(model_uri: str, config: dict[str, Any], files: list[str], headers: list[dict[str, Any]],
+              quantization: QuantizationScheme | None = None) -> ModelInfo:
+    """quantization: the checkpoint's; its quantized weights keep their format as they
+    load, counted at what the runtime's repacking makes of them."""
     by_dtype: Counter[str] = Counter()
-    params = linear = 0
+    params = linear = quantized_params = quantized_bytes = 0
     for header in headers:
         for name, entry in header.items():
             if name == "__metadata__":
@@ -203,7 +217,11 @@ def summarize(model_uri: str, config: dict[str, Any], files: list[str], headers:
             start, end = entry["data_offsets"]
             by_dtype[SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"].lower())] += end - start
             params += count
-            if name.endswith("_proj.weight") and len(entry["shape"]) == 2:
+            loaded = loaded_bytes(quantization, name, entry["dtype"], entry["shape"]) if quantization else None
+            if loaded is not None:
+                quantized_params += count
+                quantized_bytes += loaded
+            elif name.endswith("_proj.weight") and len(entry["shape"]) == 2:
                 linear += count
     heads = int(config.get("num_attention_heads") or 1)
     return ModelInfo(
@@ -214,6 +232,8 @@ def summarize(model_uri: str, config: dict[str, Any], files: list[str], headers:
         num_parameters=params,
         files=tuple(files),
         linear_parameters=linear,
+        quantized_parameters=quantized_params,
+        quantized_bytes=quantized_bytes,
         bytes_by_dtype=dict(by_dtype),
         num_hidden_layers=int(config.get("num_hidden_layers") or 0),
         num_key_value_heads=int(config.get("num_key_value_heads") or heads),

@@ -119,6 +119,25 @@ async def test_model_is_checked_in_s3_at_deploy_time(plane, gpt2_uri, models_buc
     assert missing.status_code == 422 and missing.json()["error"]["param"] == "model_uri"
 
 
+async def test_a_quantization_config_the_runtime_cannot_serve_is_a_422_naming_the_field(plane, s3_server,
+                                                                                       models_bucket):
+    from safetensors.numpy import save
+    import numpy as np
+
+    s3 = s3_server.client()
+    s3.put_object(Bucket=models_bucket, Key="quant/gptq3/config.json", Body=json.dumps({
+        "architectures": ["LlamaForCausalLM"],
+        "quantization_config": {"quant_method": "gptq", "bits": 3, "group_size": 128}}))
+    s3.put_object(Bucket=models_bucket, Key="quant/gptq3/model.safetensors",
+                  Body=save({"w": np.zeros((8, 4), dtype=np.float32)}))
+    client = plane.client(await plane.tenant_key("quant"))
+    response = await client.post("/v1/deployments", json=body("q3", f"s3://{models_bucket}/quant/gptq3/"))
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["param"] == "model_uri"
+    assert "quantization_config.bits: 3 is not supported (4)" in error["message"]
+
+
 async def test_bad_json_and_oversized_bodies(plane):
     client = plane.client(await plane.tenant_key("bodies"))
     broken = await client.post("/v1/deployments", content=b"{not json",

@@ -143,3 +143,41 @@ async def test_an_object_changed_after_it_was_listed_is_not_read(s3, s3_server, 
     put(s3_server, pool_bucket, fresh_prefix, {"config.json": b'{"architectures": ["Other"]}'})
     with pytest.raises(ModelUnavailable, match=r"config.json changed while it was read \(ETag no longer"):
         await model_info.read_json(s3, listed, lambda call: call())
+
+
+async def test_a_quantization_config_the_runtime_cannot_serve_is_refused_naming_the_field(s3, s3_server, pool_bucket,
+                                                                                        fresh_prefix):
+    config = json.dumps({"architectures": ["LlamaForCausalLM"], "num_attention_heads": 1,
+                         "quantization_config": {"quant_method": "awq", "bits": 3, "group_size": 128}}).encode()
+    uri = put(s3_server, pool_bucket, fresh_prefix, {"config.json": config, "model.safetensors": shard()})
+    counting = FlakyS3(s3)
+    with pytest.raises(ModelUnavailable, match=r"config.json: quantization_config.bits: 3 is not supported \(4\)"):
+        await inspect_model(counting, uri)
+    assert counting.calls == 1                          # refused from config.json alone
+
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq-desc-act", "w4a16", "w8a8", "fp8"])
+async def test_a_quantized_folder_is_sized_at_its_loaded_bytes(fmt, s3, s3_server, pool_bucket, fresh_prefix,
+                                                               tiny_model, tmp_path):
+    import torch
+
+    from pool.placement import weight_bytes
+    from runtime.load.hf_quantized import gather, keep_dtype
+    from runtime.load.timings import LoadTimings
+    from runtime.load.weights import read_weights
+    from spec.quantization_config import scheme
+    from tests.runtime.test_hf_quantized import FOLDERS
+    from tests.support.quant_packers import quantized_folder
+
+    config, pack, _ = FOLDERS[fmt]
+    folder = quantized_folder(tiny_model, tmp_path / fmt, config, pack)
+    info = await inspect_model(s3, upload_model(folder, s3_server.client(), pool_bucket, f"{fresh_prefix}/{fmt}"))
+    s = scheme(json.loads((folder / "config.json").read_text()))
+    loaded = gather(read_weights(folder, torch.float32, "cpu", LoadTimings(), keep=keep_dtype(s)), s, torch.float32)
+    actual = sum(w.nbytes for w in loaded.values())
+    quantized = sum(w.nbytes for w in loaded.values() if not isinstance(w, torch.Tensor))
+    assert info.linear_parameters == 0
+    assert quantized <= info.quantized_bytes <= 1.25 * quantized
+    assert actual <= weight_bytes(info, "float32", None)
+    floats = weight_bytes(info, "float32", None) - info.quantized_bytes
+    assert weight_bytes(info, "bfloat16", None) == floats // 2 + info.quantized_bytes

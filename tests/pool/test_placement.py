@@ -1,4 +1,6 @@
 """Best-fit placement and memory sizing, as pure functions."""
+from dataclasses import replace
+
 from pool.api import ModelInfo
 from pool.placement import (GB, NoCapacity, Placed, PlacementRequest, SlotState, kv_bytes,
                             never_fits, place, request_for, weight_bytes)
@@ -56,6 +58,13 @@ def test_weight_bytes_per_dtype_and_int8():
     assert weight_bytes(INFO, "bfloat16", None) == 2_000
     assert weight_bytes(INFO, None, "int8") == 4_000 - 800 * 3      # fp32 linears to a quarter
     assert weight_bytes(INFO, "bfloat16", "int8") == 2_000 - 800    # bf16 linears halved
+
+
+def test_a_quantized_checkpoints_quantized_weights_keep_their_bytes_at_any_dtype():
+    # 600 stored elements (int32 codes, float16 scales) that load as 1_500 bytes; 400 floats
+    info = replace(INFO, quantized_parameters=600, quantized_bytes=1_500, linear_parameters=0)
+    assert weight_bytes(info, "float32", None) == 400 * 4 + 1_500
+    assert weight_bytes(info, "bfloat16", None) == 400 * 2 + 1_500
 
 
 def test_kv_bytes_and_request_sizing():

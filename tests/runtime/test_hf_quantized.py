@@ -5,12 +5,10 @@ as such a folder read back through read_weights."""
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from kernels import fp8, group_quant
 from kernels.fp8 import Fp8Weight
@@ -24,7 +22,6 @@ from tests.support import quant_packers as qp
 
 N, K = 48, 256
 P = "model.layers.0.self_attn.q_proj"
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def awq_config(group: int) -> dict:
@@ -195,7 +192,7 @@ def values(w: object) -> torch.Tensor:
 @pytest.mark.parametrize("fmt", list(FOLDERS))
 def test_a_tiny_llama_folder_round_trips(fmt, tiny_model, tmp_path):
     config, pack, dequantize = FOLDERS[fmt]
-    folder = quantized_folder(tiny_model, tmp_path / fmt, config, pack)
+    folder = qp.quantized_folder(tiny_model, tmp_path / fmt, config, pack)
     hf_config = json.loads((folder / "config.json").read_text())
     s = scheme(hf_config)
     assert isinstance(s, QuantizationScheme)
@@ -203,7 +200,7 @@ def test_a_tiny_llama_folder_round_trips(fmt, tiny_model, tmp_path):
     out = gather(raw, s, torch.bfloat16)
     stored = load_file(str(folder / "model.safetensors"))
     original = load_file(str(tiny_model / "model.safetensors"))
-    linears = [n for n in original if n.rsplit(".", 2)[-2] in LINEARS]
+    linears = [n for n in original if n.rsplit(".", 2)[-2] in qp.LINEARS]
     assert linears and set(out) == set(original)
     for name in linears:
         prefix = name[:-len(".weight")]
@@ -213,20 +210,3 @@ def test_a_tiny_llama_folder_round_trips(fmt, tiny_model, tmp_path):
     for name in set(original) - set(linears):
         assert out[name].dtype == torch.bfloat16
         assert torch.equal(out[name], original[name].to(torch.bfloat16)), name
-
-
-def quantized_folder(source: Path, folder: Path, config: dict, pack) -> Path:
-    """The model folder at `source` with its decoder linears stored by `pack`."""
-    shutil.copytree(source, folder)
-    tensors = load_file(str(source / "model.safetensors"))
-    out: dict[str, torch.Tensor] = {}
-    for name, t in tensors.items():
-        if name.rsplit(".", 2)[-2] in LINEARS:
-            prefix = name[:-len(".weight")]
-            out.update({f"{prefix}.{part}": v.contiguous() for part, v in pack(t.float()).items()})
-        else:
-            out[name] = t
-    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    hf_config = json.loads((source / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(hf_config | {"quantization_config": config}))
-    return folder

@@ -10,13 +10,18 @@ wrapped to int32 at the end, as numpy's uint32 packing and its view as int32 do.
 """
 from __future__ import annotations
 
-from typing import Optional
+import json
+import shutil
+from pathlib import Path
+from typing import Callable, Optional
 
 import torch
+from safetensors.torch import load_file, save_file
 
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 AWQ_REVERSE_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]
 SHIFTS = torch.arange(0, 32, 4)
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _to_int32(packed: torch.Tensor) -> torch.Tensor:
@@ -203,3 +208,23 @@ def fp8_pack(w: torch.Tensor, per_channel: bool) -> dict[str, torch.Tensor]:
 
 def fp8_dequantize(t: dict[str, torch.Tensor]) -> torch.Tensor:
     return t["weight"].float() * t["weight_scale"].float()
+
+
+# -- a model folder ----------------------------------------------------------------------
+
+def quantized_folder(source: Path, folder: Path, config: dict,
+                     pack: Callable[[torch.Tensor], dict[str, torch.Tensor]]) -> Path:
+    """The model folder at `source` with its decoder linears stored by `pack`."""
+    shutil.copytree(source, folder)
+    tensors = load_file(str(source / "model.safetensors"))
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        if name.rsplit(".", 2)[-2] in LINEARS:
+            prefix = name[:-len(".weight")]
+            out.update({f"{prefix}.{part}": v.contiguous() for part, v in pack(t.float()).items()})
+        else:
+            out[name] = t
+    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    hf_config = json.loads((source / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(hf_config | {"quantization_config": config}))
+    return folder
