@@ -27,6 +27,7 @@ dequantize_weight, compressed-tensors' unpack_from_int32 and dequantize):
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Optional
 
 import torch
@@ -63,7 +64,24 @@ def gather(raw: dict[str, torch.Tensor], scheme: QuantizationScheme, dtype: torc
     for name, value in out.items():
         if isinstance(value, torch.Tensor) and value.is_floating_point() and keeps_dtype(scheme, name):
             out[name] = value.to(dtype)
-    return out
+    return _one_dtype_each(out)
+
+
+def _one_dtype_each(weights: dict[str, object]) -> dict[str, object]:
+    """Every GroupQuantized's scales in one dtype, and its offsets in one: float16 where it
+    is exact for all of them, else float32 (exact too), so that q, k and v, or gate and
+    up, stack into one weight (group_quant.stack_rows) whatever their values were."""
+    grouped = {n: w for n, w in weights.items() if isinstance(w, GroupQuantized)}
+    for field in ("scales", "offsets"):
+        dtypes = {getattr(w, field).dtype for w in grouped.values() if getattr(w, field) is not None}
+        if len(dtypes) > 1:
+            grouped = {n: _widened(w, field) for n, w in grouped.items()}
+    return weights | grouped
+
+
+def _widened(w: GroupQuantized, field: str) -> GroupQuantized:
+    value = getattr(w, field)
+    return w if value is None else replace(w, **{field: value.float()})
 
 
 def _quantized_linears(raw: dict[str, torch.Tensor], scheme: QuantizationScheme) -> list[str]:

@@ -162,6 +162,24 @@ def test_scales_keep_their_dtype_and_codes_are_kept_whatever_the_engine_dtype():
     assert w8 is not None and keep_dtype(w8)(f"{P}.weight_scale") and not keep_dtype(w8)("lm_head.weight")
 
 
+def test_the_linears_of_a_checkpoint_share_their_scale_and_offset_dtypes():
+    """Scales float16 where exact: one linear whose bfloat16 scales float16 cannot hold
+    (a subnormal there) widens every linear's, so q, k and v still stack."""
+    s = scheme({"quantization_config": w4a16_config(32, True)})
+    assert s is not None
+    raw = {}
+    for i, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+        parts = qp.ct_pack(weight(seed=i), 32, True, torch.bfloat16)
+        if proj == "v_proj":
+            parts["weight_scale"][0, 0] = 2.0 ** -20 * 1.5078125        # 8 significant bits at 2^-20
+        raw |= {f"model.layers.0.self_attn.{proj}.{n}": t for n, t in parts.items()}
+    out = gather(raw, s, torch.float32)
+    ws = [out[f"model.layers.0.self_attn.{p}.weight"] for p in ("q_proj", "k_proj", "v_proj")]
+    assert all(isinstance(w, GroupQuantized) and w.scales.dtype == torch.float32 for w in ws)
+    fused = group_quant.stack_rows(ws)
+    assert fused is not None and fused.shape == (3 * N, K)
+
+
 def test_a_g_idx_whose_groups_are_not_all_full_is_refused_naming_the_linear():
     parts = qp.gptq_pack(weight(), 32, desc_act=False, sym=True)
     parts["g_idx"] = torch.zeros(K, dtype=torch.int32)
