@@ -59,7 +59,9 @@ def gather(raw: dict[str, torch.Tensor], scheme: QuantizationScheme, dtype: torc
             del out[f"{prefix}.{p}"]
         try:
             out[f"{prefix}.weight"] = REPACK[scheme.layout](parts, scheme)
-        except (ValueError, RuntimeError, KeyError) as exc:
+        except KeyError as exc:
+            raise ValueError(f"{prefix}: no {prefix}.{exc.args[0]} in the checkpoint") from exc
+        except (ValueError, RuntimeError) as exc:
             raise ValueError(f"{prefix}: {exc}") from exc
     for name, value in out.items():
         if isinstance(value, torch.Tensor) and value.is_floating_point() and keeps_dtype(scheme, name):

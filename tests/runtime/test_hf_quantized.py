@@ -187,6 +187,13 @@ def test_a_g_idx_whose_groups_are_not_all_full_is_refused_naming_the_linear():
         gathered(parts, gptq_config(32, False, True))
 
 
+def test_a_missing_part_is_refused_naming_it():
+    parts = qp.awq_pack(weight(), 32)
+    del parts["qzeros"]
+    with pytest.raises(ValueError, match=rf"^{P}: no {P}.qzeros in the checkpoint"):
+        gathered(parts, awq_config(32))
+
+
 # -- a tiny Llama saved as each format and read back -------------------------------------
 
 FOLDERS = {
