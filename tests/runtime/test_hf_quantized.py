@@ -207,7 +207,7 @@ FOLDERS = {
 
 def values(w: object) -> torch.Tensor:
     if isinstance(w, GroupQuantized):
-        return group_quant.dequantize_rows(w, torch.arange(w.shape[0]))
+        return group_quant.dequantize_rows(w, torch.arange(w.shape[0], device=w.codes.device))
     if isinstance(w, Int8Weight):
         return w.qweight.float() * w.scale[:, None]
     assert isinstance(w, Fp8Weight)
@@ -235,3 +235,20 @@ def test_a_tiny_llama_folder_round_trips(fmt, tiny_model, tmp_path):
     for name in set(original) - set(linears):
         assert out[name].dtype == torch.bfloat16
         assert torch.equal(out[name], original[name].to(torch.bfloat16)), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the staged loader runs only there")
+@pytest.mark.parametrize("fmt", list(FOLDERS))
+def test_gathered_on_the_gpu_is_gathered_on_the_cpu(fmt, tiny_model, tmp_path):
+    config, pack, _ = FOLDERS[fmt]
+    folder = qp.quantized_folder(tiny_model, tmp_path / fmt, config, pack)
+    s = scheme(json.loads((folder / "config.json").read_text()))
+    assert s is not None
+    on = {device: gather(read_weights(folder, torch.bfloat16, device, LoadTimings(), keep=keep_dtype(s)), s,
+                         torch.bfloat16) for device in ("cpu", "cuda")}
+    for name, w in on["cpu"].items():
+        gpu = on["cuda"][name]
+        if isinstance(w, torch.Tensor):
+            assert isinstance(gpu, torch.Tensor) and torch.equal(gpu.cpu(), w), name
+        else:
+            assert type(gpu) is type(w) and torch.equal(values(gpu).cpu(), values(w)), name
