@@ -158,7 +158,8 @@ def every_channel_w8a8(kernels: KernelSet) -> Optional[KernelSet]:
 
 def _triton_kernels() -> KernelSet | None:
     try:
-        from kernels.triton import activation, int8_matmul, paged_attention, rmsnorm, rotary
+        from kernels.triton import (activation, group_linear, int8_matmul, paged_attention, rmsnorm,
+                                    rotary)
     except ImportError:   # triton not installed: the references serve CUDA too
         return None
     return dataclasses.replace(reference_kernels(), backend="triton", rms_norm=rmsnorm.rms_norm,
@@ -166,6 +167,7 @@ def _triton_kernels() -> KernelSet | None:
                                apply_rotary=rotary.apply_rotary,
                                paged_decode_attention=paged_attention.paged_decode_attention,
                                int8_linear=int8_matmul.int8_linear,
+                               group_linear=group_linear.group_linear,
                                silu_and_mul=activation.silu_and_mul)
 
 

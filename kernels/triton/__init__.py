@@ -5,6 +5,7 @@ the signature of its pure-torch reference:
 - rotary.py:          apply_rotary                   (kernels/rotary.py)
 - paged_attention.py: paged_decode_attention         (kernels/attention.py)
 - int8_matmul.py:     int8_linear                    (kernels/int8.py)
+- group_linear.py:    group_linear                   (kernels/group_quant.py: linear_ref)
 - activation.py:      silu_and_mul                   (kernels/activation.py)
 
 Importing this package imports no triton; each module does. kernels/dispatch.py

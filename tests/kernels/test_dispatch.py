@@ -28,7 +28,7 @@ def test_the_reference_set():
 def test_cuda_gets_triton_when_it_imports():
     pytest.importorskip("triton", reason="triton not installed")
     from kernels.triton import activation as triton_activation
-    from kernels.triton import int8_matmul, paged_attention
+    from kernels.triton import group_linear, int8_matmul, paged_attention
     from kernels.triton import rmsnorm as triton_rmsnorm
     from kernels.triton import rotary as triton_rotary
 
@@ -41,6 +41,7 @@ def test_cuda_gets_triton_when_it_imports():
     assert ks.apply_rotary is triton_rotary.apply_rotary
     assert ks.paged_decode_attention is paged_attention.paged_decode_attention
     assert ks.int8_linear is int8_matmul.int8_linear
+    assert ks.group_linear is group_linear.group_linear
     assert ks.silu_and_mul is triton_activation.silu_and_mul
 
 

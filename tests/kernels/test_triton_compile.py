@@ -52,6 +52,26 @@ KERNELS = {
         for dt, tiles in (("bf16", {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128}),
                           ("fp16", {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}),
                           ("fp32", {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128}))},
+    **{f"group_linear_{name}": (
+        "group_linear", "_group_linear_kernel",
+        {"x_ptr": f"*{x}", "codes_ptr": "*u8" if bits == 4 else "*i8", "scales_ptr": f"*{scales}",
+         "offsets_ptr": f"*{scales}", "scale_super_ptr": "*fp16", "offset_super_ptr": "*fp16",
+         "bias_ptr": f"*{x}", "out_ptr": f"*{out}", "M": "i32", "N": "i32", "K": "i32", "k_per_split": "i32",
+         **{s: "i64" for s in ("x_s0", "codes_s0", "scales_s0", "offsets_s0", "scale_super_s0",
+                               "offset_super_s0", "out_s0", "out_split_s")}},
+        {"BITS": bits, "GROUP": group, "SUPER_EVERY": every, "HAS_OFFSETS": offsets,
+         "HAS_SCALE_SUPER": every > 1, "HAS_OFFSET_SUPER": offsets and every > 1, "HAS_BIAS": out == x,
+         "IEEE": x == "fp32", "DOT_FP32": False, **tiles})
+        # GGUF's K-quants at decode (K split: fp32 partials), AWQ at prefill, Q6_K and Q8_0
+        for name, x, out, bits, group, every, scales, offsets, tiles in (
+            ("q4_k_bf16_decode", "bf16", "fp32", 4, 32, 8, "fp16", True,
+             {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32}),
+            ("awq_fp16_prefill", "fp16", "fp16", 4, 128, 1, "fp32", True,
+             {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128}),
+            ("q6_k_fp32_decode", "fp32", "fp32", 8, 16, 16, "fp16", False,
+             {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16}),
+            ("q8_0_bf16_prefill", "bf16", "bf16", 8, 32, 1, "fp16", False,
+             {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}))},
 }
 
 
