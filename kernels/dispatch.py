@@ -1,7 +1,8 @@
 """Choose the kernel implementations for a device, explicitly: the engine passes
 its device and gets a KernelSet back; nothing reads the environment.
 
-On a CUDA device with triton importable: the Triton kernels of kernels/triton/.
+On a CUDA device with triton importable: the Triton kernels of kernels/triton/; on one
+with FP8 matmuls (compute capability 8.9 on), FP8 weights as they are (kernels/fp8.py).
 On the CPU: linear layers through oneDNN with prepacked weights, and the C
 kernels of kernels/cpu/ where they build (a C compiler is on PATH), the
 pure-torch references for the rest; and low-precision GEMMs where the CPU's flags
@@ -48,7 +49,8 @@ class KernelSet:
     int8_linear: Callable               # (x [T,K], qweight [N,K] int8, scale [N], bias=None) -> [T,N]
     group_linear: Callable              # (x [T,K], kernels.group_quant.GroupQuantized [N,K], bias=None)
                                         #  -> [T,N]
-    fp8_linear: Callable                # (x [T,K], kernels.fp8.Fp8Weight [N,K], bias=None) -> [T,N]
+    fp8_linear: Callable                # (x [T,K], kernels.fp8.Fp8Weight [N,K], bias=None) -> [T,N]: the
+                                        #  native one where the GPU multiplies FP8, else the definition
     silu_and_mul: Callable              # (x [T,2I]) -> [T,I]
     gelu_and_mul: Callable              # (x [T,2I]) -> [T,I]  (GeGLU; the reference everywhere)
     pack_linear: Callable               # (weight [N,K]) -> what `linear` takes, once at load
@@ -79,10 +81,7 @@ def get_kernels(device: torch.device | str, features: Optional[CpuFeatures] = No
     cpu_low_precision passes this CPU's, kernels/cpu/features.py:detect); None: none,
     so fp32 models compute in fp32 and int8 ones keep their activations in fp32."""
     if torch.device(device).type == "cuda":
-        triton_set = _triton_kernels()
-        if triton_set is not None:
-            return triton_set
-        return reference_kernels()
+        return _with_native_fp8(_triton_kernels() or reference_kernels(), device)
     if features is None:
         return _cpu_kernels()
     return _low_precision(_cpu_kernels(), features)
@@ -98,7 +97,8 @@ def reference_kernels() -> KernelSet:
                      paged_prefill_attention=attention.paged_prefill_attention,
                      prefill_attention=attention.prefill_attention,
                      int8_linear=int8.int8_linear, group_linear=group_quant.linear,
-                     fp8_linear=fp8.linear_ref, silu_and_mul=activation.silu_and_mul,
+                     fp8_linear=fp8.linear_ref,
+                     silu_and_mul=activation.silu_and_mul,
                      gelu_and_mul=activation.gelu_and_mul,
                      pack_linear=linear.pack, linear=linear.linear)
 
@@ -169,6 +169,13 @@ def _triton_kernels() -> KernelSet | None:
                                int8_linear=int8_matmul.int8_linear,
                                group_linear=group_linear.group_linear,
                                silu_and_mul=activation.silu_and_mul)
+
+
+def _with_native_fp8(kernels: KernelSet, device: torch.device | str) -> KernelSet:
+    """A GPU with FP8 matmuls runs FP8 weights as they are (no triton needed: cuBLAS)."""
+    from kernels import fp8
+
+    return dataclasses.replace(kernels, fp8_linear=fp8.fp8_linear) if fp8.native(device) else kernels
 
 
 def batch_invariant_kernels(kernels: KernelSet) -> KernelSet:

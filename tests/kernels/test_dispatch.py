@@ -19,7 +19,8 @@ def test_the_reference_set():
                                          paged_prefill_attention=attention.paged_prefill_attention,
                                          prefill_attention=attention.prefill_attention,
                                          int8_linear=int8.int8_linear,
-                                         group_linear=group_quant.linear, fp8_linear=fp8.linear_ref,
+                                         group_linear=group_quant.linear,
+                                         fp8_linear=fp8.linear_ref,
                                          silu_and_mul=activation.silu_and_mul,
                                          gelu_and_mul=activation.gelu_and_mul,
                                          pack_linear=linear.pack, linear=linear.linear)
@@ -43,6 +44,8 @@ def test_cuda_gets_triton_when_it_imports():
     assert ks.int8_linear is int8_matmul.int8_linear
     assert ks.group_linear is group_linear.group_linear
     assert ks.silu_and_mul is triton_activation.silu_and_mul
+    # no GPU here to ask: FP8 weights keep the definition (a GPU of 8.9 on: test_fp8.py)
+    assert ks.fp8_linear is fp8.linear_ref
 
 
 def test_cuda_without_triton_falls_back(monkeypatch):
