@@ -20,6 +20,10 @@ figures (the checks themselves are in scripts/gpu_checks.py):
                       (TRITON_TESTS, counted on the CPU by tests/test_gpu_check.py);
 - triton_kernels:     tests/kernels/test_triton_*.py run on the GPU, from the warm cache,
                       against the torch references, and the engine's dispatch picks them;
+- quantized_linears:  the Triton group_linear (4- and 8-bit group-wise weights) and the
+                      native FP8 fp8_linear (torch._scaled_mm) against their definitions
+                      at a 4096 x 4096 layer, decode and prefill rows, with their decode
+                      time beside a dense bf16 linear's (triton_compile runs it first);
 - exactness_fp16/bf16: the engine on CUDA (continuous batching, chunked prefill,
                       preemption, prefix cache) against transformers on CUDA;
 - int8_vs_bf16_batch1: weight-only int8 against bf16 at batch 1, quality and speed;
@@ -111,10 +115,11 @@ CHECKS = (
     Check("weight_loader", 25),
     Check("triton_compile", compile_budget_s()),
     Check("triton_kernels", 30),
+    Check("quantized_linears", 20),
     Check("exactness_fp16", 45),
     Check("exactness_bf16", 45),
     Check("int8_vs_bf16_batch1", 45),
-    Check("throughput_vs_transformers", 100),
+    Check("throughput_vs_transformers", 80),
     Check("cuda_graphs_decode", 35),
     Check("tensor_parallel_nccl", 75, gpus=2),
 )

@@ -26,6 +26,7 @@ chose a token fp32 ranks further than that below its best.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import subprocess
@@ -229,6 +230,9 @@ def warm_jobs(models: Models, device: str) -> dict[str, list[str]]:
     jobs.update({f"engine_{name}": [sys.executable, "-c", "from scripts import gpu_checks; gpu_checks.warm_engine("
                                     f"{str(models.folder)!r}, {given!r}, {device!r}, {name!r})"]
                  for name in WARM_ENGINES})
+    jobs.update({f"check_{name}": [sys.executable, "-c", "from scripts import gpu_checks; gpu_checks.CHECKS["
+                                   f"{name!r}](gpu_checks.Models({str(models.folder)!r}), {device!r})"]
+                 for name in WARM_CHECKS})
     return jobs
 
 
@@ -274,6 +278,11 @@ WARM_ENGINES: dict[str, tuple[str, dict[str, Any]]] = {
     "int8_vs_bf16_batch1": ("small", dict(dtype="bfloat16", quantization="int8", enable_prefix_caching=False)),
     "throughput_vs_transformers": ("bench", dict(dtype="bfloat16", kv_cache_tokens=128 * 784)),
 }
+
+
+# Later checks that launch Triton kernels in shapes of their own (not the tests'), run
+# whole by triton_compile: they take no model and a few seconds.
+WARM_CHECKS = ("quantized_linears",)
 
 
 def warm_engine(folder: str, given: Optional[str], device: str, name: str) -> None:
@@ -441,6 +450,89 @@ def weight_loader(models: Models, device: str) -> Outcome:
                    f"{'every tensor equal' if equal else 'TENSORS DIFFER'}")
 
 
+# The quantized linears on the GPU: group-wise forms (tests/kernels/group_cases.py) with
+# the activation dtype each runs in, and how close each output is to its definition
+# (relative to the output's norm: fp32 summation order, or one rounding to the dtype).
+QUANTIZED_FORMS = (("q4_k", "bfloat16"), ("awq", "float16"), ("q8_0", "bfloat16"))
+REL_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+def quantized_linears(models: Models, device: str) -> Outcome:
+    """The Triton group_linear and the native fp8_linear against their references at a
+    7B model's square layer, decode and prefill rows; their decode time beside a dense
+    bf16 linear's."""
+    return compare_quantized(device, n=4096, k=4096, rows=(1, 64))
+
+
+def compare_quantized(device: str, n: int, k: int, rows: Sequence[int]) -> Outcome:
+    """Each form at each row count: its worst relative error against the definition, and
+    passed when every one is within REL_TOLERANCE. On the CPU (the check's own test) the
+    Triton kernel runs in the interpreter and nothing is timed."""
+    from kernels import fp8, group_quant
+    from kernels.dispatch import get_kernels
+    from kernels.triton.group_linear import group_linear
+    from tests.kernels.group_cases import FORMS, random_weight
+
+    errors: dict[str, tuple[float, float]] = {}          # case -> (relative error, tolerance)
+    speed: list[str] = []
+    g = torch.Generator().manual_seed(0)
+    for form, dtype_name in QUANTIZED_FORMS:
+        dtype = getattr(torch, dtype_name)
+        w = random_weight(FORMS[form], n, k, device=device)
+        for m in rows:
+            x = torch.randn(m, k, generator=g).to(device, dtype)
+            errors[f"{form} {dtype_name} x{m}"] = (_rel_err(group_linear(x, w), group_quant.linear_ref(x, w)),
+                                                  REL_TOLERANCE[dtype])
+        speed += _decode_speed(f"{form} {dtype_name}", functools.partial(group_linear, w=w), w.shape, dtype, device,
+                               w.nbytes)
+    native = device == "cpu" or fp8.native(device)       # the CPU's _scaled_mm runs it too
+    for dtype_name, per_channel in (("bfloat16", True), ("float16", False)) if native else ():
+        dtype = getattr(torch, dtype_name)
+        values = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(fp8.E4M3)
+        scale = torch.rand(n, generator=g) * 1e-3 + 1e-4 if per_channel else torch.tensor(3e-4)
+        w8 = fp8.Fp8Weight(values, scale).map(lambda t: t.to(device))
+        bias = torch.randn(n, generator=g).to(device, dtype)
+        for m in rows:
+            x = torch.randn(m, k, generator=g).to(device, dtype)
+            q, x_scale = fp8.quantize_per_token(x)
+            rounded = fp8.linear_ref(q.float() * x_scale, w8, bias).to(dtype)
+            errors[f"fp8 {dtype_name} x{m}"] = (_rel_err(fp8.fp8_linear(x, w8, bias), rounded),
+                                                REL_TOLERANCE[dtype])
+        speed += _decode_speed(f"fp8 {dtype_name}", functools.partial(fp8.fp8_linear, w=w8), w8.shape, dtype, device,
+                               w8.nbytes)
+    failed = [f"{case} {err:.1e} > {tol:.0e}" for case, (err, tol) in errors.items() if err > tol]
+    worst = max(errors, key=lambda c: errors[c][0] / errors[c][1])
+    verdict = f"FAILED {'; '.join(failed)}" if failed else f"{len(errors)} cases within tolerance"
+    notes = [f"[{n}, {k}] weights, rows {'/'.join(map(str, rows))}: {verdict} (closest to its limit: {worst} "
+             f"{errors[worst][0]:.1e} of {errors[worst][1]:.0e})", f"kernels {get_kernels(device).backend}"]
+    notes += [] if native else [f"fp8 not native on this GPU {torch.cuda.get_device_capability(device)}"]
+    notes += [f"decode x1: {', '.join(speed)}"] if speed else []
+    return not failed, "; ".join(notes)
+
+
+def _rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual.float() - expected.float()).norm() / expected.float().norm().clamp(min=1e-30))
+
+
+def _decode_speed(name: str, fn: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, int],
+                  dtype: torch.dtype, device: str, nbytes: int, reps: int = 50) -> list[str]:
+    """One row through fn, in microseconds per call and weight GB/s, beside a dense bf16
+    linear of the same shape; nothing off CUDA."""
+    if not device.startswith("cuda"):
+        return []
+    n, k = shape
+    x = torch.randn(1, k, device=device, dtype=dtype)
+    dense = torch.randn(n, k, device=device, dtype=torch.bfloat16)
+    xb = x.to(torch.bfloat16)
+
+    def per_call(f: Callable[[], Any]) -> float:
+        f()
+        return _timed(lambda: [f() for _ in range(reps)])[1] / reps
+
+    ours, theirs = per_call(lambda: fn(x)), per_call(lambda: torch.nn.functional.linear(xb, dense))
+    return [f"{name} {ours * 1e6:.0f} us ({nbytes / ours / 1e9:.0f} GB/s) vs dense bf16 {theirs * 1e6:.0f} us"]
+
+
 def cuda_graphs(models: Models, device: str) -> Outcome:
     """Decode through CUDA graphs against the same engine eager: the same greedy tokens,
     logprobs within bf16's noise (a padded graph batch may pick other GEMM kernels), and
@@ -475,6 +567,7 @@ CHECKS: dict[str, Callable[[Models, str], Outcome]] = {
     "weight_loader": weight_loader,
     "triton_compile": triton_compile,
     "triton_kernels": triton_kernels,
+    "quantized_linears": quantized_linears,
     "exactness_fp16": lambda model, device: exactness(model, device, "float16"),
     "exactness_bf16": lambda model, device: exactness(model, device, "bfloat16"),
     "int8_vs_bf16_batch1": int8_vs_bf16,

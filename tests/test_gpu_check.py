@@ -104,7 +104,8 @@ def test_the_driver_and_the_checks_name_the_same_checks():
     # every check's budget holds within the total, and the total within a 10-minute call
     assert sum(c.limit_s for c in gpu_check.CHECKS if c.gpus == 1) <= gpu_check.TOTAL_S <= 490
     names = [c.name for c in gpu_check.CHECKS]
-    assert names.index("triton_compile") < min(names.index(n) for n in [*gpu_checks.WARM_ENGINES, "triton_kernels"])
+    assert names.index("triton_compile") < min(names.index(n) for n in [*gpu_checks.WARM_ENGINES, "triton_kernels",
+                                                                         *gpu_checks.WARM_CHECKS])
 
 
 def test_the_compile_budget_is_the_busiest_process_compiles():
@@ -163,7 +164,8 @@ def test_the_engine_warm_up_job_runs_on_the_cpu(model_factory, tmp_path):
     models = gpu_checks.Models(tmp_path, given=model_factory(max_position_embeddings=1024))
     jobs = gpu_checks.warm_jobs(models, "cpu")
     assert set(jobs) == {*(Path(f).stem for f in gpu_checks.triton_test_files()),
-                         *(f"engine_{name}" for name in gpu_checks.WARM_ENGINES)}
+                         *(f"engine_{name}" for name in gpu_checks.WARM_ENGINES),
+                         *(f"check_{name}" for name in gpu_checks.WARM_CHECKS)}
     run = subprocess.run(jobs["engine_exactness_bf16"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
 
@@ -197,3 +199,17 @@ def test_int8_check_runs_on_the_cpu(tiny):
     passed, detail = gpu_checks.int8_vs_bf16(tiny, "cpu")
     assert passed, detail
     assert "int8 vs transformers fp32" in detail
+
+
+def test_quantized_linears_check_runs_on_the_cpu():
+    """Its comparisons at a small layer, the Triton kernel in the interpreter (a process of
+    its own: the interpreter is chosen when kernels.triton is first imported)."""
+    pytest.importorskip("triton")
+    code = ("import json; from scripts import gpu_checks; "
+            "print(json.dumps(gpu_checks.compare_quantized('cpu', 64, 256, (1, 33))))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    passed, detail = json.loads(run.stdout.strip().splitlines()[-1])
+    assert passed, detail
+    assert "10 cases within tolerance" in detail   # 3 group forms and 2 fp8 ones, 2 row counts each
