@@ -190,10 +190,11 @@ def linear(x: torch.Tensor, w: GroupQuantized, bias: Optional[torch.Tensor] = No
 
 def stack_rows(parts: list[GroupQuantized]) -> Optional[GroupQuantized]:
     """The parts stacked along N as one weight (fused q/k/v, gate/up), or None when their
-    formats differ (a GGUF file may store v in another type than q and k)."""
+    formats differ (a GGUF file may store v in another type than q and k). Parts of one
+    input share a GPTQ act-order: stacked only when it is the same."""
     first = parts[0]
     same = all(p.bits == first.bits and p.group == first.group and p.super_every == first.super_every
-               and p.shape[1] == first.shape[1] and p.input_order is None
+               and p.shape[1] == first.shape[1] and _same_order(p.input_order, first.input_order)
                and all((getattr(p, f) is None) == (getattr(first, f) is None)
                        and (getattr(p, f) is None or getattr(p, f).dtype == getattr(first, f).dtype)
                        for f in ("offsets", "scale_super", "offset_super", "scales"))
@@ -203,3 +204,7 @@ def stack_rows(parts: list[GroupQuantized]) -> Optional[GroupQuantized]:
     return replace(first, **{f: torch.cat([getattr(p, f) for p in parts])
                              for f in ("codes", "scales", "offsets", "scale_super", "offset_super")
                              if getattr(first, f) is not None})
+
+
+def _same_order(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))

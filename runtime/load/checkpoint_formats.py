@@ -10,6 +10,10 @@ checkpoint.
 
 - "gguf": a folder thawpool's GGUF importer wrote (runtime/gguf/importer.py): NAME.codes,
   NAME.scales, ... already in the layout, listed with their bits, group and super_every.
+- "awq", "gptq", "compressed-tensors", "fp8": Hugging Face quantized folders, read by
+  spec/quantization_config.py and repacked by runtime/load/hf_quantized.py. FP8 weights stay
+  FP8 where the device multiplies FP8 (kernels/fp8.py:native) and are widened to the
+  engine's dtype elsewhere (the CPU's linear then packs them as it packs any float weight).
 """
 from __future__ import annotations
 
@@ -18,7 +22,10 @@ from typing import Any, Optional, Protocol
 
 import torch
 
+from kernels import fp8
 from kernels.group_quant import GroupQuantized, check
+from runtime.load import hf_quantized
+from spec.quantization_config import QuantizationScheme, scheme
 
 GROUP_PARTS = ("codes", "scales", "offsets", "scale_super", "offset_super")
 FLOAT_PARTS = frozenset(GROUP_PARTS[1:])
@@ -64,11 +71,35 @@ class GgufFolder:
         return out
 
 
+@dataclass(frozen=True)
+class HfFolder:
+    scheme: QuantizationScheme
+
+    @property
+    def name(self) -> str:
+        return self.scheme.method
+
+    def keep(self, name: str) -> bool:
+        return hf_quantized.keep_dtype(self.scheme)(name)
+
+    def gather(self, raw: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, Any]:
+        return {name: _widened_unless_native(value, dtype)
+                for name, value in hf_quantized.gather(raw, self.scheme, dtype).items()}
+
+
+def _widened_unless_native(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, fp8.Fp8Weight) and not fp8.native(value.weight.device):
+        return fp8.widen(value, dtype)
+    return value
+
+
 def checkpoint_format(quantization_config: Optional[dict[str, Any]]) -> Optional[CheckpointFormat]:
-    """The format of a checkpoint whose config.json says `quantization_config` (None: floats)."""
+    """The format of a checkpoint whose config.json says `quantization_config` (None:
+    floats); ValueError naming the field it cannot serve."""
     if not quantization_config:
         return None
-    method = quantization_config.get("quant_method")
-    if method == "gguf":
+    if quantization_config.get("quant_method") == "gguf":
         return GgufFolder.from_config(quantization_config)
-    raise ValueError(f"quantization_config.quant_method: {method!r} is not supported (gguf)")
+    found = scheme({"quantization_config": quantization_config})
+    assert found is not None
+    return HfFolder(found)

@@ -252,3 +252,46 @@ def test_gathered_on_the_gpu_is_gathered_on_the_cpu(fmt, tiny_model, tmp_path):
             assert isinstance(gpu, torch.Tensor) and torch.equal(gpu.cpu(), w), name
         else:
             assert type(gpu) is type(w) and torch.equal(values(gpu).cpu(), values(w)), name
+
+
+# -- served: the engine's kernels on the quantized weights, transformers on their values --
+
+@pytest.mark.parametrize("fmt", list(FOLDERS))
+def test_served_greedy_equals_transformers_on_the_dequantized_weights(fmt, tiny_model, hf_oracle, tmp_path):
+    import random
+
+    from safetensors.torch import save_file
+
+    from runtime import LLM, SamplingParams
+    from tests.runtime.conftest import hf_greedy
+
+    config, pack, _ = FOLDERS[fmt]
+    folder = qp.quantized_folder(tiny_model, tmp_path / fmt, config, pack)
+    s = scheme(json.loads((folder / "config.json").read_text()))
+    assert s is not None
+    raw = read_weights(folder, torch.float32, "cpu", LoadTimings(), keep=keep_dtype(s))
+    oracle = tmp_path / f"{fmt}-oracle"
+    oracle.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (oracle / name).write_text((tiny_model / name).read_text())
+    save_file({n: (w if isinstance(w, torch.Tensor) else values(w)).float().contiguous()
+               for n, w in gather(raw, s, torch.float32).items()}, str(oracle / "model.safetensors"))
+    prompt = [random.Random(7).randrange(5, 250) for _ in range(17)]
+    expected, _ = hf_greedy(hf_oracle(oracle), prompt, 16)
+    llm = LLM(str(folder), kv_cache_tokens=256)
+    layer = llm.engine.runner.model.layers[0]
+    assert not isinstance(layer.qkv, torch.Tensor) or fmt == "fp8"       # kept quantized (fp8: widened on a CPU)
+    (out,) = llm.generate([prompt], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    assert out.token_ids == expected
+
+
+def test_gptq_act_order_parts_of_one_input_fuse():
+    """q, k and v share their input and so their g_idx: one weight, its order kept."""
+    from runtime.load.quantization import stack_rows
+
+    config = gptq_config(32, True, False)
+    parts = [gathered(qp.gptq_pack(weight(seed=i), 32, True, False, seed=0), config) for i in range(3)]
+    fused = stack_rows(parts)
+    assert isinstance(fused, GroupQuantized) and torch.equal(fused.input_order, parts[0].input_order)
+    x = torch.randn(3, K)
+    assert torch.allclose(group_quant.linear_ref(x, fused), torch.cat([group_quant.linear_ref(x, p) for p in parts], 1))
