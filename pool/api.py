@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, Mapping, Optional, Protocol
+from typing import Any, Literal, Mapping, Optional, Protocol
 
 from spec.engine_options import ChosenOptions
 
@@ -117,6 +117,9 @@ class ModelInfo:
     # the engine's dtype (their other parameters load at it).
     quantized_parameters: int = 0
     quantized_bytes: int = 0
+    # ... and what a deployment shows of it: {"format": "gguf", "kept": {type: tensors},
+    # "widened": [tensors loaded as floats]} or the HF scheme ({"format": "awq", ...}); {}: floats
+    quantization: Mapping[str, Any] = field(default_factory=dict)
     bytes_by_dtype: Mapping[str, int] = field(default_factory=dict)
     num_hidden_layers: int = 0
     num_key_value_heads: int = 0

@@ -30,6 +30,14 @@ def kept_quantized(info: TensorInfo) -> bool:
     return len(info.shape) == 2 and info.type_name in LAYOUTS
 
 
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def widened(info: TensorInfo) -> bool:
+    """A quantized tensor of a type without kernels: dequantized to floats at import."""
+    return not kept_quantized(info) and info.type_name not in FLOAT_TYPES
+
+
 def kept_bytes(info: TensorInfo) -> int:
     """Its bytes in the layout (float16 scales and offsets; Q4_0's offsets past float16's
     range, which no trained model has, would take two bytes more per group)."""

@@ -88,6 +88,7 @@ def revision_view(revision: Revision) -> dict[str, Any]:
     return {
         "name": revision.name, "id": revision.id, "model_uri": revision.model_uri,
         "architecture": revision.architecture, "engine": dict(revision.engine),
+        "weights": revision.weights,
         "resources": {"gpu_memory_gb": revision.gpu_memory_gb, "gpu_count": revision.gpu_count},
         "created_at": revision.created_at.isoformat(),
     }

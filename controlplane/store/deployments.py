@@ -115,6 +115,7 @@ def _new_revision(deployment: Deployment, number: int, config: RevisionConfig,
                     context_length=model.max_position_embeddings or None,
                     vocab_size=model.vocab_size or None,
                     pinned_objects={uri: {"etag": p.etag, "size": p.size} for uri, p in pins.items()},
+                    weights=dict(model.quantization) or None,
                     engine=config.engine, gpu_memory_gb=config.resources.gpu_memory_gb,
                     gpu_count=config.resources.gpu_count)
 

@@ -97,6 +97,9 @@ class Revision(Base):
     # Every object its deploy read, {"s3://bucket/key": {"etag", "size"}}: a cold start
     # refuses other bytes under those keys. NULL on revisions made before migration 0012.
     pinned_objects: Mapped[Optional[dict[str, Any]]] = mapped_column(JSONB)
+    # A quantized checkpoint's format as the deploy read it (pool.api.ModelInfo.quantization:
+    # format, the types kept quantized, the tensors widened); NULL for floats (migration 0015).
+    weights: Mapped[Optional[dict[str, Any]]] = mapped_column(JSONB)
     engine: Mapped[dict[str, Any]] = mapped_column(JSONB)
     gpu_memory_gb: Mapped[float] = mapped_column(Float)
     gpu_count: Mapped[int] = mapped_column(Integer)

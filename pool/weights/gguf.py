@@ -16,13 +16,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import sys
+from collections import Counter
 from pathlib import Path
+from typing import Any
 from pool.api import ColdStartFailed, ModelInfo, ModelUnavailable
 from pool.weights.inspection import Retry, pins_of, read_range
 from pool.s3 import MISSING_CODES, S3Client, S3Object, error_code, origin_prefix
 from spec import gguf as spec_gguf
-from spec.gguf_layouts import kept_bytes, kept_quantized
-from spec.gguf import GGUFError, GGUFHeader, Truncated, parse_header
+from spec.gguf_layouts import kept_bytes, kept_quantized, widened
+from spec.gguf import GGUFError, GGUFHeader, TensorInfo, Truncated, parse_header
 from spec.gguf_model import describe
 
 FIRST_READ = 4 << 20                 # most headers (vocabulary included) fit in the first 4 MiB
@@ -70,11 +72,20 @@ async def inspect_gguf(client: S3Client, model_uri: str, retry: Retry) -> ModelI
         dtype="float32", num_parameters=params, files=(obj.key.rsplit("/", 1)[-1],),
         linear_parameters=sum(info.num_elements for name, info in tensors if name.endswith("_proj.weight")),
         quantized_parameters=quantized_params, quantized_bytes=quantized_bytes,
+        quantization=weights_format(tensors),
         bytes_by_dtype={"float32": widened}, num_hidden_layers=config["num_hidden_layers"],
         num_key_value_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
         max_position_embeddings=config["max_position_embeddings"],
         num_attention_heads=config["num_attention_heads"], vocab_size=config["vocab_size"],
         objects=pins_of([obj]))
+
+
+def weights_format(tensors: list[tuple[str, TensorInfo]]) -> dict[str, Any]:
+    """What the deployment shows: the quantized types kept and how many tensors of each,
+    and the (Hugging Face) names of the quantized tensors the import widens to floats."""
+    kept = Counter(info.type_name for _, info in tensors if kept_quantized(info))
+    wide = [name for name, info in tensors if widened(info)]
+    return {"format": "gguf", "kept": dict(sorted(kept.items())), "widened": wide} if kept or wide else {}
 
 
 async def read_gguf_header(client: S3Client, obj: S3Object, retry: Retry) -> GGUFHeader:

@@ -12,7 +12,7 @@ import json
 import math
 import struct
 from collections import Counter
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, Awaitable, Callable, Iterable, Protocol, TypeVar
 
 from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, ModelUnavailable, PinnedObject, Pins
@@ -234,6 +234,7 @@ def summarize(model_uri: str, config: dict[str, Any], files: list[str], headers:
         linear_parameters=linear,
         quantized_parameters=quantized_params,
         quantized_bytes=quantized_bytes,
+        quantization=asdict(quantization) | {"format": quantization.method} if quantization else {},
         bytes_by_dtype=dict(by_dtype),
         num_hidden_layers=int(config.get("num_hidden_layers") or 0),
         num_key_value_heads=int(config.get("num_key_value_heads") or heads),

@@ -40,7 +40,7 @@ import numpy as np
 
 from runtime.gguf.repack import q4_0_offsets_fit, repack
 from spec.gguf import GGUFError, GGUFHeader, TensorInfo, parse_header
-from spec.gguf_layouts import LAYOUTS, kept_quantized
+from spec.gguf_layouts import LAYOUTS, kept_quantized, widened
 from spec.gguf_model import architecture, describe, stop_token_ids
 
 OUT_DTYPES = {"float32": ("F32", 4), "float16": ("F16", 2), "bfloat16": ("BF16", 2)}
@@ -139,11 +139,8 @@ def quantization_config(plan: list[Planned]) -> dict[str, Any]:
             layout = LAYOUTS[item.info.type_name]
             weights[item.hf_name] = {"type": item.info.type_name, "bits": layout.bits, "group": layout.group,
                                      "super_every": layout.super_every}
-    widened = [item.hf_name for item in plan if not item.kept and item.info.type_name not in UNQUANTIZED]
-    return {"quant_method": "gguf", "weights": weights, "widened": widened}
-
-
-UNQUANTIZED = ("F32", "F16", "BF16")
+    wide = [item.hf_name for item in plan if not item.kept and widened(item.info)]
+    return {"quant_method": "gguf", "weights": weights, "widened": wide}
 
 
 def tensors(plan: list[Planned], data: np.ndarray, dtype: str) -> Iterator[tuple[str, np.ndarray]]:

@@ -74,7 +74,10 @@ async def test_deployed_from_its_gguf_in_s3_and_asked_with_openai(plane, s3_serv
         "resources": {"gpu_memory_gb": 1}, "engine": {"kv_cache_tokens": 1024},
         "scaling": {"min_replicas": 0, "max_replicas": 1, "idle_timeout_s": 600}})
     assert created.status_code == 201, created.text
-    assert created.json()["revisions"][0]["architecture"] == "LlamaForCausalLM"   # read from the GGUF header
+    revision = created.json()["revisions"][0]
+    assert revision["architecture"] == "LlamaForCausalLM"   # read from the GGUF header
+    # served as the file stores it: every matrix kept 4-bit but the Q8_0 embedding, none widened
+    assert revision["weights"] == {"format": "gguf", "kept": {"Q4_1": 210, "Q8_0": 1}, "widened": []}
 
     client = AsyncOpenAI(base_url=f"{plane.base_url}/v1", api_key=key, max_retries=0, timeout=300)
     try:

@@ -57,6 +57,7 @@ async def test_inspect_reads_the_header_in_ranges(s3, s3_server, pool_bucket, fr
 
     imported = load_file(str(import_gguf(tiny_gguf, tmp_path / "imported") / "model.safetensors"))
     assert info.weight_bytes == sum(t.nbytes for t in imported.values()) < 2 * params
+    assert info.quantization == {"format": "gguf", "kept": {"Q8_0": 7 * 2 + 1 + 1}, "widened": []}
     assert info.quantized_bytes == sum(t.nbytes for n, t in imported.items() if n.rsplit(".", 1)[-1] in
                                        ("codes", "scales"))
     assert 1 < counting.calls < 10 and counting.calls <= tiny_gguf.stat().st_size // 256
