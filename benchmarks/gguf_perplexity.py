@@ -42,12 +42,12 @@ def chunks(ids: list[int], ctx: int, count: int, bos: int | None) -> list[list[i
     return out
 
 
-def thawpool_perplexity(model_dir: Path, ids: list[int], args: argparse.Namespace) -> float:
+def thawpool_perplexity(model_dir: Path, ids: list[int], args: argparse.Namespace, low_precision: bool) -> float:
     import torch
 
     from runtime import LLM
 
-    llm = LLM(str(model_dir), kv_cache_tokens=args.ctx + 64)
+    llm = LLM(str(model_dir), kv_cache_tokens=args.ctx + 64, cpu_low_precision=low_precision)
     bos = args.bos_id if args.add_bos else None
     first = args.ctx // 2
     nll, count = 0.0, 0
@@ -98,12 +98,19 @@ def main(argv: list[str] | None = None) -> None:
     print(f"model: {gguf.name} (thawpool: {folder.name}, weights kept quantized)")
     print(f"text: README.md + docs/*.md, {len(ids)} tokens; {args.chunks} chunks of {args.ctx}, "
           f"second halves scored; BOS first: {args.add_bos}")
-    ours = thawpool_perplexity(folder, ids, args)
     theirs = llama_perplexity(gguf, text, args)
-    gap = abs(ours / theirs - 1)
-    verdict = "met" if gap <= TARGET else "NOT met"
-    print(f"perplexity: thawpool {ours:.4f}, llama-perplexity {theirs:.4f}, "
-          f"ratio {ours / theirs:.4f} (|gap| {gap:.2%}, target <= {TARGET:.1%}: {verdict})")
+    print(f"llama-perplexity on {gguf.name}: {theirs:.4f}")
+    for low_precision in (False, True):
+        ours = thawpool_perplexity(folder, ids, args, low_precision)
+        gap = abs(ours / theirs - 1)
+        verdict = "met" if gap <= TARGET else "NOT met"
+        kernels = "W4A8 (cpu_low_precision)" if low_precision else "W4A16"
+        print(f"thawpool {kernels}: {ours:.4f}, ratio {ours / theirs:.4f} "
+              f"(|gap| {gap:.2%}, target <= {TARGET:.1%}: {verdict})")
+    exported = LLAMA_CACHE / "SmolLM2-135M-Instruct.f32.gguf"
+    if exported.is_file():       # the same values dequantized: llama.cpp without 8-bit activations
+        print(f"llama-perplexity on {exported.name} (Q4_1's values as float32, benchmarks/peers.py's "
+              f"export): {llama_perplexity(exported, text, args):.4f}")
 
 
 if __name__ == "__main__":
