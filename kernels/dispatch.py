@@ -6,8 +6,9 @@ with FP8 matmuls (compute capability 8.9 on), FP8 weights as they are (kernels/f
 On the CPU: linear layers through oneDNN with prepacked weights, and the C
 kernels of kernels/cpu/ where they build (a C compiler is on PATH), the
 pure-torch references for the rest; and low-precision GEMMs where the CPU's flags
-allow (kernels/cpu/features.py): bf16 linear layers with avx512_bf16 or amx_bf16, and
-W8A8 for int8 weights over many rows with avx512_vnni, avx_vnni or amx_int8. Anywhere
+allow (kernels/cpu/features.py): bf16 linear layers with avx512_bf16 or amx_bf16,
+W8A8 for int8 weights over many rows with avx512_vnni, avx_vnni or amx_int8, and W4A8
+for group-quantized 4-bit weights over many rows with avx512_vnni or avx_vnni. Anywhere
 else (CUDA without triton, a CPU with no compiler): the references, which are the
 definitions the faster kernels are tested against. A fallback is logged with its reason.
 
@@ -57,23 +58,23 @@ class KernelSet:
     linear: Callable                    # (x [T,K], packed weight, bias=None) -> [T,N]
 
 
-Int8Linear = Callable[..., torch.Tensor]   # (x, qweight, scale, bias=None) -> out
+Int8Linear = Callable[..., torch.Tensor]   # (x, qweight, scale, bias=None) -> out, or group_linear's
 
 
 @dataclass(frozen=True)
 class RowSplit:
-    """An int8_linear that sends x with min_rows rows or more to `many`, fewer to `few`
-    (the low-precision plan: W8A8 for many rows, weight-only int8 for few). Here, with no
-    C behind it, so that asking whether a kernel set splits builds nothing."""
+    """An int8_linear or group_linear that sends x with min_rows rows or more to `many`,
+    fewer to `few` (the low-precision plan: W8A8 or W4A8 for many rows, weight-only for
+    few). Here, with no C behind it, so that asking whether a kernel set splits builds
+    nothing."""
     few: Int8Linear
     many: Int8Linear
     min_rows: int
 
-    def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
-                 bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, *weight: object, **kwargs: object) -> torch.Tensor:
         rows = math.prod(x.shape[:-1])
         fn = self.many if rows >= self.min_rows else self.few
-        return fn(x, qweight, scale, bias)
+        return fn(x, *weight, **kwargs)
 
 
 def get_kernels(device: torch.device | str, features: Optional[CpuFeatures] = None) -> KernelSet:
@@ -110,7 +111,7 @@ def _cpu_kernels() -> KernelSet:
     # oneDNN's prepacked linear is torch's own: it needs no compiler
     with_onednn = dataclasses.replace(reference_kernels(), pack_linear=linear.pack, linear=linear.linear)
     try:
-        from kernels.cpu import activation, int8_matmul, paged_attention, rmsnorm, rotary
+        from kernels.cpu import activation, group_linear, int8_matmul, paged_attention, rmsnorm, rotary
     except NativeUnavailable as exc:
         log.warning("CPU C kernels unavailable, using the torch references: %s", exc)
         return with_onednn
@@ -121,6 +122,7 @@ def _cpu_kernels() -> KernelSet:
                                paged_prefill_attention=paged_attention.paged_prefill_attention,
                                prefill_attention=paged_attention.prefill_attention,
                                int8_linear=int8_matmul.int8_linear,
+                               group_linear=group_linear.group_linear,
                                silu_and_mul=activation.silu_and_mul)
 
 
@@ -137,6 +139,11 @@ def _low_precision(kernels: KernelSet, features: CpuFeatures) -> KernelSet:
         split = RowSplit(few=kernels.int8_linear, many=w8a8_linear.w8a8_linear,
                          min_rows=chosen.w8a8_min_rows)
         kernels = dataclasses.replace(kernels, int8_linear=split)
+    if chosen.w4a8_min_rows is not None and kernels.backend == "cpu":
+        from kernels.cpu import group_linear     # built already: the C kernel set has it
+
+        kernels = dataclasses.replace(kernels, group_linear=RowSplit(
+            few=kernels.group_linear, many=group_linear.w4a8_linear, min_rows=chosen.w4a8_min_rows))
     if chosen != plan(CpuFeatures()):
         log.info("CPU low-precision GEMMs: %s", chosen)
     return kernels

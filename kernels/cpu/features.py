@@ -12,6 +12,10 @@ plan(features) is a pure decision over them, unit-tested with any flags:
   dot products (avx512_vnni, avx_vnni or amx_int8); the weight-only kernel for fewer rows
   (batch-1 decode reads each weight byte once either way, and keeps x in fp32) and on
   every other CPU, where oneDNN's int8 GEMM runs far slower than the weight-only one.
+- group-quantized 4-bit weights (kernels/group_quant.py): W4A8, int8 activations against
+  the 4-bit codes (kernels/cpu/group_linear.py), from W4A8_MIN_ROWS rows of x up where the
+  CPU has int8 dot products of its own vectors (avx512_vnni or avx_vnni: the C kernel's
+  vpdpbusd); the weight-only (W4A16) kernel below that and on every other CPU.
 """
 from __future__ import annotations
 
@@ -29,6 +33,10 @@ CPUINFO = Path("/proc/cpuinfo")
 # (benchmarks/results/code_figures.md). Below it, a decode step of a few sequences keeps
 # the weight-only kernel.
 W8A8_MIN_ROWS = 8
+# The W4A8 kernel quantizes x and pays a conversion and a multiply-add per 32-value
+# block on top of each integer dot product: at 8 rows it draws level with the W4A16
+# kernel on SmolLM2's shapes, from 16 rows on it is ahead (benchmarks/group_linear.py).
+W4A8_MIN_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,11 @@ class CpuFeatures:
     @property
     def int8_gemm(self) -> bool:
         return self.avx512_vnni or self.avx_vnni or self.amx_int8
+
+    @property
+    def int8_dot(self) -> bool:
+        """vpdpbusd on the vector registers (AMX's tiles are another unit)."""
+        return self.avx512_vnni or self.avx_vnni
 
     @property
     def bf16_packable(self) -> bool:
@@ -94,9 +107,11 @@ class LinearPath(enum.Enum):
 class LowPrecisionPlan:
     linear: LinearPath                 # float weights
     w8a8_min_rows: Optional[int]       # int8 weights: W8A8 from this many rows of x; None: never
+    w4a8_min_rows: Optional[int]       # group-quantized 4-bit weights: W4A8 from this many rows
 
 
 def plan(features: CpuFeatures) -> LowPrecisionPlan:
     return LowPrecisionPlan(linear=LinearPath.BF16 if features.bf16_gemm else LinearPath.FP32,
-                            w8a8_min_rows=W8A8_MIN_ROWS if features.int8_gemm else None)
+                            w8a8_min_rows=W8A8_MIN_ROWS if features.int8_gemm else None,
+                            w4a8_min_rows=W4A8_MIN_ROWS if features.int8_dot else None)
 

@@ -27,7 +27,7 @@ from kernels.cpu.build import function
 from kernels.group_quant import GroupQuantized
 
 # From this many rows up torch's GEMM over a widened weight beats the decoding kernel.
-GEMM_MIN_ROWS = 64
+GEMM_MIN_ROWS = 32
 # fp32 values widened at a time for the GEMM path: a slice that stays in L2 while the
 # GEMM reads it
 WIDEN_VALUES = 1 << 18
@@ -88,23 +88,42 @@ def group_linear(x: torch.Tensor, w: GroupQuantized, bias: Optional[torch.Tensor
     """x: [..., K] -> [..., N] in x's dtype; sums in fp32."""
     if not _in_c(x, w):
         return group_quant.linear(x, w, bias)
-    n, k = w.shape
+    n = w.shape[0]
     x2 = _rows(x, w)
     if x2.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], n)
-    if x2.shape[0] >= GEMM_MIN_ROWS:
-        out = _widened_gemm(x2, w)
-        if bias is not None:
-            out += bias.float()
+    fn = widened_linear if x2.shape[0] >= GEMM_MIN_ROWS else decoded_linear
+    return fn(x2, w, bias).to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+def decoded_linear(x2: torch.Tensor, w: GroupQuantized, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The decoding kernel: x2 fp32 [T > 0, K] of unit column stride, in w's input order
+    -> fp32 [T, N]."""
+    view, alive = _weight(w)
+    b = _bias(bias)
+    out = torch.empty(x2.shape[0], w.shape[0])
+    if _linear_f32(x2.data_ptr(), x2.stride(0), ctypes.byref(view), _pointer(b), out.data_ptr(),
+                   x2.shape[0], torch.get_num_threads()) != 0:
+        raise MemoryError("group_linear: no memory for the per-thread group scales")
+    del alive
+    return out
+
+
+def widened_linear(x2: torch.Tensor, w: GroupQuantized, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """torch's GEMM over w widened to fp32 by C, WIDEN_VALUES at a time; x2 as for
+    decoded_linear."""
+    n, k = w.shape
+    step = max(16, WIDEN_VALUES // k)
+    if step >= n:
+        out = F.linear(x2, dequantize(w))
     else:
-        view, alive = _weight(w)
-        b = _bias(bias)
         out = torch.empty(x2.shape[0], n)
-        if _linear_f32(x2.data_ptr(), x2.stride(0), ctypes.byref(view), _pointer(b), out.data_ptr(),
-                       x2.shape[0], torch.get_num_threads()) != 0:
-            raise MemoryError("group_linear: no memory for the per-thread group scales")
-        del alive
-    return out.to(x.dtype).reshape(*x.shape[:-1], n)
+        for start in range(0, n, step):
+            stop = min(n, start + step)
+            out[:, start:stop] = F.linear(x2, dequantize(w, start, stop))
+    if bias is not None:
+        out += bias.float()
+    return out
 
 
 def dequantize(w: GroupQuantized, start: int = 0, stop: Optional[int] = None) -> torch.Tensor:
@@ -117,18 +136,6 @@ def dequantize(w: GroupQuantized, start: int = 0, stop: Optional[int] = None) ->
     if _dequantize(ctypes.byref(view), start, stop, out.data_ptr(), torch.get_num_threads()) != 0:
         raise MemoryError("group_linear: no memory for the per-thread group scales")
     del alive
-    return out
-
-
-def _widened_gemm(x2: torch.Tensor, w: GroupQuantized) -> torch.Tensor:
-    n, k = w.shape
-    step = max(16, WIDEN_VALUES // k)
-    if step >= n:
-        return F.linear(x2, dequantize(w))
-    out = torch.empty(x2.shape[0], n)
-    for start in range(0, n, step):
-        stop = min(n, start + step)
-        out[:, start:stop] = F.linear(x2, dequantize(w, start, stop))
     return out
 
 

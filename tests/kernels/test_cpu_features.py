@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kernels.cpu import build
-from kernels.cpu.features import (W8A8_MIN_ROWS, CpuFeatures, LinearPath, LowPrecisionPlan, detect, plan,
+from kernels.cpu.features import (W4A8_MIN_ROWS, W8A8_MIN_ROWS, CpuFeatures, LinearPath, LowPrecisionPlan, detect, plan,
                                   read_flags)
 from kernels.dispatch import RowSplit, get_kernels
 
@@ -37,7 +37,7 @@ def test_no_cpuinfo_means_no_flags(tmp_path):
     assert detect(tmp_path / "absent") == CpuFeatures()
 
 
-FP32_WEIGHT_ONLY = LowPrecisionPlan(LinearPath.FP32, None)
+FP32_WEIGHT_ONLY = LowPrecisionPlan(LinearPath.FP32, None, None)
 
 
 @pytest.mark.parametrize("flags,expected", [
@@ -45,12 +45,13 @@ FP32_WEIGHT_ONLY = LowPrecisionPlan(LinearPath.FP32, None)
     (("avx", "avx2", "fma", "f16c"), FP32_WEIGHT_ONLY),                      # the EPYC this builds on
     (("avx512f", "avx512bw", "avx512vl", "avx512dq"), FP32_WEIGHT_ONLY),     # Skylake: no bf16, no VNNI
     (("avx_ne_convert",), FP32_WEIGHT_ONLY),                                 # converts, no bf16 GEMM
-    (("avx512_bf16",), LowPrecisionPlan(LinearPath.BF16, None)),
-    (("amx_bf16",), LowPrecisionPlan(LinearPath.BF16, None)),
-    (("avx512_vnni",), LowPrecisionPlan(LinearPath.FP32, W8A8_MIN_ROWS)),    # Cascade Lake
-    (("avx_vnni",), LowPrecisionPlan(LinearPath.FP32, W8A8_MIN_ROWS)),       # Alder Lake
-    (("amx_int8",), LowPrecisionPlan(LinearPath.FP32, W8A8_MIN_ROWS)),
-    (("avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"), LowPrecisionPlan(LinearPath.BF16, W8A8_MIN_ROWS)),
+    (("avx512_bf16",), LowPrecisionPlan(LinearPath.BF16, None, None)),
+    (("amx_bf16",), LowPrecisionPlan(LinearPath.BF16, None, None)),
+    (("avx512_vnni",), LowPrecisionPlan(LinearPath.FP32, W8A8_MIN_ROWS, W4A8_MIN_ROWS)),    # Cascade Lake
+    (("avx_vnni",), LowPrecisionPlan(LinearPath.FP32, W8A8_MIN_ROWS, W4A8_MIN_ROWS)),       # Alder Lake
+    (("amx_int8",), LowPrecisionPlan(LinearPath.FP32, W8A8_MIN_ROWS, None)),   # tiles only: no vpdpbusd
+    (("avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"),
+     LowPrecisionPlan(LinearPath.BF16, W8A8_MIN_ROWS, W4A8_MIN_ROWS)),
 ])
 def test_plan(flags, expected):
     assert plan(CpuFeatures.from_flags(flags)) == expected

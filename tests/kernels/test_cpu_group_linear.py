@@ -76,8 +76,10 @@ def _exact_input(x: torch.Tensor, w: GroupQuantized) -> torch.Tensor:
 
 
 # 1 row takes one-row tiles of 8 channels; more rows 4 x 4 tiles, partial ones at 3 and
-# 17 rows and at N = 37; 64 rows take the widened weight and torch's GEMM. The definition
-# dequantizes in fp32 as the kernel does: only the order of fp32 sums differs.
+# 17 rows and at N = 37 (AVX-512's tiles; AVX2's are smaller); 64 rows take the widened
+# weight and torch's GEMM (test_the_decoding_kernel_over_many_rows runs the tiles there).
+# The definition dequantizes in fp32 as the kernel does: only the order of fp32 sums
+# differs.
 @pytest.mark.parametrize("variant", VARIANTS, ids=_name)
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -109,6 +111,16 @@ def test_w4a8_matches_its_definition(variant, rows, with_bias):
     torch.testing.assert_close(out, w4a8.w4a8_linear_ref(x, w, bias), rtol=1e-4, atol=1e-4)
     want = group_quant.linear_ref(x, w, bias)
     assert ((out - want).norm() / want.norm()).item() < 0.02
+
+
+@pytest.mark.parametrize("variant", [Variant(4, 32, 576, super_every=3), Variant(8, 16, 96)], ids=_name)
+def test_the_decoding_kernel_over_many_rows(variant):
+    assert cpu.GEMM_MIN_ROWS <= 64
+    w = _weight(variant, 37)
+    x, bias = _x(64, variant.k), torch.randn(37)
+    with threads(2):
+        out = cpu.decoded_linear(group_quant.order_input(x, w), w, bias)
+    assert_matmul_close(out, group_quant.order_input(x, w), group_quant.dequantize(w), bias)
 
 
 def test_8_bit_codes_under_w4a8_take_the_weight_only_kernel():

@@ -78,7 +78,7 @@ def test_cpu_gets_the_c_kernels_and_onednn():
 
     if build.compiler() is None:
         pytest.skip("no C compiler (cc or gcc) on PATH to build kernels/cpu")
-    from kernels.cpu import activation, int8_matmul, linear, paged_attention, rmsnorm, rotary
+    from kernels.cpu import activation, group_linear, int8_matmul, linear, paged_attention, rmsnorm, rotary
 
     # a CPU with no bf16 or int8 GEMM flags (test_cpu_features.py checks what those change)
     ks = get_kernels("cpu", features=CpuFeatures())
@@ -91,7 +91,38 @@ def test_cpu_gets_the_c_kernels_and_onednn():
     assert ks.apply_rotary is rotary.apply_rotary
     assert ks.silu_and_mul is activation.silu_and_mul
     assert ks.int8_linear is int8_matmul.int8_linear
+    assert ks.group_linear is group_linear.group_linear
     assert ks.pack_linear is linear.pack and ks.linear is linear.linear
+
+
+def test_w4a8_for_many_rows_only_where_the_cpu_has_vnni():
+    """Group-quantized 4-bit weights under low precision: W4A8 from W4A8_MIN_ROWS rows of x
+    where the vectors multiply int8 (avx512_vnni, avx_vnni), the weight-only kernel below
+    that and on CPUs without (AMX's int8 tiles alone do not run the C kernel's vpdpbusd)."""
+    from kernels.cpu import build
+
+    if build.compiler() is None:
+        pytest.skip("no C compiler (cc or gcc) on PATH to build kernels/cpu")
+    import torch
+
+    from kernels.cpu import group_linear
+    from kernels.cpu.features import W4A8_MIN_ROWS
+    from kernels.dispatch import RowSplit
+
+    for flags in (CpuFeatures(avx512_vnni=True), CpuFeatures(avx_vnni=True)):
+        split = get_kernels("cpu", features=flags).group_linear
+        assert split == RowSplit(few=group_linear.group_linear, many=group_linear.w4a8_linear,
+                                 min_rows=W4A8_MIN_ROWS)
+    for flags in (CpuFeatures(), CpuFeatures(amx_int8=True), CpuFeatures(avx512_bf16=True)):
+        assert get_kernels("cpu", features=flags).group_linear is group_linear.group_linear
+    assert get_kernels("cpu").group_linear is group_linear.group_linear
+
+    codes = group_quant.pack_nibbles(torch.randint(0, 16, (8, 64)))
+    w = group_quant.GroupQuantized(codes=codes, scales=torch.rand(8, 2) * 0.1, bits=4, group=32)
+    split = get_kernels("cpu", features=CpuFeatures(avx512_vnni=True)).group_linear
+    few, many = torch.randn(W4A8_MIN_ROWS - 1, 64), torch.randn(W4A8_MIN_ROWS, 64)
+    assert split(few, w).equal(group_linear.group_linear(few, w))
+    assert split(many, w).equal(group_linear.w4a8_linear(many, w))
 
 
 def test_every_channel_w8a8_only_where_w8a8_runs():
