@@ -134,6 +134,13 @@ static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline float vf_sum(vf a) { return _mm512_reduce_add_ps(a); }
 static inline vf vf_u8(b16 b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
 static inline vf vf_i8(b16 b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+/* the 32 values of a block of 4-bit codes: one widening of the 16 bytes to 32 bits, then
+   a mask and a shift there (the shuffle unit widens once, not twice) */
+static inline void vf_nibbles(const uint8_t *p, vf *lo, vf *hi) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    *lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(0x0f)));
+    *hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 #define TILE_R 2
 #define TILE_C 2
@@ -191,6 +198,14 @@ static inline vf vf_i8(b16 b) {
 }
 #endif
 
+#if !defined(__AVX512F__)
+static inline void vf_nibbles(const uint8_t *p, vf *lo, vf *hi) {
+    const b16 bytes = b16_load(p);
+    *lo = vf_u8(b16_low(bytes));
+    *hi = vf_u8(b16_high(bytes));
+}
+#endif
+
 /* ---- W4A16 ------------------------------------------------------------------------- */
 
 /* sums[r * C + c] = x_r . w_c over all of K, for R rows of x and C channels whose codes
@@ -211,17 +226,17 @@ static inline __attribute__((always_inline)) void tile_f32(
         const int64_t end = (g + 1) * group;
         if (bits == 4) {
             for (int64_t i = g * group; i < end; i += BLOCK) {
-                b16 bytes[ONE_ROW_C > TILE_C ? ONE_ROW_C : TILE_C];
-                vf wv[ONE_ROW_C > TILE_C ? ONE_ROW_C : TILE_C];
+                vf wv[ONE_ROW_C > TILE_C ? ONE_ROW_C : TILE_C], high[ONE_ROW_C > TILE_C ? ONE_ROW_C : TILE_C];
                 UNROLLED for (int c = 0; c < C; ++c) {
-                    bytes[c] = b16_load(q[c] + i / 2);
-                    wv[c] = vf_fma(vf_u8(b16_low(bytes[c])), s[c], o[c]);
+                    vf low;
+                    vf_nibbles(q[c] + i / 2, &low, &high[c]);
+                    wv[c] = vf_fma(low, s[c], o[c]);
                 }
                 UNROLLED for (int r = 0; r < R; ++r) {
                     const vf xv = vf_load(xs[r] + i);
                     UNROLLED for (int c = 0; c < C; ++c) acc[r][c] = vf_fma(xv, wv[c], acc[r][c]);
                 }
-                UNROLLED for (int c = 0; c < C; ++c) wv[c] = vf_fma(vf_u8(b16_high(bytes[c])), s[c], o[c]);
+                UNROLLED for (int c = 0; c < C; ++c) wv[c] = vf_fma(high[c], s[c], o[c]);
                 UNROLLED for (int r = 0; r < R; ++r) {
                     const vf xv = vf_load(xs[r] + i + 16);
                     UNROLLED for (int c = 0; c < C; ++c) acc[r][c] = vf_fma(xv, wv[c], acc[r][c]);
@@ -242,12 +257,50 @@ static inline __attribute__((always_inline)) void tile_f32(
         UNROLLED for (int c = 0; c < C; ++c) sums[r * C + c] = vf_sum(acc[r][c]);
 }
 
-static void tile_f32_of(const float *const *xs, const uint8_t *const *q, const float *scale,
+/* One row of x by C channels: a row shares no decoded weight, so rather than widening
+ * each weight (scale * code + offset, an operation per weight) the products of x with
+ * the codes are summed per group and scaled once per group, and the offsets meet the
+ * group sums of x (xg) at the end: sums[c] = sum_g scale_g x_g . code_g + offset_g xg_g. */
+static inline __attribute__((always_inline)) void row_f32(
+        const float *x, const float *xg, const uint8_t *const *q, const float *scale, const float *offset,
+        int64_t groups, int64_t group, float *sums, const int bits) {
+    vf acc[ONE_ROW_C];
+    UNROLLED for (int c = 0; c < ONE_ROW_C; ++c) acc[c] = vf_zero();
+    for (int64_t g = 0; g < groups; ++g) {
+        vf part[ONE_ROW_C];
+        UNROLLED for (int c = 0; c < ONE_ROW_C; ++c) part[c] = vf_zero();
+        const int64_t end = (g + 1) * group;
+        if (bits == 4) {
+            for (int64_t i = g * group; i < end; i += BLOCK) {
+                const vf lo = vf_load(x + i), hi = vf_load(x + i + 16);
+                UNROLLED for (int c = 0; c < ONE_ROW_C; ++c) {
+                    vf qlo, qhi;
+                    vf_nibbles(q[c] + i / 2, &qlo, &qhi);
+                    part[c] = vf_fma(lo, qlo, part[c]);
+                    part[c] = vf_fma(hi, qhi, part[c]);
+                }
+            }
+        } else {
+            for (int64_t i = g * group; i < end; i += 16) {
+                const vf xv = vf_load(x + i);
+                UNROLLED for (int c = 0; c < ONE_ROW_C; ++c) part[c] = vf_fma(xv, vf_i8(b16_load(q[c] + i)), part[c]);
+            }
+        }
+        UNROLLED for (int c = 0; c < ONE_ROW_C; ++c) acc[c] = vf_fma(part[c], vf_set1(scale[c * groups + g]), acc[c]);
+    }
+    UNROLLED for (int c = 0; c < ONE_ROW_C; ++c) {
+        float off = 0.0f;
+        for (int64_t g = 0; g < groups; ++g) off += offset[c * groups + g] * xg[g];
+        sums[c] = vf_sum(acc[c]) + off;
+    }
+}
+
+static void tile_f32_of(const float *const *xs, const float *xg, const uint8_t *const *q, const float *scale,
                         const float *offset, int64_t groups, int64_t group, float *sums, int bits,
                         int one_row) {
     if (one_row) {
-        if (bits == 4) tile_f32(xs, q, scale, offset, groups, group, sums, 4, 1, ONE_ROW_C);
-        else tile_f32(xs, q, scale, offset, groups, group, sums, 8, 1, ONE_ROW_C);
+        if (bits == 4) row_f32(xs[0], xg, q, scale, offset, groups, group, sums, 4);
+        else row_f32(xs[0], xg, q, scale, offset, groups, group, sums, 8);
     } else {
         if (bits == 4) tile_f32(xs, q, scale, offset, groups, group, sums, 4, TILE_R, TILE_C);
         else tile_f32(xs, q, scale, offset, groups, group, sums, 8, TILE_R, TILE_C);
@@ -263,8 +316,16 @@ int group_linear_f32(const float *x, int64_t x_stride, const gq_weight *w, const
     const int one_row = rows == 1;
     const int R = one_row ? 1 : TILE_R, C = one_row ? ONE_ROW_C : TILE_C;
     const int64_t per_thread = (2 * C + 1) * groups;
-    float *scratch = malloc(sizeof(float) * (size_t)(per_thread * num_threads));
+    /* one row: its group sums (row_f32), after the threads' scratch */
+    float *scratch = malloc(sizeof(float) * (size_t)(per_thread * num_threads + groups));
     if (scratch == NULL) return -1;
+    float *xg = scratch + per_thread * num_threads;
+    if (one_row)
+        for (int64_t g = 0; g < groups; ++g) {
+            float total = 0.0f;
+            for (int64_t i = g * w->group; i < (g + 1) * w->group; ++i) total += x[i];
+            xg[g] = total;
+        }
 #pragma omp parallel num_threads(num_threads)
     {
         float *scale = scratch + per_thread * omp_get_thread_num();
@@ -281,7 +342,7 @@ int group_linear_f32(const float *x, int64_t x_stride, const gq_weight *w, const
                 const float *xs[TILE_R];
                 for (int r = 0; r < R; ++r) xs[r] = x + min64(t0 + r, rows - 1) * x_stride;
                 float sums[TILE_R * (ONE_ROW_C > TILE_C ? ONE_ROW_C : TILE_C)];
-                tile_f32_of(xs, q, scale, offset, groups, w->group, sums, w->bits, one_row);
+                tile_f32_of(xs, xg, q, scale, offset, groups, w->group, sums, w->bits, one_row);
                 for (int64_t r = 0; r < min64(R, rows - t0); ++r)
                     for (int64_t c = 0; c < min64(C, n - n0); ++c)
                         out[(t0 + r) * n + n0 + c] = sums[r * C + c] + (bias != NULL ? bias[n0 + c] : 0.0f);
@@ -310,9 +371,10 @@ int group_dequantize(const gq_weight *w, int64_t n0, int64_t n1, float *out, int
                 const vf s = vf_set1(scale[g]), off = vf_set1(offset[g]);
                 if (w->bits == 4) {
                     for (int64_t i = g * group; i < (g + 1) * group; i += BLOCK) {
-                        const b16 bytes = b16_load(q + i / 2);
-                        vf_store(o + i, vf_fma(vf_u8(b16_low(bytes)), s, off));
-                        vf_store(o + i + 16, vf_fma(vf_u8(b16_high(bytes)), s, off));
+                        vf low, high;
+                        vf_nibbles(q + i / 2, &low, &high);
+                        vf_store(o + i, vf_fma(low, s, off));
+                        vf_store(o + i + 16, vf_fma(high, s, off));
                     }
                 } else {
                     for (int64_t i = g * group; i < (g + 1) * group; i += 16)
