@@ -90,7 +90,8 @@ static void level(const void *lower, int half, const uint16_t *upper, int64_t ev
     if (upper == NULL) return;
     const int64_t supers = groups / every;
     to_float(upper + c * supers, 1, supers, tmp);
-    for (int64_t g = 0; g < groups; ++g) out[g] *= tmp[g / every];
+    for (int64_t u = 0; u < supers; ++u)
+        for (int64_t g = u * every; g < (u + 1) * every; ++g) out[g] *= tmp[u];
 }
 
 /* scale[groups] and offset[groups] (0 without offsets) of channel c; tmp: groups floats */
@@ -471,27 +472,32 @@ static inline __m512i a8_codes(const uint8_t *p, int two) {
                               _mm256_and_si256(_mm256_srli_epi16(v, 4), m), 1);
 }
 
-/* acc[r][c] over one step of 64 values (two blocks) */
+/* sums[r * C + c] = xq_r . codes_c scaled per block, for R rows and C channels. The
+ * integer sums of `span` steps of 64 values (two blocks) share one conversion to fp32 and
+ * one multiply-add by their scales: 1 for groups of 32 (each step has two scales), more
+ * where a group spans whole steps. */
 static inline __attribute__((always_inline)) void a8_tile(
         const int8_t *const *xs, const uint8_t *const *q, const float *const *bscale, int64_t steps,
-        int64_t nblocks, float *sums, const int R, const int C) {
+        int64_t nblocks, float *sums, const int R, const int C, const int64_t span) {
     __m512 acc[A8_R][A8_C];
     UNROLLED for (int r = 0; r < R; ++r)
         UNROLLED for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < steps; ++j) {
-        const int two = 2 * j + 1 < nblocks;
-        __m512i wv[A8_C];
-        __m512 sv[A8_C];
-        UNROLLED for (int c = 0; c < C; ++c) {
-            wv[c] = a8_codes(q[c] + j * 32, two);
-            sv[c] = a8_scales(bscale[c] + 2 * j);
-        }
-        UNROLLED for (int r = 0; r < R; ++r) {
-            const __m512i xv = _mm512_loadu_si512(xs[r] + j * 64);
-            UNROLLED for (int c = 0; c < C; ++c) {
-                const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[c], xv);
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sv[c], acc[r][c]);
+    for (int64_t j0 = 0; j0 < steps; j0 += span) {
+        __m512i d[A8_R][A8_C];
+        UNROLLED for (int r = 0; r < R; ++r)
+            UNROLLED for (int c = 0; c < C; ++c) d[r][c] = _mm512_setzero_si512();
+        for (int64_t j = j0; j < j0 + span; ++j) {
+            const int two = 2 * j + 1 < nblocks;
+            __m512i wv[A8_C];
+            UNROLLED for (int c = 0; c < C; ++c) wv[c] = a8_codes(q[c] + j * 32, two);
+            UNROLLED for (int r = 0; r < R; ++r) {
+                const __m512i xv = _mm512_loadu_si512(xs[r] + j * 64);
+                UNROLLED for (int c = 0; c < C; ++c) d[r][c] = _mm512_dpbusd_epi32(d[r][c], wv[c], xv);
             }
+        }
+        UNROLLED for (int c = 0; c < C; ++c) {
+            const __m512 sv = a8_scales(bscale[c] + 2 * j0);
+            UNROLLED for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r][c]), sv, acc[r][c]);
         }
     }
     UNROLLED for (int r = 0; r < R; ++r)
@@ -516,29 +522,34 @@ static inline __m256i a8_dot(__m256i u, __m256i x) {
 
 static inline __attribute__((always_inline)) void a8_tile(
         const int8_t *const *xs, const uint8_t *const *q, const float *const *bscale, int64_t steps,
-        int64_t nblocks, float *sums, const int R, const int C) {
+        int64_t nblocks, float *sums, const int R, const int C, const int64_t span) {
     __m256 acc[A8_R][A8_C];
     const __m256i m = _mm256_set1_epi8(0x0f);
     UNROLLED for (int r = 0; r < R; ++r)
         UNROLLED for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < steps; ++j) {
-        const int two = 2 * j + 1 < nblocks;
-        __m256i lo[A8_C], hi[A8_C];
-        __m256 sv[A8_C];
-        UNROLLED for (int c = 0; c < C; ++c) {
-            const __m256i v = two ? _mm256_loadu_si256((const __m256i *)(q[c] + j * 32))
-                                  : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(q[c] + j * 32)));
-            lo[c] = _mm256_and_si256(v, m);
-            hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
-            sv[c] = a8_scales(bscale[c] + 2 * j);
-        }
-        UNROLLED for (int r = 0; r < R; ++r) {
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xs[r] + j * 64));
-            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xs[r] + j * 64 + 32));
+    for (int64_t j0 = 0; j0 < steps; j0 += span) {
+        __m256i d[A8_R][A8_C];
+        UNROLLED for (int r = 0; r < R; ++r)
+            UNROLLED for (int c = 0; c < C; ++c) d[r][c] = _mm256_setzero_si256();
+        for (int64_t j = j0; j < j0 + span; ++j) {
+            const int two = 2 * j + 1 < nblocks;
+            __m256i lo[A8_C], hi[A8_C];
             UNROLLED for (int c = 0; c < C; ++c) {
-                const __m256i d = _mm256_add_epi32(a8_dot(lo[c], x0), a8_dot(hi[c], x1));
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sv[c], acc[r][c]);
+                const __m256i v = two ? _mm256_loadu_si256((const __m256i *)(q[c] + j * 32))
+                                      : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(q[c] + j * 32)));
+                lo[c] = _mm256_and_si256(v, m);
+                hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
             }
+            UNROLLED for (int r = 0; r < R; ++r) {
+                const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xs[r] + j * 64));
+                const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xs[r] + j * 64 + 32));
+                UNROLLED for (int c = 0; c < C; ++c)
+                    d[r][c] = _mm256_add_epi32(d[r][c], _mm256_add_epi32(a8_dot(lo[c], x0), a8_dot(hi[c], x1)));
+            }
+        }
+        UNROLLED for (int c = 0; c < C; ++c) {
+            const __m256 sv = a8_scales(bscale[c] + 2 * j0);
+            UNROLLED for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[r][c]), sv, acc[r][c]);
         }
     }
     UNROLLED for (int r = 0; r < R; ++r)
@@ -552,8 +563,10 @@ static inline __attribute__((always_inline)) void a8_tile(
 #define A8_R 1
 #define A8_C 1
 static inline void a8_tile(const int8_t *const *xs, const uint8_t *const *q, const float *const *bscale,
-                           int64_t steps, int64_t nblocks, float *sums, const int R, const int C) {
+                           int64_t steps, int64_t nblocks, float *sums, const int R, const int C,
+                           const int64_t span) {
     (void)steps;
+    (void)span;
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) {
             float total = 0.0f;
@@ -571,10 +584,16 @@ static inline void a8_tile(const int8_t *const *xs, const uint8_t *const *q, con
 }
 #endif
 
+/* span: steps of 64 values under one scale (group / 64 where 64 divides the group), else 1 */
 static void a8_tile_of(const int8_t *const *xs, const uint8_t *const *q, const float *const *bscale,
-                       int64_t steps, int64_t nblocks, float *sums, int rows) {
-    if (rows > 1) a8_tile(xs, q, bscale, steps, nblocks, sums, A8_R, A8_C);
-    else a8_tile(xs, q, bscale, steps, nblocks, sums, 1, A8_C);
+                       int64_t steps, int64_t nblocks, float *sums, int rows, int64_t span) {
+    if (span == 1) {
+        if (rows > 1) a8_tile(xs, q, bscale, steps, nblocks, sums, A8_R, A8_C, 1);
+        else a8_tile(xs, q, bscale, steps, nblocks, sums, 1, A8_C, 1);
+    } else {
+        if (rows > 1) a8_tile(xs, q, bscale, steps, nblocks, sums, A8_R, A8_C, span);
+        else a8_tile(xs, q, bscale, steps, nblocks, sums, 1, A8_C, span);
+    }
 }
 
 /* out [rows, n] = group_quantize_x's xq, xscale and xsum times w (bits 4), + bias [n] or
@@ -603,10 +622,12 @@ int group_linear_a8(const int8_t *xq, const float *xscale, const float *xsum, co
                 float *bs = mine + c * 2 * (padded + 2), *bo = bs + padded + 2;
                 q[c] = code_row(w, ch);
                 group_params(w, ch, gscale, goffset, tmp);
-                for (int64_t b = 0; b < padded + 2; ++b) {
-                    bs[b] = b < nblocks ? gscale[b / per_group] : 0.0f;
-                    bo[b] = b < nblocks ? goffset[b / per_group] : 0.0f;
-                }
+                for (int64_t g = 0; g < groups; ++g)
+                    for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
+                        bs[b] = gscale[g];
+                        bo[b] = goffset[g];
+                    }
+                for (int64_t b = nblocks; b < padded + 2; ++b) bs[b] = bo[b] = 0.0f;
                 bscale[c] = bs;
                 boffset[c] = bo;
             }
@@ -617,7 +638,7 @@ int group_linear_a8(const int8_t *xq, const float *xscale, const float *xsum, co
                 const int8_t *xs[A8_R];
                 for (int r = 0; r < R; ++r) xs[r] = xq + min64(t0 + r, rows - 1) * k_pad;
                 float sums[A8_R * A8_C];
-                a8_tile_of(xs, q, bscale, steps, nblocks, sums, R);
+                a8_tile_of(xs, q, bscale, steps, nblocks, sums, R, w->group % 64 == 0 ? w->group / 64 : 1);
                 for (int64_t t = t0; t < min64(t0 + R, rows); ++t) {
                     const float *block_sums = xsum + t * padded;
                     for (int64_t c = 0; c < min64(A8_C, n - n0); ++c) {
