@@ -20,7 +20,6 @@ import ctypes
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from kernels import group_quant
 from kernels.cpu.build import function
@@ -30,7 +29,7 @@ from kernels.group_quant import GroupQuantized
 GEMM_MIN_ROWS = 32
 # fp32 values widened at a time for the GEMM path: a slice that stays in L2 while the
 # GEMM reads it
-WIDEN_VALUES = 1 << 18
+WIDEN_VALUES = 1 << 17
 
 
 class _Weight(ctypes.Structure):
@@ -111,16 +110,15 @@ def decoded_linear(x2: torch.Tensor, w: GroupQuantized, bias: Optional[torch.Ten
 
 def widened_linear(x2: torch.Tensor, w: GroupQuantized, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """torch's GEMM over w widened to fp32 by C, WIDEN_VALUES at a time; x2 as for
-    decoded_linear."""
+    decoded_linear. Each slice of channels fills rows of out's transpose, contiguous, so
+    the GEMM writes its result in place (a column slice of out would be a copy)."""
     n, k = w.shape
     step = max(16, WIDEN_VALUES // k)
-    if step >= n:
-        out = F.linear(x2, dequantize(w))
-    else:
-        out = torch.empty(x2.shape[0], n)
-        for start in range(0, n, step):
-            stop = min(n, start + step)
-            out[:, start:stop] = F.linear(x2, dequantize(w, start, stop))
+    out_t = torch.empty(n, x2.shape[0])
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        torch.mm(dequantize(w, start, stop), x2.T, out=out_t[start:stop])
+    out = out_t.T.contiguous()
     if bias is not None:
         out += bias.float()
     return out
