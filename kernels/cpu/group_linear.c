@@ -83,25 +83,39 @@ static void to_float(const void *src, int half, int64_t count, float *dst) {
     for (; i < count; ++i) dst[i] = half_to_float(s[i]);
 }
 
-/* values [groups] of per-group parameter `lower` of channel c, times `upper` if given */
+/* values [count * groups] of per-group parameter `lower` of channels c .. c + count,
+ * times `upper` if given; tmp: count * groups floats */
 static void level(const void *lower, int half, const uint16_t *upper, int64_t every, int64_t groups,
-                  int64_t c, float *out, float *tmp) {
-    to_float((const char *)lower + c * groups * (half ? 2 : 4), half, groups, out);
+                  int64_t c, int64_t count, float *out, float *tmp) {
+    to_float((const char *)lower + c * groups * (half ? 2 : 4), half, count * groups, out);
     if (upper == NULL) return;
     const int64_t supers = groups / every;
-    to_float(upper + c * supers, 1, supers, tmp);
-    for (int64_t u = 0; u < supers; ++u)
+    to_float(upper + c * supers, 1, count * supers, tmp);
+    for (int64_t u = 0; u < count * supers; ++u)
         for (int64_t g = u * every; g < (u + 1) * every; ++g) out[g] *= tmp[u];
 }
 
-/* scale[groups] and offset[groups] (0 without offsets) of channel c; tmp: groups floats */
-static void group_params(const gq_weight *w, int64_t c, float *scale, float *offset, float *tmp) {
+/* scale[count * groups] and offset[count * groups] (0 without offsets) of channels
+ * c .. c + count, converted in one pass each (a tile's rows are contiguous) */
+static void group_params(const gq_weight *w, int64_t c, int64_t count, float *scale, float *offset,
+                         float *tmp) {
     const int64_t groups = w->k / w->group;
-    level(w->scales, w->half_scales, w->scale_super, w->super_every, groups, c, scale, tmp);
+    level(w->scales, w->half_scales, w->scale_super, w->super_every, groups, c, count, scale, tmp);
     if (w->offsets != NULL)
-        level(w->offsets, w->half_offsets, w->offset_super, w->super_every, groups, c, offset, tmp);
+        level(w->offsets, w->half_offsets, w->offset_super, w->super_every, groups, c, count, offset, tmp);
     else
-        memset(offset, 0, sizeof(float) * (size_t)groups);
+        memset(offset, 0, sizeof(float) * (size_t)(count * groups));
+}
+
+/* group_params of the C channels of a tile from n0; channels past n repeat the last */
+static void tile_params(const gq_weight *w, int64_t n0, int64_t C, float *scale, float *offset, float *tmp) {
+    const int64_t groups = w->k / w->group;
+    if (n0 + C <= w->n) {
+        group_params(w, n0, C, scale, offset, tmp);
+        return;
+    }
+    for (int64_t c = 0; c < C; ++c)
+        group_params(w, min64(n0 + c, w->n - 1), 1, scale + c * groups, offset + c * groups, tmp);
 }
 
 static inline const uint8_t *code_row(const gq_weight *w, int64_t c) {
@@ -316,7 +330,7 @@ int group_linear_f32(const float *x, int64_t x_stride, const gq_weight *w, const
     const int64_t n = w->n, groups = w->k / w->group;
     const int one_row = rows == 1;
     const int R = one_row ? 1 : TILE_R, C = one_row ? ONE_ROW_C : TILE_C;
-    const int64_t per_thread = (2 * C + 1) * groups;
+    const int64_t per_thread = 3 * C * groups;
     /* one row: its group sums (row_f32), after the threads' scratch */
     float *scratch = malloc(sizeof(float) * (size_t)(per_thread * num_threads + groups));
     if (scratch == NULL) return -1;
@@ -334,11 +348,8 @@ int group_linear_f32(const float *x, int64_t x_stride, const gq_weight *w, const
 #pragma omp for schedule(static)
         for (int64_t n0 = 0; n0 < n; n0 += C) {
             const uint8_t *q[ONE_ROW_C > TILE_C ? ONE_ROW_C : TILE_C];
-            for (int c = 0; c < C; ++c) {         /* channels past n repeat the last, unstored */
-                const int64_t ch = min64(n0 + c, n - 1);
-                q[c] = code_row(w, ch);
-                group_params(w, ch, scale + c * groups, offset + c * groups, tmp);
-            }
+            for (int c = 0; c < C; ++c) q[c] = code_row(w, min64(n0 + c, n - 1));   /* past n: unstored */
+            tile_params(w, n0, C, scale, offset, tmp);
             for (int64_t t0 = 0; t0 < rows; t0 += R) {
                 const float *xs[TILE_R];
                 for (int r = 0; r < R; ++r) xs[r] = x + min64(t0 + r, rows - 1) * x_stride;
@@ -365,7 +376,7 @@ int group_dequantize(const gq_weight *w, int64_t n0, int64_t n1, float *out, int
               *tmp = offset + groups;
 #pragma omp for schedule(static)
         for (int64_t c = n0; c < n1; ++c) {
-            group_params(w, c, scale, offset, tmp);
+            group_params(w, c, 1, scale, offset, tmp);
             const uint8_t *q = code_row(w, c);
             float *o = out + (c - n0) * k;
             for (int64_t g = 0; g < groups; ++g) {
@@ -621,7 +632,7 @@ int group_linear_a8(const int8_t *xq, const float *xscale, const float *xsum, co
                 const int64_t ch = min64(n0 + c, n - 1);
                 float *bs = mine + c * 2 * (padded + 2), *bo = bs + padded + 2;
                 q[c] = code_row(w, ch);
-                group_params(w, ch, gscale, goffset, tmp);
+                group_params(w, ch, 1, gscale, goffset, tmp);
                 for (int64_t g = 0; g < groups; ++g)
                     for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
                         bs[b] = gscale[g];
