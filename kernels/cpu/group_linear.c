@@ -137,8 +137,8 @@ static inline b16 b16_high(b16 v) { for (int i = 0; i < 16; ++i) v.b[i] >>= 4; r
 #endif
 
 #if defined(__AVX512F__)
-#define TILE_R 4                                  /* rows of x per tile, more than one row */
-#define TILE_C 4                                  /* channels per tile, more than one row */
+#define TILE_R 8                                  /* rows of x per tile, more than one row */
+#define TILE_C 2                                  /* channels per tile, more than one row */
 #define ONE_ROW_C 8                               /* channels per tile, one row */
 typedef __m512 vf;
 static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
@@ -231,11 +231,11 @@ static inline void vf_nibbles(const uint8_t *p, vf *lo, vf *hi) {
 static inline __attribute__((always_inline)) void tile_f32(
         const float *const *xs, const uint8_t *const *q, const float *scale, const float *offset,
         int64_t groups, int64_t group, float *sums, const int bits, const int R, const int C) {
-    vf acc[TILE_R][ONE_ROW_C > TILE_C ? ONE_ROW_C : TILE_C];
+    vf acc[TILE_R][TILE_C];
     UNROLLED for (int r = 0; r < R; ++r)
         UNROLLED for (int c = 0; c < C; ++c) acc[r][c] = vf_zero();
     for (int64_t g = 0; g < groups; ++g) {
-        vf s[ONE_ROW_C > TILE_C ? ONE_ROW_C : TILE_C], o[ONE_ROW_C > TILE_C ? ONE_ROW_C : TILE_C];
+        vf s[TILE_C], o[TILE_C];
         UNROLLED for (int c = 0; c < C; ++c) {
             s[c] = vf_set1(scale[c * groups + g]);
             o[c] = vf_set1(offset[c * groups + g]);
@@ -243,7 +243,7 @@ static inline __attribute__((always_inline)) void tile_f32(
         const int64_t end = (g + 1) * group;
         if (bits == 4) {
             for (int64_t i = g * group; i < end; i += BLOCK) {
-                vf wv[ONE_ROW_C > TILE_C ? ONE_ROW_C : TILE_C], high[ONE_ROW_C > TILE_C ? ONE_ROW_C : TILE_C];
+                vf wv[TILE_C], high[TILE_C];
                 UNROLLED for (int c = 0; c < C; ++c) {
                     vf low;
                     vf_nibbles(q[c] + i / 2, &low, &high[c]);
@@ -261,7 +261,7 @@ static inline __attribute__((always_inline)) void tile_f32(
             }
         } else {
             for (int64_t i = g * group; i < end; i += 16) {
-                vf wv[ONE_ROW_C > TILE_C ? ONE_ROW_C : TILE_C];
+                vf wv[TILE_C];
                 UNROLLED for (int c = 0; c < C; ++c) wv[c] = vf_fma(vf_i8(b16_load(q[c] + i)), s[c], o[c]);
                 UNROLLED for (int r = 0; r < R; ++r) {
                     const vf xv = vf_load(xs[r] + i);
@@ -312,15 +312,38 @@ static inline __attribute__((always_inline)) void row_f32(
     }
 }
 
+#define TILE_OF(R)                                                                      \
+    do {                                                                                \
+        if (bits == 4) tile_f32(xs, q, scale, offset, groups, group, sums, 4, R, TILE_C); \
+        else tile_f32(xs, q, scale, offset, groups, group, sums, 8, R, TILE_C);           \
+    } while (0)
+
+/* the height of the next tile of rows, `left` of them to go: TILE_R, else the largest
+   power of two below (no row is computed twice) */
+static inline int tile_height(int64_t left) {
+    int h = TILE_R;
+    while (h > left) h /= 2;
+    return h;
+}
+
+/* height: rows of the tile (tile_height), 0 for the one-row kernel (ONE_ROW_C channels) */
 static void tile_f32_of(const float *const *xs, const float *xg, const uint8_t *const *q, const float *scale,
-                        const float *offset, int64_t groups, int64_t group, float *sums, int bits,
-                        int one_row) {
-    if (one_row) {
+                        const float *offset, int64_t groups, int64_t group, float *sums, int bits, int height) {
+    if (height == 0) {
         if (bits == 4) row_f32(xs[0], xg, q, scale, offset, groups, group, sums, 4);
         else row_f32(xs[0], xg, q, scale, offset, groups, group, sums, 8);
+    } else if (height == TILE_R) {
+        TILE_OF(TILE_R);
+#if TILE_R > 4
+    } else if (height >= 4) {
+        TILE_OF(4);
+#endif
+#if TILE_R > 2
+    } else if (height >= 2) {
+        TILE_OF(2);
+#endif
     } else {
-        if (bits == 4) tile_f32(xs, q, scale, offset, groups, group, sums, 4, TILE_R, TILE_C);
-        else tile_f32(xs, q, scale, offset, groups, group, sums, 8, TILE_R, TILE_C);
+        TILE_OF(1);
     }
 }
 
@@ -331,7 +354,7 @@ int group_linear_f32(const float *x, int64_t x_stride, const gq_weight *w, const
                      float *out, int64_t rows, int num_threads) {
     const int64_t n = w->n, groups = w->k / w->group;
     const int one_row = rows == 1;
-    const int R = one_row ? 1 : TILE_R, C = one_row ? ONE_ROW_C : TILE_C;
+    const int C = one_row ? ONE_ROW_C : TILE_C;
     const int64_t per_thread = 3 * C * groups;
     /* one row: its group sums (row_f32), after the threads' scratch */
     float *scratch = malloc(sizeof(float) * (size_t)(per_thread * num_threads + groups));
@@ -352,14 +375,16 @@ int group_linear_f32(const float *x, int64_t x_stride, const gq_weight *w, const
             const uint8_t *q[ONE_ROW_C > TILE_C ? ONE_ROW_C : TILE_C];
             for (int c = 0; c < C; ++c) q[c] = code_row(w, min64(n0 + c, n - 1));   /* past n: unstored */
             tile_params(w, n0, C, scale, offset, tmp);
-            for (int64_t t0 = 0; t0 < rows; t0 += R) {
+            for (int64_t t0 = 0; t0 < rows;) {
+                const int height = one_row ? 0 : tile_height(rows - t0), R = one_row ? 1 : height;
                 const float *xs[TILE_R];
-                for (int r = 0; r < R; ++r) xs[r] = x + min64(t0 + r, rows - 1) * x_stride;
+                for (int r = 0; r < R; ++r) xs[r] = x + (t0 + r) * x_stride;
                 float sums[TILE_R * (ONE_ROW_C > TILE_C ? ONE_ROW_C : TILE_C)];
-                tile_f32_of(xs, xg, q, scale, offset, groups, w->group, sums, w->bits, one_row);
-                for (int64_t r = 0; r < min64(R, rows - t0); ++r)
+                tile_f32_of(xs, xg, q, scale, offset, groups, w->group, sums, w->bits, height);
+                for (int64_t r = 0; r < R; ++r)
                     for (int64_t c = 0; c < min64(C, n - n0); ++c)
                         out[(t0 + r) * n + n0 + c] = sums[r * C + c] + (bias != NULL ? bias[n0 + c] : 0.0f);
+                t0 += R;
             }
         }
     }
