@@ -34,9 +34,10 @@ CPUINFO = Path("/proc/cpuinfo")
 # the weight-only kernel.
 W8A8_MIN_ROWS = 8
 # The W4A8 kernel quantizes x and pays a conversion and a multiply-add per 32-value
-# block on top of each integer dot product: at 8 rows it draws level with the W4A16
-# kernel on SmolLM2's shapes, from 16 rows on it is ahead (benchmarks/group_linear.py).
-W4A8_MIN_ROWS = 16
+# block on top of each integer dot product (the conversion shares a port with the dot
+# products): at 16 rows the W4A16 kernel is still ahead on most of SmolLM2's shapes, from
+# 24 rows on W4A8 is (benchmarks/group_linear.py).
+W4A8_MIN_ROWS = 24
 
 
 @dataclass(frozen=True)

@@ -75,11 +75,12 @@ def _exact_input(x: torch.Tensor, w: GroupQuantized) -> torch.Tensor:
     return group_quant.order_input(x, w)
 
 
-# 1 row takes one-row tiles of 8 channels; more rows 4 x 4 tiles, partial ones at 3 and
-# 17 rows and at N = 37 (AVX-512's tiles; AVX2's are smaller); 64 rows take the widened
-# weight and torch's GEMM (test_the_decoding_kernel_over_many_rows runs the tiles there).
-# The definition dequantizes in fp32 as the kernel does: only the order of fp32 sums
-# differs.
+# 1 row takes the one-row kernel, 8 channels at a time; more rows tiles of 8 rows by 2
+# channels, then of 4, 2 and 1 rows (3 and 17 rows), N = 37 leaving a partial tile of
+# channels (AVX-512's tiles; AVX2's are smaller); W4A8 takes 4 x 4 tiles. 64 rows take
+# the widened weight and torch's GEMM (test_the_decoding_kernel_over_many_rows runs the
+# tiles there). The definition dequantizes in fp32 as the kernel does: only the order of
+# fp32 sums differs.
 @pytest.mark.parametrize("variant", VARIANTS, ids=_name)
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("with_bias", [False, True])
