@@ -14,7 +14,8 @@ at each number of rows M of x, the median over rounds of:
 
 and each one's time over w4a16's. --paths also times the two W4A16 paths apart
 (decoded: the C kernel; widened: C widening + torch's GEMM), which is what
-GEMM_MIN_ROWS and features.W4A8_MIN_ROWS are chosen from.
+GEMM_MIN_ROWS and features.W4A8_MIN_ROWS are chosen from. The report is written to
+benchmarks/results/group_linear.txt.
 """
 from __future__ import annotations
 
@@ -90,4 +91,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.results import recorded
+
+    with recorded(__file__):
+        main()
