@@ -330,7 +330,11 @@ static inline int tile_height(int64_t left) {
 static void tile_f32_of(const float *const *xs, const float *xg, const uint8_t *const *q, const float *scale,
                         const float *offset, int64_t groups, int64_t group, float *sums, int bits, int height) {
     if (height == 0) {
-        if (bits == 4) row_f32(xs[0], xg, q, scale, offset, groups, group, sums, 4);
+        /* the common group sizes as constants: their inner loops unroll whole */
+        if (bits == 4 && group == 32) row_f32(xs[0], xg, q, scale, offset, groups, 32, sums, 4);
+        else if (bits == 4) row_f32(xs[0], xg, q, scale, offset, groups, group, sums, 4);
+        else if (group == 16) row_f32(xs[0], xg, q, scale, offset, groups, 16, sums, 8);
+        else if (group == 32) row_f32(xs[0], xg, q, scale, offset, groups, 32, sums, 8);
         else row_f32(xs[0], xg, q, scale, offset, groups, group, sums, 8);
     } else if (height == TILE_R) {
         TILE_OF(TILE_R);
