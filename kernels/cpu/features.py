@@ -35,8 +35,9 @@ CPUINFO = Path("/proc/cpuinfo")
 W8A8_MIN_ROWS = 8
 # The W4A8 kernel quantizes x and pays a conversion and a multiply-add per 32-value
 # block on top of each integer dot product (the conversion shares a port with the dot
-# products): at 16 rows the W4A16 kernel is still ahead on most of SmolLM2's shapes, from
-# 24 rows on W4A8 is (benchmarks/group_linear.py).
+# products): below 24 rows the W4A16 kernel is ahead on SmolLM2's shapes; from there W4A8
+# draws level on the narrow ones and is ahead where K is larger (down_proj's 1536), as
+# larger models' layers are (benchmarks/group_linear.py).
 W4A8_MIN_ROWS = 24
 
 

@@ -314,8 +314,9 @@ static inline __attribute__((always_inline)) void row_f32(
 
 #define TILE_OF(R)                                                                      \
     do {                                                                                \
-        if (bits == 4) tile_f32(xs, q, scale, offset, groups, group, sums, 4, R, TILE_C); \
-        else tile_f32(xs, q, scale, offset, groups, group, sums, 8, R, TILE_C);           \
+        if (bits == 4 && group == 32) tile_f32(xs, q, scale, offset, groups, 32, sums, 4, R, TILE_C); \
+        else if (bits == 4) tile_f32(xs, q, scale, offset, groups, group, sums, 4, R, TILE_C);    \
+        else tile_f32(xs, q, scale, offset, groups, group, sums, 8, R, TILE_C);                   \
     } while (0)
 
 /* the height of the next tile of rows, `left` of them to go: TILE_R, else the largest
