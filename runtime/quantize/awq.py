@@ -41,8 +41,7 @@ Inspect = Callable[[list[torch.Tensor]], torch.Tensor]
 def pseudo_quantize(w: torch.Tensor, group: int) -> torch.Tensor:
     """w [N, K] rounded on AWQ's grids (each group's own [min, max]), as float32."""
     rows = w.float().reshape(-1, group)
-    grid = minmax_grid(rows, include_zero=False)
-    return grid.values(grid.codes(rows)).reshape(w.shape)
+    return minmax_grid(rows, include_zero=False).rounded(rows).reshape(w.shape)
 
 
 def search_scale(x: torch.Tensor, weights: list[torch.Tensor], inspect: Inspect, group: int,

@@ -49,6 +49,12 @@ class Grid:
         s, z = self._against(w)
         return (torch.round(w / s) + z).clamp(0, MAXQ).to(torch.int32)
 
+    def rounded(self, w: torch.Tensor) -> torch.Tensor:
+        """values(codes(w)), float all the way (the searches round many candidates)."""
+        s, z = self._against(w)
+        zf = z.float()
+        return s * (torch.clamp(torch.round(w / s) + zf, 0, MAXQ) - zf)
+
     def values(self, codes: torch.Tensor) -> torch.Tensor:
         s, z = self._against(codes)
         return s * (codes - z).float()
