@@ -60,11 +60,11 @@ print(json.dumps({"timings": timings, "first_token_s": first_token_s}))
 """
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=None, help="model folder (default: SmolLM2-135M)")
     p.add_argument("--trials", type=int, default=3, help="odd, so the median is a trial")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def weight_paths(model: Path) -> list[Path]:
@@ -116,8 +116,8 @@ def report(read_s: float, size: int, cases: dict[str, dict]) -> None:
     print(json.dumps({"read_s": read_s, "weight_bytes": size, "cases": cases}))
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.model is None:
         from scripts.real_model import smollm2_dir
         args.model = smollm2_dir()
