@@ -203,37 +203,30 @@ def _pack_quantized(group: Mapping[str, Any], path: str) -> QuantizationScheme:
                               act_order=actorder in (True, "group"))
 
 
+# the 8-bit schemes, field by field: (default when absent, the values served)
+_INT8_WEIGHTS = {"num_bits": (None, (8,)), "type": ("int", ("int",)), "symmetric": (True, (True,)),
+                 "strategy": (None, ("channel", "tensor")), "dynamic": (False, (False,))}
+_INT8_ACTIVATIONS = {"num_bits": (None, (8,)), "type": ("int", ("int",)), "symmetric": (True, (True,)),
+                     "strategy": (None, ("token",)), "dynamic": (None, (True,))}
+_FP8_WEIGHTS = {**_INT8_WEIGHTS, "type": (None, ("float",))}
+_FP8_ACTIVATIONS = {"num_bits": (None, (8,)), "type": (None, ("float",)), "dynamic": (None, (True,))}
+
+
 def _int_quantized(group: Mapping[str, Any], path: str) -> QuantizationScheme:
-    w = _arguments(group, path, "weights")
-    wp = f"{path}.weights"
-    _expect(w, wp, "num_bits", None, (8,))
-    _expect(w, wp, "type", "int", ("int",))
-    _expect(w, wp, "symmetric", True, (True,))
-    _expect(w, wp, "strategy", None, ("channel", "tensor"))
-    _expect(w, wp, "dynamic", False, (False,))
-    if group.get("input_activations") is not None:
-        a = _arguments(group, path, "input_activations")
-        ap = f"{path}.input_activations"
-        _expect(a, ap, "num_bits", None, (8,))
-        _expect(a, ap, "type", "int", ("int",))
-        _expect(a, ap, "symmetric", True, (True,))
-        _expect(a, ap, "strategy", None, ("token",))
-        _expect(a, ap, "dynamic", None, (True,))
+    _eight_bit(group, path, _INT8_WEIGHTS, _INT8_ACTIVATIONS)
     return QuantizationScheme("compressed-tensors", INT8, "int-quantized")
 
 
 def _float_quantized(group: Mapping[str, Any], path: str) -> QuantizationScheme:
-    w = _arguments(group, path, "weights")
-    wp = f"{path}.weights"
-    _expect(w, wp, "num_bits", None, (8,))
-    _expect(w, wp, "type", None, ("float",))
-    _expect(w, wp, "symmetric", True, (True,))
-    _expect(w, wp, "strategy", None, ("channel", "tensor"))
-    _expect(w, wp, "dynamic", False, (False,))
-    if group.get("input_activations") is not None:
-        a = _arguments(group, path, "input_activations")
-        ap = f"{path}.input_activations"
-        _expect(a, ap, "num_bits", None, (8,))
-        _expect(a, ap, "type", None, ("float",))
-        _expect(a, ap, "dynamic", None, (True,))
+    _eight_bit(group, path, _FP8_WEIGHTS, _FP8_ACTIVATIONS)
     return QuantizationScheme("compressed-tensors", FP8, "float-quantized")
+
+
+def _eight_bit(group: Mapping[str, Any], path: str, weights: Mapping[str, tuple[Any, Sequence[Any]]],
+               activations: Mapping[str, tuple[Any, Sequence[Any]]]) -> None:
+    for key, rules in (("weights", weights), ("input_activations", activations)):
+        if key == "input_activations" and group.get(key) is None:
+            continue
+        args = _arguments(group, path, key)
+        for field, (default, served) in rules.items():
+            _expect(args, f"{path}.{key}", field, default, served)
