@@ -62,7 +62,7 @@ class RowStack:
         return [t for part in self.parts for t in tensors_of(part)]
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "RowStack":
-        return RowStack(tuple(fn(p) if isinstance(p, torch.Tensor) else p.map(fn) for p in self.parts))
+        return RowStack(tuple(map_weight(p, fn) for p in self.parts))
 
 
 Quantized = Union[Int8Weight, GroupQuantized, Fp8Weight, RowStack]
@@ -79,17 +79,23 @@ def map_weight(value: Weight, fn: Callable[[torch.Tensor], torch.Tensor]) -> Wei
 
 def stack_rows(parts: Sequence[Weight]) -> Weight:
     """The parts as one weight along the output channels (fused q/k/v, gate/up): one
-    tensor or one quantized weight where their formats agree, else a RowStack."""
+    tensor or one quantized weight where their formats agree, else a RowStack of the
+    runs of neighbours that do."""
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(list(parts))                        # type: ignore[arg-type]
     if all(isinstance(p, Int8Weight) for p in parts):
         return Int8Weight(torch.cat([p.qweight for p in parts]),   # type: ignore[union-attr]
                           torch.cat([p.scale for p in parts]))     # type: ignore[union-attr]
-    if all(isinstance(p, GroupQuantized) for p in parts):
-        stacked = group_quant.stack_rows(list(parts))        # type: ignore[arg-type]
-        if stacked is not None:
-            return stacked
-    return RowStack(tuple(parts))
+    runs: list[Weight] = []                  # neighbours that stack are stacked (q and k, v apart)
+    for part in parts:
+        last = runs[-1] if runs else None
+        if isinstance(last, GroupQuantized) and isinstance(part, GroupQuantized):
+            stacked = group_quant.stack_rows([last, part])
+            if stacked is not None:
+                runs[-1] = stacked
+                continue
+        runs.append(part)
+    return runs[0] if len(runs) == 1 else RowStack(tuple(runs))
 
 
 @dataclass(frozen=True)

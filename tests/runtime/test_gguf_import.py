@@ -70,6 +70,35 @@ def test_each_quant_type_imports_to_the_dequantized_weights(qtype, model_factory
     _greedy_equal(imported, _expected_folder(source, expected, tmp_path / "oracle"), hf_oracle)
 
 
+def test_mixed_types_as_q4_k_m_stores_them(model_factory, hf_oracle, tmp_path):
+    """v_proj and down_proj in Q6_K among Q4_K (llama.cpp's Q4_K_M): q/k/v cannot be one
+    weight, they run as a RowStack; the answer is still transformers' on the same values."""
+    from runtime.load.quantization import RowStack
+
+    source = model_factory(**K_SPEC)
+    types = {"v_proj.weight": "Q6_K", "down_proj.weight": "Q6_K"}
+    expected = write_model_gguf(tmp_path / "m.gguf", source, "Q4_K", types=types)
+    imported = import_gguf(tmp_path / "m.gguf", tmp_path / "imported")
+    kept = json.loads((imported / "config.json").read_text())["quantization_config"]["weights"]
+    assert kept["model.layers.0.self_attn.v_proj.weight"]["type"] == "Q6_K"
+    llm = LLM(str(imported), kv_cache_tokens=256)
+    layer = llm.engine.runner.model.layers[0]
+    assert isinstance(layer.qkv, RowStack) and len(layer.qkv.parts) == 2     # q and k fused, v apart
+    _greedy_equal(imported, _expected_folder(source, expected, tmp_path / "oracle"), hf_oracle)
+    # the node's packed-layer cache keeps the stack: a second load maps it, same answer
+    from runtime.load.packed_weights import available
+
+    if available():
+        first = LLM(str(imported), kv_cache_tokens=256, packed_cache_dir=str(tmp_path / "packed"))
+        assert first.engine.runner.model.packed_writer.result(timeout=120) > 0
+        again = LLM(str(imported), kv_cache_tokens=256, packed_cache_dir=str(tmp_path / "packed"))
+        model = again.engine.runner.model
+        assert model.packed_mapping is not None and isinstance(model.layers[0].qkv, RowStack)
+        prompt = [5, 6, 7, 8, 9]
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+        assert again.generate([prompt], params)[0].token_ids == llm.generate([prompt], params)[0].token_ids
+
+
 def test_qwen2_qwen3_and_llama3_rope(model_factory, hf_oracle, tmp_path):
     """qwen2 and qwen3 rows are not permuted; qwen2 carries q/k/v biases and ties its head,
     qwen3 norms q and k per head; llama3 rope scaling comes back from rope_freqs."""

@@ -85,8 +85,11 @@ def random_blocks(shape: tuple[int, ...], qtype: str, rng: np.random.Generator) 
 
 def write_model_gguf(path: Path, model_dir: Path, qtype: str, *, seed: int = 0, arch: Optional[str] = None,
                      metadata: Optional[Callable[[Any], None]] = None, skip: tuple[str, ...] = (),
-                     tokenizer: Optional[Callable[[Any], None]] = None) -> dict[str, np.ndarray]:
-    """The GGUF of the Hugging Face folder `model_dir` with its 2-D weights in `qtype`.
+                     tokenizer: Optional[Callable[[Any], None]] = None,
+                     types: Optional[dict[str, str]] = None) -> dict[str, np.ndarray]:
+    """The GGUF of the Hugging Face folder `model_dir` with its 2-D weights in `qtype`
+    (`types`: another type for the weights whose names end with a key, as llama.cpp's
+    Q4_K_M keeps v_proj and down_proj in Q6_K).
 
     `metadata(writer)` adds or overrides keys, `skip` leaves tensors (GGUF names) out and
     `tokenizer(writer)` replaces the vocabulary written from model_dir's tokenizer.json."""
@@ -110,8 +113,9 @@ def write_model_gguf(path: Path, model_dir: Path, qtype: str, *, seed: int = 0, 
         if w.ndim == 1:
             raw, kind, expected[name] = w, None, w
         else:
-            raw, kind = encode(w, qtype, rng), gguf.GGMLQuantizationType[qtype]
-            expected[name] = decode(raw, qtype).reshape(w.shape)
+            this = next((t for end, t in (types or {}).items() if name.endswith(end)), qtype)
+            raw, kind = encode(w, this, rng), gguf.GGMLQuantizationType[this]
+            expected[name] = decode(raw, this).reshape(w.shape)
             if kind in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
                 kind = None               # the writer takes their type from the array
         heads = _permute_heads(name, config) if arch == "llama" else None
