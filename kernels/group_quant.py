@@ -30,8 +30,8 @@ K having been reordered so that its groups are contiguous.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Callable, Optional
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +52,10 @@ class GroupQuantized:
     offset_super: Optional[torch.Tensor] = None  # float16 [N, K/group/super_every]
     super_every: int = 1
     input_order: Optional[torch.Tensor] = None  # int64 [K]
+    # What a kernel derives from the weight once and keeps beside it (the C kernel's view
+    # of its tensors), by kernel: never part of its value, and a copy (map, rows,
+    # replace) starts without it.
+    derived: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -69,12 +69,25 @@ def _weight(w: GroupQuantized) -> tuple[_Weight, list[torch.Tensor]]:
     return view, [t for t in parts.values() if t is not None]
 
 
+def _view(w: GroupQuantized) -> _Weight:
+    """w's C view, made on first use and kept with the weight (with the tensors it points
+    into): a decode step calls each weight's kernel once per layer, and building the view
+    took as long as a small layer's arithmetic."""
+    found = w.derived.get("cpu")
+    if found is None:
+        found = w.derived["cpu"] = _weight(w)
+    view: _Weight = found[0]
+    return view
+
+
 def _in_c(x: torch.Tensor, w: GroupQuantized) -> bool:
     return x.device.type == "cpu" and w.codes.device.type == "cpu" and (w.bits == 4 or w.group % 16 == 0)
 
 
 def _rows(x: torch.Tensor, w: GroupQuantized) -> torch.Tensor:
     """x as fp32 [T, K] rows of unit column stride, in the weight's input order."""
+    if x.dim() == 2 and w.input_order is None and x.dtype == torch.float32 and x.stride(-1) == 1:
+        return x                           # a decode step's rows, as they come
     x2 = group_quant.order_input(x.reshape(-1, w.shape[1]), w)
     return x2 if x2.dtype == torch.float32 and x2.stride(-1) == 1 else x2.float().contiguous()
 
@@ -92,19 +105,19 @@ def group_linear(x: torch.Tensor, w: GroupQuantized, bias: Optional[torch.Tensor
     if x2.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], n)
     fn = widened_linear if x2.shape[0] >= GEMM_MIN_ROWS else decoded_linear
-    return fn(x2, w, bias).to(x.dtype).reshape(*x.shape[:-1], n)
+    out = fn(x2, w, bias)
+    return out if x.dim() == 2 and x.dtype == torch.float32 else out.to(x.dtype).reshape(*x.shape[:-1], n)
 
 
 def decoded_linear(x2: torch.Tensor, w: GroupQuantized, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The decoding kernel: x2 fp32 [T > 0, K] of unit column stride, in w's input order
     -> fp32 [T, N]."""
-    view, alive = _weight(w)
+    view = _view(w)
     b = _bias(bias)
-    out = torch.empty(x2.shape[0], w.shape[0])
+    out = torch.empty(x2.shape[0], view.n)
     if _linear_f32(x2.data_ptr(), x2.stride(0), ctypes.byref(view), _pointer(b), out.data_ptr(),
                    x2.shape[0], torch.get_num_threads()) != 0:
         raise MemoryError("group_linear: no memory for the per-thread group scales")
-    del alive
     return out
 
 
@@ -129,11 +142,9 @@ def dequantize(w: GroupQuantized, start: int = 0, stop: Optional[int] = None) ->
     order (kernels/group_quant.py:dequantize, by C)."""
     n, k = w.shape
     stop = n if stop is None else stop
-    view, alive = _weight(w)
     out = torch.empty(stop - start, k)
-    if _dequantize(ctypes.byref(view), start, stop, out.data_ptr(), torch.get_num_threads()) != 0:
+    if _dequantize(ctypes.byref(_view(w)), start, stop, out.data_ptr(), torch.get_num_threads()) != 0:
         raise MemoryError("group_linear: no memory for the per-thread group scales")
-    del alive
     return out
 
 
@@ -152,11 +163,9 @@ def w4a8_linear(x: torch.Tensor, w: GroupQuantized, bias: Optional[torch.Tensor]
     xscale, xsum = torch.empty(rows), torch.empty(rows, k_pad // 32)
     threads = torch.get_num_threads()
     _quantize_x(x2.data_ptr(), x2.stride(0), rows, k, xq.data_ptr(), xscale.data_ptr(), xsum.data_ptr(), threads)
-    view, alive = _weight(w)
     b = _bias(bias)
     out = torch.empty(rows, n)
-    if _linear_a8(xq.data_ptr(), xscale.data_ptr(), xsum.data_ptr(), ctypes.byref(view), _pointer(b),
+    if _linear_a8(xq.data_ptr(), xscale.data_ptr(), xsum.data_ptr(), ctypes.byref(_view(w)), _pointer(b),
                   out.data_ptr(), rows, threads) != 0:
         raise MemoryError("w4a8_linear: no memory for the per-thread block scales")
-    del alive
     return out.to(x.dtype).reshape(*x.shape[:-1], n)

@@ -191,7 +191,7 @@ def _entry(value: Any, place: Callable[[memoryview], int]) -> Optional[dict[str,
     kind = next((k for k, cls in STRUCTS.items() if isinstance(value, cls)), None)
     if kind is not None:
         return {"kind": kind, "fields": {f.name: _field(getattr(value, f.name), place)
-                                         for f in dataclasses.fields(value)}}
+                                         for f in dataclasses.fields(value) if f.init}}
     if value.is_mkldnn:
         md = torch.ops.mkldnn._get_mkldnn_serialized_md(value)
         nbytes = torch.ops.mkldnn._nbytes(value)

@@ -190,3 +190,18 @@ def test_any_thread_count(thread_count):
         out, out8 = cpu.group_linear(x, w), cpu.w4a8_linear(x, w)
     assert_matmul_close(out, x, group_quant.dequantize(w))
     torch.testing.assert_close(out8, w4a8.w4a8_linear_ref(x, w), rtol=1e-4, atol=1e-4)
+
+
+def test_the_c_view_is_made_once_and_a_copy_makes_its_own():
+    """The kernel keeps its view of a weight's tensors with the weight; a weight derived
+    from it (rows, a move) is other tensors and must not reuse that view."""
+    w = _weight(VARIANTS[0], 37)
+    x = _x(3, VARIANTS[0].k)
+    first = cpu.group_linear(x, w)
+    view = w.derived["cpu"]
+    assert torch.equal(cpu.group_linear(x, w), first) and w.derived["cpu"] is view
+    part = w.rows(0, 16)
+    assert part.derived == {}
+    torch.testing.assert_close(cpu.group_linear(x, part), first[:, :16], rtol=0, atol=0)
+    assert part.derived["cpu"] is not view
+    assert w == dataclasses.replace(w) and dataclasses.replace(w).derived == {}
