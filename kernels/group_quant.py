@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 
 BLOCK = 32                     # values per 16-byte block of 4-bit codes
+# a weight's per-row tensors: what a file stores of it, what stacks along N
+PARTS = ("codes", "scales", "offsets", "scale_super", "offset_super")
 FLOAT_DTYPES = (torch.float16, torch.float32)
 DEQUANTIZE_ROWS = 1024         # rows widened at a time by the chunked torch linear
 
@@ -201,12 +203,11 @@ def stack_rows(parts: list[GroupQuantized]) -> Optional[GroupQuantized]:
                and p.shape[1] == first.shape[1] and _same_order(p.input_order, first.input_order)
                and all((getattr(p, f) is None) == (getattr(first, f) is None)
                        and (getattr(p, f) is None or getattr(p, f).dtype == getattr(first, f).dtype)
-                       for f in ("offsets", "scale_super", "offset_super", "scales"))
+                       for f in PARTS)
                for p in parts)
     if not same:
         return None
-    return replace(first, **{f: torch.cat([getattr(p, f) for p in parts])
-                             for f in ("codes", "scales", "offsets", "scale_super", "offset_super")
+    return replace(first, **{f: torch.cat([getattr(p, f) for p in parts]) for f in PARTS
                              if getattr(first, f) is not None})
 
 

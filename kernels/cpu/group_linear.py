@@ -56,9 +56,7 @@ def _pointer(t: Optional[torch.Tensor]) -> Optional[int]:
 
 def _weight(w: GroupQuantized) -> tuple[_Weight, list[torch.Tensor]]:
     """The C view of w, and the contiguous tensors it points into (kept alive by the caller)."""
-    parts = {name: None if t is None else t.contiguous()
-             for name, t in (("codes", w.codes), ("scales", w.scales), ("offsets", w.offsets),
-                             ("scale_super", w.scale_super), ("offset_super", w.offset_super))}
+    parts = {name: None if (t := getattr(w, name)) is None else t.contiguous() for name in group_quant.PARTS}
     n, k = w.shape
     half = torch.float16
     view = _Weight(codes=_pointer(parts["codes"]), scales=_pointer(parts["scales"]),

@@ -108,9 +108,7 @@ def dequantized(data: np.ndarray, info: TensorInfo) -> np.ndarray:
     """The tensor as float32 in its row-major shape."""
     import gguf.quants
 
-    raw = data[info.offset:info.offset + info.nbytes]
-    rows = info.num_elements // info.shape[-1]
-    raw = raw.reshape(rows, info.nbytes // rows)
+    raw = _rows(data, info)
     if info.type_name == "F32":
         out = raw.view(np.float32)
     elif info.type_name == "F16":
@@ -164,6 +162,7 @@ def tensors(plan: list[Planned], data: np.ndarray, dtype: str) -> Iterator[tuple
 
 
 def _rows(data: np.ndarray, info: TensorInfo) -> np.ndarray:
+    """The tensor's bytes as rows (of ggml blocks for a quantized type)."""
     raw = data[info.offset:info.offset + info.nbytes]
     rows = info.num_elements // info.shape[-1]
     return raw.reshape(rows, info.nbytes // rows)

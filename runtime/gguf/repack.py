@@ -26,6 +26,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+# kernels/group_quant.py's PARTS, written out: the importer stays free of torch
+PARTS = ("codes", "scales", "offsets", "scale_super", "offset_super")
+
 
 QK_K = 256
 
@@ -44,9 +47,7 @@ class Repacked:
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The tensors by field name (the ones present)."""
-        return {name: value for name, value in (("codes", self.codes), ("scales", self.scales),
-                                                ("offsets", self.offsets), ("scale_super", self.scale_super),
-                                                ("offset_super", self.offset_super)) if value is not None}
+        return {name: value for name in PARTS if (value := getattr(self, name)) is not None}
 
     def rows(self, order: np.ndarray) -> "Repacked":
         """The same weight with its rows (output channels) in `order`."""

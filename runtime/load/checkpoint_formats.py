@@ -23,12 +23,11 @@ from typing import Any, Optional, Protocol
 import torch
 
 from kernels import fp8
-from kernels.group_quant import GroupQuantized, check
+from kernels.group_quant import PARTS, GroupQuantized, check
 from runtime.load import hf_quantized
 from spec.quantization_config import QuantizationScheme, scheme
 
-GROUP_PARTS = ("codes", "scales", "offsets", "scale_super", "offset_super")
-FLOAT_PARTS = frozenset(GROUP_PARTS[1:])
+FLOAT_PARTS = frozenset(PARTS[1:])
 
 
 class CheckpointFormat(Protocol):
@@ -58,7 +57,7 @@ class GgufFolder:
     def gather(self, raw: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, Any]:
         out: dict[str, Any] = dict(raw)
         for name, meta in self.weights.items():
-            parts = {p: out.pop(f"{name}.{p}") for p in GROUP_PARTS if f"{name}.{p}" in out}
+            parts = {p: out.pop(f"{name}.{p}") for p in PARTS if f"{name}.{p}" in out}
             if "codes" not in parts:
                 raise ValueError(f"tensor {name}.codes: missing")
             weight = GroupQuantized(bits=int(meta["bits"]), group=int(meta["group"]),

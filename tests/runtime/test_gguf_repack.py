@@ -94,3 +94,10 @@ def test_the_spec_layout_says_what_repack_makes_and_its_bytes(type_name):
     info = TensorInfo("w", (6, 512), TYPE_IDS[type_name], 0)
     assert kept_bytes(info) == sum(a.nbytes for a in r.arrays().values())
     assert set(LAYOUTS) == set(REPACKERS)
+
+
+def test_the_importers_part_names_are_the_layouts():
+    """repack.py writes the layout's part names out (it stays free of torch): the same."""
+    from runtime.gguf import repack as module
+
+    assert module.PARTS == group_quant.PARTS
