@@ -25,7 +25,7 @@ import torch
 from kernels import fp8
 from kernels.group_quant import PARTS, GroupQuantized, check
 from runtime.load import hf_quantized
-from spec.quantization_config import QuantizationScheme, scheme
+from spec.quantization_config import QuantizationScheme, keeps_dtype, scheme
 
 FLOAT_PARTS = frozenset(PARTS[1:])
 
@@ -79,7 +79,7 @@ class HfFolder:
         return self.scheme.method
 
     def keep(self, name: str) -> bool:
-        return hf_quantized.keep_dtype(self.scheme)(name)
+        return keeps_dtype(self.scheme, name)
 
     def gather(self, raw: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, Any]:
         return {name: _widened_unless_native(value, dtype)
