@@ -11,6 +11,12 @@ trial starts a fresh Python process per case and measures in it:
   packed    a standby whose node has loaded the model before: its layers are mapped from
             the node's packed-layer cache (runtime/load/packed_weights.py) instead of packed
             (the cache is filled by one load before the trials)
+  replica   the whole replica as a pool on a node that served the model before has it
+            from a warm standby: the server's model host with its warmed engine-core
+            process and the node's packed-layer cache (as pool/backends/runtime_args.py
+            configures CPU replicas), from the load request to ready (the core loading
+            while the server parses its tokenizer, and the pipe between them), then the
+            first token through the engine client
 
 then one greedy token (first_token). The peer, measured in the same run and between the
 cases: reading the weight files into memory with plain `read()` from the page cache (warm:
@@ -48,8 +54,9 @@ if mode != "fresh":
 options = {"packed_cache_dir": packed_dir} if mode == "packed" else {}
 engine, timings = build_llm_engine(LoadRequest(model, "bench", options))
 from wire.sampling import SamplingParams
+ids = engine.tokenizer.encode("Hello")   # the server's, parsed beside the load (replica)
 since = time.perf_counter()
-engine.add_request("0", engine.tokenizer.encode("Hello"), SamplingParams(max_tokens=1))
+engine.add_request("0", ids, SamplingParams(max_tokens=1))
 while engine.has_unfinished_requests():
     engine.step()
 first_token_s = time.perf_counter() - since
@@ -80,8 +87,38 @@ def read_seconds(paths: list[Path]) -> float:
     return time.perf_counter() - start
 
 
+REPLICA = """
+import asyncio, json, sys, time
+model, packed_dir = sys.argv[1], sys.argv[3]
+from runtime.serve.model_host import ModelHost, Status
+from wire.replica_control import LoadRequest
+from wire.sampling import SamplingParams
+
+async def main():
+    host = ModelHost()
+    await host.warm()
+    host.start_loading(LoadRequest(model, "bench", {"packed_cache_dir": packed_dir}))
+    while host.status is Status.LOADING:      # as the pool polls /health
+        await asyncio.sleep(0.001)
+    loaded = host.model
+    assert loaded is not None, host.error
+    since = time.perf_counter()
+    ids = loaded.serving.tokenizer.encode("Hello")
+    async with await loaded.engine.add("0", ids, SamplingParams(max_tokens=1)) as stream:
+        async for _ in stream:
+            pass
+    first_token_s = time.perf_counter() - since
+    await loaded.engine.stop()
+    timings = host.load_timings      # the server's own total_s and other_s
+    print(json.dumps({"timings": timings, "first_token_s": first_token_s}))
+
+asyncio.run(main())
+"""
+
+
 def run_case(model: Path, mode: str, packed_dir: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHILD, str(model), mode, str(packed_dir)],
+    script = REPLICA if mode == "replica" else CHILD
+    done = subprocess.run([sys.executable, "-c", script, str(model), mode, str(packed_dir)],
                           cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -125,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     size = sum(p.stat().st_size for p in paths)
     read_seconds(paths)                           # warms the page cache
     reads: list[float] = []
-    trials: dict[str, list[dict]] = {"fresh": [], "standby": [], "packed": []}
+    trials: dict[str, list[dict]] = {"fresh": [], "standby": [], "packed": [], "replica": []}
     packed_dir = Path(tempfile.mkdtemp(prefix="thawpool-packed-"))
     run_case(args.model, "packed", packed_dir)   # fills the node's packed-layer cache
     for _ in range(args.trials):

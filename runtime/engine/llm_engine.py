@@ -9,6 +9,7 @@ speculator, never as flags inside the scheduler, so schedule() stays one policy.
 from __future__ import annotations
 
 import time
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from spec.architectures import check_engine_options
@@ -17,14 +18,13 @@ from runtime.engine.block_manager import BlockManager
 from runtime.core.config import EngineConfig, ModelConfig
 from runtime.load.timings import LoadTimings
 from runtime.engine.outputs import EngineStats, RequestOutput
-from runtime.load.threads import in_background
 from runtime.engine.request import Request, sample_requests
 from runtime.engine.scheduler import Scheduler, SchedulerConfig
 from runtime.core.sleep_mode import Freed, NotIdle
 from runtime.spec_decode.speculator import SpeculativeConfig, Speculator, make_speculator
 from runtime.engine.structured_output import StructuredOutputs
 from runtime.tensor_parallel.shards import check_divisible
-from runtime.core.tokenizer import Tokenizer
+from runtime.core.tokenizer import Tokenizer, eos_token_ids
 from wire.sampling import SamplingParams, validate_prompt_ids
 
 if TYPE_CHECKING:
@@ -67,17 +67,14 @@ class LLMEngine:
         check_engine_options(self.model_config.architecture, self.config.tensor_parallel_size,
                              self.config.quantization)
         check_divisible(self.model_config, self.config.tensor_parallel_size)
-        # the tokenizer's JSON is parsed while the weights load (it is model-sized work
-        # that moves no weights); its wait, if any, is the `tokenizer` stage
-        tokenizer = in_background(Tokenizer, model, self.model_config.eos_token_ids)
+        # the engine needs only the tokenizer's eos ids; the tokenizer itself is parsed by
+        # whoever turns text into ids: the server, beside this load, or `tokenizer` below
+        self._eos = eos_token_ids(model, self.model_config.eos_token_ids)
         since = timings.record("config", since)
         # torch is imported here, not before
         from runtime.engine.model_runner import ModelRunner
         timings.record("import", since)
         self.runner = self._runner(ModelRunner, timings, on_worker_failure)
-        since = time.perf_counter()
-        self.tokenizer = tokenizer.result()
-        timings.record("tokenizer", since)
         self.load_record = timings                               # stages and weight bytes
         self.load_timings: dict[str, float] = timings.stages   # seconds per load stage
         # bytes on each rank's device, after any quantization; rank 0 first
@@ -99,11 +96,16 @@ class LLMEngine:
         if self.config.speculative is not None:
             self.speculator = make_speculator(self.config.speculative, self.config,
                                               self.max_model_len, self.runner.num_blocks)
-        self._eos = tuple(dict.fromkeys(self.model_config.eos_token_ids + self.tokenizer.eos_token_ids))
         self.structured = self.runner.structured = StructuredOutputs(
             model, self.model_config.vocab_size, self._eos)
         self._aborts: list[str] = []   # applied at the start of the next step
         self.step_s = 0.0          # wall time inside step()
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer, parsed on first use (LLM, tests); the engine itself needs
+        only its eos ids."""
+        return Tokenizer(self.config.model, self.model_config.eos_token_ids)
 
     # Not thread-safe: only the thread that calls step() calls these (LLM.generate's, or
     # the engine core's CoreLoop). The requests it holds are the scheduler's `requests`.

@@ -6,14 +6,15 @@ through is absent):
   process      the interpreter starting, up to the start of the load (0 for a standby:
                it started before the load was asked for)
   import       torch, the model code and the engine (~0 for a standby)
-  config       config.json (and the tokenizer's load started beside the rest)
+  config       config.json, and the eos ids from tokenizer.json's added tokens
   tp_connect   tensor parallelism only: every rank up and connected
   kernels      the compute kernels for the device, built or loaded (~0 for a standby)
   weights      the weight files mapped into memory, every page of them (`weight_bytes`)
   assemble     the model: embedding, final norm, head
   pack         each layer's matmul weights fused and packed for the kernels (or quantized)
   kv_cache     the paged KV cache allocated
-  tokenizer    waiting for the tokenizer, parsed on a thread of its own since `config`
+  tokenizer    the server's wait for its tokenizer once the engine is loaded: it is
+               parsed in the server's process while the engine-core process loads
 
 There is no warm-up forward: the first request's own step is the only one, and its
 first token is timed by whoever sends it (benchmarks/cold_start_stages.py).

@@ -98,13 +98,11 @@ class EngineInfo:
     """What the server needs to know of a loaded engine to serve it."""
     max_model_len: int                 # the context, capped by the KV cache
     task: str                          # "generate" | "embed"
-    eos_token_ids: tuple[int, ...]     # the model config's, for the server's own tokenizer
     load_timings: dict[str, float]     # the /health load_timings (runtime/load/timings.py)
 
     @classmethod
     def of(cls, llm_engine: "LLMEngine", load_timings: dict[str, float]) -> "EngineInfo":
-        return cls(llm_engine.max_model_len, llm_engine.config.task,
-                   tuple(llm_engine.model_config.eos_token_ids), load_timings)
+        return cls(llm_engine.max_model_len, llm_engine.config.task, load_timings)
 
 
 @dataclass

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 from runtime.serve.embeddings import EmbeddingServing
 from runtime.serve.engine_client import CoreProcess, EngineClient
@@ -33,6 +33,8 @@ from runtime.core.sleep_mode import Freed, NotIdle
 from runtime.core.tokenizer import Tokenizer
 from wire.replica_control import Health, LoadRequest
 from wire.replica_control import HealthStatus as Status     # the host's status is what /health says
+
+R = TypeVar("R")
 
 if TYPE_CHECKING:   # importing the engine imports torch: only the engine-core process does
     from runtime.engine.llm_engine import LLMEngine
@@ -99,6 +101,23 @@ def build_llm_engine(request: LoadRequest) -> tuple["LLMEngine", dict[str, float
     return llm_engine, timings.summary(process_s + time.perf_counter() - start)
 
 
+def timed(fn: Callable[..., R], *args: object) -> tuple[R, float]:
+    since = time.perf_counter()
+    return fn(*args), time.perf_counter() - since
+
+
+def replica_timings(core: dict[str, float], tokenizer_s: float, total_s: float) -> dict[str, float]:
+    """The core's load stages, the server's tokenizer parse where it outlasted the core's
+    whole load (the two run side by side), and the server's own total: its `other_s` is
+    what no stage covers (the pipe, the server's event loop)."""
+    out = {k: v for k, v in core.items() if k not in ("other_s", "total_s")}
+    out["tokenizer_s"] = round(max(0.0, tokenizer_s - core.get("total_s", 0.0)), 6)
+    staged = sum(v for k, v in out.items() if k.endswith("_s"))
+    out["other_s"] = round(max(0.0, total_s - staged), 6)
+    out["total_s"] = round(total_s, 6)
+    return out
+
+
 def _end_replica(reason: str) -> None:
     """A tensor-parallel worker died (the watchdog already killed the others): the replica
     is beyond repair, so the process ends and the pool starts a whole new one."""
@@ -147,10 +166,14 @@ class ModelHost:
     async def _load(self, request: LoadRequest) -> None:
         start = time.perf_counter()
         core, self._spare_core = self._spare_core, None
+        # the server's tokenizer is parsed here while the core loads the weights in its
+        # own process; where the parse outlasts the load, that is the `tokenizer` stage
+        parsing = asyncio.ensure_future(asyncio.to_thread(timed, Tokenizer, request.model))
         try:
             client = await EngineClient.start(request, on_death=self._engine_died, core=core)
-            tokenizer = await asyncio.to_thread(Tokenizer, request.model, client.info.eos_token_ids)
+            tokenizer, parse_s = await parsing
         except Exception as exc:   # noqa: BLE001 - any failure is reported on /health
+            parsing.cancel()
             self.status, self.error = Status.FAILED, f"{type(exc).__name__}: {exc}"
             self.load_timings = {"total_s": round(time.perf_counter() - start, 6)}
             return
@@ -159,7 +182,7 @@ class ModelHost:
         embedding = EmbeddingServing(name, client, tokenizer, self.metrics) \
             if info.task == "embed" else None
         self.model = LoadedModel(name, client, serving, embedding)
-        self.load_timings = info.load_timings
+        self.load_timings = replica_timings(info.load_timings, parse_s, time.perf_counter() - start)
         self.status = Status.READY
 
     async def warm(self) -> float:

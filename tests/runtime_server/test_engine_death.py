@@ -63,7 +63,7 @@ async def test_engine_death_mid_stream_is_an_error_event_without_done(tiny_model
     async def send(message):
         sent.append(message)
 
-    async with threaded_client(DyingEngine(), EngineInfo(512, "generate", (), {})) as engine:
+    async with threaded_client(DyingEngine(), EngineInfo(512, "generate", {})) as engine:
         serving = OpenAIServing("m", engine, Tokenizer(tiny_model), 512, ServerMetrics(lambda: None))
         response = await serving.create(request, "req-dies", receive)
         await response({"type": "http"}, receive, send)
