@@ -122,6 +122,19 @@ static inline const uint8_t *code_row(const gq_weight *w, int64_t c) {
     return (const uint8_t *)w->codes + c * (w->bits == 4 ? w->k / 2 : w->k);
 }
 
+/* the codes of the tile after this one (channels from n0), asked of the memory while this
+   tile computes: the channels' rows are one run of bytes, which a decode step streams
+   once per layer from beyond the caches */
+static inline void prefetch_tile(const gq_weight *w, int64_t n0, int64_t C) {
+#if defined(__SSE2__)
+    if (n0 >= w->n) return;
+    const char *start = (const char *)code_row(w, n0), *end = (const char *)code_row(w, min64(n0 + C, w->n));
+    for (const char *p = start; p < end; p += 64) _mm_prefetch(p, _MM_HINT_T0);
+#else
+    (void)w; (void)n0; (void)C;
+#endif
+}
+
 /* ---- 16 bytes of codes, 16 floats --------------------------------------------------- */
 
 #if defined(__SSE2__)
@@ -379,6 +392,7 @@ int group_linear_f32(const float *x, int64_t x_stride, const gq_weight *w, const
         for (int64_t n0 = 0; n0 < n; n0 += C) {
             const uint8_t *q[ONE_ROW_C > TILE_C ? ONE_ROW_C : TILE_C];
             for (int c = 0; c < C; ++c) q[c] = code_row(w, min64(n0 + c, n - 1));   /* past n: unstored */
+            prefetch_tile(w, n0 + 2 * C, C);
             tile_params(w, n0, C, scale, offset, tmp);
             for (int64_t t0 = 0; t0 < rows;) {
                 const int height = one_row ? 0 : tile_height(rows - t0), R = one_row ? 1 : height;
