@@ -41,6 +41,7 @@ class KernelSet:
     rms_norm: Callable                  # (x [T,H], weight [H], eps) -> [T,H]
     fused_add_rms_norm: Callable        # (x, residual, weight, eps) -> (normed, residual_out)
     apply_rotary: Callable              # (x [T,n,D], cos [T,D/2], sin [T,D/2]) -> [T,n,D]
+    write_kv: Callable                  # (k [T,nkv,D], v, k_cache, v_cache, slot_mapping [T] long) -> None
     paged_decode_attention: Callable    # (q [B,nh,D], k_cache, v_cache, block_tables, context_lens, scale,
                                         #  window=None, softcap=None)
     paged_prefill_attention: Callable   # (q [T,nh,D], k_cache, v_cache, block_tables, query_lens, context_lens,
@@ -93,7 +94,7 @@ def reference_kernels() -> KernelSet:
 
     return KernelSet(backend="torch", rms_norm=rmsnorm.rms_norm,
                      fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
-                     apply_rotary=rotary.apply_rotary,
+                     apply_rotary=rotary.apply_rotary, write_kv=attention.write_kv,
                      paged_decode_attention=attention.paged_decode_attention,
                      paged_prefill_attention=attention.paged_prefill_attention,
                      prefill_attention=attention.prefill_attention,
@@ -117,7 +118,7 @@ def _cpu_kernels() -> KernelSet:
         return with_onednn
     return dataclasses.replace(with_onednn, backend="cpu", rms_norm=rmsnorm.rms_norm,
                                fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
-                               apply_rotary=rotary.apply_rotary,
+                               apply_rotary=rotary.apply_rotary, write_kv=paged_attention.write_kv,
                                paged_decode_attention=paged_attention.paged_decode_attention,
                                paged_prefill_attention=paged_attention.paged_prefill_attention,
                                prefill_attention=paged_attention.prefill_attention,

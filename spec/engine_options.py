@@ -61,6 +61,7 @@ class EngineOptions:
     packed_cache_gb: float = 16.0                # ... and its size, least recently used evicted
     cuda_graphs: bool = False                    # decode steps replayed as CUDA graphs (runtime/engine/cuda_graphs.py)
     cpu_low_precision: bool = False              # bf16 / W8A8 GEMMs where the CPU has them (kernels/cpu/features.py)
+    cpu_replay: bool = True                      # CPU decode steps replayed (runtime/engine/cpu_replay.py)
 
     def validate(self) -> None:
         """InvalidOption for the first option of the wrong type or value, or that the others
@@ -101,7 +102,8 @@ def _kind(hint: Any) -> tuple[type, bool]:
 KINDS = {name: _kind(hint) for name, hint in typing.get_type_hints(EngineOptions).items()}
 OPTIONS = frozenset(KINDS)
 # what a tenant may set at deploy; the rest are the pool's (the device, the KV budget's
-# memory fraction and CPU cap, the packed layers, the cache salt) or the operator's (CUDA graphs)
+# memory fraction and CPU cap, the packed layers, the cache salt) or the operator's (CUDA graphs,
+# CPU replays)
 TENANT_OPTIONS = frozenset({"dtype", "kv_cache_tokens", "enable_prefix_caching", "speculative",
                             "quantization", "tensor_parallel_size", "max_num_seqs",
                             "max_num_batched_tokens", "max_model_len", "block_size", "seed",

@@ -578,3 +578,19 @@ static int prefill(const float *q, const char *k_cache, const char *v_cache,
     }
 PREFILL_ENTRY(paged_prefill_attention_f32, float, 0)
 PREFILL_ENTRY(paged_prefill_attention_bf16kv, uint16_t, 1)
+
+/* kernels/attention.py:write_kv for fp32 k, v and caches: token t's k row (nkv * D
+ * floats, k_stride floats after token t - 1's; likewise v) into row slots[t] of k_cache
+ * (rows of nkv * D floats, num_slots of them), and its v row into v_cache. Returns 0, or
+ * -1 having written nothing when a slot is outside [0, num_slots): a replayed step has
+ * no Python in front of it to check them. */
+int write_kv_f32(const float *k, int64_t k_stride, const float *v, int64_t v_stride, float *k_cache,
+                 float *v_cache, const int64_t *slots, int64_t tokens, int64_t width, int64_t num_slots) {
+    for (int64_t t = 0; t < tokens; ++t)
+        if (slots[t] < 0 || slots[t] >= num_slots) return -1;
+    for (int64_t t = 0; t < tokens; ++t) {
+        memcpy(k_cache + slots[t] * width, k + t * k_stride, sizeof(float) * (size_t)width);
+        memcpy(v_cache + slots[t] * width, v + t * v_stride, sizeof(float) * (size_t)width);
+    }
+    return 0;
+}

@@ -32,6 +32,25 @@ def _kernels(name: str, pointers: int) -> dict[torch.dtype, Callable[..., int]]:
 
 DECODE_KERNELS = _kernels("paged_decode_attention", 6)
 PREFILL_KERNELS = _kernels("paged_prefill_attention", 7)
+_write_kv = function("paged_attention", "write_kv_f32",
+                     [ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3,
+                     restype=ctypes.c_int)
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """kernels/attention.py:write_kv, in C for fp32 k, v and caches (a bf16 cache rounds
+    in the reference); k and v may be views of the fused qkv output (rows apart)."""
+    tokens, num_kv_heads, dim = k.shape
+    rows_whole = all(t.dtype == torch.float32 and t.stride(2) == 1 and t.stride(1) == dim for t in (k, v))
+    if not (rows_whole and k_cache.dtype == v_cache.dtype == torch.float32 and k_cache.is_contiguous()
+            and v_cache.is_contiguous() and slot_mapping.dtype == torch.long and slot_mapping.is_contiguous()):
+        attention.write_kv(k, v, k_cache, v_cache, slot_mapping)
+        return
+    width = num_kv_heads * dim
+    if _write_kv(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(),
+                 v_cache.data_ptr(), slot_mapping.data_ptr(), tokens, width, k_cache.numel() // width) != 0:
+        raise ValueError("write_kv: a slot outside the cache")
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

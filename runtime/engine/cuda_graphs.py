@@ -79,14 +79,36 @@ def replay_size(rows: int, batch: ForwardBatch, sizes: Sequence[int], max_blocks
 
 
 @dataclass
-class _Static:
-    """The buffers every graph reads its inputs from, sized for the largest graph."""
+class StaticDecode:
+    """Input buffers of a recorded decode step, `rows` sequences at most: a replay reads
+    its inputs from these addresses (runtime/engine/cpu_replay.py uses them too)."""
     input_ids: torch.Tensor           # [B] long
     positions: torch.Tensor           # [B] long
     slots: torch.Tensor               # [B] long
     tables: torch.Tensor              # [B, max_blocks] int32
     lens: torch.Tensor                # [B] int32
     rows: torch.Tensor                # [B] long: 0..B-1, the logits rows
+
+    @classmethod
+    def allocate(cls, rows: int, max_blocks: int, device: str, scratch_block: int = 0,
+                 block_size: int = 1) -> "StaticDecode":
+        """Every row decoding token 0 at position 0 into slot 0 of `scratch_block`."""
+        return cls(input_ids=torch.zeros(rows, dtype=torch.long, device=device),
+                   positions=torch.zeros(rows, dtype=torch.long, device=device),
+                   slots=torch.full((rows,), scratch_block * block_size, dtype=torch.long, device=device),
+                   tables=torch.full((rows, max_blocks), scratch_block, dtype=torch.int32, device=device),
+                   lens=torch.ones(rows, dtype=torch.int32, device=device),
+                   rows=torch.arange(rows, dtype=torch.long, device=device))
+
+    def fill(self, input_ids: torch.Tensor, decode: DecodeMeta, batch: ForwardBatch) -> int:
+        """Copy a decode batch of n sequences into the first n rows; n."""
+        n = int(input_ids.shape[0])
+        self.input_ids[:n].copy_(input_ids, non_blocking=True)
+        self.positions[:n].copy_(batch.positions, non_blocking=True)
+        self.slots[:n].copy_(batch.slot_mapping, non_blocking=True)
+        self.tables[:n, :decode.block_tables.shape[1]].copy_(decode.block_tables, non_blocking=True)
+        self.lens[:n].copy_(decode.context_lens, non_blocking=True)
+        return n
 
     def batch(self, size: int) -> ForwardBatch:
         return ForwardBatch(positions=self.positions[:size], slot_mapping=self.slots[:size],
@@ -103,14 +125,7 @@ class DecodeGraphs:
         self.model, self.kv_caches, self.device = model, kv_caches, device
         self.sizes = tuple(sorted(sizes))
         self.scratch_block, self.scratch_slot = scratch_block, scratch_block * block_size
-        big = self.sizes[-1]
-        self.static = _Static(
-            input_ids=torch.zeros(big, dtype=torch.long, device=device),
-            positions=torch.zeros(big, dtype=torch.long, device=device),
-            slots=torch.full((big,), self.scratch_slot, dtype=torch.long, device=device),
-            tables=torch.full((big, max_blocks), scratch_block, dtype=torch.int32, device=device),
-            lens=torch.ones(big, dtype=torch.int32, device=device),
-            rows=torch.arange(big, dtype=torch.long, device=device))
+        self.static = StaticDecode.allocate(self.sizes[-1], max_blocks, device, scratch_block, block_size)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
 
@@ -151,12 +166,7 @@ class DecodeGraphs:
         size = replay_size(n, batch, self.sizes, self.static.tables.shape[1])
         if size is None or batch.decode is None:
             return None
-        s, decode = self.static, batch.decode
-        s.input_ids[:n].copy_(input_ids, non_blocking=True)
-        s.positions[:n].copy_(batch.positions, non_blocking=True)
-        s.slots[:n].copy_(batch.slot_mapping, non_blocking=True)
-        s.tables[:n, :decode.block_tables.shape[1]].copy_(decode.block_tables, non_blocking=True)
-        s.lens[:n].copy_(decode.context_lens, non_blocking=True)
+        self.static.fill(input_ids, batch.decode, batch)
         self._pad(n, size)
         return size
 

@@ -11,12 +11,13 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
 import torch
 
 from kernels.dispatch import get_kernels
 from runtime.core.config import EngineConfig, ModelConfig
+from runtime.engine.cpu_replay import DecodeReplays
 from runtime.engine.cuda_graphs import DecodeGraphs, capture_sizes, require_capturable
 from runtime.engine.pooling import Pooler
 from runtime.models.kv_memory import kv_cache_dtype
@@ -37,6 +38,13 @@ from runtime.tensor_parallel.worker_group import WorkerGroup
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class DecodeReplay(Protocol):
+    """CUDA graphs or CPU replays of the decode step: the logits of a batch it can run,
+    None for one the runner must run eagerly."""
+
+    def run(self, input_ids: torch.Tensor, batch: ForwardBatch) -> Optional[torch.Tensor]: ...
 
 
 class ModelRunner:
@@ -83,9 +91,14 @@ class ModelRunner:
         scratch = 1 if self.config.cuda_graphs else 0
         return self.model.allocate_kv_cache(self.num_blocks + scratch, self.block_size, self.kv_dtype)
 
-    def _capture_graphs(self) -> Optional[DecodeGraphs]:
+    def _capture_graphs(self) -> Optional[DecodeReplay]:
+        """CUDA graphs where asked for; on the CPU, replays of recorded C kernel calls."""
         if not self.config.cuda_graphs:
-            return None
+            cpu = self.device == "cpu" and self.tp.size == 1 and self.model.ops.backend == "cpu"
+            if not (cpu and self.config.cpu_replay):
+                return None
+            return DecodeReplays(self.model, self.kv_caches, max_blocks=-(-self.max_len // self.block_size),
+                                 block_size=self.block_size)
         graphs = DecodeGraphs(self.model, self.kv_caches, self.device, capture_sizes(self.config.max_num_seqs),
                               max_blocks=-(-self.max_len // self.block_size), scratch_block=self.num_blocks,
                               block_size=self.block_size)

@@ -12,7 +12,6 @@ from typing import Any, Optional
 
 import torch
 
-from kernels.attention import write_kv
 from runtime.models.batch import ForwardBatch, PrefillMeta
 from runtime.models.rope import Rotary
 from runtime.load.quantization import linear
@@ -36,7 +35,7 @@ class Attention:
         """x [T, H] -> [T, H]; layer: LayerWeights (qkv, qkv_bias, q_norm, k_norm, o)."""
         q, k, v = self._qkv(x, layer, rotary, cos_sin)
         k_cache, v_cache = kv_cache
-        write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        self.ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         parts, n = [], 0
         if batch.prefill is not None:
             n = batch.prefill.num_tokens

@@ -39,7 +39,7 @@ from runtime.models.attention import Attention
 from runtime.load import smoothing
 from runtime.models.batch import ForwardBatch, PrefillMeta
 from runtime.models.mlp import GatedMLP, SparseMoE
-from runtime.models.rope import make_rotary
+from runtime.models.rope import Rotary, make_rotary
 from runtime.load.packed_weights import PackedWeightCache, cache_key
 from runtime.load.threads import in_background, parallel_map
 from kernels.group_quant import GroupQuantized, dequantize_rows
@@ -49,6 +49,7 @@ from runtime.load.quantization import (Weight, WeightMemory, linear, map_weight,
 from runtime.tensor_parallel.shards import TensorParallel
 
 KVCache = tuple[torch.Tensor, torch.Tensor]        # one layer's k_cache, v_cache
+CosSinByRope = dict[Rotary, tuple[torch.Tensor, torch.Tensor]]   # [T, rotary_dim / 2] each
 
 
 @dataclass
@@ -308,15 +309,30 @@ class DecoderModel:
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, kv_caches: list[KVCache]) -> torch.Tensor:
         """input_ids [T] -> final hidden states of the rows in batch.logits_indices [N, H]."""
-        cos_sin = {r: r.cos_sin(batch.positions) for r in set(self.rotaries)}   # one per rope
-        hidden, residual = self._embed(input_ids), None
+        hidden, cos_sin = self.layer_inputs(input_ids, batch)
+        return self.final_hidden(*self.run_layers(hidden, cos_sin, batch, kv_caches), batch)
+
+    # The forward's three parts, apart for runtime/engine/cpu_replay.py, which records the
+    # layers' kernel calls once and replays them with new inputs.
+
+    def layer_inputs(self, input_ids: torch.Tensor, batch: ForwardBatch) -> tuple[torch.Tensor, CosSinByRope]:
+        """The embedded rows [T, H], and cos and sin of the positions for each rope."""
+        return self._embed(input_ids), {r: r.cos_sin(batch.positions) for r in set(self.rotaries)}
+
+    def run_layers(self, hidden: torch.Tensor, cos_sin: CosSinByRope, batch: ForwardBatch,
+                   kv_caches: list[KVCache]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every decoder layer: the last one's output and the residual stream it adds to."""
+        residual = hidden
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             rotary = self.rotaries[i]
-            x, residual = self._add_norm(hidden, residual, layer.attn_norm)
+            x, residual = self._add_norm(hidden, residual if i else None, layer.attn_norm)
             hidden = self.attention(x, layer, rotary, cos_sin[rotary], self.windows[i], batch, kv_cache)
             hidden = self._out_norm(hidden, layer.attn_out_norm)
             x, residual = self._add_norm(hidden, residual, layer.mlp_norm)
             hidden = self._out_norm(self._feed_forward(x, layer), layer.mlp_out_norm)
+        return hidden, residual
+
+    def final_hidden(self, hidden: torch.Tensor, residual: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         hidden = (hidden + residual).index_select(0, batch.logits_indices)
         return self.ops.rms_norm(hidden, self.norm, self.config.rms_norm_eps)
 

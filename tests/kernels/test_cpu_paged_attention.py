@@ -97,3 +97,43 @@ def test_sliding_window_and_softcap(window, softcap, head_dim, num_threads):
 def test_a_window_or_softcap_below_one_is_refused(opts):
     with pytest.raises(ValueError, match="window"):
         cpu.paged_decode_attention(*paged_case([5], 2, 1, 16, 4), **opts)
+
+
+# ---- write_kv
+
+def _qkv_views(tokens: int, kv_heads: int, dim: int):
+    """k as the rotary leaves it (contiguous), v as a view of the fused qkv rows."""
+    qkv = torch.randn(tokens, (4 + 2) * kv_heads * dim)
+    k = torch.randn(tokens, kv_heads, dim)
+    v = qkv[:, -kv_heads * dim:].view(tokens, kv_heads, dim)
+    return k, v
+
+
+def test_write_kv_matches_the_reference_with_v_a_view_of_qkv():
+    k, v = _qkv_views(5, 2, 16)
+    slots = torch.tensor([3, 17, 0, 31, 8])
+    ours = [torch.randn(4, 8, 2, 16) for _ in range(2)]
+    theirs = [c.clone() for c in ours]
+    cpu.write_kv(k, v, *ours, slots)
+    ref.write_kv(k, v, *theirs, slots)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    assert torch.equal(ours[0].view(-1, 2, 16)[17], k[1]) and torch.equal(ours[1].view(-1, 2, 16)[31], v[3])
+
+
+@pytest.mark.parametrize("bad", [-1, 32])
+def test_write_kv_refuses_a_slot_outside_the_cache_and_writes_nothing(bad):
+    k, v = _qkv_views(2, 2, 16)
+    caches = [torch.zeros(4, 8, 2, 16) for _ in range(2)]
+    with pytest.raises(ValueError, match="slot outside the cache"):
+        cpu.write_kv(k, v, *caches, torch.tensor([1, bad]))
+    assert not any(c.any() for c in caches)
+
+
+def test_write_kv_into_a_bf16_cache_rounds_as_the_reference():
+    k, v = _qkv_views(3, 2, 16)
+    slots = torch.tensor([2, 5, 9])
+    ours = [torch.zeros(4, 8, 2, 16, dtype=torch.bfloat16) for _ in range(2)]
+    theirs = [c.clone() for c in ours]
+    cpu.write_kv(k, v, *ours, slots)
+    ref.write_kv(k, v, *theirs, slots)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))

@@ -14,7 +14,7 @@ def test_the_reference_set():
     # (tests/kernels/test_cpu_build.py)
     assert reference_kernels() == KernelSet(backend="torch", rms_norm=rmsnorm.rms_norm,
                                          fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
-                                         apply_rotary=rotary.apply_rotary,
+                                         apply_rotary=rotary.apply_rotary, write_kv=attention.write_kv,
                                          paged_decode_attention=attention.paged_decode_attention,
                                          paged_prefill_attention=attention.paged_prefill_attention,
                                          prefill_attention=attention.prefill_attention,

@@ -1,0 +1,186 @@
+"""Decode steps on the CPU replayed from a recording of their C kernel calls (engine
+option `cpu_replay`, on by default).
+
+At batch 1 a small model's decode step is a few hundred C kernel calls of a few to a
+hundred microseconds each, and the Python around them (wrappers, checks, allocations,
+views) costs about a third of the step. As a CUDA graph does on a GPU
+(runtime/engine/cuda_graphs.py), a replay records once what the layers do and from then
+on only does it again:
+
+- record: the first decode step of n sequences (1 <= n <= MAX_ROWS) runs eagerly over
+  static input buffers while kernels/cpu/build.py's tape notes every C call, and every
+  tensor the layers make is kept alive (its memory is what the calls' pointers name);
+- refuse: a torch op that computed inside the layers (a torch linear, as fp32 weights
+  use; a fused projection stitched by torch.cat) would be skipped by a replay: it is
+  noticed while recording, and replays are then off for this engine (every step runs
+  eagerly, as before);
+- verify: the next step of n runs both ways, eagerly and replayed, and the two must agree
+  bit for bit, or replays are off (a warning: the check above should have seen why);
+- replay: later steps copy their inputs (embedded rows, cos and sin, slots, block tables,
+  context lengths) into the recorded ones and make the recorded calls again.
+
+Only the layers are replayed: the embedding, the final norm and the logits run eagerly
+around them. A replay lives as long as the weights and the KV cache it points into: the
+runner drops it with them (sleep). Prefills, mixed batches, speculative verification and
+batches above MAX_ROWS run eagerly (cuda_graphs.replay_size decides).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kernels.cpu.build import Call, Tape, recording
+from runtime.engine.cuda_graphs import StaticDecode, replay_size
+from runtime.models.batch import ForwardBatch
+
+log = logging.getLogger(__name__)
+
+# Up to this many sequences a step's Python is a large share of it; from there on the
+# kernels' arithmetic dwarfs it.
+MAX_ROWS = 8
+
+
+# Ops that make fresh tensors without computing what a kernel reads: allocations, and the
+# reductions the wrappers' checks read on the host (replays check in `_stage` instead).
+FRESH_BUT_NOT_COMPUTED = frozenset({"aten.empty.memory_format", "aten.empty_like.default",
+                                    "aten.min.default", "aten.max.default"})
+
+
+class KeptTensors(TorchDispatchMode):
+    """Every tensor made inside, kept: a recorded call's pointers must stay valid. Notes
+    the torch ops that computed a tensor (an output in memory of its own that is not an
+    allocation): a replay, which makes only the C calls, would leave theirs stale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[Any] = []
+        self.computed: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        self.kept.append(out)
+        if str(func) not in FRESH_BUT_NOT_COMPUTED and not _views_only(out, args):
+            self.computed.append(str(func))
+        return out
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _views_only(out: Any, args: Any) -> bool:
+    """Whether every tensor `out` holds shares memory with a tensor of `args` (a view,
+    a detach, a .to that changed nothing)."""
+    inputs = {_memory(t) for t in _tensors(args)} - {None}
+    return all(_memory(t) in inputs for t in _tensors(out))
+
+
+def _memory(t: torch.Tensor) -> Optional[int]:
+    """The address of t's storage; None for a tensor without one (oneDNN's packed weights)."""
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (NotImplementedError, RuntimeError):
+        return None
+
+
+@dataclass
+class Recorded:
+    """One batch size's recording: its inputs, its calls and its outputs."""
+    static: StaticDecode
+    hidden: torch.Tensor                                   # the layers' input rows
+    cos_sin: dict[Any, tuple[torch.Tensor, torch.Tensor]]  # per rope, as the layers read them
+    calls: list[Call]
+    out: tuple[torch.Tensor, torch.Tensor]                 # the last layer's output, the residual
+    kept: list[Any]
+    verified: bool = False
+
+
+class ReplayFailed(RuntimeError):
+    """A replayed kernel reported an error (its status), which eagerly it would have raised."""
+
+
+class DecodeReplays:
+    """model: the DecoderModel (layer_inputs, run_layers, final_hidden, logits); max_blocks:
+    the widest block table a sequence can have."""
+
+    def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], max_blocks: int,
+                 block_size: int):
+        self.model, self.kv_caches = model, kv_caches
+        self.max_blocks, self.block_size = max_blocks, block_size
+        self.sizes = tuple(range(1, MAX_ROWS + 1))
+        self.recorded: dict[int, Recorded] = {}
+        self.enabled = True
+        self.replayed = 0            # steps a replay ran (not counting a verification's)
+
+    def run(self, input_ids: torch.Tensor, batch: ForwardBatch) -> Optional[torch.Tensor]:
+        """Logits of the batch's logits_indices rows, as the eager step computes them;
+        None when this batch runs eagerly (the caller runs it)."""
+        size = replay_size(int(input_ids.shape[0]), batch, self.sizes, self.max_blocks) if self.enabled else None
+        if size is None:
+            return None
+        rec = self.recorded.get(size)
+        if rec is None:
+            rec, logits = self._record(size, input_ids, batch)
+            if self.enabled:
+                self.recorded[size] = rec
+            return logits
+        if rec.verified:
+            self.replayed += 1
+            return self._replay(rec, input_ids, batch)
+        return self._verify(size, rec, input_ids, batch)
+
+    def _record(self, size: int, input_ids: torch.Tensor, batch: ForwardBatch) -> tuple[Recorded, torch.Tensor]:
+        static = StaticDecode.allocate(size, self.max_blocks, "cpu")
+        static_batch = self._stage(static, input_ids, batch)
+        hidden, cos_sin = self.model.layer_inputs(input_ids, static_batch)
+        tape = Tape()
+        with KeptTensors() as keep, recording(tape):
+            out = self.model.run_layers(hidden, cos_sin, static_batch, self.kv_caches)
+        rec = Recorded(static, hidden, cos_sin, tape.calls, out, keep.kept)
+        if keep.computed:
+            log.info("decode steps run eagerly: the layers compute with torch (%s), which a replay "
+                     "of their C kernel calls would skip", ", ".join(sorted(set(keep.computed))))
+            self.enabled = False
+        return rec, self._logits(rec, batch)
+
+    def _verify(self, size: int, rec: Recorded, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """This step eagerly and replayed (each writes the same k and v into the same slots)."""
+        eager = self.model.logits(self.model.forward(input_ids, batch, self.kv_caches))
+        if torch.equal(self._replay(rec, input_ids, batch), eager):
+            rec.verified = True
+        else:
+            log.warning("decode replay of %d sequence(s) differs from the eager step (the layers run "
+                        "something besides the C kernels): decode steps run eagerly", size)
+            self.enabled, self.recorded = False, {}
+        return eager
+
+    def _replay(self, rec: Recorded, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        hidden, cos_sin = self.model.layer_inputs(input_ids, self._stage(rec.static, input_ids, batch))
+        rec.hidden.copy_(hidden)
+        for rope, (cos, sin) in cos_sin.items():
+            rec.cos_sin[rope][0].copy_(cos)
+            rec.cos_sin[rope][1].copy_(sin)
+        for call in rec.calls:
+            status = call()
+            if status:
+                raise ReplayFailed(f"replayed kernel {call.fn.__name__} returned {status}")
+        return self._logits(rec, batch)
+
+    def _stage(self, static: StaticDecode, input_ids: torch.Tensor, batch: ForwardBatch) -> ForwardBatch:
+        """The batch's inputs in `static`, checked as the attention kernel's wrapper checks
+        them (a replay has no wrapper in front of the C code)."""
+        decode = batch.decode
+        assert decode is not None                     # replay_size sent only decode batches
+        n = static.fill(input_ids, decode, batch)
+        lens = static.lens[:n]
+        if not 1 <= int(lens.min()) <= int(lens.max()) <= self.max_blocks * self.block_size:
+            raise ValueError("decode replay: context_lens must be in [1, max_blocks * block_size]")
+        return static.batch(n)
+
+    def _logits(self, rec: Recorded, batch: ForwardBatch) -> torch.Tensor:
+        return self.model.logits(self.model.final_hidden(*rec.out, batch))
