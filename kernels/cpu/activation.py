@@ -20,5 +20,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return activation.silu_and_mul(x)
     rows, width = x.shape[0], x.shape[1] // 2
     out = torch.empty(rows, width, dtype=x.dtype)
-    _fn(x.data_ptr(), out.data_ptr(), rows, width, torch.get_num_threads())
+    _fn(x, out, rows, width, torch.get_num_threads())
     return out

@@ -25,12 +25,12 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from kernels.cpu.tape import Kernel
 
 HERE = Path(__file__).resolve().parent
 # -ffast-math lets the compiler reorder float sums into vector lanes and call glibc's
@@ -88,59 +88,12 @@ def prebuild(folder: Path) -> list[Path]:
     return built
 
 
-@dataclass(frozen=True)
-class Call:
-    """One call of a C kernel as it was made: `fn(*args)` again makes it again, on the
-    memory its pointers name."""
-    fn: ctypes._CFuncPtr
-    args: tuple[Any, ...]
+def function(name: str, symbol: str, argtypes: list, restype=None) -> "Kernel":
+    """`symbol` of kernels/cpu/<name>.c with its C types (kernels/cpu/tape.py's Kernel:
+    a pointer argument is given as a tensor, or None for NULL). ctypes lets go of the GIL
+    during the call."""
+    from kernels.cpu.tape import Kernel     # torch's: this module is the pool's too
 
-    def __call__(self) -> Any:
-        return self.fn(*self.args)
-
-
-class Tape:
-    """The C kernel calls made inside `recording(tape)`, in order (runtime/engine/
-    cpu_replay.py replays a decode step's)."""
-
-    def __init__(self) -> None:
-        self.calls: list[Call] = []
-
-
-# The tape of the recording under way in this thread's context, if any: a dynamic
-# extent, as torch.cuda.graph's capture is, rather than an argument every kernel wrapper
-# would pass down.
-_RECORDING: ContextVar[Optional[Tape]] = ContextVar("thawpool_kernel_tape", default=None)
-
-
-@contextmanager
-def recording(tape: Tape) -> Iterator[Tape]:
-    """Every Kernel called inside is also appended to `tape`."""
-    token = _RECORDING.set(tape)
-    try:
-        yield tape
-    finally:
-        _RECORDING.reset(token)
-
-
-class Kernel:
-    """A C function of a kernel library, called as ctypes calls it (restype: its status,
-    where it has one), and recorded on the tape of a `recording` under way."""
-
-    def __init__(self, fn: ctypes._CFuncPtr):
-        self.fn = fn
-        self.name: str = fn.__name__
-
-    def __call__(self, *args: Any) -> Any:
-        tape = _RECORDING.get()
-        if tape is not None:
-            tape.calls.append(Call(self.fn, args))
-        return self.fn(*args)
-
-
-def function(name: str, symbol: str, argtypes: list, restype=None) -> Kernel:
-    """`symbol` of kernels/cpu/<name>.c with its C types; pointers are c_void_p
-    (tensor.data_ptr(), or None for NULL). ctypes lets go of the GIL during the call."""
     fn = getattr(load(name), symbol)
     fn.argtypes = argtypes
     fn.restype = restype

@@ -113,7 +113,7 @@ def decoded_linear(x2: torch.Tensor, w: GroupQuantized, bias: Optional[torch.Ten
     view = _view(w)
     b = _bias(bias)
     out = torch.empty(x2.shape[0], view.n)
-    if _linear_f32(x2.data_ptr(), x2.stride(0), ctypes.byref(view), _pointer(b), out.data_ptr(),
+    if _linear_f32(x2, x2.stride(0), ctypes.byref(view), b, out,
                    x2.shape[0], torch.get_num_threads()) != 0:
         raise MemoryError("group_linear: no memory for the per-thread group scales")
     return out
@@ -141,7 +141,7 @@ def dequantize(w: GroupQuantized, start: int = 0, stop: Optional[int] = None) ->
     n, k = w.shape
     stop = n if stop is None else stop
     out = torch.empty(stop - start, k)
-    if _dequantize(ctypes.byref(_view(w)), start, stop, out.data_ptr(), torch.get_num_threads()) != 0:
+    if _dequantize(ctypes.byref(_view(w)), start, stop, out, torch.get_num_threads()) != 0:
         raise MemoryError("group_linear: no memory for the per-thread group scales")
     return out
 
@@ -160,10 +160,10 @@ def w4a8_linear(x: torch.Tensor, w: GroupQuantized, bias: Optional[torch.Tensor]
     xq = torch.empty(rows, k_pad, dtype=torch.int8)
     xscale, xsum = torch.empty(rows), torch.empty(rows, k_pad // 32)
     threads = torch.get_num_threads()
-    _quantize_x(x2.data_ptr(), x2.stride(0), rows, k, xq.data_ptr(), xscale.data_ptr(), xsum.data_ptr(), threads)
+    _quantize_x(x2, x2.stride(0), rows, k, xq, xscale, xsum, threads)
     b = _bias(bias)
     out = torch.empty(rows, n)
-    if _linear_a8(xq.data_ptr(), xscale.data_ptr(), xsum.data_ptr(), ctypes.byref(_view(w)), _pointer(b),
-                  out.data_ptr(), rows, threads) != 0:
+    if _linear_a8(xq, xscale, xsum, ctypes.byref(_view(w)), b,
+                  out, rows, threads) != 0:
         raise MemoryError("w4a8_linear: no memory for the per-thread block scales")
     return out.to(x.dtype).reshape(*x.shape[:-1], n)

@@ -32,7 +32,7 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
         return int8.int8_linear(x, qweight, scale, bias)
     qweight, scale = qweight.contiguous(), scale.to(torch.float32).contiguous()
     out = torch.empty(x2.shape[0], n, dtype=torch.float32)
-    status = _fn(x2.data_ptr(), x2.stride(0), qweight.data_ptr(), scale.data_ptr(), out.data_ptr(),
+    status = _fn(x2, x2.stride(0), qweight, scale, out,
                  x2.shape[0], n, k, torch.get_num_threads())
     if status != 0:
         raise MemoryError("int8_linear: no memory for the widened weight panels")

@@ -34,6 +34,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     weight = weight.contiguous()
     bias = None if bias is None else bias.contiguous()
     out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.float32)
-    _fn(rows.data_ptr(), rows.stride(0), weight.data_ptr(), None if bias is None else bias.data_ptr(),
-        out.data_ptr(), rows.shape[0], weight.shape[0], weight.shape[1], torch.get_num_threads())
+    _fn(rows, rows.stride(0), weight, bias,
+        out, rows.shape[0], weight.shape[0], weight.shape[1], torch.get_num_threads())
     return out.view(*x.shape[:-1], weight.shape[0])

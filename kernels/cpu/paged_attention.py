@@ -48,8 +48,8 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         attention.write_kv(k, v, k_cache, v_cache, slot_mapping)
         return
     width = num_kv_heads * dim
-    if _write_kv(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(),
-                 v_cache.data_ptr(), slot_mapping.data_ptr(), tokens, width, k_cache.numel() // width) != 0:
+    if _write_kv(k, k.stride(0), v, v.stride(0), k_cache,
+                 v_cache, slot_mapping, tokens, width, k_cache.numel() // width) != 0:
         raise ValueError("write_kv: a slot outside the cache")
 
 
@@ -72,8 +72,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError("paged_decode_attention: context_lens must be in [1, block_tables "
                          "width * block_size]")
     out = torch.empty_like(q)
-    status = fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-                lens.data_ptr(), out.data_ptr(), batch, num_heads, num_kv_heads, dim,
+    status = fn(q, k_cache, v_cache, tables,
+                lens, out, batch, num_heads, num_kv_heads, dim,
                 block_size, tables.shape[1], scale, window or 0, softcap or 0.0,
                 torch.get_num_threads())
     if status != 0:
@@ -102,8 +102,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     tables = block_tables.to(torch.int32).contiguous()
     lens = torch.tensor(context_lens, dtype=torch.int32)
     out = torch.empty_like(q)
-    status = fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-                starts.data_ptr(), lens.data_ptr(), out.data_ptr(), len(query_lens),
+    status = fn(q, k_cache, v_cache, tables,
+                starts, lens, out, len(query_lens),
                 q.shape[1], num_kv_heads, q.shape[2], block_size, tables.shape[1], scale,
                 window or 0, softcap or 0.0, torch.get_num_threads())
     if status != 0:

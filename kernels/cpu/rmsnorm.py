@@ -25,7 +25,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if not _in_c(x, weight=weight):
         return rmsnorm.rms_norm(x, weight, eps)
     out = torch.empty(x.shape, dtype=x.dtype)
-    _fn(x.data_ptr(), x.stride(0), None, 0, weight.data_ptr(), out.data_ptr(), None,
+    _fn(x, x.stride(0), None, 0, weight, out, None,
         x.shape[0], x.shape[1], eps, torch.get_num_threads())
     return out
 
@@ -36,7 +36,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
         return rmsnorm.fused_add_rms_norm(x, residual, weight, eps)
     out = torch.empty(x.shape, dtype=x.dtype)
     residual_out = torch.empty(x.shape, dtype=x.dtype)
-    _fn(x.data_ptr(), x.stride(0), residual.data_ptr(), residual.stride(0), weight.data_ptr(),
-        out.data_ptr(), residual_out.data_ptr(), x.shape[0], x.shape[1], eps,
+    _fn(x, x.stride(0), residual, residual.stride(0), weight,
+        out, residual_out, x.shape[0], x.shape[1], eps,
         torch.get_num_threads())
     return out, residual_out

@@ -23,6 +23,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     cos = cos.to(torch.float32).contiguous()
     sin = sin.to(torch.float32).contiguous()
     out = torch.empty(x.shape, dtype=x.dtype)
-    _fn(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
+    _fn(x, x.stride(0), cos, sin, out,
         tokens, heads, dim, torch.get_num_threads())
     return out

@@ -55,15 +55,15 @@ def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
     xscale, zero = torch.empty(rows), torch.empty(rows, dtype=torch.int32)
     outlying, cols = torch.empty(rows, c), torch.empty(c, dtype=torch.int64)
     threads = torch.get_num_threads()
-    if _quantize(x2.data_ptr(), x2.stride(0), rows, k, c, xq.data_ptr(), xscale.data_ptr(), zero.data_ptr(),
-                 outlying.data_ptr(), cols.data_ptr(), threads) != 0:
+    if _quantize(x2, x2.stride(0), rows, k, c, xq, xscale, zero,
+                 outlying, cols, threads) != 0:
         raise MemoryError("w8a8_linear: no memory for the column maxima")
     acc = torch._int_mm(xq, qweight.t())                      # [T + 1, N] int32, exact
     scale = scale.to(torch.float32).contiguous()
     bias = None if bias is None else bias.to(torch.float32).contiguous()
     out = torch.empty(rows, n)
-    if _epilogue(acc.data_ptr(), rows, n, zero.data_ptr(), xscale.data_ptr(), scale.data_ptr(),
-                 None if bias is None else bias.data_ptr(), outlying.data_ptr(), qweight.contiguous().data_ptr(),
-                 k, cols.data_ptr(), c, out.data_ptr(), threads) != 0:
+    if _epilogue(acc, rows, n, zero, xscale, scale,
+                 bias, outlying, qweight.contiguous(),
+                 k, cols, c, out, threads) != 0:
         raise MemoryError("w8a8_linear: no memory for the outlier channels' weights")
     return out.to(x.dtype).reshape(*x.shape[:-1], n)

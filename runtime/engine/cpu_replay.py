@@ -8,14 +8,12 @@ views) costs about a third of the step. As a CUDA graph does on a GPU
 on only does it again:
 
 - record: the first decode step of n sequences (1 <= n <= MAX_ROWS) runs eagerly over
-  static input buffers while kernels/cpu/build.py's tape notes every C call, and every
-  tensor the layers make is kept alive (its memory is what the calls' pointers name);
-- refuse: a torch op that computed inside the layers (a torch linear, as fp32 weights
-  use; a fused projection stitched by torch.cat) would be skipped by a replay: it is
-  noticed while recording, and replays are then off for this engine (every step runs
-  eagerly, as before);
+  static input buffers while kernels/cpu/tape.py's tape notes every C call with the
+  tensors it was given, kept alive (their memory is what the calls' pointers name);
 - verify: the next step of n runs both ways, eagerly and replayed, and the two must agree
-  bit for bit, or replays are off (a warning: the check above should have seen why);
+  bit for bit. A torch op inside the layers (a torch linear, as fp32 and bf16 weights
+  use; a fused projection stitched by torch.cat) is skipped by a replay, whose result
+  then differs: replays are off for this engine, and every step runs eagerly as before;
 - replay: later steps copy their inputs (embedded rows, cos and sin, slots, block tables,
   context lengths) into the recorded ones and make the recorded calls again.
 
@@ -31,10 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernels.cpu.build import Call, Tape, recording
+from kernels.cpu.tape import Tape, recording
 from runtime.engine.cuda_graphs import StaticDecode, replay_size
 from runtime.models.batch import ForwardBatch
 
@@ -45,58 +41,14 @@ log = logging.getLogger(__name__)
 MAX_ROWS = 8
 
 
-# Ops that make fresh tensors without computing what a kernel reads: allocations, and the
-# reductions the wrappers' checks read on the host (replays check in `_stage` instead).
-FRESH_BUT_NOT_COMPUTED = frozenset({"aten.empty.memory_format", "aten.empty_like.default",
-                                    "aten.min.default", "aten.max.default"})
-
-
-class KeptTensors(TorchDispatchMode):
-    """Every tensor made inside, kept: a recorded call's pointers must stay valid. Notes
-    the torch ops that computed a tensor (an output in memory of its own that is not an
-    allocation): a replay, which makes only the C calls, would leave theirs stale."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kept: list[Any] = []
-        self.computed: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        out = func(*args, **(kwargs or {}))
-        self.kept.append(out)
-        if str(func) not in FRESH_BUT_NOT_COMPUTED and not _views_only(out, args):
-            self.computed.append(str(func))
-        return out
-
-
-def _tensors(tree: Any) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
-
-
-def _views_only(out: Any, args: Any) -> bool:
-    """Whether every tensor `out` holds shares memory with a tensor of `args` (a view,
-    a detach, a .to that changed nothing)."""
-    inputs = {_memory(t) for t in _tensors(args)} - {None}
-    return all(_memory(t) in inputs for t in _tensors(out))
-
-
-def _memory(t: torch.Tensor) -> Optional[int]:
-    """The address of t's storage; None for a tensor without one (oneDNN's packed weights)."""
-    try:
-        return int(t.untyped_storage().data_ptr())
-    except (NotImplementedError, RuntimeError):
-        return None
-
-
 @dataclass
 class Recorded:
     """One batch size's recording: its inputs, its calls and its outputs."""
     static: StaticDecode
     hidden: torch.Tensor                                   # the layers' input rows
     cos_sin: dict[Any, tuple[torch.Tensor, torch.Tensor]]  # per rope, as the layers read them
-    calls: list[Call]
+    tape: Tape                                             # the calls, and the tensors they name
     out: tuple[torch.Tensor, torch.Tensor]                 # the last layer's output, the residual
-    kept: list[Any]
     verified: bool = False
 
 
@@ -138,24 +90,21 @@ class DecodeReplays:
         static = StaticDecode.allocate(size, self.max_blocks, "cpu")
         static_batch = self._stage(static, input_ids, batch)
         hidden, cos_sin = self.model.layer_inputs(input_ids, static_batch)
-        tape = Tape()
-        with KeptTensors() as keep, recording(tape):
+        with recording(Tape()) as tape:
             out = self.model.run_layers(hidden, cos_sin, static_batch, self.kv_caches)
-        rec = Recorded(static, hidden, cos_sin, tape.calls, out, keep.kept)
-        if keep.computed:
-            log.info("decode steps run eagerly: the layers compute with torch (%s), which a replay "
-                     "of their C kernel calls would skip", ", ".join(sorted(set(keep.computed))))
-            self.enabled = False
+        rec = Recorded(static, hidden, cos_sin, tape, out)
         return rec, self._logits(rec, batch)
 
     def _verify(self, size: int, rec: Recorded, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """This step eagerly and replayed (each writes the same k and v into the same slots)."""
+        """This step replayed, then eagerly: a replay that is wrong writes wrong k and v
+        into this step's slots, which the eager step then writes again, right."""
+        replayed = self._replay(rec, input_ids, batch)
         eager = self.model.logits(self.model.forward(input_ids, batch, self.kv_caches))
-        if torch.equal(self._replay(rec, input_ids, batch), eager):
+        if torch.equal(replayed, eager):
             rec.verified = True
         else:
-            log.warning("decode replay of %d sequence(s) differs from the eager step (the layers run "
-                        "something besides the C kernels): decode steps run eagerly", size)
+            log.info("decode steps run eagerly: a replay of %d sequence(s) differs from the eager "
+                     "step (the layers compute with torch besides the C kernels)", size)
             self.enabled, self.recorded = False, {}
         return eager
 
@@ -165,7 +114,7 @@ class DecodeReplays:
         for rope, (cos, sin) in cos_sin.items():
             rec.cos_sin[rope][0].copy_(cos)
             rec.cos_sin[rope][1].copy_(sin)
-        for call in rec.calls:
+        for call in rec.tape.calls:
             status = call()
             if status:
                 raise ReplayFailed(f"replayed kernel {call.fn.__name__} returned {status}")
