@@ -42,6 +42,7 @@ class KernelSet:
     fused_add_rms_norm: Callable        # (x, residual, weight, eps) -> (normed, residual_out)
     apply_rotary: Callable              # (x [T,n,D], cos [T,D/2], sin [T,D/2]) -> [T,n,D]
     write_kv: Callable                  # (k [T,nkv,D], v, k_cache, v_cache, slot_mapping [T] long) -> None
+    lora_delta: Callable                # (x [T,K], a [L,R,K], b [L,N,R], slots [T] long) -> [T,N] fp32
     paged_decode_attention: Callable    # (q [B,nh,D], k_cache, v_cache, block_tables, context_lens, scale,
                                         #  window=None, softcap=None)
     paged_prefill_attention: Callable   # (q [T,nh,D], k_cache, v_cache, block_tables, query_lens, context_lens,
@@ -90,11 +91,12 @@ def get_kernels(device: torch.device | str, features: Optional[CpuFeatures] = No
 
 
 def reference_kernels() -> KernelSet:
-    from kernels import activation, attention, fp8, group_quant, int8, linear, rmsnorm, rotary
+    from kernels import activation, attention, fp8, group_quant, int8, linear, lora, rmsnorm, rotary
 
     return KernelSet(backend="torch", rms_norm=rmsnorm.rms_norm,
                      fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
                      apply_rotary=rotary.apply_rotary, write_kv=attention.write_kv,
+                     lora_delta=lora.lora_delta,
                      paged_decode_attention=attention.paged_decode_attention,
                      paged_prefill_attention=attention.paged_prefill_attention,
                      prefill_attention=attention.prefill_attention,
@@ -112,13 +114,14 @@ def _cpu_kernels() -> KernelSet:
     # oneDNN's prepacked linear is torch's own: it needs no compiler
     with_onednn = dataclasses.replace(reference_kernels(), pack_linear=linear.pack, linear=linear.linear)
     try:
-        from kernels.cpu import activation, group_linear, int8_matmul, paged_attention, rmsnorm, rotary
+        from kernels.cpu import activation, group_linear, int8_matmul, lora, paged_attention, rmsnorm, rotary
     except NativeUnavailable as exc:
         log.warning("CPU C kernels unavailable, using the torch references: %s", exc)
         return with_onednn
     return dataclasses.replace(with_onednn, backend="cpu", rms_norm=rmsnorm.rms_norm,
                                fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
                                apply_rotary=rotary.apply_rotary, write_kv=paged_attention.write_kv,
+                               lora_delta=lora.lora_delta,
                                paged_decode_attention=paged_attention.paged_decode_attention,
                                paged_prefill_attention=paged_attention.paged_prefill_attention,
                                prefill_attention=paged_attention.prefill_attention,

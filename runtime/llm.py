@@ -37,14 +37,20 @@ class LLM:
         self.close()
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
-                 params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[CompletionOutput]:
+                 params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 lora: Union[str, Sequence[Optional[str]], None] = None) -> list[CompletionOutput]:
+        """lora: the adapter (engine.add_lora's name) of every prompt, or one per prompt
+        (None: the base model)."""
         prompts = _as_list(prompts)
         params_list = _params_for(prompts, params)
+        loras = [lora] * len(prompts) if lora is None or isinstance(lora, str) else list(lora)
+        if len(loras) != len(prompts):
+            raise ValueError(f"lora: {len(loras)} adapters for {len(prompts)} prompts")
         jobs: dict[str, _Job] = {}
-        for prompt, p in zip(prompts, params_list):
+        for prompt, p, adapter in zip(prompts, params_list, loras):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             request_id = str(next(self._ids))
-            self.engine.add_request(request_id, ids, p)
+            self.engine.add_request(request_id, ids, p, lora=adapter)
             for sample_id in sample_ids(request_id, p.n):   # n > 1: prompt i's j-th at i * n + j
                 jobs[sample_id] = _Job(CompletionOutput(sample_id, ids), self._detokenizer(p))
         order = list(jobs)

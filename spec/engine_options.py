@@ -24,7 +24,7 @@ KV_CACHE_DTYPES = ("auto", "bfloat16")
 TASKS = ("generate", "embed")
 POOLINGS = ("last", "mean")
 POSITIVE = ("kv_cache_tokens", "block_size", "max_num_seqs", "max_num_batched_tokens",
-            "max_model_len", "tensor_parallel_size")
+            "max_model_len", "tensor_parallel_size", "max_lora_rank")
 
 
 class InvalidOption(ValueError):
@@ -62,6 +62,8 @@ class EngineOptions:
     cuda_graphs: bool = False                    # decode steps replayed as CUDA graphs (runtime/engine/cuda_graphs.py)
     cpu_low_precision: bool = False              # bf16 / W8A8 GEMMs where the CPU has them (kernels/cpu/features.py)
     cpu_replay: bool = True                      # CPU decode steps replayed (runtime/engine/cpu_replay.py)
+    max_loras: int = 0                           # LoRA adapter slots (runtime/lora/); 0: no adapters
+    max_lora_rank: int = 16                      # the highest adapter rank the slots hold
 
     def validate(self) -> None:
         """InvalidOption for the first option of the wrong type or value, or that the others
@@ -84,6 +86,11 @@ class EngineOptions:
         if self.cuda_graphs and not (self.device.startswith("cuda") and self.tensor_parallel_size == 1):
             raise InvalidOption("cuda_graphs", "decode graphs need a CUDA device and one rank "
                                 f"(device {self.device!r}, tensor_parallel_size {self.tensor_parallel_size})")
+        if self.max_loras < 0:
+            raise InvalidOption("max_loras", "must be 0 (no adapters) or more")
+        if self.max_loras and self.tensor_parallel_size > 1:
+            raise InvalidOption("max_loras", "adapters run on one rank for now "
+                                f"(tensor_parallel_size {self.tensor_parallel_size})")
         if self.batch_invariant and not self.device.startswith("cpu"):
             raise InvalidOption("batch_invariant", "the batch-invariant kernels are the CPU's; "
                                                    f"device {self.device!r} has none yet")
@@ -107,7 +114,8 @@ OPTIONS = frozenset(KINDS)
 TENANT_OPTIONS = frozenset({"dtype", "kv_cache_tokens", "enable_prefix_caching", "speculative",
                             "quantization", "tensor_parallel_size", "max_num_seqs",
                             "max_num_batched_tokens", "max_model_len", "block_size", "seed",
-                            "task", "pooling", "kv_cache_dtype", "batch_invariant", "cpu_low_precision"})
+                            "task", "pooling", "kv_cache_dtype", "batch_invariant", "cpu_low_precision",
+                            "max_loras", "max_lora_rank"})
 _TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
                dict: "a JSON object"}
 

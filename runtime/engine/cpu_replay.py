@@ -72,7 +72,9 @@ class DecodeReplays:
     def run(self, input_ids: torch.Tensor, batch: ForwardBatch) -> Optional[torch.Tensor]:
         """Logits of the batch's logits_indices rows, as the eager step computes them;
         None when this batch runs eagerly (the caller runs it)."""
-        size = replay_size(int(input_ids.shape[0]), batch, self.sizes, self.max_blocks) if self.enabled else None
+        # adapters' deltas are computed in torch, which a replay would skip
+        replayable = self.enabled and batch.lora_slots is None
+        size = replay_size(int(input_ids.shape[0]), batch, self.sizes, self.max_blocks) if replayable else None
         if size is None:
             return None
         rec = self.recorded.get(size)

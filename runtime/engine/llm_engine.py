@@ -29,6 +29,7 @@ from wire.sampling import SamplingParams, validate_prompt_ids
 
 if TYPE_CHECKING:
     from runtime.engine.model_runner import ModelRunner
+    from runtime.lora.adapter import LoraAdapter
 
 
 def check_plain_sampling(params: SamplingParams) -> None:
@@ -91,7 +92,7 @@ class LLMEngine:
             max_num_seqs=self.config.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
-            num_lookahead_slots=self._lookahead()), self.block_manager)
+            num_lookahead_slots=self._lookahead(), max_loras=self.config.max_loras), self.block_manager)
         self.speculator: Optional[Speculator] = None
         if self.config.speculative is not None:
             self.speculator = make_speculator(self.config.speculative, self.config,
@@ -99,6 +100,7 @@ class LLMEngine:
         self.structured = self.runner.structured = StructuredOutputs(
             model, self.model_config.vocab_size, self._eos)
         self._aborts: list[str] = []   # applied at the start of the next step
+        self.adapters: dict[str, LoraAdapter] = {}   # add_lora's, on the host
         self.step_s = 0.0          # wall time inside step()
 
     @cached_property
@@ -111,21 +113,52 @@ class LLMEngine:
     # the engine core's CoreLoop). The requests it holds are the scheduler's `requests`.
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    cache_salt: Optional[str] = None) -> None:
+                    cache_salt: Optional[str] = None, lora: Optional[str] = None) -> None:
         """The one check of a request against the model; ValueError naming the field for
-        token ids outside the vocabulary, bad parameters, a duplicate id or a prompt that
-        could never run. The request joins the batch at the next step."""
+        token ids outside the vocabulary, bad parameters, a duplicate id, a prompt that
+        could never run or an adapter the engine does not hold. The request joins the
+        batch at the next step; `lora` names the adapter (add_lora) it runs with."""
         validate_prompt_ids(prompt_token_ids, self.model_config.vocab_size)
         params.validate(self.model_config.vocab_size)
         self.structured.check(params)   # the grammar compiles for this tokenizer
         if self.config.speculative is not None:
             check_plain_sampling(params)
         salt = cache_salt if cache_salt is not None else self.config.cache_salt
+        if lora is not None:
+            self._check_lora(lora)
+            # no KV is shared across adapters: each one's blocks hash apart
+            salt = f"{salt or ''}\x00lora:{lora}"
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids),
                           params=params, arrival_time=time.monotonic(),
-                          eos_token_ids=self._eos, cache_salt=salt)
+                          eos_token_ids=self._eos, cache_salt=salt, lora=lora)
         request.samples = sample_requests(request)   # n > 1: ids request_id/1 .. /n-1
         self.scheduler.add(request)
+
+    # ---- adapters
+
+    def add_lora(self, name: str, folder: str) -> None:
+        """Hold the PEFT adapter in `folder` (host memory) under `name`; it moves into an
+        adapter slot when a request for it is admitted. ValueError naming the field for an
+        adapter the engine cannot apply (runtime/lora/adapter.py) or a name taken."""
+        if not self.config.max_loras:
+            raise ValueError("lora: this engine has no adapter slots (max_loras is 0)")
+        if name in self.adapters:
+            raise ValueError(f"lora: an adapter named {name!r} is already loaded")
+        from runtime.lora.adapter import read_adapter    # torch's: imported after the weights load
+
+        self.adapters[name] = read_adapter(name, folder, self.model_config, self.config.max_lora_rank)
+
+    def remove_lora(self, name: str) -> None:
+        """Let the adapter go; ValueError while a request the engine holds uses it."""
+        if any(r.lora == name for r in self.scheduler.requests.values()) or not self.scheduler.adapters.forget(name):
+            raise ValueError(f"lora: adapter {name!r} is in use by a request")
+        self.adapters.pop(name, None)
+
+    def _check_lora(self, name: str) -> None:
+        if name not in self.adapters:
+            raise ValueError(f"lora: no adapter named {name!r} is loaded")
+        if self.config.speculative is not None:
+            raise ValueError("lora: adapters do not run with speculative decoding yet")
 
     def abort_request(self, request_id: str) -> None:
         """The request's blocks are freed, and its last output (finish_reason "abort") made,
@@ -146,6 +179,8 @@ class LLMEngine:
         if batch.chunks or batch.finished:
             if self.speculator is not None:
                 self.speculator.propose(batch, self.scheduler.requests)
+            for slot, name in batch.lora_loads:
+                self.runner.load_lora(slot, self.adapters[name])
             result = self.runner.run(batch)
             if self.speculator is not None:
                 self.speculator.record(batch, result)

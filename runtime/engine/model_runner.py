@@ -18,6 +18,8 @@ import torch
 from kernels.dispatch import get_kernels
 from runtime.core.config import EngineConfig, ModelConfig
 from runtime.engine.cpu_replay import DecodeReplays
+from runtime.lora.adapter import LoraAdapter
+from runtime.lora.weights import LoraWeights
 from runtime.engine.cuda_graphs import DecodeGraphs, capture_sizes, require_capturable
 from runtime.engine.pooling import Pooler
 from runtime.models.kv_memory import kv_cache_dtype
@@ -73,6 +75,10 @@ class ModelRunner:
             context_len=self.max_len, batch_invariant=config.batch_invariant,
             low_precision=config.cpu_low_precision)
         self.model.load(config.model, timings, self._packed_cache())
+        if config.max_loras:
+            if model_config.moe is not None:
+                raise ValueError("max_loras: adapters on a mixture-of-experts model are not supported")
+            self.model.lora = LoraWeights(model_config, config.max_loras, config.max_lora_rank, self.device)
         since = time.perf_counter()
         self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, DTYPES[config.dtype])
         self.num_blocks = self._num_blocks(model_config)
@@ -246,6 +252,12 @@ class ModelRunner:
         self.tp.disconnect()
 
     @torch.inference_mode()
+    def load_lora(self, slot: int, adapter: LoraAdapter) -> None:
+        """Copy an adapter's weights into a slot (the scheduler chose it: no running
+        request uses the slot's previous adapter)."""
+        assert self.model.lora is not None, "an engine without adapter slots placed an adapter"
+        self.model.lora.load(slot, adapter)
+
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write of forked KV blocks (n > 1), on every rank: dst <- src, every layer."""
         def local() -> None:
@@ -328,11 +340,13 @@ class ModelRunner:
             if c.sample:
                 ends.extend(range(row - 1 - len(c.draft_token_ids), row))
         dev = self.device
+        adapters = [-1 if c.lora_slot is None else c.lora_slot for c in chunks for _ in range(_num_rows(c))]
         fwd = ForwardBatch(
             positions=torch.cat(positions).to(dev) if len(positions) > 1 else positions[0].to(dev),
             slot_mapping=torch.cat(slots).to(dev) if len(slots) > 1 else slots[0].to(dev),
             logits_indices=torch.tensor(ends, dtype=torch.long, device=dev),
-            prefill=prefill, decode=decode)
+            prefill=prefill, decode=decode,
+            lora_slots=torch.tensor(adapters, dtype=torch.long, device=dev) if max(adapters) >= 0 else None)
         return torch.tensor(ids, dtype=torch.long, device=dev), fwd
 
     def _prefill_meta(self, chunks, positions: list, slots: list, paged: bool = False) -> PrefillMeta:

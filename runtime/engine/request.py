@@ -24,6 +24,7 @@ class Request:
     arrival_time: float
     eos_token_ids: tuple[int, ...] = ()
     cache_salt: Optional[str] = None
+    lora: Optional[str] = None                            # the adapter it runs with; None: the base
     token_ids: list[int] = field(default_factory=list)   # prompt + output, grows by one per step
     num_computed_tokens: int = 0                          # tokens whose k/v are in the cache
     num_cached_tokens: Optional[int] = None               # prefix-cache hit at first admission
@@ -94,7 +95,7 @@ def sample_requests(leader: Request) -> list[Request]:
     return [Request(request_id=ids[j], prompt_token_ids=leader.prompt_token_ids,
                     params=replace(leader.params, n=1, seed=sample_seed(leader.params.seed, j)),
                     arrival_time=leader.arrival_time, eos_token_ids=leader.eos_token_ids,
-                    cache_salt=leader.cache_salt)
+                    cache_salt=leader.cache_salt, lora=leader.lora)
             for j in range(1, len(ids))]
 
 

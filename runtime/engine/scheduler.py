@@ -17,6 +17,7 @@ from typing import Any, Optional
 from runtime.engine.block_manager import BlockManager
 from runtime.engine.outputs import RequestOutput
 from runtime.engine.request import History, Request, RequestStatus
+from runtime.lora.slots import AdapterSlots
 from wire.responses import TokenLogprobs
 from wire.sampling import SamplingParams
 
@@ -27,6 +28,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048          # prompt + output tokens of one request
     num_lookahead_slots: int = 0       # extra slots a decoding sequence holds (speculative proposals)
+    max_loras: int = 0                 # adapter slots: distinct adapters among the running requests
 
 
 @dataclass
@@ -43,6 +45,7 @@ class ScheduledChunk:
     history: Optional[History] = None    # for the logits processors (runtime/engine/penalties.py)
     # n > 1, the prompt's last chunk: the other samples, drawn from the same logits row
     forks: list[tuple[str, SamplingParams]] = field(default_factory=list)
+    lora_slot: Optional[int] = None      # the adapter slot its rows use; None: the base model
 
 
 @dataclass
@@ -51,6 +54,7 @@ class SchedulerOutput:
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)    # gone since the last step: drop their state
     copies: list[tuple[int, int]] = field(default_factory=list)   # KV blocks (src, dst) to copy first
+    lora_loads: list[tuple[int, str]] = field(default_factory=list)   # adapters (slot, name) to load first
 
     @property
     def num_tokens(self) -> int:
@@ -84,6 +88,7 @@ class Scheduler:
         self._gone: list[str] = []
         self._pending: dict[str, Request] = {}    # sample id -> its leader, until forked
         self._copies: list[tuple[int, int]] = []
+        self.adapters = AdapterSlots(config.max_loras)
 
     # ---- admission and cancellation
     def check_fits(self, num_prompt_tokens: int) -> None:
@@ -170,8 +175,14 @@ class Scheduler:
         return True
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
+        """Admit in arrival order; a request whose adapter finds no slot (every one held by
+        running requests of other adapters) is passed over, and keeps its place."""
+        passed: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if not self._place_adapter(request, out):
+                passed.append(self.waiting.popleft())
+                continue
             cached = self.blocks.cached_prefix(request.token_ids, request.cache_salt)
             num_cached = len(cached) * self.blocks.block_size
             n = min(request.num_tokens - num_cached, budget)
@@ -182,6 +193,26 @@ class Scheduler:
             self._admit(request, num_cached, now)
             out.chunks.append(self._chunk(request, n))
             budget -= n
+        self.waiting.extendleft(reversed(passed))
+
+    def _place_adapter(self, request: Request, out: SchedulerOutput) -> bool:
+        if request.lora is None:
+            return True
+        placed = self.adapters.place(request.lora)
+        if placed is None:
+            return False
+        slot, load = placed
+        if load:
+            out.lora_loads.append((slot, request.lora))
+        return True
+
+    def _pin(self, request: Request) -> None:
+        if request.lora is not None:
+            self.adapters.pin(request.lora)
+
+    def _unpin(self, request: Request) -> None:
+        if request.lora is not None:
+            self.adapters.unpin(request.lora)
 
     def _admit(self, request: Request, num_cached: int, now: float) -> None:
         request.status = RequestStatus.RUNNING
@@ -192,9 +223,11 @@ class Scheduler:
             self.stats.prefix_cache_queries += request.num_prompt_tokens
             self.stats.prefix_cache_hits += num_cached
         self.running.append(request)
+        self._pin(request)
 
     def _preempt(self, request: Request) -> None:
         self.blocks.deallocate(request.request_id)
+        self._unpin(request)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -214,6 +247,7 @@ class Scheduler:
             history=History(request.token_ids, request.num_prompt_tokens, request.eos_token_ids)
             if request.params.processes_logits else None,
             forks=[(s.request_id, s.params) for s in request.samples] if sample else [],
+            lora_slot=self.adapters.slot_of[request.lora] if request.lora is not None else None,
         )
 
     # ---- after the forward pass
@@ -269,6 +303,7 @@ class Scheduler:
         sample.status = RequestStatus.RUNNING
         sample.num_computed_tokens = computed
         self.running.append(sample)
+        self._pin(sample)
 
     def _drop_sample(self, sample_id: str, now: float) -> Request:
         leader = self._pending.pop(sample_id)
@@ -324,6 +359,7 @@ class Scheduler:
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
             self.blocks.deallocate(request.request_id)
+            self._unpin(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.finish_time = now

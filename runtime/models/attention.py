@@ -15,6 +15,7 @@ import torch
 from runtime.models.batch import ForwardBatch, PrefillMeta
 from runtime.models.rope import Rotary
 from runtime.load.quantization import linear
+from runtime.lora.weights import LayerLora
 from runtime.tensor_parallel.shards import TensorParallel
 
 CosSin = tuple[torch.Tensor, torch.Tensor]      # [T, rotary_dim / 2] each, fp32
@@ -31,9 +32,11 @@ class Attention:
         self.ops, self.tp = ops, tp
 
     def __call__(self, x: torch.Tensor, layer: Any, rotary: Rotary, cos_sin: CosSin, window: Optional[int],
-                 batch: ForwardBatch, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """x [T, H] -> [T, H]; layer: LayerWeights (qkv, qkv_bias, q_norm, k_norm, o)."""
-        q, k, v = self._qkv(x, layer, rotary, cos_sin)
+                 batch: ForwardBatch, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                 lora: Optional[LayerLora] = None) -> torch.Tensor:
+        """x [T, H] -> [T, H]; layer: LayerWeights (qkv, qkv_bias, q_norm, k_norm, o);
+        lora: the tokens' adapters on this layer's projections."""
+        q, k, v = self._qkv(x, layer, rotary, cos_sin, lora)
         k_cache, v_cache = kv_cache
         self.ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         parts, n = [], 0
@@ -44,13 +47,17 @@ class Attention:
             parts.append(self.ops.paged_decode_attention(
                 q[n:], k_cache, v_cache, batch.decode.block_tables, batch.decode.context_lens,
                 self.scale, window=window, softcap=self.softcap))
-        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        return self.tp.all_reduce(linear(out.reshape(x.shape[0], -1), layer.o, None, self.ops))
+        out = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)).reshape(x.shape[0], -1)
+        projected = linear(out, layer.o, None, self.ops)
+        return self.tp.all_reduce(projected if lora is None else lora.add("o", projected, out))
 
-    def _qkv(self, x, layer, rotary: Rotary, cos_sin: CosSin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _qkv(self, x, layer, rotary: Rotary, cos_sin: CosSin,
+             lora: Optional[LayerLora]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, H] -> q [T, nh, D], k and v [T, nkv, D]; q and k normed and rotated."""
         t, nh, nkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = linear(x, layer.qkv, layer.qkv_bias, self.ops)
+        if lora is not None:
+            qkv = lora.add("qkv", qkv, x)
         q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
         q, k = q.view(t, nh, d), k.view(t, nkv, d)
         if layer.q_norm is not None:

@@ -33,3 +33,5 @@ class ForwardBatch:
     logits_indices: torch.Tensor           # [N] long, rows whose next token is sampled
     prefill: Optional[PrefillMeta] = None  # rows [0, prefill.num_tokens)
     decode: Optional[DecodeMeta] = None    # the remaining rows, one per sequence
+    lora_slots: Optional[torch.Tensor] = None   # [T] long, each row's adapter slot (-1: the base);
+                                                # None: no row has an adapter

@@ -47,6 +47,7 @@ from runtime.load.checkpoint_formats import checkpoint_format
 from runtime.load.quantization import (Weight, WeightMemory, linear, map_weight, pack_layer, quantize_layer,
                                        stack_rows, weight_memory)
 from runtime.tensor_parallel.shards import TensorParallel
+from runtime.lora.weights import LayerLora, LoraWeights
 
 KVCache = tuple[torch.Tensor, torch.Tensor]        # one layer's k_cache, v_cache
 CosSinByRope = dict[Rotary, tuple[torch.Tensor, torch.Tensor]]   # [T, rotary_dim / 2] each
@@ -121,6 +122,7 @@ class DecoderModel:
         self.lm_head: Optional[Weight] = None
         self.packed_mapping: Optional[mmap.mmap] = None     # the cache file the layers live in
         self.packed_writer: Optional[Future[int]] = None    # the cache file being written
+        self.lora: Optional[LoraWeights] = None             # the adapter slots, where the engine has some
 
     def _use_kernels(self, ops: KernelSet) -> None:
         """Run with `ops`: the blocks hold their kernels."""
@@ -324,13 +326,18 @@ class DecoderModel:
         """Every decoder layer: the last one's output and the residual stream it adds to."""
         residual = hidden
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
-            rotary = self.rotaries[i]
+            rotary, lora = self.rotaries[i], self._lora(i, batch)
             x, residual = self._add_norm(hidden, residual if i else None, layer.attn_norm)
-            hidden = self.attention(x, layer, rotary, cos_sin[rotary], self.windows[i], batch, kv_cache)
+            hidden = self.attention(x, layer, rotary, cos_sin[rotary], self.windows[i], batch, kv_cache, lora)
             hidden = self._out_norm(hidden, layer.attn_out_norm)
             x, residual = self._add_norm(hidden, residual, layer.mlp_norm)
-            hidden = self._out_norm(self._feed_forward(x, layer), layer.mlp_out_norm)
+            hidden = self._out_norm(self._feed_forward(x, layer, lora), layer.mlp_out_norm)
         return hidden, residual
+
+    def _lora(self, i: int, batch: ForwardBatch) -> Optional[LayerLora]:
+        if self.lora is None or batch.lora_slots is None:
+            return None
+        return LayerLora(self.lora.layers[i], batch.lora_slots, self.ops.lora_delta)
 
     def final_hidden(self, hidden: torch.Tensor, residual: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         hidden = (hidden + residual).index_select(0, batch.logits_indices)
@@ -353,9 +360,9 @@ class DecoderModel:
     def _out_norm(self, x: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
         return x if weight is None else self.ops.rms_norm(x, weight, self.config.rms_norm_eps)
 
-    def _feed_forward(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+    def _feed_forward(self, x: torch.Tensor, layer: LayerWeights, lora: Optional[LayerLora]) -> torch.Tensor:
         if layer.router is None:
-            return self.mlp(x, layer)
+            return self.mlp(x, layer, lora)
         assert self.moe is not None
         return self.moe(x, layer)
 

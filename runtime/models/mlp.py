@@ -6,7 +6,7 @@ run on one rank (spec/architectures.py refuses tensor parallelism for them).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from kernels.moe import moe_experts, route
 from runtime.core.config import MoEConfig
 from runtime.load.quantization import linear
+from runtime.lora.weights import LayerLora
 from runtime.tensor_parallel.shards import TensorParallel
 
 
@@ -23,9 +24,11 @@ class GatedMLP:
     def __init__(self, act_and_mul: Callable[[torch.Tensor], torch.Tensor], ops: Any, tp: TensorParallel):
         self.act_and_mul, self.ops, self.tp = act_and_mul, ops, tp
 
-    def __call__(self, x: torch.Tensor, layer: Any) -> torch.Tensor:
-        gated = self.act_and_mul(linear(x, layer.gate_up, None, self.ops))     # [T, I]
-        return self.tp.all_reduce(linear(gated, layer.down, None, self.ops))
+    def __call__(self, x: torch.Tensor, layer: Any, lora: Optional[LayerLora] = None) -> torch.Tensor:
+        gate_up = linear(x, layer.gate_up, None, self.ops)
+        gated = self.act_and_mul(gate_up if lora is None else lora.add("gate_up", gate_up, x))     # [T, I]
+        down = linear(gated, layer.down, None, self.ops)
+        return self.tp.all_reduce(down if lora is None else lora.add("down", down, gated))
 
 
 class SparseMoE:

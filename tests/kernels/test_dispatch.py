@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from kernels import activation, attention, fp8, group_quant, int8, linear, rmsnorm, rotary
+from kernels import activation, attention, fp8, group_quant, int8, linear, lora, rmsnorm, rotary
 from kernels.dispatch import KernelSet, reference_kernels, get_kernels
 from kernels.cpu.features import CpuFeatures
 
@@ -15,6 +15,7 @@ def test_the_reference_set():
     assert reference_kernels() == KernelSet(backend="torch", rms_norm=rmsnorm.rms_norm,
                                          fused_add_rms_norm=rmsnorm.fused_add_rms_norm,
                                          apply_rotary=rotary.apply_rotary, write_kv=attention.write_kv,
+                                         lora_delta=lora.lora_delta,
                                          paged_decode_attention=attention.paged_decode_attention,
                                          paged_prefill_attention=attention.paged_prefill_attention,
                                          prefill_attention=attention.prefill_attention,

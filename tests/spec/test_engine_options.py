@@ -27,6 +27,9 @@ from spec.engine_options import ChosenOptions, EngineOptions, InvalidOption, par
     ({"task": "embed", "speculative": {"method": "ngram"}}, "speculative"),
     ({"cuda_graphs": True}, "cuda_graphs"),                      # on the CPU
     ({"batch_invariant": True, "device": "cuda:0"}, "batch_invariant"),
+    ({"max_loras": -1}, "max_loras"),
+    ({"max_loras": 2, "tensor_parallel_size": 2}, "max_loras"),  # adapters run on one rank
+    ({"max_lora_rank": 0}, "max_lora_rank"),
     ({"turbo": True}, "turbo"),
 ])
 def test_each_refusal_names_its_option(values, option):

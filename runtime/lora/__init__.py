@@ -1,0 +1,8 @@
+"""LoRA adapters on a base model: many fine-tunes served by one replica, batched together.
+
+- adapter.py: a PEFT adapter folder read and checked against the base (LoraAdapter);
+- slots.py: which adapters sit in the device's fixed adapter slots (pure decisions: the
+  scheduler places an adapter when it admits a request for it, least recently used out);
+- weights.py: the slots' stacked A and B matrices per layer and projection, and the
+  gathered delta each token's adapter adds to a projection (kernels/lora.py computes it).
+"""

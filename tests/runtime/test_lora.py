@@ -1,0 +1,167 @@
+"""LoRA adapters in the engine (runtime/lora/): one batch mixing the base model and four
+random PEFT adapters of different ranks and targets, greedy tokens equal to transformers
+with peft applying each adapter, on two architectures; the slots hold fewer adapters
+than the requests use (the scheduler waits for a slot and swaps the least recently
+used); no prefix-cache block is shared across adapters; what the engine cannot apply is
+refused naming the field."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime import LLM, SamplingParams
+from runtime.lora.slots import AdapterSlots
+from tests.runtime.conftest import hf_greedy
+from tests.runtime.exactness import prompts
+
+peft = pytest.importorskip("peft", reason="peft is not installed (pyproject's test extra pins it)")
+
+NEW_TOKENS = 12
+ARCHS = {"llama": dict(arch="llama"), "qwen2": dict(arch="qwen2")}
+# rank, target modules: every projection, attention only, MLP only, two of q/k/v
+ADAPTERS = [(8, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+            (2, ["q_proj", "v_proj"]), (16, ["gate_proj", "up_proj", "down_proj"]), (4, ["k_proj", "o_proj"])]
+
+
+def _base(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+
+
+def make_adapter(base: Path, folder: Path, rank: int, targets: list[str], seed: int) -> Path:
+    """A random adapter as PEFT saves it: A and B both random (init_lora_weights=False),
+    so its delta is far from zero, and alpha twice the rank."""
+    torch.manual_seed(seed)
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=0.0,
+                             init_lora_weights=False)
+    peft.get_peft_model(_base(base), config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHS))
+def base_and_adapters(request, model_factory, tmp_path_factory):
+    base = model_factory(**ARCHS[request.param])
+    tmp = tmp_path_factory.mktemp(f"lora-{request.param}")
+    adapters = {f"a{i}": make_adapter(base, tmp / f"a{i}", rank, targets, seed=i)
+                for i, (rank, targets) in enumerate(ADAPTERS)}
+    return base, adapters
+
+
+def _reference(base: Path, adapter, prompt: list[int]) -> list[int]:
+    model = _base(base)
+    if adapter is not None:
+        model = peft.PeftModel.from_pretrained(model, adapter).eval()
+    with torch.no_grad():
+        return hf_greedy(model, prompt, NEW_TOKENS)[0]
+
+
+def _run(llm: LLM, jobs: list[tuple[list[int], str | None]]) -> list[list[int]]:
+    """Every job's greedy tokens, all added before the first step (one mixed batch)."""
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    return [o.token_ids for o in llm.generate([p for p, _ in jobs], params, lora=[n for _, n in jobs])]
+
+
+def _engine(base: Path, adapters: dict[str, Path], **options) -> LLM:
+    llm = LLM(str(base), kv_cache_tokens=2048, block_size=8, **{"max_loras": 4, "max_lora_rank": 16, **options})
+    for name, folder in adapters.items():
+        llm.engine.add_lora(name, str(folder))
+    return llm
+
+
+def test_one_batch_of_four_adapters_and_the_base_matches_peft(base_and_adapters):
+    base, adapters = base_and_adapters
+    names = [None, *adapters, "a1", None]
+    batch = prompts(7, [11, 5, 17, 9, 23, 6, 14])
+    jobs = list(zip(batch, names))
+    expected = [_reference(base, adapters[n] if n else None, p) for p, n in jobs]
+    assert _run(_engine(base, adapters), jobs) == expected
+    # the adapters change the output: the same prompt under each gives different tokens
+    same = prompts(8, [12])[0]
+    assert len({tuple(_reference(base, adapters[n] if n else None, same)) for n in [None, *adapters]}) > 2
+
+
+def test_more_adapters_than_slots_wait_and_swap(base_and_adapters):
+    base, adapters = base_and_adapters
+    batch = prompts(9, [8, 13, 6, 10, 15, 7])
+    names = ["a0", "a1", "a2", "a3", "a0", "a2"]
+    jobs = list(zip(batch, names))
+    llm = _engine(base, adapters, max_loras=2)
+    assert _run(llm, jobs) == [_reference(base, adapters[n], p) for p, n in jobs]
+    assert llm.engine.scheduler.adapters.pins == {}
+
+
+def test_no_prefix_block_is_shared_across_adapters(base_and_adapters):
+    base, adapters = base_and_adapters
+    prompt = prompts(10, [40])[0]
+    llm = _engine(base, adapters)
+    first = _run(llm, [(prompt, "a0")])
+    hits = llm.engine.stats().prefix_cache_hits
+    assert _run(llm, [(prompt, "a1")]) == [_reference(base, adapters["a1"], prompt)]
+    assert llm.engine.stats().prefix_cache_hits == hits, "a1 reused a0's blocks"
+    assert _run(llm, [(prompt, "a0")]) == first
+    assert llm.engine.stats().prefix_cache_hits > hits, "a0's own blocks were not reused"
+
+
+def _edited(folder: Path, tmp_path: Path, **changes) -> Path:
+    import shutil
+
+    copy = tmp_path / "edited"
+    shutil.copytree(folder, copy)
+    settings = json.loads((copy / "adapter_config.json").read_text())
+    (copy / "adapter_config.json").write_text(json.dumps({**settings, **changes}))
+    return copy
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"r": 32}, "r"), ({"use_dora": True}, "use_dora"), ({"bias": "lora_only"}, "bias"),
+    ({"target_modules": ["q_proj", "lm_head"]}, "target_modules"), ({"peft_type": "IA3"}, "peft_type"),
+    ({"rank_pattern": {"q_proj": 4}}, "rank_pattern"), ({"modules_to_save": ["lm_head"]}, "modules_to_save")])
+def test_what_the_engine_cannot_apply_is_refused_naming_the_field(base_and_adapters, tmp_path, changes, field):
+    base, adapters = base_and_adapters
+    llm = _engine(base, {})
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        llm.engine.add_lora("bad", str(_edited(adapters["a0"], tmp_path, **changes)))
+
+
+def test_an_adapter_of_another_base_and_unknown_names_are_refused(base_and_adapters, model_factory):
+    base, adapters = base_and_adapters
+    wide = _engine(model_factory(arch="llama", hidden_size=96, intermediate_size=192), {})
+    with pytest.raises(ValueError, match="another base model"):
+        wide.engine.add_lora("a0", str(adapters["a0"]))
+    llm = _engine(base, {"a0": adapters["a0"]})
+    with pytest.raises(ValueError, match="^lora: no adapter named 'nope'"):
+        llm.engine.add_request("x", [5, 6, 7], SamplingParams(max_tokens=2), lora="nope")
+    with pytest.raises(ValueError, match="^lora: an adapter named 'a0'"):
+        llm.engine.add_lora("a0", str(adapters["a0"]))
+    without = LLM(str(base), kv_cache_tokens=256)
+    with pytest.raises(ValueError, match="max_loras is 0"):
+        without.engine.add_lora("a0", str(adapters["a0"]))
+
+
+def test_an_adapter_in_use_is_not_removed(base_and_adapters):
+    base, adapters = base_and_adapters
+    llm = _engine(base, {"a0": adapters["a0"]})
+    llm.engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=4), lora="a0")
+    with pytest.raises(ValueError, match="in use"):
+        llm.engine.remove_lora("a0")
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+    llm.engine.remove_lora("a0")
+    assert "a0" not in llm.engine.adapters
+
+
+def test_slots_place_reuse_and_evict_the_least_recently_used_unpinned():
+    slots = AdapterSlots(2)
+    assert slots.place("a") == (0, True) and slots.place("b") == (1, True)
+    slots.pin("a")
+    assert slots.place("a") == (0, False)          # resident: no load, and now most recent
+    assert slots.place("c") == (1, True)           # b was unpinned: evicted
+    slots.pin("c")
+    assert slots.place("d") is None                # both pinned
+    slots.unpin("a")
+    assert slots.place("d") == (0, True)
+    assert not slots.forget("c") and slots.forget("d") and "d" not in slots.slot_of
