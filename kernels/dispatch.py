@@ -42,7 +42,7 @@ class KernelSet:
     fused_add_rms_norm: Callable        # (x, residual, weight, eps) -> (normed, residual_out)
     apply_rotary: Callable              # (x [T,n,D], cos [T,D/2], sin [T,D/2]) -> [T,n,D]
     write_kv: Callable                  # (k [T,nkv,D], v, k_cache, v_cache, slot_mapping [T] long) -> None
-    lora_delta: Callable                # (x [T,K], a [L,R,K], b [L,N,R], slots [T] long) -> [T,N] fp32
+    lora_delta: Callable                # (x [T,K], a [L,R,K], b [L,R,N], slots [T] long, splits=()) -> [T,N] fp32
     paged_decode_attention: Callable    # (q [B,nh,D], k_cache, v_cache, block_tables, context_lens, scale,
                                         #  window=None, softcap=None)
     paged_prefill_attention: Callable   # (q [T,nh,D], k_cache, v_cache, block_tables, query_lens, context_lens,

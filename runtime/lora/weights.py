@@ -4,9 +4,10 @@ tokens get from their adapters.
 
 A fused projection's adapter is one block-diagonal pair: q, k and v (or gate and up) each
 keep their own A rows and their own B columns, so one shrink and one expand give every
-part its delta: A [parts * R, K] stacks the parts' A, B [N, parts * R] puts each part's B
-in its rows and its columns. A slot holds one adapter, zero-padded to the slots' rank R
-and zeros wherever it targets nothing (a zero delta).
+part its delta: A [parts * R, K] stacks the parts' A, B [parts * R, N] puts each part's B
+(transposed: kernels/lora.py's layout) in its rows and its columns. A slot holds one
+adapter, zero-padded to the slots' rank R and zeros wherever it targets nothing (a zero
+delta).
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ PROJECTIONS = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",),
 @dataclass
 class LoraStack:
     a: torch.Tensor        # [slots, parts * R, K]
-    b: torch.Tensor        # [slots, N, parts * R]
+    b: torch.Tensor        # [slots, parts * R, N]
+    splits: tuple[int, ...]   # each part's output size (q, k, v): kernels/lora.py skips the zeros
 
 
 class LoraWeights:
@@ -40,7 +42,8 @@ class LoraWeights:
                 width = len(modules) * max_rank
                 stacks[projection] = LoraStack(
                     a=torch.zeros(num_slots, width, shapes[modules[0]][1], device=device),
-                    b=torch.zeros(num_slots, out, width, device=device))
+                    b=torch.zeros(num_slots, width, out, device=device),
+                    splits=tuple(shapes[m][0] for m in modules))
             self.layers.append(stacks)
         self._offsets = {p: _row_offsets(shapes, modules) for p, modules in PROJECTIONS.items()}
 
@@ -59,7 +62,7 @@ class LoraWeights:
                     a, b = found
                     rows = slice(*self._offsets[projection][part])
                     stack.a[slot, part * r:part * r + adapter.rank].copy_(a)
-                    stack.b[slot, rows, part * r:part * r + adapter.rank].copy_(b)
+                    stack.b[slot, part * r:part * r + adapter.rank, rows].copy_(b.T)
 
 
 def _row_offsets(shapes: dict[str, tuple[int, int]], modules: tuple[str, ...]) -> list[tuple[int, int]]:
@@ -82,5 +85,5 @@ class LayerLora:
     def add(self, projection: str, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """`projection`'s output `out` of x, plus each token's adapter delta."""
         stack = self.stacks[projection]
-        delta = self.delta(x.reshape(-1, x.shape[-1]), stack.a, stack.b, self.slots)
+        delta = self.delta(x.reshape(-1, x.shape[-1]), stack.a, stack.b, self.slots, stack.splits)
         return out + delta.to(out.dtype).view(out.shape)

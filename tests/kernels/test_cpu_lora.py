@@ -15,9 +15,9 @@ def _stacks(num_slots: int, r: int, k: int, n: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     # scaled so that every sum is of order 1, as the fp32 tolerances assume
     a = torch.randn(num_slots, r, k, generator=g) / k ** 0.5
-    b = torch.randn(num_slots, n, r, generator=g) / r ** 0.5
+    b = torch.randn(num_slots, r, n, generator=g) / r ** 0.5
     a[1, r // 2:] = 0          # slot 1: an adapter of half the rank, zero-padded
-    b[1, :, r // 2:] = 0
+    b[1, r // 2:] = 0
     return a, b
 
 
@@ -48,3 +48,20 @@ def test_a_slot_past_the_slots_is_refused():
     a, b = _stacks(2, 8, 64, 40)
     with pytest.raises(ValueError, match="slot outside"):
         cpu.lora_delta(torch.randn(2, 64), a, b, torch.tensor([0, 2]))
+
+
+@pytest.mark.parametrize("num_threads", [1, 2])
+@pytest.mark.parametrize("rows", [1, 9])
+def test_a_fused_projection_takes_each_part_from_its_own_rows(rows, num_threads):
+    """q, k, v of 40, 24, 24 columns under rank 8 each: b block-diagonal, as weights.py builds it;
+    the parts' boundaries fall inside a block of 64 columns."""
+    splits, r = (40, 24, 24), 8
+    a, b = _stacks(3, 3 * r, 64, sum(splits))
+    for p, (start, size) in enumerate(zip((0, 40, 64), splits)):
+        mask = torch.ones(3 * r, dtype=torch.bool)
+        mask[p * r:(p + 1) * r] = False
+        b[:, mask, start:start + size] = 0
+    x, slots = torch.randn(rows, 64), torch.tensor([i % 4 - 1 for i in range(rows)])
+    with threads(num_threads):
+        out = cpu.lora_delta(x, a, b, slots, splits)
+    torch.testing.assert_close(out, ref.lora_delta(x, a, b, slots), rtol=RTOL, atol=ATOL)
