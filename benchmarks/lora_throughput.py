@@ -106,7 +106,9 @@ def main(argv=None) -> None:
     loras = [f"a{i % ADAPTERS}" for i in range(REQUESTS)]
     with tempfile.TemporaryDirectory() as tmp:
         folders = make_adapters(smollm2_dir(), Path(tmp))
-        options = dict(max_num_seqs=REQUESTS, kv_cache_tokens=REQUESTS * (PROMPT + OUTPUT + 32))
+        # no prefix cache: every round computes every prompt (the rounds repeat them)
+        options = dict(max_num_seqs=REQUESTS, kv_cache_tokens=REQUESTS * (PROMPT + OUTPUT + 32),
+                       enable_prefix_caching=False)
         base = LLM(str(smollm2_dir(quantized=True)), **options)
         multi = LLM(str(smollm2_dir(quantized=True)), max_loras=ADAPTERS, max_lora_rank=RANK, **options)
         for i, folder in enumerate(folders):
