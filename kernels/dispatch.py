@@ -169,7 +169,7 @@ def every_channel_w8a8(kernels: KernelSet) -> Optional[KernelSet]:
 
 def _triton_kernels() -> KernelSet | None:
     try:
-        from kernels.triton import (activation, group_linear, int8_matmul, paged_attention, rmsnorm,
+        from kernels.triton import (activation, group_linear, int8_matmul, lora, paged_attention, rmsnorm,
                                     rotary)
     except ImportError:   # triton not installed: the references serve CUDA too
         return None
@@ -178,7 +178,7 @@ def _triton_kernels() -> KernelSet | None:
                                apply_rotary=rotary.apply_rotary,
                                paged_decode_attention=paged_attention.paged_decode_attention,
                                int8_linear=int8_matmul.int8_linear,
-                               group_linear=group_linear.group_linear,
+                               group_linear=group_linear.group_linear, lora_delta=lora.lora_delta,
                                silu_and_mul=activation.silu_and_mul)
 
 
