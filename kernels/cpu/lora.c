@@ -13,8 +13,9 @@
  * (contiguous multiply-adds, where a dot product of length R, 16 to 48, vectorizes
  * poorly). A fused projection's parts (q, k, v; gate, up) end at ends[0..parts-1] of N
  * and own R / parts rows of b each: a column takes only its part's rows (the others
- * are zeros there). Within an adapter the R shrink rows and the column blocks are split over
- * the OpenMP threads (torch's libgomp). Sums are fp32. Returns 0,
+ * are zeros there). With at least two adapters per thread each thread takes whole
+ * adapters; with fewer, each adapter's R shrink rows and then its column blocks are split
+ * over the OpenMP threads (torch's libgomp). Sums are fp32. Returns 0,
  * or -1 (nothing written) when a slot is L or more, or without memory for the scratch.
  */
 #include <omp.h>
@@ -29,6 +30,37 @@ static float dot(const float *p, const float *q, int64_t n) {
 #pragma omp simd reduction(+ : total)
     for (int64_t i = 0; i < n; ++i) total += p[i] * q[i];
     return total;
+}
+
+/* h[t, j] for every row t of slot s: row j of its A times the row */
+static void shrink_rows(const float *x, int64_t x_stride, const float *a, const int64_t *order,
+                        const int64_t *start, int64_t s, int64_t j, int64_t r, int64_t k, float *h) {
+    const float *aj = a + (s * r + j) * k;
+    for (int64_t i = start[s]; i < start[s + 1]; ++i) h[order[i] * r + j] = dot(aj, x + order[i] * x_stride, k);
+}
+
+/* columns c0 .. c0 + COLUMNS of every row of slot s: the block's columns part by part,
+   each from its own part's rows of b */
+static void expand_block(const float *b, const int64_t *ends, const int64_t *order, const int64_t *start,
+                         int64_t s, int64_t c0, int64_t r, int64_t rp, int64_t n, const float *h, float *out) {
+    const int64_t c1 = n - c0 < COLUMNS ? n : c0 + COLUMNS;
+    const float *bs = b + s * r * n;
+    int64_t first_part = 0;
+    while (ends[first_part] <= c0) ++first_part;
+    for (int64_t i = start[s]; i < start[s + 1]; ++i) {
+        float *o = out + order[i] * n;
+        const float *hi = h + order[i] * r;
+        memset(o + c0, 0, sizeof(float) * (size_t)(c1 - c0));
+        for (int64_t p = first_part, lo = c0; lo < c1; ++p) {
+            const int64_t hi_c = ends[p] < c1 ? ends[p] : c1;
+            for (int64_t j = p * rp; j < (p + 1) * rp; ++j) {
+                const float hv = hi[j], *bj = bs + j * n;
+#pragma omp simd
+                for (int64_t c = lo; c < hi_c; ++c) o[c] += hv * bj[c];
+            }
+            lo = hi_c;
+        }
+    }
 }
 
 int lora_delta_f32(const float *x, int64_t x_stride, const float *a, const float *b, const int64_t *slots,
@@ -65,34 +97,25 @@ int lora_delta_f32(const float *x, int64_t x_stride, const float *a, const float
     for (int64_t t = 0; t < rows; ++t)
         if (slots[t] < 0) memset(out + t * n, 0, sizeof(float) * (size_t)n);
     const int parallel = (start[num_slots] * n * r >= 65536);
-#pragma omp parallel num_threads(num_threads) if (parallel)
-    for (int64_t s = 0; s < num_slots; ++s) {
-        const int64_t first = start[s], last = start[s + 1];
-        if (first == last) continue;
-        const float *as = a + s * r * k, *bs = b + s * r * n;
-#pragma omp for schedule(static)
-        for (int64_t j = 0; j < r; ++j)
-            for (int64_t i = first; i < last; ++i) h[order[i] * r + j] = dot(as + j * k, x + order[i] * x_stride, k);
-#pragma omp for schedule(static)
-        for (int64_t c0 = 0; c0 < n; c0 += COLUMNS) {
-            const int64_t c1 = n - c0 < COLUMNS ? n : c0 + COLUMNS;
-            int64_t first_part = 0;
-            while (ends[first_part] <= c0) ++first_part;
-            for (int64_t i = first; i < last; ++i) {
-                float *o = out + order[i] * n;
-                const float *hi = h + order[i] * r;
-                memset(o + c0, 0, sizeof(float) * (size_t)(c1 - c0));
-                /* the block's columns part by part, each from its own part's rows of b */
-                for (int64_t p = first_part, lo = c0; lo < c1; ++p) {
-                    const int64_t hi_c = ends[p] < c1 ? ends[p] : c1;
-                    for (int64_t j = p * rp; j < (p + 1) * rp; ++j) {
-                        const float hv = hi[j], *bj = bs + j * n;
-#pragma omp simd
-                        for (int64_t c = lo; c < hi_c; ++c) o[c] += hv * bj[c];
-                    }
-                    lo = hi_c;
-                }
+    int64_t used = 0;
+    for (int64_t s = 0; s < num_slots; ++s) used += start[s + 1] > start[s];
+    if (used >= 2 * num_threads) {
+        /* many adapters: each thread takes whole adapters (no barrier between them) */
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic) if (parallel)
+        for (int64_t s = 0; s < num_slots; ++s)
+            if (start[s + 1] > start[s]) {
+                for (int64_t j = 0; j < r; ++j) shrink_rows(x, x_stride, a, order, start, s, j, r, k, h);
+                for (int64_t c0 = 0; c0 < n; c0 += COLUMNS) expand_block(b, ends, order, start, s, c0, r, rp, n, h, out);
             }
+    } else {
+        /* few adapters: each one's shrink rows, then its column blocks, split over the threads */
+#pragma omp parallel num_threads(num_threads) if (parallel)
+        for (int64_t s = 0; s < num_slots; ++s) {
+            if (start[s + 1] == start[s]) continue;
+#pragma omp for schedule(static)
+            for (int64_t j = 0; j < r; ++j) shrink_rows(x, x_stride, a, order, start, s, j, r, k, h);
+#pragma omp for schedule(static)
+            for (int64_t c0 = 0; c0 < n; c0 += COLUMNS) expand_block(b, ends, order, start, s, c0, r, rp, n, h, out);
         }
     }
     free(order);

@@ -86,4 +86,5 @@ class LayerLora:
         """`projection`'s output `out` of x, plus each token's adapter delta."""
         stack = self.stacks[projection]
         delta = self.delta(x.reshape(-1, x.shape[-1]), stack.a, stack.b, self.slots, stack.splits)
-        return out + delta.to(out.dtype).view(out.shape)
+        # in place: `out` is the projection's own fresh output
+        return out.add_(delta.view(out.shape).to(out.dtype))
