@@ -68,8 +68,8 @@ TOTAL_S = 485.0                           # all checks together: a 10-minute cal
 # test_triton_compile.py, which compiles for sm_90 without a GPU and runs in the CPU
 # suite), each with the number of kernel specializations its tests launch: one compile
 # each on a cold cache. tests/test_gpu_check.py counts them through the interpreter.
-TRITON_TESTS = {"activation": 6, "group_linear": 21, "int8_matmul": 16, "paged_attention": 21, "rmsnorm": 21,
-                "rotary": 10}
+TRITON_TESTS = {"activation": 6, "group_linear": 21, "int8_matmul": 16, "lora": 4, "paged_attention": 21,
+                "rmsnorm": 21, "rotary": 10}
 ENGINE_SPECIALIZATIONS = 12      # one engine configuration's kernels (the CPU count: 6-8)
 COMPILE_S = 5.0                  # one cold Triton compile, at the slow end of 1-5 s
 PROCESS_S = 15.0                 # a process's start: torch, a CUDA context, pytest or a model load
