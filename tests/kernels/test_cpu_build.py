@@ -59,4 +59,3 @@ def test_no_compiler_means_the_references_and_a_warning(tmp_path):
                          env={"PATH": str(tmp_path), "TMPDIR": str(tmp_path)})
     assert out.stdout.split() == ["torch", "kernels.attention", "kernels.cpu.linear"]
     assert "no C compiler" in out.stderr
-
