@@ -165,3 +165,24 @@ def test_slots_place_reuse_and_evict_the_least_recently_used_unpinned():
     slots.unpin("a")
     assert slots.place("d") == (0, True)
     assert not slots.forget("c") and slots.forget("d") and "d" not in slots.slot_of
+
+
+def test_samples_and_structured_outputs_run_with_their_adapter(base_and_adapters):
+    """n = 2 greedy samples both decode the adapter's tokens; a guided regex holds under an
+    adapter beside an unguided request of another."""
+    import re
+
+    from wire.requests import parse_request
+
+    base, adapters = base_and_adapters
+    llm = _engine(base, adapters)
+    prompt = prompts(11, [9])[0]
+    twice = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, n=2)
+    outs = llm.generate([prompt], twice, lora="a2")
+    assert [o.token_ids for o in outs] == [_reference(base, adapters["a2"], prompt)] * 2
+    regex = parse_request("completions", {"prompt": "x", "max_tokens": 16, "temperature": 1.0, "seed": 3,
+                                          "guided_regex": r"[a-f]{2,4}-[0-9]{3}"}).params
+    plain = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    guided, other = llm.generate([prompt, prompt], [regex, plain], lora=["a0", "a3"])
+    assert re.fullmatch(r"[a-f]{2,4}-[0-9]{3}", guided.text), guided.text
+    assert other.token_ids == _reference(base, adapters["a3"], prompt)
