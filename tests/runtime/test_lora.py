@@ -186,3 +186,22 @@ def test_samples_and_structured_outputs_run_with_their_adapter(base_and_adapters
     guided, other = llm.generate([prompt, prompt], [regex, plain], lora=["a0", "a3"])
     assert re.fullmatch(r"[a-f]{2,4}-[0-9]{3}", guided.text), guided.text
     assert other.token_ids == _reference(base, adapters["a3"], prompt)
+
+
+@pytest.mark.parametrize("options", [{"quantization": "int8"}, {"dtype": "bfloat16"}])
+def test_int8_and_bf16_bases_take_adapters(base_and_adapters, tmp_path, options):
+    """An adapter whose B is zero leaves the base's tokens as they are; a random one
+    changes them (its delta reaches the int8 and bf16 projections)."""
+    from safetensors.torch import load_file, save_file
+
+    base, adapters = base_and_adapters
+    zero = tmp_path / "zero"
+    zero.mkdir()
+    (zero / "adapter_config.json").write_text((adapters["a0"] / "adapter_config.json").read_text())
+    tensors = load_file(str(adapters["a0"] / "adapter_model.safetensors"))
+    save_file({k: torch.zeros_like(v) if ".lora_B." in k else v for k, v in tensors.items()},
+              str(zero / "adapter_model.safetensors"))
+    llm = _engine(base, {"a0": adapters["a0"], "zero": zero}, **options)
+    prompt = prompts(12, [10])[0]
+    base_tokens, zero_tokens, a0_tokens = _run(llm, [(prompt, None), (prompt, "zero"), (prompt, "a0")])
+    assert zero_tokens == base_tokens != a0_tokens
