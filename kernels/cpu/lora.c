@@ -69,31 +69,23 @@ int lora_delta_f32(const float *x, int64_t x_stride, const float *a, const float
     const int64_t rp = r / parts;
     for (int64_t t = 0; t < rows; ++t)
         if (slots[t] >= num_slots) return -1;
-    /* order[]: the rows grouped by slot (a counting sort); h: each row's R shrunk values */
-    int64_t *order = malloc(sizeof(int64_t) * (size_t)(rows + num_slots + 1));
+    /* order[]: the rows grouped by slot (a counting sort), start[s] .. start[s + 1] slot
+       s's of them, fill[] the sort's cursors; h: each row's R shrunk values */
+    int64_t *order = malloc(sizeof(int64_t) * (size_t)(rows + 2 * (num_slots + 1)));
     float *h = malloc(sizeof(float) * (size_t)(rows * r));
     if (order == NULL || h == NULL) {
         free(order);
         free(h);
         return -1;
     }
-    int64_t *start = order + rows;                /* start[s] .. start[s + 1]: slot s's rows */
+    int64_t *start = order + rows, *fill = start + num_slots + 1;
     memset(start, 0, sizeof(int64_t) * (size_t)(num_slots + 1));
     for (int64_t t = 0; t < rows; ++t)
         if (slots[t] >= 0) start[slots[t] + 1]++;
     for (int64_t s = 0; s < num_slots; ++s) start[s + 1] += start[s];
-    {
-        int64_t *fill = malloc(sizeof(int64_t) * (size_t)(num_slots + 1));
-        if (fill == NULL) {
-            free(order);
-            free(h);
-            return -1;
-        }
-        memcpy(fill, start, sizeof(int64_t) * (size_t)(num_slots + 1));
-        for (int64_t t = 0; t < rows; ++t)
-            if (slots[t] >= 0) order[fill[slots[t]]++] = t;
-        free(fill);
-    }
+    memcpy(fill, start, sizeof(int64_t) * (size_t)(num_slots + 1));
+    for (int64_t t = 0; t < rows; ++t)
+        if (slots[t] >= 0) order[fill[slots[t]]++] = t;
     for (int64_t t = 0; t < rows; ++t)
         if (slots[t] < 0) memset(out + t * n, 0, sizeof(float) * (size_t)n);
     const int parallel = (start[num_slots] * n * r >= 65536);

@@ -72,7 +72,7 @@ class DecodeReplays:
     def run(self, input_ids: torch.Tensor, batch: ForwardBatch) -> Optional[torch.Tensor]:
         """Logits of the batch's logits_indices rows, as the eager step computes them;
         None when this batch runs eagerly (the caller runs it)."""
-        # adapters' deltas are computed in torch, which a replay would skip
+        # adapters' deltas are added to the projections by torch, which a replay would skip
         replayable = self.enabled and batch.lora_slots is None
         size = replay_size(int(input_ids.shape[0]), batch, self.sizes, self.max_blocks) if replayable else None
         if size is None:
@@ -125,9 +125,7 @@ class DecodeReplays:
     def _stage(self, static: StaticDecode, input_ids: torch.Tensor, batch: ForwardBatch) -> ForwardBatch:
         """The batch's inputs in `static`, checked as the attention kernel's wrapper checks
         them (a replay has no wrapper in front of the C code)."""
-        decode = batch.decode
-        assert decode is not None                     # replay_size sent only decode batches
-        n = static.fill(input_ids, decode, batch)
+        n = static.fill(input_ids, batch)                # replay_size sent only decode batches
         lens = static.lens[:n]
         if not 1 <= int(lens.min()) <= int(lens.max()) <= self.max_blocks * self.block_size:
             raise ValueError("decode replay: context_lens must be in [1, max_blocks * block_size]")

@@ -100,8 +100,10 @@ class StaticDecode:
                    lens=torch.ones(rows, dtype=torch.int32, device=device),
                    rows=torch.arange(rows, dtype=torch.long, device=device))
 
-    def fill(self, input_ids: torch.Tensor, decode: DecodeMeta, batch: ForwardBatch) -> int:
+    def fill(self, input_ids: torch.Tensor, batch: ForwardBatch) -> int:
         """Copy a decode batch of n sequences into the first n rows; n."""
+        decode = batch.decode
+        assert decode is not None, "only a decode batch is copied in"
         n = int(input_ids.shape[0])
         self.input_ids[:n].copy_(input_ids, non_blocking=True)
         self.positions[:n].copy_(batch.positions, non_blocking=True)
@@ -166,7 +168,7 @@ class DecodeGraphs:
         size = replay_size(n, batch, self.sizes, self.static.tables.shape[1])
         if size is None or batch.decode is None:
             return None
-        self.static.fill(input_ids, batch.decode, batch)
+        self.static.fill(input_ids, batch)
         self._pad(n, size)
         return size
 
