@@ -45,7 +45,6 @@ class LoraWeights:
                     b=torch.zeros(num_slots, width, out, device=device),
                     splits=tuple(shapes[m][0] for m in modules))
             self.layers.append(stacks)
-        self._offsets = {p: _row_offsets(shapes, modules) for p, modules in PROJECTIONS.items()}
 
     def load(self, slot: int, adapter: LoraAdapter) -> None:
         """Copy `adapter` into `slot`, zeros wherever it targets nothing."""
@@ -60,18 +59,10 @@ class LoraWeights:
                     if found is None:
                         continue
                     a, b = found
-                    rows = slice(*self._offsets[projection][part])
+                    first = sum(stack.splits[:part])              # the part's output rows
+                    rows = slice(first, first + stack.splits[part])
                     stack.a[slot, part * r:part * r + adapter.rank].copy_(a)
                     stack.b[slot, part * r:part * r + adapter.rank, rows].copy_(b.T)
-
-
-def _row_offsets(shapes: dict[str, tuple[int, int]], modules: tuple[str, ...]) -> list[tuple[int, int]]:
-    """Where each fused part's output rows start and stop."""
-    spans, start = [], 0
-    for module in modules:
-        spans.append((start, start + shapes[module][0]))
-        start += shapes[module][0]
-    return spans
 
 
 @dataclass
