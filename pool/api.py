@@ -127,6 +127,8 @@ class ModelInfo:
     max_position_embeddings: int = 0
     num_attention_heads: int = 0
     vocab_size: int = 0
+    hidden_size: int = 0           # with intermediate_size: what an adapter's shapes are checked by
+    intermediate_size: int = 0     # (spec.lora_adapter.BaseDims)
     # A function package (architecture FUNCTION_ARCHITECTURE): its thawpool.toml as text,
     # which the control plane parses with the replica's own rules (spec.function_package).
     function_manifest: Optional[str] = None

@@ -16,6 +16,7 @@ class ServedArchitecture:
     model: str                       # "module:Class" under runtime.models
     tensor_parallel: bool = True     # runtime/tensor_parallel/shards.py knows how to split its weights
     int8: bool = True                # runtime/load/quantization.py covers all of its matmuls
+    lora: bool = True                # runtime/lora/ applies adapters to its projections
 
 
 ARCHITECTURES: dict[str, ServedArchitecture] = {
@@ -26,10 +27,13 @@ ARCHITECTURES: dict[str, ServedArchitecture] = {
     "Gemma2ForCausalLM": ServedArchitecture("gemma:GemmaModel"),
     "Gemma3ForCausalLM": ServedArchitecture("gemma:GemmaModel"),
     # fused qkv_proj / gate_up_proj: a rank's slice is not one range of rows
-    "Phi3ForCausalLM": ServedArchitecture("phi3:Phi3Model", tensor_parallel=False),
+    # (and PEFT names them so: an adapter's targets are not the engine's q/k/v and gate/up)
+    "Phi3ForCausalLM": ServedArchitecture("phi3:Phi3Model", tensor_parallel=False, lora=False),
     # experts: neither split across ranks nor quantized yet
-    "MixtralForCausalLM": ServedArchitecture("mixtral:MixtralModel", tensor_parallel=False, int8=False),
-    "Qwen3MoeForCausalLM": ServedArchitecture("mixtral:Qwen3MoeModel", tensor_parallel=False, int8=False),
+    "MixtralForCausalLM": ServedArchitecture("mixtral:MixtralModel", tensor_parallel=False, int8=False,
+                                             lora=False),
+    "Qwen3MoeForCausalLM": ServedArchitecture("mixtral:Qwen3MoeModel", tensor_parallel=False, int8=False,
+                                              lora=False),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
@@ -56,3 +60,12 @@ def check_engine_options(architecture: str, tensor_parallel_size: int,
     refusal = engine_option_refusal(architecture, tensor_parallel_size, quantization)
     if refusal is not None:
         raise ValueError(f"{refusal[0]}: {refusal[1]}")
+
+
+def lora_refusal(architecture: str) -> Optional[str]:
+    """Why adapters (engine option max_loras) cannot run on this architecture; None when
+    they can."""
+    if ARCHITECTURES[architecture].lora:
+        return None
+    able = ", ".join(name for name, a in ARCHITECTURES.items() if a.lora)
+    return f"adapters do not run on {architecture} (they run on {able})"

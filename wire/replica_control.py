@@ -8,6 +8,14 @@ body that crosses them.
   POST /admin/load   LoadRequest in, LOAD_ACCEPTED with LoadReply out (a standby only)
   POST /sleep        SleepReply (409 unless ready and idle)
   POST /wake         WakeReply (409 unless asleep)
+  PUT  /admin/adapters/{name}   a LoRA adapter into the engine: the body is its
+                     adapter_model.safetensors, ADAPTER_CONFIG_HEADER its
+                     adapter_config.json; AdapterReply out (400 naming the field, 409
+                     when the engine has no adapter slots, 413 above MAX_WEIGHTS_BYTES)
+  DELETE /admin/adapters/{name} AdapterReply (404 unknown, 409 while a request uses it)
+  GET  /admin/adapters          AdapterList: the names loaded
+
+A request then names an adapter as its `model`, and runs with it.
 
 The runtime builds a message and sends `to_json()`; the pool reads one with `parse`.
 A replica runs a tenant's code, so the pool takes nothing it says on trust: `parse`
@@ -23,6 +31,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Collection, Mapping, Optional
 
@@ -34,6 +43,10 @@ LOAD_PATH = "/admin/load"
 SLEEP_PATH = "/sleep"
 WAKE_PATH = "/wake"
 LOAD_ACCEPTED = 202              # the load goes on in the background; /health follows it
+ADAPTERS_PATH = "/admin/adapters"
+ADAPTER_CONFIG_HEADER = "x-thawpool-adapter-config"    # adapter_config.json, compact ASCII JSON
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # what the pool names them
+MAX_ADAPTERS = 4096              # names one list may carry
 
 MAX_COUNTER = 2 ** 53            # far past any replica's life, and exact as a JSON number
 MAX_STAGES = 32                  # a replica's own timings: what a record, a log line, a page holds
@@ -240,6 +253,41 @@ class WakeReply:
     @classmethod
     def parse(cls, body: Any) -> "WakeReply":
         return cls(stages(_object(body).get("wake_timings")))
+
+
+@dataclass(frozen=True)
+class AdapterReply:
+    """An adapter loaded into the engine (PUT) or removed from it (DELETE)."""
+    name: str
+    loaded: bool
+    load_s: Optional[float] = None        # the replica's time to read and install it
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "loaded": self.loaded,
+                "load_s": None if self.load_s is None else round(self.load_s, 6)}
+
+    @classmethod
+    def parse(cls, body: Any) -> "AdapterReply":
+        body = _object(body)
+        name = body.get("name")
+        if not isinstance(name, str) or not ADAPTER_NAME.match(name):
+            raise BadReply("adapter: name missing or malformed")
+        return cls(name, body.get("loaded") is True, _bounded_number(body.get("load_s"), MAX_STAGE_S))
+
+
+@dataclass(frozen=True)
+class AdapterList:
+    names: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"adapters": list(self.names)}
+
+    @classmethod
+    def parse(cls, body: Any) -> "AdapterList":
+        given = _object(body).get("adapters")
+        if not isinstance(given, list):
+            raise BadReply("adapters: must be a list of names")
+        return cls(tuple(n for n in given[:MAX_ADAPTERS] if isinstance(n, str) and ADAPTER_NAME.match(n)))
 
 
 # ---------------------------------------------------------------- bounds

@@ -41,6 +41,9 @@ class UsageRecord:
     # Billed at a later start from the call journal: the call was cut by the control
     # plane's own death (controlplane.billing.call_journal).
     recovered: bool = False
+    # The adapter the call ran with (its id and name at the call); None: the base model.
+    adapter_id: Optional[str] = None
+    adapter_name: Optional[str] = None
 
     def not_billable(self) -> Optional[str]:
         """Why no row may hold this record, or None: Postgres stores a NaN cost or time

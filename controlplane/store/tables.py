@@ -73,6 +73,8 @@ class Deployment(Base):
     idle_timeout_s: Mapped[float] = mapped_column(Float)
     sleep_timeout_s: Mapped[float] = mapped_column(Float, server_default=text("0"))   # 0010
     prefetch: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))     # 0011
+    # the operator's catalogue base (0016): every tenant may call it and attach adapters
+    shared: Mapped[bool] = mapped_column(Boolean, server_default=text("false"), default=False)
     traffic: Mapped[dict[str, Any]] = mapped_column(JSONB)   # {"r1": 90, "r2": 10}
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -110,6 +112,29 @@ class Revision(Base):
         return f"r{self.number}"
 
 
+class Adapter(Base):
+    """A tenant's PEFT LoRA adapter attached to one base deployment: its own or a shared
+    one (migration 0016). What the attach read of it (rank, targets, size) and the ETag
+    and size of its two objects, which every load holds the bytes to."""
+    __tablename__ = "adapters"
+    __table_args__ = (
+        Index("uq_adapters_tenant_name", "tenant_id", "name", unique=True,
+              postgresql_where=text("deleted_at IS NULL")),
+        Index("ix_adapters_deployment", "deployment_id"),
+    )
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str]
+    deployment_id: Mapped[str] = _id_column(ForeignKey("deployments.id", ondelete="CASCADE"))
+    adapter_uri: Mapped[str]                 # s3://bucket/prefix/ of the PEFT folder
+    rank: Mapped[int] = mapped_column(Integer)
+    target_modules: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    weight_bytes: Mapped[int] = mapped_column(BigInteger)
+    pinned_objects: Mapped[dict[str, Any]] = mapped_column(JSONB)   # {"s3://...": {"etag", "size"}}
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[Optional[datetime]]
+
+
 class UsageEvent(Base):
     """One row per invocation. No foreign keys: the outbox may replay rows late."""
     __tablename__ = "usage_events"
@@ -141,6 +166,9 @@ class UsageEvent(Base):
     gpu_seconds: Mapped[Optional[float]] = mapped_column(Float)      # function calls only
     # billed from the call journal after the control plane died mid-call
     recovered: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    # the adapter the call ran with (migration 0016); NULL: the base model
+    adapter_id: Mapped[Optional[str]] = _id_column(nullable=True)
+    adapter_name: Mapped[Optional[str]]
 
 
 class FunctionCall(Base):
@@ -221,19 +249,24 @@ class ModelSource(Base):
 
 class Price(Base):
     """One row of the operator's price book, in effect from `effective_from` on:
-    the default (no tenant), a tenant's plan (tenant only) or a deployment's override."""
+    the default (no tenant), a tenant's plan (tenant only), a deployment's override or an
+    adapter's (its owner's tenant, its base deployment and the adapter: migration 0016)."""
     __tablename__ = "prices"
     __table_args__ = (
         CheckConstraint("deployment_id IS NULL OR tenant_id IS NOT NULL",
                         name="ck_prices_deployment_has_tenant"),
-        Index("uq_prices_scope_effective_from", "tenant_id", "deployment_id", "effective_from",
-              unique=True, postgresql_nulls_not_distinct=True),
+        CheckConstraint("adapter_id IS NULL OR deployment_id IS NOT NULL",
+                        name="ck_prices_adapter_has_deployment"),
+        Index("uq_prices_scope_effective_from", "tenant_id", "deployment_id", "adapter_id",
+              "effective_from", unique=True, postgresql_nulls_not_distinct=True),
     )
     id: Mapped[str] = _id_column(primary_key=True, default=new_id)
     tenant_id: Mapped[Optional[str]] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"),
                                                   nullable=True)
     deployment_id: Mapped[Optional[str]] = _id_column(
         ForeignKey("deployments.id", ondelete="CASCADE"), nullable=True)
+    adapter_id: Mapped[Optional[str]] = _id_column(
+        ForeignKey("adapters.id", ondelete="CASCADE", name="fk_prices_adapter"), nullable=True)
     input_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
     cached_input_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
     output_per_mtok: Mapped[Decimal] = mapped_column(PRICE)

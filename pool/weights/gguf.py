@@ -77,6 +77,7 @@ async def inspect_gguf(client: S3Client, model_uri: str, retry: Retry) -> ModelI
         num_key_value_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
         max_position_embeddings=config["max_position_embeddings"],
         num_attention_heads=config["num_attention_heads"], vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"], intermediate_size=config["intermediate_size"],
         objects=pins_of([obj]))
 
 

@@ -242,4 +242,6 @@ def summarize(model_uri: str, config: dict[str, Any], files: list[str], headers:
         max_position_embeddings=int(config.get("max_position_embeddings") or 0),
         num_attention_heads=int(config.get("num_attention_heads") or 0),
         vocab_size=int(config.get("vocab_size") or 0),
+        hidden_size=int(config.get("hidden_size") or 0),
+        intermediate_size=int(config.get("intermediate_size") or 0),
     )
