@@ -141,6 +141,26 @@ FUNCTION_ARCHITECTURE = "thawpool-function"     # ModelInfo.architecture of a fu
 
 
 @dataclass(frozen=True)
+class AdapterRef:
+    """A tenant's LoRA adapter, as a request on its base's revision names it: the pool
+    loads it into the replica the request goes to, when that replica lacks it."""
+    name: str                      # the replica's name for it (the adapter's id): the request's `model`
+    uri: str                       # s3://bucket/prefix/ of its PEFT folder
+    tenant_id: str                 # its owner, whose grant reads the bucket
+    pins: Pins                     # its two objects as attached (spec.lora_adapter's file names)
+    weight_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class AdapterLoadTimings:
+    """What a request waited for while its adapter was loaded into a warm replica."""
+    download_s: float = 0.0        # S3 into the node's weight cache (0: a cache hit)
+    downloaded_bytes: int = 0
+    install_s: float = 0.0         # into the replica (PUT /admin/adapters/{name})
+    total_s: float = 0.0           # the whole wait (a load another request began included)
+
+
+@dataclass(frozen=True)
 class ColdStartTimings:
     """Seconds per stage of the cold start a request waited for."""
     queue_s: float = 0.0
@@ -186,6 +206,19 @@ class PoolError(Exception):
 
 class NeverFits(PoolError):
     status = 422
+
+
+class AdapterRefused(PoolError):
+    """The replica refused the adapter's files (pool.api.AdapterRef): its reason."""
+    status = 422
+
+
+class AdapterLoadFailed(PoolError):
+    """The adapter could not be brought to the replica (S3, the replica's answer)."""
+
+    def __init__(self, message: str, retry_after_s: float = 5.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class QueueFull(PoolError):
@@ -318,6 +351,8 @@ class Lease(Protocol):
     def cold_start(self) -> Optional[ColdStartTimings]: ...   # set when it waited for a thaw
     @property
     def headers(self) -> Mapping[str, str]: ...   # sent on every call to the replica (its secret)
+    @property
+    def adapter_load(self) -> Optional[AdapterLoadTimings]: ...   # set when it waited for one
 
     def release(self) -> None: ...            # give the replica back (first call counts)
 
@@ -341,9 +376,10 @@ class Pool(Protocol):
         ...
 
     async def acquire(self, spec: RevisionSpec, *, request_id: str, prefix_key: Optional[str],
-                      prompt_tokens: int, timeout_s: float) -> Lease:
-        """A lease on a ready replica; QueueFull or QuotaExceeded (429), ColdStartTimeout
-        or ColdStartFailed (503), each with retry_after_s."""
+                      prompt_tokens: int, timeout_s: float, adapter: Optional[AdapterRef] = None) -> Lease:
+        """A lease on a ready replica (one holding `adapter`, loaded into it first when it
+        lacks it); QueueFull or QuotaExceeded (429), ColdStartTimeout, ColdStartFailed or
+        AdapterLoadFailed (503), each with retry_after_s; AdapterRefused (422)."""
         ...
 
     def revision_status(self, revision_id: str) -> RevisionStatus: ...

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Optional
 
-from pool.api import ColdStartTimings
+from pool.api import AdapterLoadTimings, ColdStartTimings
 
 
 class ReplicaLease:
@@ -21,16 +21,24 @@ class ReplicaLease:
         self.revision_id = revision_id          # also the model name the replica serves
         self.queue_s = queue_s
         self.cold_start = cold_start
+        self.adapter_load: Optional[AdapterLoadTimings] = None   # set when it waited for one
         self.failed = False
         self.released = False
         self._on_release = on_release
         self._on_failed = on_failed
+        self._also_on_release: list[Callable[[], None]] = []
 
     def release(self) -> None:
         """Give the replica back; idempotent (only the first call counts)."""
         if not self.released:
             self.released = True
+            for done in self._also_on_release:
+                done()
             self._on_release(self)
+
+    def on_release(self, done: Callable[[], None]) -> None:
+        """Run `done` too when the lease is released (an adapter it holds in use)."""
+        self._also_on_release.append(done)
 
     def mark_failed(self) -> None:
         """The replica broke mid-request: the pool checks it now (routing no new request

@@ -44,7 +44,8 @@ from typing import Any, Optional
 import httpx
 
 from pool.activator import Waiter, wait_for_replica
-from pool.api import (ColdStartFailed, ColdStartTimeout, DesiredStateSource, ModelInfo, NeverFits,
+from pool.adapter_loads import AdapterLoads
+from pool.api import (AdapterRef, ColdStartFailed, ColdStartTimeout, DesiredStateSource, ModelInfo, NeverFits,
                       ReplicaEventSink, ReplicaShape, RevisionSpec, RevisionStatus)
 from pool.autoscaler import Decision, policy
 from pool.backends import build_backend
@@ -93,6 +94,7 @@ class Running:
     stopper: ReplicaStopper
     failures: ReplicaFailures
     sleepers: Sleepers
+    adapters: AdapterLoads
 
 
 class PoolManager:
@@ -134,7 +136,9 @@ class PoolManager:
                                Heartbeats(self._registry, self._events, self.clock, http, self.settings.heartbeat_s),
                                stopper, ReplicaFailures(self._events, self.clock, self._backoff, stopper, http,
                                                         self._tasks.spawn),
-                               Sleepers(self.settings, self._registry, sleep_tier, stopper, self._tasks.spawn))
+                               Sleepers(self.settings, self._registry, sleep_tier, stopper, self._tasks.spawn),
+                               AdapterLoads(stores, http, capacity=self.settings.adapters_per_replica,
+                                            timeout_s=self.settings.adapter_load_timeout_s))
         await self.backend.start()
         self.started = True                      # from here on, stop() undoes what start() did
         await self.capacity.update(await self.backend.inventory())
@@ -207,11 +211,19 @@ class PoolManager:
             raise NeverFits(f"{info.model_uri} can never be placed: {reason}")
 
     async def acquire(self, spec: RevisionSpec, *, request_id: str, prefix_key: Optional[str],
-                      prompt_tokens: int, timeout_s: float) -> ReplicaLease:
+                      prompt_tokens: int, timeout_s: float, adapter: Optional[AdapterRef] = None) -> ReplicaLease:
+        lease = await self._acquire(spec, request_id, prefix_key, prompt_tokens, timeout_s, adapter)
+        if adapter is not None:
+            await self._with_adapter(lease, adapter)
+        return lease
+
+    async def _acquire(self, spec: RevisionSpec, request_id: str, prefix_key: Optional[str],
+                       prompt_tokens: int, timeout_s: float, adapter: Optional[AdapterRef]) -> ReplicaLease:
         rev = await self._revision_for(spec)
         start = self.clock.mono()
         rev.last_activity = start
-        picked = rev.route(prefix_key) or await rev.route_after_checks(prefix_key)
+        name = adapter.name if adapter is not None else None
+        picked = rev.route(prefix_key, name) or await rev.route_after_checks(prefix_key, name)
         if picked is not None:
             return self._lease(rev, picked, start, cold=False)
         refused = backoff_refusal(rev, self.clock.mono()) or queue_refusal_for(self._registry, rev)
@@ -227,6 +239,22 @@ class PoolManager:
         except ColdStartTimeout as timeout:
             raise (gpu_quota_refusal(rev) or timeout) from None
         return self._lease(rev, replica_id, start, cold=True)
+
+    async def _with_adapter(self, lease: ReplicaLease, adapter: AdapterRef) -> None:
+        """The adapter into the lease's replica (when it lacks it), held there until the
+        lease is released; a failed load gives the lease back."""
+        managed = self._registry.replica(lease.replica_id)
+        try:
+            if managed is None or managed.handle is None:
+                raise ColdStartFailed(f"replica {lease.replica_id} went away before the request reached it",
+                                      retry_after_s=1.0)
+            managed.adapters.use(adapter.name)
+            lease.on_release(lambda: managed.adapters.done(adapter.name))
+            lease.adapter_load = await self._running.adapters.ensure(
+                lease.replica_id, managed.handle, managed.adapters, adapter)
+        except BaseException:
+            lease.release()
+            raise
 
     def revision_status(self, revision_id: str) -> RevisionStatus:
         rev = self._registry.get(revision_id)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from pool.activator import RevisionQueue
+from pool.adapter_holdings import AdapterHoldings
 from pool.admission import WaitReason
 from pool.api import ColdStartFailed, ReplicaStatus, RevisionSpec, RevisionStatus, TenantQuota
 from pool.autoscaler import PolicyState, ScalingConfig, ScalingSnapshot
@@ -67,6 +68,7 @@ class ManagedReplica:
     # until the check clears it (a crashed replica's socket closes before its process is
     # seen dead: a request routed meanwhile would be refused)
     check: Optional[asyncio.Task[None]] = None
+    adapters: AdapterHoldings = field(default_factory=AdapterHoldings)   # the LoRA adapters it was given
 
     @property
     def checking(self) -> bool:
@@ -103,15 +105,17 @@ class RevisionState:
         self.retired = True
         self.queue.fail_all(ColdStartFailed(f"revision {self.spec.revision_id} is no longer deployed"))
 
-    def route(self, prefix_key: Optional[str]) -> Optional[str]:
+    def route(self, prefix_key: Optional[str], adapter: Optional[str] = None) -> Optional[str]:
         """The ready replica that takes a request, counted in flight from now on."""
-        chosen = choose([Candidate(r.replica_id, r.in_flight) for r in self.in_state(ReplicaState.READY)
-                         if not r.checking], prefix_key)
+        chosen = choose([Candidate(r.replica_id, r.in_flight, adapter is not None and r.adapters.holds(adapter))
+                         for r in self.in_state(ReplicaState.READY) if not r.checking],
+                        prefix_key, adapter=adapter)
         if chosen is not None:
             self.replicas[chosen].in_flight += 1
         return chosen
 
-    async def route_after_checks(self, prefix_key: Optional[str]) -> Optional[str]:
+    async def route_after_checks(self, prefix_key: Optional[str],
+                                 adapter: Optional[str] = None) -> Optional[str]:
         """When the only ready replicas are being checked after a failed request: their
         verdict first (a few seconds at most), then the route; a replica found dead has
         been failed by then, so the request queues for its replacement."""
@@ -119,7 +123,7 @@ class RevisionState:
         if not checks:
             return None
         await asyncio.wait(checks)
-        return self.route(prefix_key)
+        return self.route(prefix_key, adapter)
 
     def add(self, managed: ManagedReplica) -> None:
         """Track a new replica; forget the oldest finished ones beyond KEEP_FINISHED."""

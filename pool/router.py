@@ -4,6 +4,10 @@ Least outstanding requests; with a prefix key, rendezvous hashing picks a
 stable preferred order of replicas, and the first one in that order whose
 load is within a bound of the least loaded wins (bounded-load affinity), so
 affinity keeps prefix caches warm without piling onto one replica.
+
+A request for a LoRA adapter goes by the same bound to a replica that holds the
+adapter already (the least loaded of them), else by rendezvous on the adapter's
+name, so each adapter settles on a few replicas instead of being loaded into all.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from typing import Optional, Sequence
 class Candidate:
     replica_id: str
     in_flight: int
+    holds_adapter: bool = False     # holds the request's adapter (none asked: False)
 
 
 @dataclass(frozen=True)
@@ -25,16 +30,25 @@ class RouterConfig:
 
 
 def choose(candidates: Sequence[Candidate], prefix_key: Optional[str] = None,
-           config: RouterConfig = RouterConfig()) -> Optional[str]:
+           config: RouterConfig = RouterConfig(), adapter: Optional[str] = None) -> Optional[str]:
     if not candidates:
         return None
     least = min(c.in_flight for c in candidates)
-    if prefix_key is None:
-        return min(candidates, key=lambda c: (c.in_flight, c.replica_id)).replica_id
     bound = least + max(config.slack, int(least * (config.load_factor - 1.0)))
+    if adapter is not None:
+        holders = [c for c in candidates if c.holds_adapter and c.in_flight <= bound]
+        if holders:
+            return _least_loaded(holders)
+        prefix_key = adapter
+    if prefix_key is None:
+        return _least_loaded(candidates)
     for cand in rendezvous_order(candidates, prefix_key):
         if cand.in_flight <= bound:
             return cand.replica_id
+    return _least_loaded(candidates)
+
+
+def _least_loaded(candidates: Sequence[Candidate]) -> str:
     return min(candidates, key=lambda c: (c.in_flight, c.replica_id)).replica_id
 
 

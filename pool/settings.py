@@ -61,6 +61,10 @@ class PoolSettings:
     health_poll_s: float = 0.05
     # activator and control loop
     queue_limit: int = 64                      # per revision
+    # LoRA adapters: how many one replica is given to hold in host memory (it swaps them
+    # into its device slots itself), and one adapter's load into a replica at most
+    adapters_per_replica: int = 64
+    adapter_load_timeout_s: float = 60.0
     tick_s: float = 0.5
     desired_refresh_s: float = 5.0
     scale_down_delay_s: float = 30.0

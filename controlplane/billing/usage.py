@@ -44,6 +44,7 @@ class UsageRecord:
     # The adapter the call ran with (its id and name at the call); None: the base model.
     adapter_id: Optional[str] = None
     adapter_name: Optional[str] = None
+    adapter_load_s: Optional[float] = None     # its wait for the adapter's load into a warm replica
 
     def not_billable(self) -> Optional[str]:
         """Why no row may hold this record, or None: Postgres stores a NaN cost or time
@@ -80,4 +81,4 @@ class UsageRecord:
 
 
 FIELD_NAMES = tuple(f.name for f in fields(UsageRecord))
-FLOAT_FIELDS = ("queue_s", "cold_start_s", "ttft_s", "total_s", "gpu_seconds")
+FLOAT_FIELDS = ("queue_s", "cold_start_s", "ttft_s", "total_s", "gpu_seconds", "adapter_load_s")

@@ -169,6 +169,7 @@ class UsageEvent(Base):
     # the adapter the call ran with (migration 0016); NULL: the base model
     adapter_id: Mapped[Optional[str]] = _id_column(nullable=True)
     adapter_name: Mapped[Optional[str]]
+    adapter_load_s: Mapped[Optional[float]] = mapped_column(Float)   # its wait for the adapter's load
 
 
 class FunctionCall(Base):

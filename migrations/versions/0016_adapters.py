@@ -4,7 +4,9 @@
 tenant's own, or a `shared` one: the operator's catalogue base that every tenant may
 call and attach adapters to). An adapter keeps what its attach read (rank, targets,
 size) and the ETag and size of its two objects, which every load holds the bytes to.
-Usage rows name the adapter a call ran with (NULL: the base); a price-book row may
+Usage rows name the adapter a call ran with (NULL: the base) and how long the call
+waited for it to be loaded into a warm replica (the cold-adapter stage of the
+waterfall; NULL: it was loaded already); a price-book row may
 name an adapter (its owner's tenant and the base deployment with it).
 
 Revision ID: 0016
@@ -47,6 +49,7 @@ def upgrade() -> None:
                "FOR EACH ROW EXECUTE FUNCTION thawpool_notify_change('id')")
     op.add_column('usage_events', sa.Column('adapter_id', sa.Uuid(as_uuid=False), nullable=True))
     op.add_column('usage_events', sa.Column('adapter_name', sa.Text(), nullable=True))
+    op.add_column('usage_events', sa.Column('adapter_load_s', sa.Float(), nullable=True))
     op.add_column('prices', sa.Column('adapter_id', sa.Uuid(as_uuid=False), nullable=True))
     op.create_foreign_key('fk_prices_adapter', 'prices', 'adapters', ['adapter_id'], ['id'],
                           ondelete='CASCADE')
@@ -67,6 +70,7 @@ def downgrade() -> None:
     op.drop_constraint('ck_prices_adapter_has_deployment', 'prices')
     op.drop_constraint('fk_prices_adapter', 'prices')
     op.drop_column('prices', 'adapter_id')
+    op.drop_column('usage_events', 'adapter_load_s')
     op.drop_column('usage_events', 'adapter_name')
     op.drop_column('usage_events', 'adapter_id')
     op.execute("DROP TRIGGER adapters_notify ON adapters")

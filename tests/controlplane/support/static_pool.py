@@ -15,7 +15,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from pool.api import (ColdStartTimings, Lease, ModelInfo, NeverFits, Pool, PoolError,
+from pool.api import (AdapterLoadTimings, AdapterRef, ColdStartTimings, Lease, ModelInfo, NeverFits, Pool, PoolError,
                       ReplicaShape, RevisionSpec, RevisionStatus)
 from pool.weights.inspection import inspect_model
 
@@ -29,6 +29,7 @@ class StaticLease:
     queue_s: float = 0.0
     cold_start: Optional[ColdStartTimings] = None
     headers: Mapping[str, str] = field(default_factory=dict)   # the servers are open: no secret
+    adapter_load: Optional[AdapterLoadTimings] = None
     released: int = 0
     failed: bool = False
 
@@ -47,6 +48,7 @@ class Acquired:
     prompt_tokens: int
     timeout_s: float
     lease: StaticLease
+    adapter: Optional[AdapterRef] = None
 
 
 @dataclass
@@ -106,7 +108,8 @@ class StaticPool:
                             f"{self.slot_memory_gb} GB held")
 
     async def acquire(self, spec: RevisionSpec, *, request_id: str, prefix_key: Optional[str],
-                      prompt_tokens: int, timeout_s: float) -> StaticLease:
+                      prompt_tokens: int, timeout_s: float,
+                      adapter: Optional[AdapterRef] = None) -> StaticLease:
         if self.hold is not None:
             self.waiting += 1
             try:
@@ -118,7 +121,7 @@ class StaticPool:
         index = next(self._next)
         lease = StaticLease(self.base_urls[index], f"static-{index}", spec.revision_id,
                             queue_s=0.001, cold_start=self.cold_start, headers=self.lease_headers)
-        self.calls.append(Acquired(spec, request_id, prefix_key, prompt_tokens, timeout_s, lease))
+        self.calls.append(Acquired(spec, request_id, prefix_key, prompt_tokens, timeout_s, lease, adapter))
         return lease
 
     def revision_status(self, revision_id: str) -> RevisionStatus:

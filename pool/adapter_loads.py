@@ -1,0 +1,140 @@
+"""LoRA adapters brought into a replica for the requests that name them.
+
+A request for an adapter its replica lacks waits for the adapter's two files (from
+the node's weight cache, fetched from S3 into it first when absent, each object as
+it was attached: another ETag or size is refused) and their upload into the
+replica (PUT /admin/adapters/{name}: wire/replica_control.py), which reads and
+installs them between engine steps, so the replica's running requests never
+pause. Requests that need the same load at once share it. Making room first drops
+the least recently used adapters no lease uses (pool/adapter_holdings.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import httpx
+
+from pool.adapter_holdings import AdapterHoldings
+from pool.api import AdapterLoadFailed, AdapterLoadTimings, AdapterRef, AdapterRefused, ColdStartFailed
+from pool.backends.base import ReplicaHandle
+from pool.s3 import S3Object, parse_uri
+from pool.weights.sources import SourceStores
+from spec.lora_adapter import CONFIG_FILE, WEIGHTS_FILE
+from wire.replica_control import ADAPTER_CONFIG_HEADER, ADAPTERS_PATH, AdapterReply, BadReply
+
+
+@dataclass(frozen=True)
+class AdapterFiles:
+    config: bytes
+    weights: bytes
+    downloaded_bytes: int
+    seconds: float
+
+
+class AdapterLoads:
+    def __init__(self, stores: SourceStores, http: httpx.AsyncClient, *, capacity: int, timeout_s: float):
+        self.stores = stores
+        self.http = http
+        self.capacity = capacity        # adapters one replica is given at most
+        self.timeout_s = timeout_s
+        # (replica, adapter) -> the load in flight, shared by every request that needs it
+        self._loading: dict[tuple[str, str], asyncio.Task[AdapterLoadTimings]] = {}
+
+    async def ensure(self, replica_id: str, handle: ReplicaHandle, holdings: AdapterHoldings,
+                     ref: AdapterRef) -> Optional[AdapterLoadTimings]:
+        """None when the replica holds the adapter; else the load's timings once it does."""
+        if holdings.holds(ref.name):
+            return None
+        started = time.perf_counter()
+        key = (replica_id, ref.name)
+        task = self._loading.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._load(handle, holdings, ref))
+            self._loading[key] = task
+            task.add_done_callback(lambda _: self._loading.pop(key, None))
+        timings = await asyncio.shield(task)
+        return AdapterLoadTimings(timings.download_s, timings.downloaded_bytes, timings.install_s,
+                                  time.perf_counter() - started)
+
+    async def _load(self, handle: ReplicaHandle, holdings: AdapterHoldings,
+                    ref: AdapterRef) -> AdapterLoadTimings:
+        files = await self.files(ref)
+        started = time.perf_counter()
+        for victim in holdings.to_evict(ref.name, self.capacity):
+            await self._drop(handle, holdings, victim)
+        await self._put(handle, ref.name, files)
+        holdings.added(ref.name, len(files.weights))
+        return AdapterLoadTimings(files.seconds, files.downloaded_bytes, time.perf_counter() - started)
+
+    async def files(self, ref: AdapterRef) -> AdapterFiles:
+        """The adapter's config and weights, through the node's cache, as attached."""
+        started = time.perf_counter()
+        store = await self.stores.store_for(ref.tenant_id, ref.uri)
+        bucket, prefix = parse_uri(ref.uri)
+        objects = [_pinned(ref, bucket, prefix + name, store.origin) for name in (CONFIG_FILE, WEIGHTS_FILE)]
+        hits = [o in store.cache for o in objects]
+        try:
+            paths = await asyncio.wait_for(asyncio.gather(*(store.fetch_object(o) for o in objects)),
+                                           self.timeout_s)
+        except ColdStartFailed as exc:
+            raise AdapterLoadFailed(f"adapter files: {exc}") from None
+        except (asyncio.TimeoutError, OSError) as exc:
+            raise AdapterLoadFailed(f"adapter files: S3 did not answer ({type(exc).__name__})") from None
+        config, weights = await asyncio.to_thread(_read_both, paths[0], paths[1])
+        downloaded = sum(o.size for o, hit in zip(objects, hits) if not hit)
+        return AdapterFiles(config, weights, downloaded, time.perf_counter() - started)
+
+    async def _put(self, handle: ReplicaHandle, name: str, files: AdapterFiles) -> None:
+        try:    # one header line: compact, ASCII
+            config = json.dumps(json.loads(files.config), separators=(",", ":"), ensure_ascii=True)
+        except ValueError:
+            raise AdapterRefused(f"the adapter was refused: {CONFIG_FILE} is not JSON") from None
+        try:
+            resp = await self.http.put(f"{handle.base_url}{ADAPTERS_PATH}/{name}", content=files.weights,
+                                       headers={**handle.headers, ADAPTER_CONFIG_HEADER: config},
+                                       timeout=self.timeout_s)
+        except httpx.HTTPError as exc:
+            raise AdapterLoadFailed(f"the replica did not take the adapter: {type(exc).__name__}",
+                                    retry_after_s=1.0) from None
+        if resp.status_code == 400:
+            raise AdapterRefused(f"the adapter was refused: {_message(resp)}")
+        if resp.status_code != 200:
+            raise AdapterLoadFailed(f"the replica did not take the adapter ({resp.status_code}): "
+                                    f"{_message(resp)}", retry_after_s=1.0)
+        try:
+            AdapterReply.parse(resp.json())
+        except (BadReply, ValueError):
+            raise AdapterLoadFailed("the replica's answer to the adapter load is not one", 1.0) from None
+
+    async def _drop(self, handle: ReplicaHandle, holdings: AdapterHoldings, name: str) -> None:
+        """Take an idle adapter back; one the replica still runs (409) stays held."""
+        try:
+            resp = await self.http.delete(f"{handle.base_url}{ADAPTERS_PATH}/{name}", headers=handle.headers)
+        except httpx.HTTPError:
+            return
+        if resp.status_code in (200, 404):
+            holdings.dropped(name)
+
+
+def _pinned(ref: AdapterRef, bucket: str, key: str, origin: str) -> S3Object:
+    uri = f"s3://{bucket}/{key}"
+    pin = ref.pins.get(uri)
+    if pin is None:
+        raise AdapterLoadFailed(f"adapter {ref.name}: {uri} was not read when it was attached")
+    return S3Object(bucket, key, pin.size, pin.etag, origin)
+
+
+def _read_both(config: Path, weights: Path) -> tuple[bytes, bytes]:
+    return config.read_bytes(), weights.read_bytes()
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json()["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:200]
