@@ -27,7 +27,7 @@ from controlplane.gateway.openai_wire import (MAX_TOKENS, UsageSeen, client_chun
 from controlplane.lookups.service import Lookups
 from controlplane.billing.metering import UsageWriter
 from controlplane.metrics import Metrics
-from controlplane.store.tables import Deployment, Revision
+from controlplane.store.tables import Adapter, Deployment, Revision
 from controlplane.billing.pricing import Pricing, invocation_cost
 from controlplane.quotas import Quota
 from controlplane.gateway.ratelimit import RateReservation, Limited, RateLimits, RateLimiter
@@ -37,7 +37,7 @@ from controlplane.store.tenants import Principal
 from controlplane.deploy.traffic import choose
 from controlplane.gateway.upstream import AnswerTooLarge, Upstream, UpstreamError, UpstreamResponse
 from controlplane.billing.usage import UsageRecord
-from pool.api import Lease, Pool, RevisionSpec
+from pool.api import AdapterRef, Lease, PinnedObject, Pool, RevisionSpec
 from wire.disconnect import Receive, until_disconnect
 from wire.errors import ProtocolError, error_body
 from wire.requests import GenerationRequest, StreamOptions, check_sampling_params, parse_request
@@ -58,14 +58,24 @@ WATCH_AFTER_S = 0.05
 
 @dataclass(frozen=True)
 class RouteTarget:
-    """Where a request goes: the caller's deployment and the revision the split chose,
-    the price in effect when it arrived (`at`, the usage row's start) and its tenant's
-    quota (for the pool)."""
+    """Where a request goes: the deployment (the caller's, or a shared base) and the
+    revision the split chose, the adapter it runs with, the price in effect when it
+    arrived (`at`, the usage row's start), the caller tenant's quota (its rate limits)
+    and the deployment owner's (the pool's, which holds the replicas)."""
     deployment: Deployment
     revision: Revision
     at: datetime
     pricing: Pricing
     quota: Quota
+    adapter: Optional[Adapter] = None
+    owner_quota: Optional[Quota] = None     # None: the caller owns the deployment
+
+    @property
+    def model_name(self) -> str:
+        """What the client is told it called."""
+        if self.adapter is None:
+            return self.deployment.name
+        return f"{self.deployment.name}:{self.adapter.name}"
 
 
 @dataclass(frozen=True)
@@ -140,7 +150,8 @@ class Gateway:
         name = body.get("model")
         if not isinstance(name, str) or not name:
             raise ApiError(400, "model: the deployment name is required", param="model")
-        target = await self.target(principal, name, request_id)
+        resolved = await self.lookups.model(principal.tenant_id, name)
+        target = self._target(principal, resolved.deployment, resolved.revisions, request_id, resolved.adapter)
         if deployments.kind_of(target.revision) == "function":
             raise ApiError(400, f"model: {name} is a function: POST /v1/functions/{name}/invoke",
                            param="model", code="wrong_kind")
@@ -149,17 +160,25 @@ class Gateway:
     async def target(self, principal: Principal, name: str, request_id: str) -> RouteTarget:
         """The caller's deployment by name (404 for any other tenant's) and the revision the
         split chooses for this request id."""
-        at = datetime.now(timezone.utc)
         deployment, revisions = await self.lookups.deployment(principal.tenant_id, name)
+        return self._target(principal, deployment, revisions, request_id)
+
+    def _target(self, principal: Principal, deployment: Deployment, revisions: list[Revision],
+                request_id: str, adapter: Optional[Adapter] = None) -> RouteTarget:
+        at = datetime.now(timezone.utc)
         by_name = {r.name: r for r in revisions}
+        owner = deployment.tenant_id
         return RouteTarget(deployment, by_name[choose(deployment.traffic, request_id)], at,
-                      self.lookups.pricing(principal.tenant_id, deployment.id, at),
-                      self.lookups.quota(principal.tenant_id))
+                           self.lookups.pricing(principal.tenant_id, deployment.id, at),
+                           self.lookups.quota(principal.tenant_id), adapter,
+                           None if owner == principal.tenant_id else self.lookups.quota(owner))
 
     def validate(self, endpoint: str, body: Any, target: RouteTarget) -> Invocation:
         """wire.requests' rules, then what needs the model: token ids inside its vocabulary
         (when the revision recorded it); ProtocolError (400) naming the field."""
         request = parse_request(endpoint, body)
+        if target.adapter is not None and target.revision.engine.get("task", "generate") != "generate":
+            raise ApiError(400, "model: adapters run on generating models", param="model")
         if target.revision.vocab_size is not None:     # NULL before migration 0002
             _check_vocabulary(request, target.revision.vocab_size)
         text = prompt_text(request)
@@ -198,30 +217,32 @@ class Gateway:
         """A lease on a ready replica (a cold start when there is none); the pool's
         refusals (PoolError) become 429/503 with Retry-After, and give the reservation back."""
         lease, t0 = await self.lease(target, request_id, admission, prefix_key(invocation.prompt_text),
-                                     invocation.prompt_tokens)
+                                     invocation.prompt_tokens, adapter_ref(target.adapter))
         return ReplicaCall(principal, target, request_id, endpoint, lease, target.at, t0, admission,
                     usage=invocation.usage(), log_fields=log_fields)
 
     async def lease(self, target: RouteTarget, request_id: str, admission: RateReservation,
-                    prefix: Optional[str], prompt_tokens: int) -> tuple[Lease, float]:
+                    prefix: Optional[str], prompt_tokens: int,
+                    adapter: Optional[AdapterRef] = None) -> tuple[Lease, float]:
         """The pool's lease (and when the wait for it began); a refusal gives the rate
         limiter's reservation back."""
         t0 = time.perf_counter()
         try:
             lease = await self.pool.acquire(
                 self._spec(target), request_id=request_id, prefix_key=prefix,
-                prompt_tokens=prompt_tokens, timeout_s=self.settings.acquire_timeout_s)
+                prompt_tokens=prompt_tokens, timeout_s=self.settings.acquire_timeout_s, adapter=adapter)
         except BaseException:
             self.limiter.settle(admission, 0, self.clock())
             raise
         return lease, t0
 
     def _spec(self, target: RouteTarget) -> RevisionSpec:
+        quota = target.owner_quota or target.quota       # the replicas are the owner's
         held = self._specs.get(target.revision)
-        if held is not None and held[0] is target.deployment and held[1] is target.quota:
+        if held is not None and held[0] is target.deployment and held[1] is quota:
             return held[2]
-        spec = deployments.revision_spec(target.deployment, target.revision, target.quota.for_pool())
-        self._specs[target.revision] = (target.deployment, target.quota, spec)
+        spec = deployments.revision_spec(target.deployment, target.revision, quota.for_pool())
+        self._specs[target.revision] = (target.deployment, quota, spec)
         return spec
 
     async def send(self, call: ReplicaCall, body: dict[str, Any]) -> UpstreamResponse:
@@ -233,7 +254,8 @@ class Gateway:
         call's latency, and before any of the answer can reach the client."""
         try:
             pending = await self.http.request(
-                f"{call.lease.base_url.rstrip('/')}/v1/{call.endpoint}", upstream_body(body),
+                f"{call.lease.base_url.rstrip('/')}/v1/{call.endpoint}",
+                upstream_body(body, call.target.adapter.id if call.target.adapter is not None else None),
                 {**call.lease.headers, "x-request-id": call.request_id})
             self.writer.calls.open(self._record(call, Outcome("error", CUT_HTTP_STATUS)),
                                    call.target.pricing)
@@ -277,7 +299,7 @@ class Gateway:
                 call.usage.counted_completion = estimate_completion_tokens(payload)
                 call.usage.fall_back()
                 payload["usage"] = call.usage.as_openai()
-            payload = client_response(payload, call.target.deployment.name)
+            payload = client_response(payload, call.target.model_name)
         try:
             response = JSONResponse(payload, status_code=upstream.status_code,
                                     headers=self._headers(call))
@@ -340,7 +362,7 @@ class Gateway:
                     payload["usage"] = call.usage.as_openai()
                 if call.ttft_s is None and has_content(payload):
                     call.ttft_s = time.perf_counter() - call.t0
-                chunk = client_chunk(payload, call.target.deployment.name, options)
+                chunk = client_chunk(payload, call.target.model_name, options)
                 if chunk is not None:
                     yield sse(chunk)
                     call.usage.counted_completion += 1
@@ -385,12 +407,15 @@ class Gateway:
             done=call.saw_done))
 
     def _headers(self, call: ReplicaCall) -> dict[str, str]:
-        return {"x-thawpool-revision": call.target.revision.name,
-                "x-thawpool-replica": call.lease.replica_id}
+        headers = {"x-thawpool-revision": call.target.revision.name,
+                   "x-thawpool-replica": call.lease.replica_id}
+        if call.lease.adapter_load is not None:      # the call waited for its adapter's load
+            headers["x-thawpool-adapter-load-s"] = f"{call.lease.adapter_load.total_s:.3f}"
+        return headers
 
     def _record(self, call: ReplicaCall, outcome: Outcome) -> UsageRecord:
         usage, deployment, revision = call.usage, call.target.deployment, call.target.revision
-        cold = call.lease.cold_start
+        cold, adapter, adapter_load = call.lease.cold_start, call.target.adapter, call.lease.adapter_load
         return UsageRecord(
             invocation_id=call.invocation_id, request_id=call.request_id,
             tenant_id=call.principal.tenant_id, api_key_id=call.principal.key_id,
@@ -404,7 +429,10 @@ class Gateway:
             cost=invocation_cost(call.target.pricing, usage.prompt_tokens, usage.cached_tokens,
                                  usage.completion_tokens, charge_call=outcome.status != "error"),
             replica_id=call.lease.replica_id, started_at=call.started_at,
-            finished_at=datetime.now(timezone.utc))
+            finished_at=datetime.now(timezone.utc),
+            adapter_id=adapter.id if adapter is not None else None,
+            adapter_name=adapter.name if adapter is not None else None,
+            adapter_load_s=adapter_load.total_s if adapter_load is not None else None)
 
     def _observe(self, call: ReplicaCall, status: str) -> None:
         """Per-deployment metrics, labelled with tenant names: the internal listener only;
@@ -417,8 +445,17 @@ class Gateway:
             self.metrics.ttft.labels(tenant, name).observe(call.ttft_s)
         call.log_fields.update(
             deployment=name, revision=call.target.revision.name, outcome=status,
+            adapter=call.target.adapter.name if call.target.adapter is not None else None,
             invocation_id=call.invocation_id, prompt_tokens=call.usage.prompt_tokens,
             completion_tokens=call.usage.completion_tokens)
+
+
+def adapter_ref(adapter: Optional[Adapter]) -> Optional[AdapterRef]:
+    """What the pool needs to load the adapter: its files as attached, and whose they are."""
+    if adapter is None:
+        return None
+    pins = {uri: PinnedObject(str(p["etag"]), int(p["size"])) for uri, p in adapter.pinned_objects.items()}
+    return AdapterRef(adapter.id, adapter.adapter_uri, adapter.tenant_id, pins, adapter.weight_bytes)
 
 
 def _check_vocabulary(request: GenerationRequest, vocab_size: int) -> None:

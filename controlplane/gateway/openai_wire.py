@@ -36,10 +36,13 @@ def estimate_prompt_tokens(request: GenerationRequest, text: str) -> int:
     return len(text) // 4 + 1
 
 
-def upstream_body(body: dict[str, Any]) -> dict[str, Any]:
-    """The client's body for the replica: no `model` (the replica serves one), and
-    always cumulative usage in every chunk when streaming, so a cut stream is billable."""
+def upstream_body(body: dict[str, Any], adapter: Optional[str] = None) -> dict[str, Any]:
+    """The client's body for the replica: no `model` (the replica serves one) but the
+    replica's name of the adapter it runs with, and always cumulative usage in every
+    chunk when streaming, so a cut stream is billable."""
     out = {k: v for k, v in body.items() if k != "model"}
+    if adapter is not None:
+        out["model"] = adapter
     if out.get("stream"):
         out["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     return out

@@ -1,6 +1,7 @@
 """The in-memory copy of what every request reads: API keys, deployments with their
-revisions and traffic, quota overrides and the price book. Plain data and lookups, no
-database and no clock (controlplane.lookups.service keeps it current and asks Postgres on a miss).
+revisions and traffic (and the shared ones by name), adapters, quota overrides and the
+price book. Plain data and lookups, no database and no clock
+(controlplane.lookups.service keeps it current and asks Postgres on a miss).
 
 `generation` counts the changes applied: a miss read from Postgres is put in only if no
 change was applied while it was read, so a slow read never brings back what a newer
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Optional
 
-from controlplane.store.tables import Price
+from controlplane.store.tables import Adapter, Price
 from controlplane.billing.pricing import PriceRow, Pricing, price_at
 from controlplane.quotas import Quota
 from controlplane.store.prices import applicable
@@ -29,6 +30,8 @@ MAX_UNKNOWN_KEYS = 10_000
 class Cache:
     keys: dict[str, KeyEntry] = field(default_factory=dict)                 # by key hash
     deployments: dict[tuple[str, str], Deployed] = field(default_factory=dict)  # (tenant, name)
+    shared: dict[str, Deployed] = field(default_factory=dict)               # catalogue bases by name
+    adapters: dict[tuple[str, str], Adapter] = field(default_factory=dict)  # (tenant, name)
     quotas: dict[str, Overrides] = field(default_factory=dict)
     prices: dict[Optional[str], list[Price]] = field(default_factory=dict)  # tenant (None: default)
     generation: int = 0
@@ -37,6 +40,7 @@ class Cache:
     unknown_keys: dict[str, float] = field(default_factory=dict)
     _key_hashes: dict[str, str] = field(default_factory=dict)              # key id -> hash
     _deployment_names: dict[str, tuple[str, str]] = field(default_factory=dict)   # id -> key
+    _adapter_names: dict[str, tuple[str, str]] = field(default_factory=dict)      # id -> key
     # what every call would otherwise rebuild, dropped whenever what they derive from changes
     _quota_of: dict[str, Quota] = field(default_factory=dict)             # tenant -> quota
     _price_rows: dict[tuple[str, str], list[PriceRow]] = field(default_factory=dict)  # applicable
@@ -52,6 +56,16 @@ class Cache:
 
     def deployment(self, tenant_id: str, name: str) -> Optional[Deployed]:
         return self.deployments.get((tenant_id, name))
+
+    def deployment_by_id(self, deployment_id: str) -> Optional[Deployed]:
+        where = self._deployment_names.get(deployment_id)
+        return self.deployments.get(where) if where is not None else None
+
+    def shared_deployment(self, name: str) -> Optional[Deployed]:
+        return self.shared.get(name)
+
+    def adapter(self, tenant_id: str, name: str) -> Optional[Adapter]:
+        return self.adapters.get((tenant_id, name))
 
     def quota(self, tenant_id: str, default: Quota) -> Quota:
         """`default` (the same for every call) with the tenant's overrides."""
@@ -75,11 +89,14 @@ class Cache:
     def replace(self, snapshot: CacheSnapshot) -> None:
         """Everything at once (synchronous: no request sees half of it)."""
         self.keys, self._key_hashes = {}, {}
-        self.deployments, self._deployment_names = {}, {}
+        self.deployments, self._deployment_names, self.shared = {}, {}, {}
+        self.adapters, self._adapter_names = {}, {}
         for entry in snapshot.keys:
             self.put_key(entry)
         for deployed in snapshot.deployments:
             self.put_deployment(deployed)
+        for adapter in snapshot.adapters:
+            self.put_adapter(adapter)
         self.quotas, self._quota_of = dict(snapshot.quotas), {}
         self.set_prices(snapshot.prices)
 
@@ -111,6 +128,8 @@ class Cache:
         where = (deployment.tenant_id, deployment.name)
         self.deployments[where] = deployed
         self._deployment_names[deployment.id] = where
+        if deployment.shared:
+            self.shared[deployment.name] = deployed
 
     def drop_deployment(self, deployment_id: str) -> None:
         """Gone (deleted): its name may already belong to a newer deployment, kept."""
@@ -118,6 +137,21 @@ class Cache:
         held = self.deployments.get(where) if where is not None else None
         if where is not None and held is not None and held[0].id == deployment_id:
             del self.deployments[where]
+            if self.shared.get(held[0].name) is held:
+                del self.shared[held[0].name]
+        self.generation += 1
+
+    def put_adapter(self, adapter: Adapter) -> None:
+        self.drop_adapter(adapter.id)
+        where = (adapter.tenant_id, adapter.name)
+        self.adapters[where] = adapter
+        self._adapter_names[adapter.id] = where
+
+    def drop_adapter(self, adapter_id: str) -> None:
+        """Gone (deleted): its name may already belong to a newer adapter, kept."""
+        where = self._adapter_names.pop(adapter_id, None)
+        if where is not None and where in self.adapters and self.adapters[where].id == adapter_id:
+            del self.adapters[where]
         self.generation += 1
 
     def set_quota(self, tenant_id: str, overrides: Optional[Overrides]) -> None:

@@ -1,5 +1,6 @@
 """What every request reads, from memory: the API key behind a bearer secret, the
-caller's deployment with its revisions and traffic, the price in effect and the
+caller's deployment with its revisions and traffic (or the adapter its `model` names,
+with its base: controlplane.lookups.model_names), the price in effect and the
 tenant's quota (controlplane.lookups.cache). No database round trip on the hot path.
 
 Kept current three ways: a change this control plane makes is applied before the call
@@ -32,11 +33,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane.lookups.cache import Cache
 from controlplane.auth.keys import hash_key, is_key_shaped
 from controlplane.lookups.listener import Listener
-from controlplane.store.tables import utcnow
+from controlplane.lookups.model_names import ModelName, Resolved
+from controlplane.store.tables import Adapter, utcnow
 from controlplane.billing.pricing import Pricing
 from controlplane.quotas import Quota
 from controlplane.store import deployments, snapshot
-from controlplane.store.errors import DatabaseUnavailable
+from controlplane.store.errors import DatabaseUnavailable, NotFound
 from controlplane.store.failures import is_outage
 from controlplane.store.snapshot import Deployed, KeyEntry
 from controlplane.store.tenants import Principal
@@ -49,7 +51,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Change:
     """A changed row: api_keys:<key id>, deployments:<id> (revisions notify their
-    deployment), tenant_quotas:<tenant id>, prices:<id>; or FULL, everything."""
+    deployment), adapters:<id>, tenant_quotas:<tenant id>, prices:<id>; or FULL, everything."""
     table: str
     row_id: str = ""
 
@@ -135,6 +137,69 @@ class Lookups:
             self.cache.put_deployment(found)
         return found
 
+    async def model(self, tenant_id: str, name: str) -> Resolved:
+        """What a call's `model` names for this tenant (controlplane.lookups.model_names);
+        NotFound for anything it may not use."""
+        wanted = ModelName.parse(name)
+        if wanted.adapter is not None:
+            deployed = await self._visible_deployment(tenant_id, wanted.base)
+            adapter = await self._adapter(tenant_id, wanted.adapter)
+            if deployed is None or adapter is None:
+                raise NotFound("adapter" if deployed is not None else "deployment",
+                               wanted.adapter if deployed is not None else wanted.base)
+            resolved = Resolved(*deployed, adapter)
+        else:
+            resolved = await self._bare_name(tenant_id, name)
+        if not resolved.visible_to(tenant_id):
+            raise NotFound("adapter" if resolved.adapter is not None else "deployment", name)
+        return resolved
+
+    async def _bare_name(self, tenant_id: str, name: str) -> Resolved:
+        """The tenant's deployment, else its adapter, else a shared deployment."""
+        try:
+            return Resolved(*await self.deployment(tenant_id, name))
+        except NotFound:
+            pass
+        adapter = await self._adapter(tenant_id, name)
+        if adapter is not None:
+            base = self.cache.deployment_by_id(adapter.deployment_id) or await self._read_base(adapter)
+            if base is not None:
+                return Resolved(*base, adapter)
+        shared = await self._shared(name)
+        if shared is None:
+            raise NotFound("deployment", name)
+        return Resolved(*shared)
+
+    async def _visible_deployment(self, tenant_id: str, name: str) -> Optional[Deployed]:
+        try:
+            return await self.deployment(tenant_id, name)
+        except NotFound:
+            return await self._shared(name)
+
+    async def _adapter(self, tenant_id: str, name: str) -> Optional[Adapter]:
+        cached = self.cache.adapter(tenant_id, name)
+        if cached is not None:
+            return cached
+        found, keep = await self._read(lambda session: snapshot.find_adapter(session, tenant_id, name))
+        if keep and found is not None:
+            self.cache.put_adapter(found)
+        return found
+
+    async def _shared(self, name: str) -> Optional[Deployed]:
+        cached = self.cache.shared_deployment(name)
+        if cached is not None:
+            return cached
+        found, keep = await self._read(lambda session: snapshot.find_shared(session, name))
+        if keep and found is not None:
+            self.cache.put_deployment(found)
+        return found
+
+    async def _read_base(self, adapter: Adapter) -> Optional[Deployed]:
+        found, keep = await self._read(lambda session: snapshot.load_deployment(session, adapter.deployment_id))
+        if keep and found is not None:
+            self.cache.put_deployment(found)
+        return found
+
     def pricing(self, tenant_id: str, deployment_id: str, at: datetime) -> Pricing:
         return self.cache.pricing(tenant_id, deployment_id, at)
 
@@ -186,6 +251,7 @@ class Lookups:
     async def _apply(self, change: Change) -> None:
         reload = {"*": self._reload_all, "api_keys": self._reload_key,
                   "deployments": self._reload_deployment, "revisions": self._reload_deployment,
+                  "adapters": self._reload_adapter,
                   "tenant_quotas": self._reload_quota, "prices": self._reload_prices,
                   }.get(change.table)
         if reload is not None:
@@ -208,6 +274,13 @@ class Lookups:
             self.cache.drop_deployment(deployment_id)
         else:
             self.cache.put_deployment(deployed)
+
+    async def _reload_adapter(self, session: AsyncSession, adapter_id: str) -> None:
+        adapter = await snapshot.load_adapter(session, adapter_id)
+        if adapter is None:
+            self.cache.drop_adapter(adapter_id)
+        else:
+            self.cache.put_adapter(adapter)
 
     async def _reload_quota(self, session: AsyncSession, tenant_id: str) -> None:
         overrides = await snapshot.load_quotas(session, tenant_id)

@@ -1,8 +1,11 @@
-"""OpenAI's `GET /v1/models` at the control plane: the caller tenant's model deployments.
+"""OpenAI's `GET /v1/models` at the control plane: the caller tenant's model deployments,
+the shared (catalogue) bases, and the caller's adapters.
 
-The ids are the deployment names the gateway takes as `model`; another tenant's
-deployments are never listed (the same tenant filter as every deployment read),
-and function deployments are not models, so they are left out.
+The ids are the names the gateway takes as `model` (controlplane.lookups.model_names):
+deployment names, and `base:adapter` for each adapter, with its base as `parent`.
+Another tenant's deployments and adapters are never listed (the same tenant filter as
+every read; a shared base lists no one's adapters but the caller's), and function
+deployments are not models, so they are left out.
 """
 from __future__ import annotations
 
@@ -11,17 +14,22 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from controlplane.store.tables import Deployment, Revision
+from controlplane.store.tables import Adapter, Deployment, Revision
 from controlplane.routes.api import ApiRoute, Operation, scope
 from controlplane.routes.context import app_state, require
-from controlplane.store import deployments
+from controlplane.store import deployments, snapshot
 
 
 async def list_models(request: Request) -> Response:
     principal = require(request, "invoke")
     async with app_state(request).sessions() as session:
         rows = await deployments.list_for(session, principal.tenant_id)
+        own = {d.name for d, _ in rows}
+        rows += [(d, r) for d, r in await snapshot.shared_deployments(session) if d.name not in own]
+        adapters = await snapshot.tenant_adapters(session, principal.tenant_id)
     data = [model_entry(d, revisions) for d, revisions in rows if serves_model(revisions)]
+    bases = {d.id: d for d, _ in rows}
+    data += [adapter_entry(a, bases[a.deployment_id]) for a in adapters if a.deployment_id in bases]
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -31,8 +39,14 @@ def serves_model(revisions: list[Revision]) -> bool:
 
 def model_entry(deployment: Deployment, revisions: list[Revision]) -> dict[str, Any]:
     task = revisions[-1].engine.get("task", "generate") if revisions else "generate"
-    return {"id": deployment.name, "object": "model", "owned_by": deployment.tenant_id,
+    return {"id": deployment.name, "object": "model",
+            "owned_by": "thawpool" if deployment.shared else deployment.tenant_id,
             "created": int(deployment.created_at.timestamp()), "task": task}
+
+
+def adapter_entry(adapter: Adapter, base: Deployment) -> dict[str, Any]:
+    return {"id": f"{base.name}:{adapter.name}", "object": "model", "owned_by": adapter.tenant_id,
+            "created": int(adapter.created_at.timestamp()), "task": "generate", "parent": base.name}
 
 
 MODEL_LIST = {"type": "object", "required": ["object", "data"], "properties": {

@@ -1,16 +1,16 @@
 """What the control plane keeps in memory for the hot path, read from Postgres: API keys
-with their tenant, live deployments with their revisions, quota overrides and the
-price book. Whole (`load_all`) or one changed row at a time."""
+with their tenant, live deployments with their revisions, live adapters, quota
+overrides and the price book. Whole (`load_all`) or one changed row at a time."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Optional
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.store.tables import ApiKey, Deployment, Price, QuotaOverride, Revision, Tenant
+from controlplane.store.tables import Adapter, ApiKey, Deployment, Price, QuotaOverride, Revision, Tenant
 from controlplane.quotas import LIMITS
 from controlplane.store.tenants import Principal
 
@@ -40,11 +40,12 @@ class CacheSnapshot:
     deployments: list[Deployed]
     quotas: dict[str, Overrides]          # tenant id -> the admin's overrides
     prices: list[Price]
+    adapters: list[Adapter] = field(default_factory=list)
 
 
 async def load_all(session: AsyncSession) -> CacheSnapshot:
     return CacheSnapshot(await _keys(session), await _deployments(session),
-                    await load_quotas(session), await load_prices(session))
+                         await load_quotas(session), await load_prices(session), await _adapters(session))
 
 
 async def load_key(session: AsyncSession, *, key_id: Optional[str] = None,
@@ -57,6 +58,40 @@ async def load_deployment(session: AsyncSession, deployment_id: str) -> Optional
     """The deployment with its revisions, or None once it is deleted."""
     found = await _deployments(session, deployment_id)
     return found[0] if found else None
+
+
+async def load_adapter(session: AsyncSession, adapter_id: str) -> Optional[Adapter]:
+    """The adapter, or None once it is deleted."""
+    found = await _adapters(session, Adapter.id == adapter_id)
+    return found[0] if found else None
+
+
+async def find_adapter(session: AsyncSession, tenant_id: str, name: str) -> Optional[Adapter]:
+    """The tenant's live adapter by name (another tenant's is simply not found)."""
+    found = await _adapters(session, Adapter.tenant_id == tenant_id, Adapter.name == name)
+    return found[0] if found else None
+
+
+async def find_shared(session: AsyncSession, name: str) -> Optional[Deployed]:
+    """A live shared (catalogue) deployment by name, with its revisions."""
+    deployment = await session.scalar(select(Deployment).where(
+        Deployment.shared.is_(True), Deployment.name == name, Deployment.deleted_at.is_(None)))
+    return None if deployment is None else await load_deployment(session, deployment.id)
+
+
+async def tenant_adapters(session: AsyncSession, tenant_id: str) -> list[Adapter]:
+    return await _adapters(session, Adapter.tenant_id == tenant_id)
+
+
+async def shared_deployments(session: AsyncSession) -> list[Deployed]:
+    ids = await session.scalars(select(Deployment.id).where(Deployment.shared.is_(True),
+                                                            Deployment.deleted_at.is_(None)))
+    return [d for i in ids if (d := await load_deployment(session, i)) is not None]
+
+
+async def _adapters(session: AsyncSession, *where: Any) -> list[Adapter]:
+    query = select(Adapter).where(Adapter.deleted_at.is_(None), *where).order_by(Adapter.created_at)
+    return list(await session.scalars(query))
 
 
 async def load_quotas(session: AsyncSession, tenant_id: Optional[str] = None) -> dict[str, Overrides]:

@@ -122,3 +122,44 @@ def test_unknown_keys_are_held_up_to_a_cap_the_expired_and_oldest_going_first():
     assert len(cache.unknown_keys) == MAX_UNKNOWN_KEYS
     assert "late" not in cache.unknown_keys and "later" not in cache.unknown_keys
     assert cache.is_unknown(f"flood-{MAX_UNKNOWN_KEYS - 1}", 7.0)
+
+
+def adapter_row(adapter_id="a1", name="tuned", tenant="t1", deployment="d1"):
+    from controlplane.store.tables import Adapter
+    return Adapter(id=adapter_id, tenant_id=tenant, name=name, deployment_id=deployment)
+
+
+def test_shared_bases_and_adapters_are_found_and_leave_when_dropped():
+    cache = Cache()
+    base = deployed("d1", name="llama", tenant="op")
+    base[0].shared = True
+    cache.replace(CacheSnapshot([], [base, deployed("d2")], {}, [], [adapter_row(deployment="d1")]))
+    assert cache.shared_deployment("llama") is base
+    assert cache.shared_deployment("chat") is None, "a tenant's own deployment is not shared"
+    assert cache.deployment_by_id("d1") is base
+    assert cache.adapter("t1", "tuned").id == "a1"
+    assert cache.adapter("t2", "tuned") is None, "adapter names are per tenant"
+    unshared = deployed("d1", name="llama", tenant="op")
+    unshared[0].shared = False
+    cache.put_deployment(unshared)
+    assert cache.shared_deployment("llama") is None
+    cache.put_adapter(adapter_row("a2"))          # deleted, then made again
+    cache.drop_adapter("a1")                      # the old one's notice comes late
+    assert cache.adapter("t1", "tuned").id == "a2"
+    cache.drop_adapter("a2")
+    assert cache.adapter("t1", "tuned") is None
+
+
+def test_a_resolved_adapter_is_only_its_owners_and_on_its_base():
+    from controlplane.lookups.model_names import ModelName, Resolved
+    assert ModelName.parse("llama:tuned") == ModelName("llama", "tuned")
+    assert ModelName.parse("llama") == ModelName("llama")
+    shared, private = deployed("d1", "llama", "op"), deployed("d2", "chat", "t2")
+    shared[0].shared, private[0].shared = True, False
+    mine = adapter_row(tenant="t1", deployment="d1")
+    assert Resolved(*shared, mine).visible_to("t1")
+    assert not Resolved(*shared, mine).visible_to("t2"), "another tenant's adapter on a shared base"
+    assert Resolved(*shared).visible_to("t2")
+    assert not Resolved(*private).visible_to("t1")
+    assert not Resolved(*private, adapter_row(tenant="t2", deployment="d9")).visible_to("t2"), \
+        "an adapter named with a base it is not attached to"

@@ -55,3 +55,22 @@ def test_removing_a_replica_moves_only_its_keys():
             assert choose(fewer, f"p{i}") == before
             kept += 1
     assert 0 < kept < 50, "some keys were on d and moved, the rest stayed"
+
+
+def test_adapter_goes_to_a_replica_holding_it():
+    cands = [Candidate("a", 0), Candidate("b", 1, holds_adapter=True), Candidate("c", 2, holds_adapter=True)]
+    assert choose(cands, "some-prefix", adapter="ad-1") == "b"
+
+
+def test_adapter_holder_yields_past_the_load_bound():
+    # the holder carries more than least + slack: the adapter is loaded elsewhere
+    cands = [Candidate("a", 0), Candidate("b", 0), Candidate("holder", 9, holds_adapter=True)]
+    picked = choose(cands, adapter="ad-1")
+    assert picked in ("a", "b")
+    assert picked == choose(cands, "ad-1")       # by rendezvous on the adapter's name
+
+
+def test_an_adapter_nobody_holds_settles_by_its_name():
+    cands = [Candidate(f"r{i}", 0) for i in range(6)]
+    picks = {choose(cands, f"prefix-{i}", adapter="ad-7") for i in range(20)}
+    assert len(picks) == 1                         # not spread by the prompts' prefixes
