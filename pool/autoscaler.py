@@ -3,8 +3,9 @@
 The snapshot carries the current time, so the policy reads no clock and
 calls nothing; tests step fake time through it. Steps:
 
-  1. load      in-flight + queued requests over target_concurrency, and
-               queued prompt tokens over a per-replica token target
+  1. load      in-flight + queued requests over target_concurrency,
+               queued prompt tokens over a per-replica token target, and the
+               LoRA adapters in use at once over the adapter slots of a replica
   2. idle      no load and no activity for idle_timeout_s -> zero; no load but
                recent activity keeps one replica
   3. waiting   while requests wait, replicas that are starting are kept
@@ -34,6 +35,7 @@ class ScalingConfig:
     scale_down_delay_s: float = 30.0
     target_queued_prompt_tokens: int = 8192
     sleep_timeout_s: float = 0.0             # 0: no sleep tier, idle replicas stop
+    adapter_slots: int = 0                   # a replica's engine max_loras (0: no adapters)
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class ScalingSnapshot:
     ready: int = 0
     starting: int = 0                        # pending, pulling, loading, waking
     asleep: tuple[tuple[str, float], ...] = ()   # (replica id, when it fell asleep) per sleeper
+    adapters_in_use: int = 0                 # distinct adapters requests hold leases for now
 
     @property
     def current(self) -> int:
@@ -82,6 +85,10 @@ def load_target(snap: ScalingSnapshot) -> tuple[int, str]:
     by_tokens = 0
     if cfg.target_queued_prompt_tokens > 0:
         by_tokens = math.ceil(snap.queued_prompt_tokens / cfg.target_queued_prompt_tokens)
+    # more adapters at once than a replica's slots: requests wait for a slot to free
+    by_adapters = math.ceil(snap.adapters_in_use / cfg.adapter_slots) if cfg.adapter_slots else 0
+    if by_adapters > max(by_requests, by_tokens):
+        return by_adapters, f"{snap.adapters_in_use} adapters in use ({cfg.adapter_slots} slots a replica)"
     if by_tokens > by_requests:
         return by_tokens, f"{snap.queued_prompt_tokens} queued prompt tokens"
     return by_requests, f"{load} requests in flight or queued"

@@ -194,14 +194,15 @@ def scaling_snapshot(rev: RevisionState, now: float, settings: PoolSettings) -> 
         target_concurrency=spec.target_concurrency, idle_timeout_s=spec.idle_timeout_s,
         scale_down_delay_s=settings.scale_down_delay_s,
         target_queued_prompt_tokens=settings.target_queued_prompt_tokens,
-        sleep_timeout_s=spec.sleep_timeout_s)
+        sleep_timeout_s=spec.sleep_timeout_s, adapter_slots=int(spec.engine.get("max_loras") or 0))
     ready = rev.in_state(ReplicaState.READY)
     return ScalingSnapshot(now=now, config=config, in_flight=tuple(r.in_flight for r in ready),
                     queued_requests=len(rev.queue), queued_prompt_tokens=rev.queue.prompt_tokens,
                     last_activity_at=rev.last_activity, ready=len(ready),
                     starting=len(rev.in_state(*STARTING, ReplicaState.WAKING)),
                     asleep=tuple((r.replica_id, r.asleep.since) for r in rev.replicas.values()
-                                 if r.state is ReplicaState.SLEEPING and r.asleep is not None))
+                                 if r.state is ReplicaState.SLEEPING and r.asleep is not None),
+                    adapters_in_use=len({name for r in ready for name in r.adapters.users}))
 
 
 def scale_down_order(live: list[ManagedReplica]) -> list[ManagedReplica]:

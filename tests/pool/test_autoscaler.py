@@ -75,3 +75,15 @@ def test_starting_replica_with_waiters_is_never_scaled_down():
 def test_starting_replica_without_waiters_is_still_not_idle_within_timeout():
     d, _ = step(PolicyState(), now=30, starting=1, last_activity_at=0)
     assert d == 1
+
+
+def test_more_adapters_at_once_than_a_replicas_slots_scale_up():
+    from dataclasses import replace
+    cfg = replace(CFG, adapter_slots=4, target_concurrency=64)
+    # 6 requests fit one replica's concurrency, but they hold 9 different adapters' leases
+    assert step(PolicyState(), config=cfg, now=0, in_flight=(6,), ready=1, last_activity_at=0,
+                adapters_in_use=9)[0] == 3
+    assert step(PolicyState(), config=cfg, now=0, in_flight=(6,), ready=1, last_activity_at=0,
+                adapters_in_use=4)[0] == 1
+    assert step(PolicyState(), now=0, in_flight=(6,), ready=1, last_activity_at=0,
+                adapters_in_use=9)[0] == 2, "without adapter slots the adapters count for nothing"
