@@ -185,10 +185,12 @@ function replicasTable(d) {
 }
 
 // download_load: a thaw recorded before its lifetime kept the loading start (one stage).
-const STAGES = ["queue", "placement", "download", "load", "download_load", "first_token"];
+// adapter_load: a call that waited only for its LoRA adapter's load into a warm replica.
+const STAGES = ["queue", "placement", "download", "load", "download_load", "adapter_load", "first_token"];
+const OPTIONAL_STAGES = ["download_load", "adapter_load"];
 
 function waterfall(thaws) {
-  const shown = STAGES.filter((s) => s !== "download_load" || thaws.some((t) => t.stages[s] != null));
+  const shown = STAGES.filter((s) => !OPTIONAL_STAGES.includes(s) || thaws.some((t) => t.stages[s] != null));
   const total = (t) => STAGES.reduce((sum, s) => sum + (t.stages[s] || 0), 0);
   const longest = Math.max(0.001, ...thaws.map(total));
   const bars = thaws.map((t) => {
@@ -198,7 +200,8 @@ function waterfall(thaws) {
       seg.style.width = (100 * (t.stages[stage] || 0) / longest) + "%";
       bar.append(seg);
     }
-    return h("div", {}, h("small", {}, t.started_at.slice(0, 19) + "  " + total(t).toFixed(1) + "s"), bar);
+    const what = t.kind === "adapter" ? "  adapter " + t.adapter : "";
+    return h("div", {}, h("small", {}, t.started_at.slice(0, 19) + "  " + total(t).toFixed(1) + "s" + what), bar);
   });
   return h("div", { class: "card waterfall", id: "waterfall" },
     h("div", { class: "legend" }, shown.map((s) => h("span", { class: "seg-" + s }, " " + s + " "))),

@@ -9,6 +9,10 @@ was started), `placement` (started to placed: waiting for slots and quota),
 ready: the runtime process starts and loads them), `first_token` (ready to the first
 request's first token). A lifetime from before migration 0007 has no loading time: its
 download and load are one stage, `download_load`, and both of those are None.
+
+A call for a LoRA adapter its warm replica lacked waited for no replica, only for the
+adapter's load: its thaw has `kind` "adapter" and the stages `queue` (for a ready
+replica), `adapter_load` and `first_token` (the rest of its time to the first token).
 """
 from __future__ import annotations
 
@@ -48,14 +52,31 @@ async def minutes(session: AsyncSession, tenant_id: str, deployment_id: str,
 
 async def thaws(session: AsyncSession, tenant_id: str, deployment_id: str,
                 limit: int = 10) -> list[dict[str, Any]]:
-    """The latest replicas that became ready, newest first, each with its stages in
-    seconds (None where a time is not known)."""
+    """The latest replicas that became ready and adapters loaded into warm ones, newest
+    first, each with its stages in seconds (None where a time is not known)."""
     r = ReplicaLifetime
     lifetimes = (await session.scalars(
         select(r).where(r.tenant_id == tenant_id, r.deployment_id == deployment_id,
                         r.ready_at.is_not(None))
         .order_by(r.started_at.desc()).limit(limit))).all()
-    return [await _thaw(session, lifetime) for lifetime in lifetimes]
+    found = [await _thaw(session, lifetime) for lifetime in lifetimes]
+    found += await _adapter_loads(session, tenant_id, deployment_id, limit)
+    return sorted(found, key=lambda t: t["started_at"], reverse=True)[:limit]
+
+
+async def _adapter_loads(session: AsyncSession, tenant_id: str, deployment_id: str,
+                         limit: int) -> list[dict[str, Any]]:
+    u = UsageEvent
+    rows = (await session.scalars(
+        select(u).where(u.tenant_id == tenant_id, u.deployment_id == deployment_id,
+                        u.adapter_load_s.is_not(None))
+        .order_by(u.started_at.desc()).limit(limit))).all()
+    return [{"replica_id": row.replica_id, "started_at": row.started_at.isoformat(), "kind": "adapter",
+             "adapter": row.adapter_name,
+             "stages": {"queue": row.queue_s, "adapter_load": row.adapter_load_s,
+                        "first_token": None if row.ttft_s is None else
+                        max(0.0, row.ttft_s - (row.queue_s or 0.0) - (row.adapter_load_s or 0.0))}}
+            for row in rows]
 
 
 async def _thaw(session: AsyncSession, lifetime: ReplicaLifetime) -> dict[str, Any]:
@@ -68,7 +89,7 @@ async def _thaw(session: AsyncSession, lifetime: ReplicaLifetime) -> dict[str, A
         arrived = first.started_at
         if first.ttft_s is not None:
             first_token = first.started_at + timedelta(seconds=first.ttft_s)
-    return {"replica_id": lifetime.replica_id, "started_at": lifetime.started_at.isoformat(),
+    return {"replica_id": lifetime.replica_id, "started_at": lifetime.started_at.isoformat(), "kind": "replica",
             "stages": {"queue": _seconds(arrived, lifetime.started_at),
                        "placement": _seconds(lifetime.started_at, lifetime.placed_at),
                        **_download_load(lifetime),
