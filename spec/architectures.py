@@ -39,7 +39,7 @@ SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
 
 def engine_option_refusal(architecture: str, tensor_parallel_size: int,
-                          quantization: Optional[str]) -> Optional[tuple[str, str]]:
+                          quantization: Optional[str], max_loras: int = 0) -> Optional[tuple[str, str]]:
     """(option, why) for an engine option the architecture's model class cannot honour;
     None when it can. The control plane refuses such a deploy (422 naming the option)
     before a replica is ever started; the engine refuses it too."""
@@ -51,15 +51,20 @@ def engine_option_refusal(architecture: str, tensor_parallel_size: int,
     if quantization is not None and not arch.int8:
         return ("quantization", f"{quantization} does not cover {architecture}'s experts "
                                 "yet; serve it unquantized")
+    if max_loras and (why := lora_refusal(architecture)) is not None:
+        return ("max_loras", why)
+    if max_loras and tensor_parallel_size > 1:
+        return ("max_loras", "adapters run on one rank for now (tensor_parallel_size 1)")
     return None
 
 
 def check_engine_options(architecture: str, tensor_parallel_size: int,
-                         quantization: Optional[str]) -> None:
+                         quantization: Optional[str], max_loras: int = 0) -> None:
     """ValueError naming the option and the architecture (engine_option_refusal)."""
-    refusal = engine_option_refusal(architecture, tensor_parallel_size, quantization)
+    refusal = engine_option_refusal(architecture, tensor_parallel_size, quantization, max_loras)
     if refusal is not None:
         raise ValueError(f"{refusal[0]}: {refusal[1]}")
+
 
 
 def lora_refusal(architecture: str) -> Optional[str]:

@@ -254,7 +254,8 @@ def check_model(info: ModelInfo, resources: Resources, field_name: str = "model_
                            f"unsupported architecture {info.architecture!r} in config.json; "
                            f"supported: {sorted(SUPPORTED_ARCHITECTURES)}")
     engine = engine or {}
-    refusal = engine_option_refusal(info.architecture, resources.gpu_count, engine.get("quantization"))
+    refusal = engine_option_refusal(info.architecture, resources.gpu_count, engine.get("quantization"),
+                                    int(engine.get("max_loras") or 0))
     if refusal is not None:
         option, why = refusal
         raise InvalidField("resources.gpu_count" if option == "tensor_parallel_size" else f"engine.{option}", why)

@@ -66,7 +66,7 @@ class LLMEngine:
         since = time.perf_counter()
         self.model_config = ModelConfig.from_dir(model)
         check_engine_options(self.model_config.architecture, self.config.tensor_parallel_size,
-                             self.config.quantization)
+                             self.config.quantization, self.config.max_loras)
         check_divisible(self.model_config, self.config.tensor_parallel_size)
         # the engine needs only the tokenizer's eos ids; the tokenizer itself is parsed by
         # whoever turns text into ids: the server, beside this load, or `tokenizer` below

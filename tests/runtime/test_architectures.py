@@ -86,3 +86,13 @@ def test_which_layers_slide_follows_transformers(arch, fields, windows):
     base = dict(architectures=[arch], hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                 num_attention_heads=4, vocab_size=10)
     assert ModelConfig.from_dict({**base, **fields}).layer_windows == windows
+
+
+def test_adapters_are_refused_where_they_cannot_run():
+    from spec.architectures import engine_option_refusal
+    assert engine_option_refusal("LlamaForCausalLM", 1, None, max_loras=4) is None
+    for arch in ("MixtralForCausalLM", "Phi3ForCausalLM"):
+        option, why = engine_option_refusal(arch, 1, None, max_loras=4)
+        assert option == "max_loras" and arch in why
+    assert engine_option_refusal("LlamaForCausalLM", 2, None, max_loras=4)[0] == "max_loras"
+    assert engine_option_refusal("MixtralForCausalLM", 1, None) is None, "no adapters asked"
