@@ -9,13 +9,21 @@ adapters de and dx on `catalogue`; ad-bob has the adapter es on `catalogue`."""
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
+import csv
+import io
+
 import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
-from controlplane.store import deployments
+from controlplane.billing.pricing import Pricing
+from controlplane.store import deployments, prices
+from controlplane.store.desired_state import PostgresReplicaEvents
 from controlplane.store.tables import Adapter, Tenant
+from pool.api import ReplicaEvent
 from tests.controlplane.conftest import make_settings, running_control_plane
+from tests.controlplane.support.usage import make_record
+from tests.controlplane.test_billing import assert_rows_add_up
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 UTC = timezone.utc
@@ -37,10 +45,12 @@ async def world(plane, model_uri):
     """The tenants, their keys, deployments and adapters (adapters written to their table
     directly: the attach route is not this module's subject)."""
     keys = {name: await plane.tenant_key(name) for name in ("ad-op", "ad-ann", "ad-bob")}
+    revisions = {}
     for tenant, name in [("ad-op", "catalogue"), ("ad-op", "bare"), ("ad-ann", "own")]:
         created = await plane.client(keys[tenant]).post(
             "/v1/deployments", json={"name": name, "model_uri": model_uri})
         assert created.status_code == 201, created.text
+        revisions[name] = created.json()["revisions"][0]["id"]
     ids: dict[str, str] = {}
     async with plane.app.state.sessions.begin() as session:
         tenants = {t.name: t.id for t in await session.scalars(select(Tenant))}
@@ -59,7 +69,7 @@ async def world(plane, model_uri):
             session.add(adapter)
             await session.flush()
             ids[name] = adapter.id
-    return {"keys": keys, "tenants": tenants, "ids": ids}
+    return {"keys": keys, "tenants": tenants, "ids": ids, "revisions": revisions}
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -153,3 +163,111 @@ async def test_the_book_shows_adapter_rows_and_tenants_read_only_their_own(plane
             for a in bob.json()["adapters"]] == [("es", "catalogue", "7.000000000")]
     assert '"fr"' not in bob.text and '"de"' not in bob.text and "6.000000000" not in bob.text
     assert (await plane.admin.delete(f"/v1/price-book/{later['id']}")).status_code == 204
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def billed(plane, world):
+    """Usage through the real UsageWriter and lifetimes through the replica-event sink, on
+    June 1st 2025. Replica cat-1 of ad-op's catalogue held 1 GPU for 1000 s at 7e-9 a
+    GPU-second (its override then) and served 15 tokens of ad-op's base, 30 of ann's de
+    and 45 of bob's es. Replica own-1 of ann's `own` held 2 GPUs for 600 s at the default
+    0.001 and served 7 tokens of the base and 13 + 3 of fr (and 1000 of fr the minute
+    before the window: not counted); own-2 held 1 GPU for 60 s and served nothing; fr2's
+    call ran on a replica with no lifetime."""
+    tenants, ids = world["tenants"], world["ids"]
+    async with plane.app.state.sessions.begin() as session:
+        await prices.add(session, Pricing(gpu_second=Decimal("0.000000007")),
+                         DAY1 - timedelta(days=1), await session.get(Tenant, tenants["ad-op"]),
+                         await deployments.find(session, tenants["ad-op"], "catalogue"))
+    sink = PostgresReplicaEvents(plane.app.state.sessions)
+    for replica_id, base, gpus, start, seconds in [("cat-1", "catalogue", 1, 60, 1000),
+                                                   ("own-1", "own", 2, 120, 600),
+                                                   ("own-2", "own", 1, 180, 60)]:
+        common = dict(replica_id=replica_id, revision_id=world["revisions"][base],
+                      deployment_id=ids[base], tenant_id=tenants["ad-op" if base == "catalogue"
+                                                                 else "ad-ann"],
+                      gpu_count=gpus, slot_ids=tuple(f"gpu{i}" for i in range(gpus)))
+        placed = DAY1 + timedelta(minutes=start)
+        await sink.replica_changed(ReplicaEvent(state="pulling", at=placed, **common))
+        await sink.replica_changed(ReplicaEvent(
+            state="stopped", at=placed + timedelta(seconds=seconds), **common))
+    writer = plane.app.state.writer
+    for tenant, base, replica, adapter, prompt, completion, cost, minute in [
+            ("ad-op", "catalogue", "cat-1", None, 10, 5, "0.1", 61),
+            ("ad-ann", "catalogue", "cat-1", "de", 20, 10, "0.2", 62),
+            ("ad-bob", "catalogue", "cat-1", "es", 40, 5, "0.3", 63),
+            ("ad-ann", "own", "own-1", None, 5, 2, "0.01", 121),
+            ("ad-ann", "own", "own-1", "fr", 10, 3, "0.02", 122),
+            ("ad-ann", "own", "own-1", "fr", 2, 1, "0.03", 123),
+            ("ad-ann", "own", "own-1", "fr", 1000, 0, "99", -1),
+            ("ad-ann", "own", "elsewhere", "fr2", 2, 2, "0.04", 124)]:
+        writer.submit(make_record(
+            tenant_id=tenants[tenant], deployment_id=ids[base], deployment_name=base,
+            replica_id=replica, adapter_id=ids[adapter] if adapter else None,
+            adapter_name=adapter, prompt_tokens=prompt, completion_tokens=completion,
+            cost=Decimal(cost), started_at=DAY1 + timedelta(minutes=minute)))
+    await plane.flush_usage()
+
+
+async def report(plane, world, tenant: str, group_by: str, fmt: str = "json"):
+    response = await plane.client(world["keys"][tenant]).get(
+        "/v1/billing/report", params={**WINDOW, "group_by": group_by, "format": fmt})
+    assert response.status_code == 200, response.text
+    return response.json() if fmt == "json" else list(csv.DictReader(io.StringIO(response.text)))
+
+
+def gpu_of(body) -> dict:
+    return {r["key"]: (r["requests"], r["gpu_seconds"], r["gpu_cost"]) for r in body["rows"]}
+
+
+async def test_a_replicas_gpu_time_is_shared_out_by_tokens_and_an_idle_ones_stays_the_bases(
+        plane, world, billed):
+    """own-1: 1200 s (1.2) cut 7:16 is 365.217391 s and 834.782608 s, 1e-6 s short: the
+    largest share, fr's, takes it (and the 1e-15 its cost was short); own-2's 60 s stay
+    with the base. cat-1: 1000 s cut 15:75 (other tenants' tokens count, under one key)."""
+    ann = await report(plane, world, "ad-ann", "adapter")
+    assert gpu_of(ann) == {
+        "own": (1, "425.217391", "0.425217391304347"),
+        "own:fr": (2, "834.782609", "0.834782608695653"),
+        "own:fr2": (1, "0.000000", "0.000000000000000"),
+        "catalogue:de": (1, "0.000000", "0.000000000000000")}
+    op = await report(plane, world, "ad-op", "adapter")
+    assert gpu_of(op) == {
+        "catalogue": (1, "166.666666", "0.000001166666666"),
+        "catalogue:(other tenants)": (0, "833.333334", "0.000005833333334")}
+
+
+@pytest.mark.parametrize("tenant", ["ad-op", "ad-ann", "ad-bob"])
+async def test_by_adapter_the_totals_are_those_by_deployment_in_json_and_csv(plane, world,
+                                                                             billed, tenant):
+    by_adapter = await report(plane, world, tenant, "adapter")
+    by_deployment = await report(plane, world, tenant, "deployment")
+    assert by_adapter["totals"] == by_deployment["totals"]
+    assert by_adapter["gpu"] == by_deployment["gpu"]
+    assert_rows_add_up(by_adapter["rows"], by_adapter["totals"])
+    lines = await report(plane, world, tenant, "adapter", "csv")
+    assert [line["key"] for line in lines] == [r["key"] for r in by_adapter["rows"]] + ["TOTAL"]
+    assert {k: str(v) for k, v in by_adapter["totals"].items()} == \
+        {k: v for k, v in lines[-1].items() if k != "key"}
+    assert_rows_add_up(lines[:-1], lines[-1])
+    if tenant == "ad-ann":
+        totals = by_adapter["totals"]
+        assert (totals["requests"], totals["prompt_tokens"], totals["completion_tokens"]) == \
+            (5, 39, 18)
+        assert (totals["gpu_seconds"], totals["gpu_cost"]) == ("1260.000000", "1.260000000000000")
+        assert totals["token_cost"] == "0.300000000000000"
+
+
+async def test_another_tenants_report_never_shows_the_firsts_adapters(plane, world, billed):
+    bob = await report(plane, world, "ad-bob", "adapter")
+    assert [(r["key"], r["requests"], r["gpu_seconds"]) for r in bob["rows"]] == [
+        ("catalogue:es", 1, "0.000000")], "its own adapter; the GPU time is the base owner's"
+    for tenant in ("ad-op", "ad-bob"):
+        for group_by in ("adapter", "deployment"):
+            text = str(await report(plane, world, tenant, group_by))
+            assert ":de'" not in text and ":fr" not in text and "own" not in text, (tenant, text)
+    op = str(await report(plane, world, "ad-op", "adapter"))
+    assert ":es'" not in op, "other tenants' calls on the shared base are one row, unnamed"
+    as_admin = await plane.admin.get("/v1/billing/report", params={
+        **WINDOW, "group_by": "adapter", "tenant": "ad-bob"})
+    assert [r["key"] for r in as_admin.json()["rows"]] == ["catalogue:es"]
