@@ -13,17 +13,23 @@ at the wake that took them again.
 Report rows group GPU time like usage rows: by UTC day (a lifetime is cut at
 midnight), or by a label the lifetime carries (deployment, model, revision). Each
 piece is priced second by second at the price in effect then (`pricing.gpu_cost_between`).
+
+By adapter, a replica's GPU time inside the window is shared out among what ran on it
+(the base model, each adapter) in proportion to their tokens (`gpu_by_share`), the way a
+function's batch is shared among its calls; the shares of one lifetime add up to its
+seconds and cost exactly, so every grouping has the same totals.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta, timezone
-from decimal import Decimal
+from decimal import ROUND_DOWN, Decimal, localcontext
 from typing import Iterable, Mapping, Optional, Sequence
 
-from controlplane.billing.pricing import PriceRow, gpu_cost_between
+from controlplane.billing.pricing import MONEY_QUANTUM, PriceRow, gpu_cost_between
 
 Span = tuple[datetime, datetime]
+SECONDS_QUANTUM = Decimal("0.000001")       # lifetimes are stamped to the microsecond
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,7 @@ class Lifetime:
     last_seen_at: Optional[datetime]
     label: str = ""                 # the report row it belongs to (not by day)
     sleeps: tuple[datetime, ...] = ()   # fell asleep, woke, fell asleep, ... (odd: asleep now)
+    replica_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,3 +118,42 @@ def gpu_by_key(lifetimes: Iterable[Lifetime], timelines: Mapping[str, Sequence[P
                 seconds, cost = gpu_cost_between(timeline, start, end, lifetime.gpu_count)
                 rows[key] = rows.get(key, GpuUse()) + GpuUse(seconds, cost)
     return rows
+
+
+def gpu_by_share(lifetimes: Iterable[Lifetime], timelines: Mapping[str, Sequence[PriceRow]],
+                 window: Window, weights: Mapping[str, Mapping[str, int]]) -> dict[str, GpuUse]:
+    """GPU-seconds and their cost inside the window, each lifetime's split among the keys
+    of its replica's `weights` (tokens by report key); a lifetime with no weight keeps all
+    of it under its label."""
+    rows: dict[str, GpuUse] = {}
+    for lifetime in lifetimes:
+        held_inside = gpu_by_key([lifetime], timelines, window, by_day=False)
+        if not held_inside:
+            continue
+        use = held_inside[lifetime.label]
+        for key, part in split(use, weights.get(lifetime.replica_id, {}), lifetime.label).items():
+            rows[key] = rows.get(key, GpuUse()) + part
+    return rows
+
+
+def split(use: GpuUse, weights: Mapping[str, int], fallback: str) -> dict[str, GpuUse]:
+    """`use` in proportion to `weights`, seconds to the microsecond and cost to the money
+    quantum, each rounded down; what rounding left goes to the largest share, so the
+    shares add up to `use` exactly. No positive weight: all of it to `fallback`."""
+    positive = {key: weight for key, weight in weights.items() if weight > 0}
+    total = sum(positive.values())
+    if not total:
+        return {fallback: use}
+    parts = {key: GpuUse(_share(use.seconds, weight, total, SECONDS_QUANTUM),
+                         _share(use.cost, weight, total, MONEY_QUANTUM))
+             for key, weight in positive.items()}
+    largest = max(positive, key=lambda key: (positive[key], key))
+    given = sum(parts.values(), GpuUse())
+    parts[largest] += GpuUse(use.seconds - given.seconds, use.cost - given.cost)
+    return parts
+
+
+def _share(amount: Decimal, weight: int, total: int, quantum: Decimal) -> Decimal:
+    with localcontext() as ctx:
+        ctx.prec = 60       # the product exact, the quotient rounded down from its true value
+        return (amount * weight / total).quantize(quantum, rounding=ROUND_DOWN)

@@ -1,10 +1,11 @@
 """Pricing as pure Decimal functions: prices per million tokens, exact to 1e-15.
 
 The operator's price book is a list of `PriceRow`s, each in effect from its
-`effective_from` on: the platform default, a tenant's plan and a deployment's
-override. At any instant the most specific row already in effect applies (a
-deployment override over the plan over the default; within one scope, the
-latest). `price_at` answers for one instant (an invocation is priced when it
+`effective_from` on: the platform default, a tenant's plan, a deployment's
+override and an adapter's price (a LoRA adapter on a base deployment). At any
+instant the most specific row already in effect applies (an adapter's row over
+its base's override over the caller's plan over the default; within one scope,
+the latest). `price_at` answers for one instant (an invocation is priced when it
 starts), `segments` cuts a span of time where the price changes (GPU-seconds).
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ class PriceScope(enum.IntEnum):
     DEFAULT = 0
     TENANT = 1
     DEPLOYMENT = 2
+    ADAPTER = 3
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import sys
 
 from controlplane.cli.output import Context, Subcommands, command
 
-GROUPS = ("day", "deployment", "model", "api_key", "revision")    # the report API's group_by
+GROUPS = ("day", "deployment", "model", "api_key", "revision", "adapter")  # the API's group_by
 # "fn GPU s": function calls' share of their batches' compute (reported, not billed);
 # "GPU s": the replicas' held GPU time, billed as "GPU cost"
 SHOWN = (("requests", "requests"), ("prompt_tokens", "prompt"), ("cached_tokens", "cached"),

@@ -301,15 +301,18 @@ async function adminPage() {
       { id: "tenants-table" }),
     detail, h("h2", {}, "Price book"), priceForm(),
     table(["tenant", "deployment", "effective from", "input/Mtok", "output/Mtok", "GPU second"],
-      book.data.map((r) => [r.tenant || "(default)", r.deployment, r.effective_from,
+      book.data.map((r) => [r.tenant || "(default)", r.adapter ? r.deployment + ":" + r.adapter : r.deployment,
+                            r.effective_from,
                             (r.prices || {}).input_per_mtok, (r.prices || {}).output_per_mtok, (r.prices || {}).gpu_second]),
       { id: "prices-table" }));
   window.thawpoolConsole.data.admin = { tenants: tenants.data.map((t) => t.name) };
 }
 
-// A row of the price book: the default (no tenant), a tenant's plan (no deployment) or a
-// deployment's override, in effect from now. Blank prices are left to the API's defaults.
+// A row of the price book: the default (no tenant), a tenant's plan (no deployment), a
+// deployment's override or a tenant's adapter's price, in effect from now. Blank prices
+// are left to the API's defaults.
 const PRICE_INPUTS = { tenant: "tenant (blank: default)", deployment: "deployment (blank: plan)",
+  adapter: "adapter (blank: none)",
   input_per_mtok: "input/Mtok", output_per_mtok: "output/Mtok", gpu_second: "GPU second" };
 
 function priceForm() {

@@ -169,7 +169,8 @@ class Gateway:
         by_name = {r.name: r for r in revisions}
         owner = deployment.tenant_id
         return RouteTarget(deployment, by_name[choose(deployment.traffic, request_id)], at,
-                           self.lookups.pricing(principal.tenant_id, deployment.id, at),
+                           self.lookups.pricing(principal.tenant_id, deployment.id, at,
+                                                adapter.id if adapter is not None else None),
                            self.lookups.quota(principal.tenant_id), adapter,
                            None if owner == principal.tenant_id else self.lookups.quota(owner))
 

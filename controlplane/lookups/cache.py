@@ -33,7 +33,10 @@ class Cache:
     shared: dict[str, Deployed] = field(default_factory=dict)               # catalogue bases by name
     adapters: dict[tuple[str, str], Adapter] = field(default_factory=dict)  # (tenant, name)
     quotas: dict[str, Overrides] = field(default_factory=dict)
-    prices: dict[Optional[str], list[Price]] = field(default_factory=dict)  # tenant (None: default)
+    prices: dict[Optional[str], list[Price]] = field(default_factory=dict)  # plans (None: default)
+    # deployment and adapter rows by their base deployment, whoever owns them: a shared
+    # base's override prices every caller, a plan only its own tenant
+    overrides: dict[str, list[Price]] = field(default_factory=dict)
     generation: int = 0
     # key hash -> until when it is taken as unknown (monotonic seconds); in insertion
     # order, which is expiry order since every entry lives the same time
@@ -43,7 +46,8 @@ class Cache:
     _adapter_names: dict[str, tuple[str, str]] = field(default_factory=dict)      # id -> key
     # what every call would otherwise rebuild, dropped whenever what they derive from changes
     _quota_of: dict[str, Quota] = field(default_factory=dict)             # tenant -> quota
-    _price_rows: dict[tuple[str, str], list[PriceRow]] = field(default_factory=dict)  # applicable
+    # applicable rows by (tenant, deployment, adapter)
+    _price_rows: dict[tuple[str, str, Optional[str]], list[PriceRow]] = field(default_factory=dict)
 
     # ---------------------------------------------------------- reads
 
@@ -74,13 +78,18 @@ class Cache:
             quota = self._quota_of[tenant_id] = default.with_overrides(self.quotas.get(tenant_id, {}))
         return quota
 
-    def pricing(self, tenant_id: str, deployment_id: str, at: datetime) -> Pricing:
-        """The price of a deployment at `at`: its override, else its tenant's plan, else the
-        default, each the latest row in effect then; zero while the book has no row."""
-        rows = self._price_rows.get((tenant_id, deployment_id))
+    def pricing(self, tenant_id: str, deployment_id: str, at: datetime,
+                adapter_id: Optional[str] = None) -> Pricing:
+        """The price of a call by `tenant_id` of a deployment (with an adapter, or the base
+        model: None) at `at`: the adapter's row, else the deployment's override, else the
+        caller's plan, else the default, each the latest row in effect then; zero while the
+        book has no row."""
+        where = (tenant_id, deployment_id, adapter_id)
+        rows = self._price_rows.get(where)
         if rows is None:
-            rows = self._price_rows[(tenant_id, deployment_id)] = applicable(
-                [*self.prices.get(None, []), *self.prices.get(tenant_id, [])], deployment_id)
+            rows = self._price_rows[where] = applicable(
+                [*self.prices.get(None, []), *self.prices.get(tenant_id, []),
+                 *self.overrides.get(deployment_id, [])], deployment_id, adapter_id)
         row = price_at(rows, at)
         return row.pricing if row is not None else Pricing()
 
@@ -163,8 +172,12 @@ class Cache:
         self.generation += 1
 
     def set_prices(self, rows: list[Price]) -> None:
-        by_tenant: dict[Optional[str], list[Price]] = {}
+        plans: dict[Optional[str], list[Price]] = {}
+        overrides: dict[str, list[Price]] = {}
         for row in rows:
-            by_tenant.setdefault(row.tenant_id, []).append(row)
-        self.prices, self._price_rows = by_tenant, {}
+            if row.deployment_id is None:
+                plans.setdefault(row.tenant_id, []).append(row)
+            else:
+                overrides.setdefault(row.deployment_id, []).append(row)
+        self.prices, self.overrides, self._price_rows = plans, overrides, {}
         self.generation += 1

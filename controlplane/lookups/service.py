@@ -200,8 +200,9 @@ class Lookups:
             self.cache.put_deployment(found)
         return found
 
-    def pricing(self, tenant_id: str, deployment_id: str, at: datetime) -> Pricing:
-        return self.cache.pricing(tenant_id, deployment_id, at)
+    def pricing(self, tenant_id: str, deployment_id: str, at: datetime,
+                adapter_id: Optional[str] = None) -> Pricing:
+        return self.cache.pricing(tenant_id, deployment_id, at, adapter_id)
 
     def quota(self, tenant_id: str) -> Quota:
         return self.cache.quota(tenant_id, self.default_quota)

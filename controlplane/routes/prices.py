@@ -1,10 +1,11 @@
 """The operator's price book (admin) and the prices that apply to a tenant (its own view).
 
 One design for every price: rows in the book, by scope. An admin adds the
-default, a tenant's plan (`tenant`) or a deployment's override (`tenant` and
-`deployment`), each in effect from `effective_from` (now when absent; never in
-the past), and may delete a row only before it takes effect. Deploy bodies
-carry no prices (403 `pricing`).
+default, a tenant's plan (`tenant`), a deployment's override (`tenant` and
+`deployment`) or an adapter's price (`tenant` and `adapter`: the row names the
+adapter's base too, which `deployment` may repeat), each in effect from
+`effective_from` (now when absent; never in the past), and may delete a row only
+before it takes effect. Deploy bodies carry no prices (403 `pricing`).
 """
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any, Optional
 
+from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from controlplane.errors import ApiError
 from controlplane.fields import obj, text, timestamp
 from controlplane.lookups.service import Change
 from controlplane.billing.pricing import PRICE_FIELDS, PRICE_QUANTUM, PriceRow, Pricing, parse_price, price_at
@@ -23,16 +26,17 @@ from controlplane.routes.context import (app_state, read_json, require, require_
                                          tenant_in_query)
 from controlplane.store import deployments, prices, tenants
 from controlplane.store.errors import InvalidField
-from controlplane.store.prices import BookRow
+from controlplane.store.prices import AdapterName, BookRow
+from controlplane.store.tables import Deployment, Tenant
 
 REQUIRED_PRICES = ("input_per_mtok", "output_per_mtok")
-SCOPE_NAMES = ("default", "plan", "deployment")
+SCOPE_NAMES = ("default", "plan", "deployment", "adapter")     # by PriceScope
 
 
 async def add(request: Request) -> Response:
     require_admin(request)
     body = obj("body", await read_json(request), {*PRICE_FIELDS, "tenant", "deployment",
-                                                  "effective_from"})
+                                                  "adapter", "effective_from"})
     pricing, now = parse_pricing(body), datetime.now(timezone.utc)
     effective_from = now
     if body.get("effective_from") is not None:
@@ -41,17 +45,41 @@ async def add(request: Request) -> Response:
             raise InvalidField("effective_from", "must not be in the past: usage already "
                                                  "priced is never repriced")
     async with app_state(request).sessions.begin() as session:
-        tenant = deployment = None
+        tenant = None
         if body.get("tenant") is not None:
             tenant = await tenants.find_tenant(session, text("tenant", body["tenant"]))
-        if body.get("deployment") is not None:
-            if tenant is None:
-                raise InvalidField("deployment", "needs the tenant it belongs to")
-            deployment = await deployments.find(session, tenant.id,
-                                                text("deployment", body["deployment"]))
-        row = await prices.add(session, pricing, effective_from, tenant, deployment)
+        if body.get("adapter") is not None:
+            adapter = await _adapter(session, tenant, body)
+            row = await prices.add(session, pricing, effective_from, tenant, adapter=adapter)
+        else:
+            deployment = await _deployment(session, tenant, body)
+            row = await prices.add(session, pricing, effective_from, tenant, deployment)
     await app_state(request).lookups.changed(Change("prices", row.row.id))
     return JSONResponse(book_view(row), status_code=201)
+
+
+async def _deployment(session: AsyncSession, tenant: Optional[Tenant],
+                      body: dict[str, Any]) -> Optional[Deployment]:
+    if body.get("deployment") is None:
+        return None
+    if tenant is None:
+        raise InvalidField("deployment", "needs the tenant it belongs to")
+    return await deployments.find(session, tenant.id, text("deployment", body["deployment"]))
+
+
+async def _adapter(session: AsyncSession, tenant: Optional[Tenant],
+                   body: dict[str, Any]) -> AdapterName:
+    """The tenant's adapter (404 `adapter_not_found`); a `deployment` given with it must
+    name the adapter's base (400: a row names one base, the one the adapter runs on)."""
+    if tenant is None:
+        raise InvalidField("adapter", "needs the tenant it belongs to")
+    adapter = await prices.find_adapter(session, tenant.id, text("adapter", body["adapter"]))
+    named = body.get("deployment")
+    if named is not None and text("deployment", named) != adapter.deployment_name:
+        raise ApiError(400, f"deployment: adapter {adapter.name!r} runs on "
+                       f"{adapter.deployment_name!r}, not {named!r}",
+                       code="adapter_base_mismatch", param="deployment")
+    return adapter
 
 
 async def list_book(request: Request) -> Response:
@@ -72,21 +100,31 @@ async def delete(request: Request) -> Response:
 
 
 async def mine(request: Request) -> Response:
-    """The caller's prices now (its plan or the default, and each deployment's), and the
-    changes scheduled that will apply to it."""
+    """The caller's prices now (its plan or the default, each deployment's and each
+    adapter's), and the changes scheduled that will apply to it."""
     principal = require(request, "billing:read")
     now = datetime.now(timezone.utc)
     async with app_state(request).sessions() as session:
         rows = await prices.rows_for_tenant(session, principal.tenant_id)
         names = await deployments.names_of(session, principal.tenant_id)
-    mine_rows = [r for r in rows if r.deployment_id is None or r.deployment_id in names]
+        adapters = await prices.adapters_of(session, principal.tenant_id)
+    bases = {**{a.deployment_id: a.deployment_name for a in adapters}, **names}
+    adapter_names = {a.id: a.name for a in adapters}
+    mine_rows = [r for r in rows if (r.deployment_id is None or r.deployment_id in bases)
+                 and (r.adapter_id is None or r.adapter_id in adapter_names)]
     plan = [prices.price_row(r) for r in mine_rows if r.deployment_id is None]
+
+    def now_of(deployment_id: str, adapter_id: Optional[str] = None) -> dict[str, Any]:
+        return _in_effect(price_at(prices.applicable(rows, deployment_id, adapter_id), now))
     return JSONResponse({
         "plan": _in_effect(price_at(plan, now)),
-        "deployments": [{"name": name, **_in_effect(price_at(prices.applicable(rows, d), now))}
+        "deployments": [{"name": name, **now_of(d)}
                         for d, name in sorted(names.items(), key=lambda item: item[1])],
-        "scheduled": [{**_in_effect(prices.price_row(r)), "deployment": names.get(
-            r.deployment_id or "")} for r in mine_rows if r.effective_from > now]})
+        "adapters": [{"name": a.name, "deployment": a.deployment_name,
+                      **now_of(a.deployment_id, a.id)} for a in adapters],
+        "scheduled": [{**_in_effect(prices.price_row(r)), "deployment": bases.get(
+            r.deployment_id or ""), "adapter": adapter_names.get(r.adapter_id or "")}
+            for r in mine_rows if r.effective_from > now]})
 
 
 def parse_pricing(body: dict[str, Any]) -> Pricing:
@@ -108,7 +146,8 @@ def parse_pricing(body: dict[str, Any]) -> Pricing:
 def book_view(book_row: BookRow) -> dict[str, Any]:
     row = book_row.row
     return {"id": row.id, **_in_effect(book_row.price), "tenant": book_row.tenant_name,
-            "deployment": book_row.deployment_name, "created_at": row.created_at.isoformat()}
+            "deployment": book_row.deployment_name, "adapter": book_row.adapter_name,
+            "created_at": row.created_at.isoformat()}
 
 
 def _in_effect(row: Optional[PriceRow]) -> dict[str, Any]:
@@ -127,6 +166,7 @@ PRICE = {"anyOf": [{"type": "string", "pattern": r"^\d{1,9}(\.\d{1,9})?$"},
 ROW_BODY = {"type": "object", "required": list(REQUIRED_PRICES), "additionalProperties": False,
             "properties": {**{name: PRICE for name in PRICE_FIELDS},
                            "tenant": {"type": "string"}, "deployment": {"type": "string"},
+                           "adapter": {"type": "string"},
                            "effective_from": string_schema(format="date-time")}}
 IN_EFFECT = {"type": "object", "required": ["scope", "effective_from", "prices"],
              "properties": {"scope": {"enum": [*SCOPE_NAMES, None]},
@@ -136,7 +176,8 @@ ROW = {"type": "object", "required": ["id", "scope", "prices", "effective_from"]
 
 routes = [
     ApiRoute("/v1/price-book", add, "POST", Operation(
-        "Add a price: the default, a tenant's plan or a deployment's override", ADMIN, ok=201,
+        "Add a price: the default, a tenant's plan, a deployment's override or an adapter's",
+        ADMIN, ok=201,
         body=ROW_BODY, response=ROW)),
     ApiRoute("/v1/price-book", list_book, "GET", Operation(
         "The price book", ADMIN, query=(Param("tenant", string_schema()),),
@@ -145,6 +186,6 @@ routes = [
         "Delete a price row that is not yet in effect", ADMIN, ok=204)),
     ApiRoute("/v1/billing/prices", mine, "GET", Operation(
         "The prices that apply to the caller, now and scheduled", scope("billing:read"),
-        response={"type": "object", "required": ["plan", "deployments", "scheduled"],
+        response={"type": "object", "required": ["plan", "deployments", "adapters", "scheduled"],
                   "properties": {"plan": IN_EFFECT}})),
 ]

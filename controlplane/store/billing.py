@@ -8,6 +8,13 @@ the totals are the sum of the rows, so rows add up to totals in every format. GP
 is grouped like usage: by UTC day, deployment, model or revision; by API key it is one
 row of its own, `(gpu time)`, since replicas serve every key.
 
+By adapter, a row is `<deployment>` (the base model) or `<deployment>:<adapter>`. GPU time
+stays the base replica's, billed to the base's owner; each lifetime's is shared out
+among the base and the adapters that ran on the replica in the window, by their tokens
+(prompt + completion) in usage rows naming that replica (controlplane.billing.lifetimes.
+gpu_by_share). On a shared base, the tokens of other tenants' calls count too, their
+share one row, `<deployment>:(other tenants)`, that names none of them.
+
 Function calls also report what they used, billed by neither column of cost: `items`
 (inputs carried) and `function_gpu_seconds`, their share of their batches' compute
 (usage_events.gpu_seconds, each call's rounded to the microsecond before the sum, so
@@ -24,19 +31,20 @@ from sqlalchemy import (ColumnElement, Label, Numeric, RowMapping, Select, SQLCo
                         func, literal, select)
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.billing.lifetimes import GpuUse, Lifetime, Window, gpu_by_key
+from controlplane.billing.lifetimes import (SECONDS_QUANTUM, GpuUse, Lifetime, Window, gpu_by_key,
+                                            gpu_by_share)
 from controlplane.store.tables import ApiKey, Deployment, ReplicaLifetime, Revision, UsageEvent
 from controlplane.billing.pricing import MONEY_QUANTUM
 from controlplane.store import prices
 
 __all__ = ["GROUPS", "COLUMNS", "Row", "Window", "report", "usage_rows", "gpu_rows"]
 
-GROUPS = ("day", "deployment", "model", "api_key", "revision")
+GROUPS = ("day", "deployment", "model", "api_key", "revision", "adapter")
 SUMS = ("prompt_tokens", "cached_tokens", "completion_tokens", "items")
 COUNTS = ("requests", *SUMS, "partial", "errors")
 COLUMNS = ("key", *COUNTS, "function_gpu_seconds", "token_cost", "gpu_seconds", "gpu_cost", "cost")
 GPU_TIME_KEY = "(gpu time)"                 # GPU time in a report by API key
-SECONDS_QUANTUM = Decimal("0.000001")       # lifetimes are stamped to the microsecond
+OTHER_TENANTS = "(other tenants)"           # their share of a shared base, by adapter
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,8 @@ def _group_key(group_by: str) -> SQLColumnExpression[str]:
         return func.coalesce(ApiKey.prefix, literal("(none)"))
     if group_by == "revision":
         return u.deployment_name + literal("/") + u.revision_name
+    if group_by == "adapter":               # NULL || text is NULL: the base's key
+        return u.deployment_name + func.coalesce(literal(":") + u.adapter_name, literal(""))
     raise ValueError(f"group_by: one of {', '.join(GROUPS)}")
 
 
@@ -131,21 +141,65 @@ async def gpu_rows(session: AsyncSession, tenant_id: str, window: Window,
                    group_by: str) -> dict[str, GpuUse]:
     """GPU time of the tenant's replicas inside the window, per report key, priced piece
     by piece where the deployment's price changed."""
+    lifetimes, shared = await _lifetimes(session, tenant_id, window, group_by)
+    book = await prices.rows_for_tenant(session, tenant_id)
+    timelines = {d: prices.applicable(book, d) for d in {t.deployment_id for t in lifetimes}}
+    if group_by == "adapter":
+        weights = await _token_weights(session, tenant_id, window, lifetimes, shared)
+        return gpu_by_share(lifetimes, timelines, window, weights)
+    return gpu_by_key(lifetimes, timelines, window, by_day=group_by == "day")
+
+
+async def _lifetimes(session: AsyncSession, tenant_id: str, window: Window,
+                     group_by: str) -> tuple[list[Lifetime], bool]:
+    """The tenant's lifetimes that held GPUs in the window, labelled for `group_by`, and
+    whether any was of a shared base."""
     r = ReplicaLifetime
     found = (await session.execute(
         select(r.deployment_id, r.gpu_count, r.placed_at, r.stopped_at, r.last_seen_at,
-               Deployment.name, Revision.model_uri, Revision.number, r.sleeps)
+               Deployment.name, Revision.model_uri, Revision.number, r.sleeps, r.replica_id,
+               Deployment.shared)
         .outerjoin(Deployment, Deployment.id == r.deployment_id)
         .outerjoin(Revision, Revision.id == r.revision_id)
         .where(r.tenant_id == tenant_id, r.placed_at.is_not(None), r.placed_at < window.end,
                func.coalesce(r.stopped_at, r.last_seen_at, r.placed_at) > window.start)
     )).tuples()
-    lifetimes = [Lifetime(deployment_id, gpu_count, placed, stopped, seen,
-                          _gpu_label(group_by, name, model, number), tuple(sleeps or ()))
-                 for deployment_id, gpu_count, placed, stopped, seen, name, model, number, sleeps in found]
-    book = await prices.rows_for_tenant(session, tenant_id)
-    timelines = {d: prices.applicable(book, d) for d in {t.deployment_id for t in lifetimes}}
-    return gpu_by_key(lifetimes, timelines, window, by_day=group_by == "day")
+    lifetimes, shared = [], False
+    for (deployment_id, gpu_count, placed, stopped, seen, name, model, number, sleeps,
+         replica_id, is_shared) in found:
+        lifetimes.append(Lifetime(deployment_id, gpu_count, placed, stopped, seen,
+                                  _gpu_label(group_by, name, model, number),
+                                  tuple(sleeps or ()), replica_id))
+        shared = shared or bool(is_shared)
+    return lifetimes, shared
+
+
+async def _token_weights(session: AsyncSession, tenant_id: str, window: Window,
+                         lifetimes: list[Lifetime], shared: bool) -> dict[str, dict[str, int]]:
+    """Tokens per report key of each replica's usage rows in the window. Other tenants'
+    rows (only a shared base has them) count under one key; they are read only when a
+    shared base is in the report, as no index serves a read across tenants."""
+    u = UsageEvent
+    labels = {t.replica_id: t.label for t in lifetimes}
+    if not labels:
+        return {}
+    is_tenant = u.tenant_id == tenant_id
+    own = is_tenant.label("own")
+    key: Label[str] = _group_key("adapter").label("key")
+    tokens = func.sum(u.prompt_tokens + u.completion_tokens).label("tokens")
+    query = (select(u.replica_id, own, key, tokens)
+             .where(u.replica_id.in_(list(labels)), u.started_at >= window.start,
+                    u.started_at < window.end)
+             .group_by(u.replica_id, own, key))
+    if not shared:
+        query = query.where(is_tenant)
+    weights: dict[str, dict[str, int]] = {}
+    for replica_id, is_own, row_key, count in (await session.execute(query)).tuples():
+        replica = str(replica_id)            # never NULL: it matched a lifetime's
+        label = row_key if is_own else f"{labels[replica]}:{OTHER_TENANTS}"
+        shares = weights.setdefault(replica, {})
+        shares[label] = shares.get(label, 0) + int(count)
+    return weights
 
 
 def _usage_row(m: RowMapping) -> Row:
@@ -160,7 +214,7 @@ def _usage_row(m: RowMapping) -> Row:
 
 def _gpu_label(group_by: str, name: Optional[str], model: Optional[str],
                number: Optional[int]) -> str:
-    if group_by == "deployment":
+    if group_by in ("deployment", "adapter"):
         return name or "(deleted)"
     if group_by == "model":
         return model or "(unknown)"

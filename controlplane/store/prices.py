@@ -1,5 +1,10 @@
-"""The operator's price book: rows by scope (default, tenant plan, deployment override),
-each in effect from its `effective_from` on.
+"""The operator's price book: rows by scope (default, tenant plan, deployment override,
+adapter), each in effect from its `effective_from` on.
+
+An adapter's row belongs to the adapter's owner and names its base deployment too. A
+base's override applies to every caller of that base, whoever owns it: the catalogue
+price of a `shared` base is the operator's, and any tenant may call it. A plan applies
+to its own tenant only.
 
 The past is fixed: a row takes effect now or later, never earlier, and only a
 row not yet in effect can be deleted, so no change of the book reprices usage
@@ -12,13 +17,13 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Optional
 
-from sqlalchemy import or_, select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.fields import is_uuid
-from controlplane.store.tables import Deployment, Price, Tenant, new_id
+from controlplane.store.tables import Adapter, Deployment, Price, Tenant, new_id
 from controlplane.billing.pricing import PriceRow, PriceScope, Pricing
 from controlplane.store.errors import AlreadyExists, Conflict, NotFound
 
@@ -31,10 +36,20 @@ class BookRow:
     row: Price
     tenant_name: Optional[str] = None
     deployment_name: Optional[str] = None
+    adapter_name: Optional[str] = None
 
     @property
     def price(self) -> PriceRow:
         return price_row(self.row)
+
+
+@dataclass(frozen=True)
+class AdapterName:
+    """A live adapter and the base it runs on, by id and name."""
+    id: str
+    name: str
+    deployment_id: str
+    deployment_name: str
 
 
 def pricing_of(row: Price) -> Pricing:
@@ -43,7 +58,8 @@ def pricing_of(row: Price) -> Pricing:
 
 
 def price_row(row: Price) -> PriceRow:
-    scope = (PriceScope.DEPLOYMENT if row.deployment_id else
+    scope = (PriceScope.ADAPTER if row.adapter_id else
+             PriceScope.DEPLOYMENT if row.deployment_id else
              PriceScope.TENANT if row.tenant_id else PriceScope.DEFAULT)
     return PriceRow(scope, row.effective_from, pricing_of(row))
 
@@ -60,26 +76,31 @@ async def seed_default(session: AsyncSession, pricing: Pricing) -> None:
 
 
 async def add(session: AsyncSession, pricing: Pricing, effective_from: datetime,
-              tenant: Optional[Tenant] = None,
-              deployment: Optional[Deployment] = None) -> BookRow:
-    row = Price(tenant_id=tenant.id if tenant else None,
-                deployment_id=deployment.id if deployment else None,
+              tenant: Optional[Tenant] = None, deployment: Optional[Deployment] = None,
+              adapter: Optional[AdapterName] = None) -> BookRow:
+    """With an adapter (the tenant's), the row names the adapter's base as its deployment."""
+    base = ((adapter.deployment_id, adapter.deployment_name) if adapter else
+            (deployment.id, deployment.name) if deployment else (None, None))
+    row = Price(tenant_id=tenant.id if tenant else None, deployment_id=base[0],
+                adapter_id=adapter.id if adapter else None,
                 effective_from=effective_from, **asdict(pricing))
     try:
         async with session.begin_nested():
             session.add(row)
     except IntegrityError:
         raise AlreadyExists("price", f"effective from {effective_from.isoformat()}") from None
-    return BookRow(row, tenant.name if tenant else None, deployment.name if deployment else None)
+    return BookRow(row, tenant.name if tenant else None, base[1],
+                   adapter.name if adapter else None)
 
 
 async def book(session: AsyncSession, tenant: Optional[Tenant] = None) -> list[BookRow]:
-    """Every row (or a tenant's plan and overrides), by scope and time."""
-    query = (select(Price, Tenant.name, Deployment.name)
+    """Every row (or a tenant's plan, overrides and adapters' rows), by scope and time."""
+    query = (select(Price, Tenant.name, Deployment.name, Adapter.name)
              .outerjoin(Tenant, Tenant.id == Price.tenant_id)
              .outerjoin(Deployment, Deployment.id == Price.deployment_id)
+             .outerjoin(Adapter, Adapter.id == Price.adapter_id)
              .order_by(Tenant.name.nulls_first(), Deployment.name.nulls_first(),
-                       Price.effective_from))
+                       Adapter.name.nulls_first(), Price.effective_from))
     if tenant is not None:
         query = query.where(Price.tenant_id == tenant.id)
     return [BookRow(*row) for row in (await session.execute(query)).tuples()]
@@ -95,12 +116,40 @@ async def delete_scheduled(session: AsyncSession, price_id: str, now: datetime) 
 
 
 async def rows_for_tenant(session: AsyncSession, tenant_id: str) -> list[Price]:
-    """The default rows, the tenant's plan and its deployments' overrides."""
+    """The rows that can price the tenant's calls: the default rows, its plan, its
+    deployments' overrides, its adapters' rows and the shared bases' overrides."""
+    shared = select(Deployment.id).where(Deployment.shared)
     return list(await session.scalars(select(Price).where(
-        or_(Price.tenant_id.is_(None), Price.tenant_id == tenant_id))
+        or_(Price.tenant_id.is_(None), Price.tenant_id == tenant_id,
+            and_(Price.adapter_id.is_(None), Price.deployment_id.in_(shared))))
         .order_by(Price.effective_from)))
 
 
-def applicable(rows: list[Price], deployment_id: str) -> list[PriceRow]:
-    """Of a tenant's rows, those that can price `deployment_id`."""
-    return [price_row(r) for r in rows if r.deployment_id in (None, deployment_id)]
+def applicable(rows: list[Price], deployment_id: str,
+               adapter_id: Optional[str] = None) -> list[PriceRow]:
+    """Of the rows that can price a caller (the default, its plan, overrides), those that
+    price a call of `deployment_id`, with `adapter_id` or the base model (None)."""
+    return [price_row(r) for r in rows
+            if r.deployment_id in (None, deployment_id)
+            and (r.adapter_id is None or r.adapter_id == adapter_id)]
+
+
+async def find_adapter(session: AsyncSession, tenant_id: str, name: str) -> AdapterName:
+    """The tenant's live adapter; another tenant's name is simply not found."""
+    found = await adapters_of(session, tenant_id, name)
+    if not found:
+        raise NotFound("adapter", name)
+    return found[0]
+
+
+async def adapters_of(session: AsyncSession, tenant_id: str,
+                      name: Optional[str] = None) -> list[AdapterName]:
+    """The tenant's live adapters (or the one named), by name, with their bases' names."""
+    query = (select(Adapter.id, Adapter.name, Deployment.id, Deployment.name)
+             .join(Deployment, Deployment.id == Adapter.deployment_id)
+             .where(Adapter.tenant_id == tenant_id, Adapter.deleted_at.is_(None),
+                    Deployment.deleted_at.is_(None))
+             .order_by(Adapter.name))
+    if name is not None:
+        query = query.where(Adapter.name == name)
+    return [AdapterName(*row) for row in (await session.execute(query)).tuples()]

@@ -25,8 +25,9 @@ def deployed(deployment_id="d1", name="chat", tenant="t1", traffic=None):
     return deployment, [Revision(id=f"{deployment_id}-r1", deployment_id=deployment_id, number=1)]
 
 
-def price(per_mtok: str, since=EPOCH, tenant=None, deployment=None) -> Price:
-    return Price(tenant_id=tenant, deployment_id=deployment, effective_from=since,
+def price(per_mtok: str, since=EPOCH, tenant=None, deployment=None, adapter=None) -> Price:
+    return Price(tenant_id=tenant, deployment_id=deployment, adapter_id=adapter,
+                 effective_from=since,
                  input_per_mtok=Decimal(per_mtok), cached_input_per_mtok=Decimal(0),
                  output_per_mtok=Decimal(0), gpu_second=Decimal(0), per_call=Decimal(0))
 
@@ -80,6 +81,38 @@ def test_the_price_in_effect_is_the_most_specific_row_of_the_caller():
     assert cache.pricing("t3", "d3", NOW).input_per_mtok == 1, "the default, never t2's plan"
     assert cache.pricing("t3", "d3", NOW + timedelta(days=2)).input_per_mtok == 4
     assert Cache().pricing("t1", "d1", NOW) == Pricing(), "an empty book prices nothing"
+
+
+def test_an_adapter_is_priced_by_its_row_else_as_its_base():
+    cache = Cache()
+    cache.set_prices([price("1"), price("2", tenant="t1"),
+                      price("3", tenant="t1", deployment="d1"),
+                      price("5", tenant="t1", deployment="d1", adapter="a1", since=NOW),
+                      price("6", tenant="t1", deployment="d1", adapter="a2")])
+    assert cache.pricing("t1", "d1", NOW, "a1").input_per_mtok == 5, "the adapter's row"
+    assert cache.pricing("t1", "d1", NOW - timedelta(seconds=1), "a1").input_per_mtok == 3, \
+        "before its row: the base's price"
+    assert cache.pricing("t1", "d1", NOW, "a3").input_per_mtok == 3, "no row: the base's price"
+    assert cache.pricing("t1", "d1", NOW).input_per_mtok == 3, "the base model: never an adapter's"
+    assert cache.pricing("t1", "d2", NOW, "a1").input_per_mtok == 2, "a row prices its base only"
+
+
+def test_a_shared_base_is_priced_by_its_owners_override_and_never_by_its_owners_plan():
+    """Tenant op owns the shared base d-shared (an override) and d-bare (none); t1 calls both
+    with adapters of its own. op's plan and op's adapter rows never price t1's calls."""
+    cache = Cache()
+    cache.set_prices([price("1"), price("8", tenant="op"), price("2", tenant="t1"),
+                      price("3", tenant="op", deployment="d-shared"),
+                      price("9", tenant="op", deployment="d-shared", adapter="op-a"),
+                      price("4", tenant="t1", deployment="d-shared", adapter="t1-a")])
+    assert cache.pricing("t1", "d-shared", NOW).input_per_mtok == 3, "the owner's override"
+    assert cache.pricing("t1", "d-shared", NOW, "t1-b").input_per_mtok == 3
+    assert cache.pricing("t1", "d-shared", NOW, "t1-a").input_per_mtok == 4, "its adapter's row"
+    assert cache.pricing("t1", "d-bare", NOW, "t1-b").input_per_mtok == 2, "its plan, not op's"
+    assert cache.pricing("t2", "d-bare", NOW).input_per_mtok == 1, "the default, not op's plan"
+    assert cache.pricing("op", "d-bare", NOW).input_per_mtok == 8
+    cache.set_prices([price("1")])
+    assert cache.pricing("t1", "d-shared", NOW, "t1-a").input_per_mtok == 1, "a new book: recomputed"
 
 
 def test_quota_overrides_apply_over_the_default():

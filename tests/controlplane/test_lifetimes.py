@@ -3,7 +3,8 @@ priced piece by piece."""
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
-from controlplane.billing.lifetimes import GpuUse, Lifetime, Window, clipped, gpu_by_key, held, utc_days
+from controlplane.billing.lifetimes import (GpuUse, Lifetime, Window, clipped, gpu_by_key, gpu_by_share,
+                                            held, split, utc_days)
 from controlplane.billing.pricing import PriceRow, PriceScope, Pricing
 
 UTC = timezone.utc
@@ -89,3 +90,32 @@ def test_a_sleeping_replica_bills_only_its_awake_spans():
     assert use["2026-03-02"].seconds == 2 * 30 * 60                     # 00:00..00:30
     assert sum(u.seconds for u in gpu_by_key([asleep(10, 30, stopped=at(50))], {"dep": PRICES},
                                              Window(at(5), at(35)), by_day=False).values()) == 2 * 10 * 60
+
+
+def test_a_split_adds_up_exactly_and_the_largest_share_takes_what_rounding_left():
+    """1 µs-quantum seconds and 1e-15 money cut three ways by tokens 1:1:1 and 2:1:0."""
+    use = GpuUse(Decimal("0.000100"), Decimal("0.000000000000100"))
+    thirds = split(use, {"b": 1, "a": 1, "c": 1}, "base")
+    assert thirds == {"a": GpuUse(Decimal("0.000033"), Decimal("0.000000000000033")),
+                      "b": GpuUse(Decimal("0.000033"), Decimal("0.000000000000033")),
+                      "c": GpuUse(Decimal("0.000034"), Decimal("0.000000000000034"))}, \
+        "a tie for the largest goes to the last key by name, never by dict order"
+    assert sum(thirds.values(), GpuUse()) == use
+    two = split(GpuUse(Decimal("600.000001"), Decimal("0.6")), {"x": 2, "y": 1, "z": 0}, "base")
+    assert two == {"x": GpuUse(Decimal("400.000001"), Decimal("0.4")),
+                   "y": GpuUse(Decimal("200.000000"), Decimal("0.2"))}, "no weight, no share"
+    assert split(use, {}, "base") == {"base": use}
+    assert split(use, {"a": 0}, "base") == {"base": use}, "tokens nowhere: the base keeps it"
+
+
+def test_gpu_time_is_shared_out_per_replica_and_an_idle_replica_keeps_its_label():
+    used = Lifetime("dep", 2, at(0), at(10), None, "own", replica_id="r1")     # 1200 s
+    idle = Lifetime("dep", 1, at(0), at(1), None, "own", replica_id="r2")      # 60 s
+    elsewhere = Lifetime("dep", 1, at(-60), at(-50), None, "own", replica_id="r3")  # outside
+    window = Window(at(0), at(60))
+    rows = gpu_by_share([used, idle, elsewhere], {"dep": PRICES}, window,
+                        {"r1": {"own": 1, "own:fr": 3}, "r3": {"own:de": 5}})
+    assert rows == {"own": GpuUse(Decimal(300 + 60), Decimal(3) + Decimal("0.6")),
+                    "own:fr": GpuUse(Decimal(900), Decimal(9))}
+    whole = gpu_by_key([used, idle, elsewhere], {"dep": PRICES}, window, by_day=False)
+    assert sum(rows.values(), GpuUse()) == whole["own"], "the same total as by deployment"
