@@ -25,7 +25,7 @@ from controlplane.lookups.service import Change, Lookups
 from controlplane.deploy.model_sources import check_source
 from controlplane.store.tables import Deployment, Revision, Tenant
 from controlplane.quotas import DeploymentShape, Quota, check_deployment
-from controlplane.store import deployments, model_sources, quotas
+from controlplane.store import adapters, deployments, model_sources, quotas
 from controlplane.store.errors import InvalidField, Unavailable
 from controlplane.deploy.traffic import parse_split, rollback_target
 from pool.api import ModelInfo, ModelUnavailable, NeverFits, Pins, Pool, ReplicaShape
@@ -89,8 +89,11 @@ class Deployer:
             lambda deployment, names: {rollback_target(deployment.traffic, names): 100})
 
     async def delete(self, tenant_id: str, name: str) -> None:
+        """The deployment, and the adapters attached to it (any tenant's, on a shared base)."""
         async with self.sessions.begin() as session:
             deployment_id = await deployments.delete(session, tenant_id, name)
+            detached = await adapters.delete_on(session, deployment_id)
+        await self.lookups.changed(*(Change("adapters", a) for a in detached))
         await self._changed(deployment_id)
 
     async def set_shared(self, tenant_id: str, name: str, shared: bool) -> Deployed:

@@ -71,6 +71,17 @@ async def delete(session: AsyncSession, tenant_id: str, name: str) -> Attached:
     return adapter, base
 
 
+async def delete_on(session: AsyncSession, deployment_id: str) -> list[str]:
+    """Marks deleted every live adapter attached to the deployment, whoever's it is (its
+    base is going away); returns their ids."""
+    rows = list(await session.scalars(select(Adapter).where(
+        Adapter.deployment_id == deployment_id, Adapter.deleted_at.is_(None)).with_for_update()))
+    for adapter in rows:
+        adapter.deleted_at = utcnow()
+    await session.flush()
+    return [a.id for a in rows]
+
+
 async def find_base(session: AsyncSession, tenant_id: str, name: str) -> Optional[Deployment]:
     """The deployment `name` names as a base for this tenant: its own live deployment of
     that name, else the live shared one (the operator's catalogue); None when neither."""

@@ -227,3 +227,20 @@ async def test_names_and_bodies(plane, tenants, s3_server):
     assert plane.app.state.pool.s3_requests[reads:] == [], "a refused attach reads nothing"
     listed = json.dumps((await a.get("/v1/deployments")).json())
     assert '"shared": false' in listed
+
+
+async def test_deleting_a_base_deletes_the_adapters_on_it_whoevers_they_are(plane, tenants):
+    a, b = plane.client(tenants["ad-a"]), plane.client(tenants["ad-b"])
+    made = await a.post("/v1/deployments", json=deployment("doomed", "ad-a", max_loras=2))
+    assert made.status_code == 201, made.text
+    assert (await plane.admin.patch("/v1/tenants/ad-a/deployments/doomed", json={"shared": True})).status_code == 200
+    for client, tenant, name in ((a, "ad-a", "on-doomed"), (b, "ad-b", "b-on-doomed")):
+        attached = await client.post("/v1/adapters", json=attach(name, "doomed", tenant))
+        assert attached.status_code == 201, attached.text
+    assert (await a.delete("/v1/deployments/doomed")).status_code == 204
+    refused(await a.get("/v1/adapters/on-doomed"), 404)
+    refused(await b.get("/v1/adapters/b-on-doomed"), 404)
+    assert "b-on-doomed" not in [x["name"] for x in (await b.get("/v1/adapters")).json()["data"]]
+    # the names are free again, and the base's name too
+    again = await a.post("/v1/deployments", json=deployment("on-doomed", "ad-a"))
+    assert again.status_code == 201, again.text
