@@ -13,6 +13,7 @@ from controlplane.auth.middleware import AuthMiddleware
 from controlplane.console import ConsoleFiles
 from controlplane.routes import console
 from controlplane.db import create_db_engine, sessionmaker
+from controlplane.deploy.adapters import Attacher
 from controlplane.deploy.deployer import Deployer
 from controlplane.errors import (DATABASE_ERRORS, REFUSALS, database_error_handler,
                                  refusal_handler, unhandled_error_handler)
@@ -25,8 +26,8 @@ from controlplane.metrics import Metrics, MetricsMiddleware
 from controlplane.store.tables import utcnow
 from controlplane.billing.outbox import DeadLetters, Outbox
 from controlplane.periodic import Periodic
-from controlplane.routes import (billing, deployments, functions, gateway, health, model_sources,
-                                 models_list, openapi, prices, quotas, tenants, uploads)
+from controlplane.routes import (adapters, billing, deployments, functions, gateway, health,
+                                 model_sources, models_list, openapi, prices, quotas, tenants, uploads)
 from controlplane.billing.refusals import DeadLetteringSink
 from controlplane.sealing import load_sealer
 from controlplane.settings import Settings
@@ -43,7 +44,7 @@ PoolFactory = Callable[[PostgresDesiredState, ReplicaEventSink], Pool]
 # take nearly every request (no other pattern matches their paths, so the order is free).
 ROUTES = [*gateway.routes, *functions.routes, *health.routes, *openapi.routes, *tenants.routes,
           *quotas.routes, *model_sources.routes, *uploads.routes, *prices.routes, *deployments.routes,
-          *models_list.routes, *billing.routes, *console.routes]
+          *adapters.routes, *models_list.routes, *billing.routes, *console.routes]
 
 
 def create_app(settings: Settings, pool: Optional[Pool] = None, *,
@@ -125,10 +126,12 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
 
 
 def _workers(state: AppState, s3: S3Client, http: Upstream) -> None:
-    """The deployer, uploads and gateway over what the lifespan opened."""
+    """The deployer, the attacher, uploads and gateway over what the lifespan opened."""
     settings, sessions = state.settings, state.sessions
     state.deployer = Deployer(sessions, state.pool, models_bucket=settings.models_bucket,
                               default_quota=settings.default_quota, lookups=state.lookups)
+    state.attacher = Attacher(sessions, state.pool, models_bucket=settings.models_bucket,
+                              lookups=state.lookups)
     state.uploads = Uploads(sessions, s3, UploadConfig(
         settings.models_bucket, settings.upload_part_bytes, settings.upload_url_ttl_s,
         settings.upload_ttl_s, settings.default_quota))

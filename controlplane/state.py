@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
     from controlplane.gateway.async_calls import AsyncCalls
+    from controlplane.deploy.adapters import Attacher
     from controlplane.deploy.deployer import Deployer
     from controlplane.gateway.llm import Gateway
     from controlplane.gateway.functions import FunctionGateway
@@ -32,6 +33,7 @@ class AppState(Protocol):
     writer: UsageWriter
     pool: Pool
     deployer: Deployer
+    attacher: Attacher
     gateway: Gateway
     functions: FunctionGateway
     async_calls: AsyncCalls

@@ -161,6 +161,22 @@ class AdapterLoadTimings:
 
 
 @dataclass(frozen=True)
+class AdapterInfo:
+    """What the pool reads of a PEFT LoRA adapter folder in S3 without judging it: its two
+    files (spec.lora_adapter.CONFIG_FILE and WEIGHTS_FILE), each read no further than the
+    rules need. The control plane checks them with spec.lora_adapter against the base it
+    attaches the adapter to, which the pool does not know."""
+    adapter_uri: str
+    config: bytes                  # adapter_config.json; at most MAX_CONFIG_BYTES + 1 of it
+    # adapter_model.safetensors's first bytes: its 8-byte header length and, when that is a
+    # length a header may have within the file, the header (spec.lora_adapter.check_header)
+    header: bytes
+    weight_bytes: int              # adapter_model.safetensors's size
+    # both objects as read ("s3://bucket/key" -> ETag and size): the adapter keeps them
+    objects: Pins = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ColdStartTimings:
     """Seconds per stage of the cold start a request waited for."""
     queue_s: float = 0.0
@@ -369,6 +385,13 @@ class Pool(Protocol):
         """config.json and the safetensors headers from S3, read with the tenant's grant
         for the bucket when it has one (DesiredStateSource.source_access);
         ModelUnavailable (-> 422)."""
+        ...
+
+    async def inspect_adapter(self, adapter_uri: str, tenant_id: Optional[str] = None) -> AdapterInfo:
+        """adapter_config.json and the safetensors header of adapter_model.safetensors
+        (a ranged GET for its length, then one for the header), read like inspect_model
+        with the tenant's grant for the bucket; ModelUnavailable (-> 422) naming a missing
+        file."""
         ...
 
     def check_fits(self, info: ModelInfo, shape: ReplicaShape) -> None:

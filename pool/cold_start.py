@@ -31,7 +31,8 @@ import httpx
 
 from pool.admission import WaitReason, never_within_quota
 from pool.adoption import Registration, spec_fingerprint
-from pool.api import ColdStartFailed, ColdStartTimings, ModelInfo, ModelUnavailable, NeverFits, Pins, RevisionSpec
+from pool.api import (AdapterInfo, ColdStartFailed, ColdStartTimings, ModelInfo, ModelUnavailable, NeverFits, Pins,
+                      RevisionSpec)
 from pool.backends.base import Backend, ReplicaHandle
 from pool.backends.runtime_args import draft_model_uri, engine_for, runtime_env, with_draft_folder
 from pool.capacity import Capacity
@@ -40,6 +41,7 @@ from pool.function_sandbox import FunctionSandboxes
 from pool.health import wait_healthy
 from pool.inventory import Slot
 from pool.launch import Confinement, FunctionServer, ModelServer, ReplicaLaunch
+from pool.weights.adapter_inspection import inspect_adapter
 from pool.weights.inspection import inspect_model
 from pool.placement import PlacementRequest, weights_of
 from pool.registry import ManagedReplica
@@ -71,6 +73,15 @@ class ColdStart:
         """Read the model's description from S3 now, with the tenant's credentials for
         the bucket when it was granted some (and keep it for cold starts)."""
         return await self._inspect_with(await self.stores.store_for(tenant_id, model_uri), model_uri)
+
+    async def inspect_adapter(self, adapter_uri: str, tenant_id: Optional[str] = None) -> AdapterInfo:
+        """An adapter's two files, read now with the tenant's credentials for the bucket
+        (kept nowhere: its checks and pins belong to the control plane)."""
+        store = await self.stores.store_for(tenant_id, adapter_uri)
+        try:
+            return await inspect_adapter(store.client, adapter_uri, retry=store.downloader.retry)
+        except ValueError as exc:
+            raise ModelUnavailable(str(exc)) from exc
 
     async def _inspect_with(self, store: WeightStore, model_uri: str) -> ModelInfo:
         try:

@@ -45,8 +45,8 @@ import httpx
 
 from pool.activator import Waiter, wait_for_replica
 from pool.adapter_loads import AdapterLoads
-from pool.api import (AdapterRef, ColdStartFailed, ColdStartTimeout, DesiredStateSource, ModelInfo, NeverFits,
-                      ReplicaEventSink, ReplicaShape, RevisionSpec, RevisionStatus)
+from pool.api import (AdapterInfo, AdapterRef, ColdStartFailed, ColdStartTimeout, DesiredStateSource, ModelInfo,
+                      NeverFits, ReplicaEventSink, ReplicaShape, RevisionSpec, RevisionStatus)
 from pool.autoscaler import Decision, policy
 from pool.backends import build_backend
 from pool.backends.base import Backend, ReplicaHandle
@@ -201,6 +201,9 @@ class PoolManager:
 
     async def inspect_model(self, model_uri: str, tenant_id: Optional[str] = None) -> ModelInfo:
         return await self._running.cold_start.inspect(model_uri, tenant_id)
+
+    async def inspect_adapter(self, adapter_uri: str, tenant_id: Optional[str] = None) -> AdapterInfo:
+        return await self._running.cold_start.inspect_adapter(adapter_uri, tenant_id)
 
     def check_fits(self, info: ModelInfo, shape: ReplicaShape) -> None:
         """NeverFits for a shape no inventory could hold; ModelUnavailable for a draft model

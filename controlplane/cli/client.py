@@ -131,6 +131,20 @@ class Client:
     def delete_upload(self, upload_id: str) -> None:
         self.call("DELETE", f"/v1/models/uploads/{upload_id}")
 
+    # ------------------------------------------------------------- adapters
+
+    def adapters(self) -> list[JSON]:
+        return list(self.call("GET", "/v1/adapters")["data"])
+
+    def adapter(self, name: str) -> JSON:
+        return dict(self.call("GET", f"/v1/adapters/{name}"))
+
+    def create_adapter(self, body: JSON) -> JSON:
+        return dict(self.call("POST", "/v1/adapters", body=body))
+
+    def delete_adapter(self, name: str) -> JSON:
+        return dict(self.call("DELETE", f"/v1/adapters/{name}"))
+
     # ------------------------------------------------------------- billing
 
     def report(self, params: Mapping[str, str]) -> Any:

@@ -2,7 +2,7 @@
 (`up`, `admin` and `models import` stay there)."""
 from __future__ import annotations
 
-from controlplane.cli import deploy, invoke, login, models, status, tenants, usage
+from controlplane.cli import adapters, deploy, invoke, login, models, status, tenants, usage
 from controlplane.cli.output import Subcommands, common_flags
 
 
@@ -12,6 +12,7 @@ def register_all(commands: Subcommands,
     login.register(commands, flags)
     models.register(model_actions, flags)
     deploy.register(commands, flags)
+    adapters.register(commands, flags)
     status.register(commands, flags)
     invoke.register(commands, flags)
     usage.register(commands, flags)

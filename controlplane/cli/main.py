@@ -1,7 +1,7 @@
 """The `thawpool` command's parser: `up` (controlplane/cli/up.py) runs the control plane
 and the pool, `admin reconcile` checks the bill, `models import FILE.gguf OUT_DIR` turns
-a GGUF file into a model folder. The client commands (login, models push, deploy, status,
-chat, usage, keys, tenants, ...) are registered from controlplane.cli.commands;
+a GGUF file into a model folder. The client commands (login, models push, deploy, adapters,
+status, chat, usage, keys, tenants, ...) are registered from controlplane.cli.commands;
 docs/cli.md describes them.
 """
 from __future__ import annotations

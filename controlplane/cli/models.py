@@ -33,28 +33,34 @@ def cmd_push(ctx: Context) -> int:
     if not files:
         raise UsageError(f"{args.source}: no files to upload")
     with ctx.client() as client:
-        state = _resumable(ctx, client, files)
-        upload = _finish(ctx, client, state, files)
+        upload = push(ctx, client, args.name, args.source, files)
     ctx.out.result(upload, lambda: ctx.out.say(
         f"pushed {upload['name']}: {upload['model_uri']}\n"
         f"deploy it: thawpool deploy NAME --model {upload['name']}"))
     return 0
 
 
-def _resumable(ctx: Context, client: Client, files: list[LocalFile]) -> PushState:
+def push(ctx: Context, client: Client, name: str, source: Path, files: list[LocalFile]) -> JSON:
+    """`files` of `source` uploaded as `name` (resumed where an earlier push of the same
+    bytes stopped; `--restart` and `--parallel` from the command line): the upload."""
+    state = _resumable(ctx, client, name, source, files)
+    return _finish(ctx, client, state, files)
+
+
+def _resumable(ctx: Context, client: Client, name: str, source: Path,
+               files: list[LocalFile]) -> PushState:
     """The saved state of an earlier push of the same bytes, or a new upload's."""
-    args = ctx.args
-    path = state_path(cache_dir(os.environ), client.url, args.name, args.source)
+    path = state_path(cache_dir(os.environ), client.url, name, source)
     state = PushState.load(path)
-    if state is not None and not args.restart and state.matches(client.url, files):
+    if state is not None and not ctx.args.restart and state.matches(client.url, files):
         if pending_upload(client, state) is not None:
             done = sum(len(state.done(f.path)) for f in files)
-            ctx.out.note(f"push: resuming {args.name}: {done} parts already uploaded")
+            ctx.out.note(f"push: resuming {name}: {done} parts already uploaded")
             return state
-    if args.restart:
-        _drop_named(client, args.name)
-    upload = client.start_upload(args.name, [{"path": f.path, "size": f.size} for f in files])
-    ctx.out.note(f"push: {args.name}: {len(files)} files, {_total(files)} bytes")
+    if ctx.args.restart:
+        _drop_named(client, name)
+    upload = client.start_upload(name, [{"path": f.path, "size": f.size} for f in files])
+    ctx.out.note(f"push: {name}: {len(files)} files, {_total(files)} bytes")
     return new_state(path, client.url, files, upload)
 
 

@@ -108,6 +108,7 @@ async function route() {
   document.body.dataset.ready = "";
   try {
     if (page === "deployments" && name) await deploymentPage(decodeURIComponent(name));
+    else if (page === "adapters") await adaptersPage();
     else if (page === "usage") await usagePage();
     else if (page === "keys") await keysPage();
     else if (page === "admin") await adminPage();
@@ -218,6 +219,30 @@ function drawSparklines(activity, [requests, ttft, tokens]) {
   charts.lineChart(requests, xs, xs.map((x) => at(x, (m) => m.requests / 60, 0)), "requests/s");
   charts.lineChart(ttft, xs, xs.map((x) => at(x, (m) => m.ttft_s, null)), "TTFT (s)");
   charts.lineChart(tokens, xs, xs.map((x) => at(x, (m) => m.tokens / 60, 0)), "tokens/s");
+}
+
+// ------------------------------------------------------------------ adapters
+
+async function adaptersPage() {
+  const adapters = (await api("/v1/adapters")).data;
+  const error = h("p", { class: "error", id: "adapter-error" });
+  const remove = (name) => attempt(error, async () => {
+    await api("/v1/adapters/" + encodeURIComponent(name), { method: "DELETE" });
+    await route();
+  });
+  main.replaceChildren(h("h1", {}, "Adapters"),
+    h("p", {}, "Your LoRA adapters; a call names one as its model (base:name)."),
+    table(["name", "base", "model", "rank", "size", "created", ""], adapters.map((a) =>
+      [a.name, a.base + (a.base_shared ? " (shared)" : ""), a.model, a.rank, megabytes(a.weight_bytes),
+       a.created_at.slice(0, 19),
+       h("button", { type: "button", "data-delete": a.name, on: { click: () => remove(a.name) } }, "Delete")]),
+      { id: "adapters-table" }), error,
+    adapters.length ? "" : h("p", {}, "No adapters yet: thawpool adapters push DIR --base DEPLOYMENT"));
+  window.thawpoolConsole.data.adapters = adapters.map((a) => a.name);
+}
+
+function megabytes(bytes) {
+  return (bytes / 1048576).toFixed(2) + " MB";
 }
 
 // ------------------------------------------------------------------ usage

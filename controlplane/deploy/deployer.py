@@ -13,7 +13,7 @@ traffic change or delete takes effect at once.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -25,7 +25,7 @@ from controlplane.lookups.service import Change, Lookups
 from controlplane.deploy.model_sources import check_source
 from controlplane.store.tables import Deployment, Revision, Tenant
 from controlplane.quotas import DeploymentShape, Quota, check_deployment
-from controlplane.store import deployments, model_sources, quotas
+from controlplane.store import adapters, deployments, model_sources, quotas
 from controlplane.store.errors import InvalidField, Unavailable
 from controlplane.deploy.traffic import parse_split, rollback_target
 from pool.api import ModelInfo, ModelUnavailable, NeverFits, Pins, Pool, ReplicaShape
@@ -35,6 +35,7 @@ from pool.s3 import is_transient
 Deployed = tuple[Deployment, list[Revision]]
 # (the deployment, its revision names) -> the new split; raises InvalidField
 SplitRule = Callable[[Deployment, list[str]], dict[str, int]]
+T = TypeVar("T")
 
 
 class Deployer:
@@ -88,9 +89,20 @@ class Deployer:
             lambda deployment, names: {rollback_target(deployment.traffic, names): 100})
 
     async def delete(self, tenant_id: str, name: str) -> None:
+        """The deployment, and the adapters attached to it (any tenant's, on a shared base)."""
         async with self.sessions.begin() as session:
             deployment_id = await deployments.delete(session, tenant_id, name)
+            detached = await adapters.delete_on(session, deployment_id)
+        await self.lookups.changed(*(Change("adapters", a) for a in detached))
         await self._changed(deployment_id)
+
+    async def set_shared(self, tenant_id: str, name: str, shared: bool) -> Deployed:
+        """The operator's: the deployment in or out of the catalogue of shared bases."""
+        async with self.sessions.begin() as session:
+            _, deployment, revisions = await self._locked(session, tenant_id, name)
+            await deployments.set_shared(session, deployment, shared)
+        await self._changed(deployment.id)
+        return deployment, revisions
 
     async def _changed(self, deployment_id: str) -> None:
         """After the commit: the gateway's memory, then the pool, see the change at once."""
@@ -159,15 +171,21 @@ class Deployer:
         return model, pins
 
     async def _inspect(self, field_name: str, model_uri: str, tenant_id: str) -> ModelInfo:
-        try:
-            return await self.pool.inspect_model(model_uri, tenant_id)
-        except ModelUnavailable as exc:
-            raise InvalidField(field_name, str(exc)) from None
-        except Exception as exc:
-            # S3 down or failing after the pool's retries: a 503 to retry, not a 500
-            if is_transient(exc):
-                raise Unavailable(f"object storage did not answer ({type(exc).__name__})") from exc
-            raise
+        return await read_or_refuse(self.pool.inspect_model(model_uri, tenant_id),
+                                    lambda why: InvalidField(field_name, why))
+
+
+async def read_or_refuse(read: Awaitable[T], refusal: Callable[[str], Exception]) -> T:
+    """What the pool reads from S3; what it could not read is `refusal(why)` (a 422 naming
+    the field), and S3 down or failing after the pool's retries a 503 to retry, not a 500."""
+    try:
+        return await read
+    except ModelUnavailable as exc:
+        raise refusal(str(exc)) from None
+    except Exception as exc:
+        if is_transient(exc):
+            raise Unavailable(f"object storage did not answer ({type(exc).__name__})") from exc
+        raise
 
 
 def _traffic_gpus(traffic: dict[str, int], revisions: list[Revision]) -> tuple[int, ...]:

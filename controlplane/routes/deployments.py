@@ -11,9 +11,11 @@ from starlette.responses import JSONResponse, Response
 from controlplane.deploy.deployment_spec import (MAX_TARGET_CONCURRENCY, NAME, parse_create,
                                          parse_patch)
 from controlplane.store.tables import Deployment, Revision
-from controlplane.routes.api import ApiRoute, Operation, data_of, scope, string_schema
-from controlplane.routes.context import app_state, read_json, require
-from controlplane.store import deployments
+from controlplane.fields import boolean, obj
+from controlplane.routes.api import ADMIN, ApiRoute, Operation, data_of, scope, string_schema
+from controlplane.routes.context import app_state, read_json, require, require_admin
+from controlplane.store import deployments, tenants
+from controlplane.store.errors import InvalidField
 from pool.api import Pool
 
 
@@ -72,9 +74,24 @@ async def rollback(request: Request) -> Response:
     return JSONResponse(view(deployment, revisions))
 
 
+async def set_shared(request: Request) -> Response:
+    """The operator's catalogue: `{"shared": true}` lets every tenant call the deployment
+    and attach adapters to it; tenants never set it."""
+    require_admin(request)
+    state = app_state(request)
+    body = obj("body", await read_json(request), {"shared"})
+    if "shared" not in body:
+        raise InvalidField("shared", "is required")
+    shared = boolean("shared", body["shared"])
+    async with state.sessions() as session:
+        tenant = await tenants.find_tenant(session, request.path_params["tenant"])
+    deployment, revisions = await state.deployer.set_shared(tenant.id, request.path_params["name"], shared)
+    return JSONResponse(view(deployment, revisions))
+
+
 def view(deployment: Deployment, revisions: list[Revision]) -> dict[str, Any]:
     return {
-        "id": deployment.id, "name": deployment.name,
+        "id": deployment.id, "name": deployment.name, "shared": deployment.shared,
         "kind": deployments.kind_of(revisions[-1]) if revisions else "model",
         "scaling": asdict(deployments.scaling_of(deployment)),
         "traffic": dict(deployment.traffic),
@@ -126,8 +143,11 @@ CREATE_BODY = {"type": "object", "required": ["name", "model_uri"], "additionalP
 PATCH_BODY = {"type": "object", "additionalProperties": False, "minProperties": 1,
               "properties": {"model_uri": MODEL_URI, "resources": RESOURCES, "scaling": SCALING,
                              "engine": ENGINE, "promote": {"type": "boolean"}}}
-DEPLOYMENT = {"type": "object", "required": ["id", "name", "scaling", "traffic", "revisions"],
+DEPLOYMENT = {"type": "object", "required": ["id", "name", "shared", "scaling", "traffic", "revisions"],
               "properties": {"id": {"type": "string"}, "name": {"type": "string"},
+                             "shared": {"type": "boolean", "description":
+                                        "in the operator's catalogue: every tenant may call it "
+                                        "and attach adapters to it"},
                              "scaling": SCALING, "traffic": {"type": "object"},
                              "revisions": {"type": "array", "items": {"type": "object"}}}}
 SPLIT = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0,
@@ -153,4 +173,8 @@ routes = [
     ApiRoute("/v1/deployments/{name}/rollback", rollback, "POST", Operation(
         "All traffic to the revision before the newest live one", DEPLOY,
         response=DEPLOYMENT)),
+    ApiRoute("/v1/tenants/{tenant}/deployments/{name}", set_shared, "PATCH", Operation(
+        "Share a tenant's deployment with every tenant (the catalogue), or stop", ADMIN,
+        body={"type": "object", "required": ["shared"], "additionalProperties": False,
+              "properties": {"shared": {"type": "boolean"}}}, response=DEPLOYMENT)),
 ]

@@ -13,18 +13,20 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Optional
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.deploy.deployment_spec import NAME, DeploymentSpec, Resources, RevisionConfig, Scaling
 from controlplane.store.tables import Deployment, Revision, utcnow
-from controlplane.store.errors import AlreadyExists, NotFound
+from controlplane.store import names
+from controlplane.store.errors import AlreadyExists, Conflict, NotFound
 from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, PinnedObject, Pins, ReplicaKind, RevisionSpec, TenantQuota
 from spec.engine_options import ChosenOptions
 
 async def create(session: AsyncSession, tenant_id: str, spec: DeploymentSpec,
                  model: ModelInfo, pins: Pins) -> tuple[Deployment, list[Revision]]:
+    await names.check_free(session, tenant_id, spec.name, "deployment")     # not an adapter's
     deployment = Deployment(tenant_id=tenant_id, name=spec.name, traffic={"r1": 100},
                             **asdict(spec.scaling))
     session.add(deployment)
@@ -99,6 +101,29 @@ async def set_traffic(session: AsyncSession, deployment: Deployment,
     deployment.traffic = traffic
     deployment.updated_at = utcnow()
     await session.flush()
+
+
+async def set_shared(session: AsyncSession, deployment: Deployment, shared: bool) -> None:
+    """Makes a deployment the caller has locked one of the operator's catalogue bases
+    (every tenant may call it and attach adapters to it), or takes it out; a name is
+    shared by one live deployment at most, so a base's name says which one it is."""
+    if shared and not deployment.shared:
+        await session.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"shared:{deployment.name}"))))
+        if await find_shared(session, deployment.name) is not None:
+            raise Conflict("shared_name_taken", f"name: another deployment named {deployment.name!r} "
+                                                "is shared already; a shared name says which base it is")
+    deployment.shared = shared
+    deployment.updated_at = utcnow()
+    await session.flush()
+
+
+async def find_shared(session: AsyncSession, name: str) -> Optional[Deployment]:
+    """The live shared deployment of that name, whoever's it is."""
+    if not NAME.match(name):
+        return None
+    return await session.scalar(select(Deployment).where(
+        Deployment.name == name, Deployment.shared.is_(True), Deployment.deleted_at.is_(None))
+        .order_by(Deployment.created_at).limit(1))
 
 
 async def delete(session: AsyncSession, tenant_id: str, name: str) -> str:

@@ -1,6 +1,6 @@
 """The isolation matrix: every route of the app x {own tenant, other tenant, no key, wrong
 scope, revoked key, expired key, admin}, the status of each cell asserted, and no cell that
-is not tenant A's own (or the admin's) shows A's names, prices or numbers.
+is not tenant A's own (or the admin's) shows A's names, prices, numbers or adapters.
 
 The routes come from the app's route table and must equal ROUTES below, so a new route
 fails here until its row says who may call it and what each caller gets. Real Postgres,
@@ -19,6 +19,7 @@ import pytest_asyncio
 
 from tests.controlplane.conftest import make_settings, running_control_plane
 from tests.controlplane.support.routes import every_route
+from tests.runtime.test_lora import make_adapter
 from tests.support.model_factory import upload_model
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
@@ -70,6 +71,11 @@ def unique_price(world: World) -> tuple[str, dict]:
 
 def unique_deployment(world: World) -> tuple[str, dict]:
     return "/v1/deployments", {"name": f"iso-new-{next(fresh)}", "model_uri": world.ids["model"]}
+
+
+def unique_adapter(world: World) -> tuple[str, dict]:
+    return "/v1/adapters", {"name": f"iso-ad-{next(fresh)}", "base": "iso-lora",
+                            "adapter_uri": world.ids["adapter"]}
 
 
 def unique_upload(world: World) -> tuple[str, dict]:
@@ -124,6 +130,13 @@ ROUTES: dict[tuple[str, str], Case] = {
         "deploy", fixed("/v1/deployments/iso-dep/traffic", {"r1": 50, "r2": 50})),
     ("POST", "/v1/deployments/{name}/rollback"): Case(
         "deploy", fixed("/v1/deployments/iso-rb/rollback")),
+    # A's adapters: B's own attach names A's base, which is not shared (404)
+    ("POST", "/v1/adapters"): Case("deploy", unique_adapter, own=201),
+    ("GET", "/v1/adapters"): Case("deploy", fixed("/v1/adapters"), 200, 200, 200),
+    ("GET", "/v1/adapters/{name}"): Case("deploy", fixed("/v1/adapters/iso-ad")),
+    ("DELETE", "/v1/adapters/{name}"): Case("deploy", fixed("/v1/adapters/iso-ad-del")),
+    ("PATCH", "/v1/tenants/{tenant}/deployments/{name}"): Case(      # the operator shares a base
+        "admin", fixed("/v1/tenants/iso-a/deployments/iso-lora", {"shared": False}), 403, 403, 200),
     ("GET", "/v1/models/sources"): Case("deploy", fixed("/v1/models/sources"), 200, 200, 200),
     ("GET", "/v1/quota"): Case("deploy", fixed("/v1/quota"), 200, 200, 200),
     ("GET", "/v1/keys"): Case("deploy", fixed("/v1/keys"), 200, 200, 200),
@@ -214,6 +227,20 @@ async def make_deployments(plane, world: World) -> None:
     await plane.flush_usage()
 
 
+async def make_adapters(plane, world: World) -> None:
+    """A base with adapter slots and two adapters of A's, one to delete."""
+    a = plane.client(world.keys["own"])
+    base = await a.post("/v1/deployments", json={"name": "iso-lora", "model_uri": world.ids["model"],
+                                                 "engine": {"max_loras": 2}})
+    assert base.status_code == 201, base.text
+    world.markers.add(base.json()["id"])
+    for name in ("iso-ad", "iso-ad-del"):
+        made = await a.post("/v1/adapters", json={"name": name, "base": "iso-lora",
+                                                  "adapter_uri": world.ids["adapter"]})
+        assert made.status_code == 201, made.text
+        world.markers.add(made.json()["id"])
+
+
 async def make_sources_prices_uploads(plane, world: World) -> None:
     world.ids["doomed_grant"] = (await plane.grant("s3://cp-models/iso-doomed/"))["id"]
     later = (datetime.now(timezone.utc) + timedelta(days=60)).isoformat()
@@ -234,12 +261,16 @@ async def make_sources_prices_uploads(plane, world: World) -> None:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def world(plane, tiny_model, s3_server, models_bucket):
+async def world(plane, tiny_model, s3_server, models_bucket, tmp_path_factory):
     world = World()
     world.ids["model"] = upload_model(tiny_model, s3_server.client(), models_bucket,
                                       "iso-a/model")
     await make_keys(plane, world)
     await make_deployments(plane, world)
+    world.ids["adapter"] = upload_model(make_adapter(tiny_model, tmp_path_factory.mktemp("iso-adapter"), 4,
+                                                     ["q_proj", "v_proj"], seed=0),
+                                        s3_server.client(), models_bucket, "iso-a/adapter")
+    await make_adapters(plane, world)
     await make_sources_prices_uploads(plane, world)
     async with plane.app.state.sessions() as session:
         from controlplane.store.tenants import find_tenant

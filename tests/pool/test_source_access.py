@@ -93,3 +93,29 @@ async def test_a_granted_bucket_is_read_with_its_own_credentials(s3_server, tena
         assert {o.origin for o in objects} == {access.origin}
         cached = {p.name for p in (settings.cache_dir / "objects").iterdir()}
         assert {entry_key(o) for o in objects} <= cached
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_an_adapter_in_a_granted_bucket_is_read_with_its_own_credentials(s3_server, tenant_s3, tmp_path):
+    import json
+
+    from tests.pool.test_adapter_inspection import CONFIG, weights
+
+    prefix = f"{uuid.uuid4().hex[:8]}/adapter"
+    own = tenant_s3.client()
+    own.put_object(Bucket="acme-own", Key=f"{prefix}/adapter_config.json", Body=json.dumps(CONFIG).encode())
+    own.put_object(Bucket="acme-own", Key=f"{prefix}/adapter_model.safetensors", Body=weights())
+    uri = f"s3://acme-own/{prefix}/"
+    desired = InMemoryDesiredState()
+    desired.grants[TENANT] = {"s3://acme-own/": S3Access(tenant_s3.access_key, tenant_s3.secret_key,
+                                                         endpoint_url=tenant_s3.endpoint)}
+    manager = PoolManager(make_settings(s3_server, tmp_path, cpu_slots=1, warm_pool_size=0), desired, EventLog())
+    async with AsyncExitStack() as stack:
+        await manager.start()
+        stack.push_async_callback(manager.stop)
+        info = await manager.inspect_adapter(uri, TENANT)
+        assert json.loads(info.config) == CONFIG and info.weight_bytes == len(weights())
+        assert set(info.objects) == {f"{uri}adapter_config.json", f"{uri}adapter_model.safetensors"}
+        for who in (OTHER, None):            # the platform's own keys and endpoint: nothing there
+            with pytest.raises(ModelUnavailable):
+                await manager.inspect_adapter(uri, who)

@@ -1,7 +1,8 @@
 """A small real pool for control-plane tests: leases a fixed list of runtime servers.
 
 It implements `pool.api.Pool` whole: inspect_model reads config.json and the
-safetensors headers from the real S3 (pool.weights.inspection, as PoolManager does),
+safetensors headers from the real S3 (pool.weights.inspection, as PoolManager does;
+inspect_adapter an adapter's files, pool.weights.adapter_inspection),
 check_fits compares the shape with one slot of `slot_memory_gb` x `slot_gpus`,
 acquire leases the next server round robin. It records what the control plane
 asked for, so tests can check that a refused request acquired nothing and that
@@ -15,8 +16,9 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from pool.api import (AdapterLoadTimings, AdapterRef, ColdStartTimings, Lease, ModelInfo, NeverFits, Pool, PoolError,
-                      ReplicaShape, RevisionSpec, RevisionStatus)
+from pool.api import (AdapterInfo, AdapterLoadTimings, AdapterRef, ColdStartTimings, Lease, ModelInfo, NeverFits,
+                      Pool, PoolError, ReplicaShape, RevisionSpec, RevisionStatus)
+from pool.weights.adapter_inspection import inspect_adapter
 from pool.weights.inspection import inspect_model
 
 
@@ -63,7 +65,7 @@ class StaticPool:
     refuse_with: Optional[PoolError] = None          # raise this from acquire() when set
     cold_start: Optional[ColdStartTimings] = None
     calls: list[Acquired] = field(default_factory=list)
-    inspected: list[str] = field(default_factory=list)   # model_uri per inspect_model call
+    inspected: list[str] = field(default_factory=list)   # the URI of each inspect_* call
     # every S3 request its client made, as (operation, s3://bucket/key-or-prefix): what
     # the pool read, to show what it did not
     s3_requests: list[tuple[str, str]] = field(default_factory=list)
@@ -100,6 +102,10 @@ class StaticPool:
         self.inspected.append(model_uri)
         await asyncio.sleep(self.inspect_delay_s)
         return await inspect_model(self._s3, model_uri)
+
+    async def inspect_adapter(self, adapter_uri: str, tenant_id: Optional[str] = None) -> AdapterInfo:
+        self.inspected.append(adapter_uri)
+        return await inspect_adapter(self._s3, adapter_uri)
 
     def check_fits(self, info: ModelInfo, shape: ReplicaShape) -> None:
         if shape.gpu_count > self.slot_gpus or shape.gpu_memory_gb > self.slot_memory_gb:
