@@ -37,7 +37,7 @@ from controlplane.lookups.model_names import ModelName, Resolved
 from controlplane.store.tables import Adapter, utcnow
 from controlplane.billing.pricing import Pricing
 from controlplane.quotas import Quota
-from controlplane.store import deployments, snapshot
+from controlplane.store import adapters, deployments, snapshot
 from controlplane.store.errors import DatabaseUnavailable, NotFound
 from controlplane.store.failures import is_outage
 from controlplane.store.snapshot import Deployed, KeyEntry
@@ -180,7 +180,7 @@ class Lookups:
         cached = self.cache.adapter(tenant_id, name)
         if cached is not None:
             return cached
-        found, keep = await self._read(lambda session: snapshot.find_adapter(session, tenant_id, name))
+        found, keep = await self._read(lambda session: _adapter_named(session, tenant_id, name))
         if keep and found is not None:
             self.cache.put_adapter(found)
         return found
@@ -302,3 +302,10 @@ class Lookups:
                 raise DatabaseUnavailable("the database did not answer; retry shortly") from exc
             raise
         return found, self.cache.generation == generation
+
+
+async def _adapter_named(session: AsyncSession, tenant_id: str, name: str) -> Optional[Adapter]:
+    try:
+        return (await adapters.find(session, tenant_id, name))[0]
+    except NotFound:
+        return None

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from controlplane.store.tables import Adapter, Deployment, Revision
 from controlplane.routes.api import ApiRoute, Operation, scope
 from controlplane.routes.context import app_state, require
-from controlplane.store import deployments, snapshot
+from controlplane.store import adapters, deployments, snapshot
 
 
 async def list_models(request: Request) -> Response:
@@ -26,10 +26,10 @@ async def list_models(request: Request) -> Response:
         rows = await deployments.list_for(session, principal.tenant_id)
         own = {d.name for d, _ in rows}
         rows += [(d, r) for d, r in await snapshot.shared_deployments(session) if d.name not in own]
-        adapters = await snapshot.tenant_adapters(session, principal.tenant_id)
+        attached = await adapters.list_for(session, principal.tenant_id)
     data = [model_entry(d, revisions) for d, revisions in rows if serves_model(revisions)]
-    bases = {d.id: d for d, _ in rows}
-    data += [adapter_entry(a, bases[a.deployment_id]) for a in adapters if a.deployment_id in bases]
+    bases = {d.id for d, _ in rows}       # a base no longer shared or gone: not callable
+    data += [adapter_entry(a, base) for a, base in attached if base.id in bases]
     return JSONResponse({"object": "list", "data": data})
 
 

@@ -24,9 +24,9 @@ from controlplane.billing.pricing import PRICE_FIELDS, PRICE_QUANTUM, PriceRow, 
 from controlplane.routes.api import ADMIN, ApiRoute, Operation, Param, data_of, scope, string_schema
 from controlplane.routes.context import (app_state, read_json, require, require_admin,
                                          tenant_in_query)
-from controlplane.store import deployments, prices, tenants
+from controlplane.store import adapters, deployments, prices, tenants
 from controlplane.store.errors import InvalidField
-from controlplane.store.prices import AdapterName, BookRow
+from controlplane.store.prices import BookRow
 from controlplane.store.tables import Deployment, Tenant
 
 REQUIRED_PRICES = ("input_per_mtok", "output_per_mtok")
@@ -68,18 +68,17 @@ async def _deployment(session: AsyncSession, tenant: Optional[Tenant],
 
 
 async def _adapter(session: AsyncSession, tenant: Optional[Tenant],
-                   body: dict[str, Any]) -> AdapterName:
+                   body: dict[str, Any]) -> adapters.Attached:
     """The tenant's adapter (404 `adapter_not_found`); a `deployment` given with it must
     name the adapter's base (400: a row names one base, the one the adapter runs on)."""
     if tenant is None:
         raise InvalidField("adapter", "needs the tenant it belongs to")
-    adapter = await prices.find_adapter(session, tenant.id, text("adapter", body["adapter"]))
+    adapter, base = attached = await adapters.find(session, tenant.id, text("adapter", body["adapter"]))
     named = body.get("deployment")
-    if named is not None and text("deployment", named) != adapter.deployment_name:
-        raise ApiError(400, f"deployment: adapter {adapter.name!r} runs on "
-                       f"{adapter.deployment_name!r}, not {named!r}",
+    if named is not None and text("deployment", named) != base.name:
+        raise ApiError(400, f"deployment: adapter {adapter.name!r} runs on {base.name!r}, not {named!r}",
                        code="adapter_base_mismatch", param="deployment")
-    return adapter
+    return attached
 
 
 async def list_book(request: Request) -> Response:
@@ -107,9 +106,9 @@ async def mine(request: Request) -> Response:
     async with app_state(request).sessions() as session:
         rows = await prices.rows_for_tenant(session, principal.tenant_id)
         names = await deployments.names_of(session, principal.tenant_id)
-        adapters = await prices.adapters_of(session, principal.tenant_id)
-    bases = {**{a.deployment_id: a.deployment_name for a in adapters}, **names}
-    adapter_names = {a.id: a.name for a in adapters}
+        attached = await adapters.list_for(session, principal.tenant_id)
+    bases = {**{base.id: base.name for _, base in attached}, **names}
+    adapter_names = {a.id: a.name for a, _ in attached}
     mine_rows = [r for r in rows if (r.deployment_id is None or r.deployment_id in bases)
                  and (r.adapter_id is None or r.adapter_id in adapter_names)]
     plan = [prices.price_row(r) for r in mine_rows if r.deployment_id is None]
@@ -120,8 +119,8 @@ async def mine(request: Request) -> Response:
         "plan": _in_effect(price_at(plan, now)),
         "deployments": [{"name": name, **now_of(d)}
                         for d, name in sorted(names.items(), key=lambda item: item[1])],
-        "adapters": [{"name": a.name, "deployment": a.deployment_name,
-                      **now_of(a.deployment_id, a.id)} for a in adapters],
+        "adapters": [{"name": a.name, "deployment": base.name,
+                      **now_of(base.id, a.id)} for a, base in attached],
         "scheduled": [{**_in_effect(prices.price_row(r)), "deployment": bases.get(
             r.deployment_id or ""), "adapter": adapter_names.get(r.adapter_id or "")}
             for r in mine_rows if r.effective_from > now]})

@@ -43,15 +43,6 @@ class BookRow:
         return price_row(self.row)
 
 
-@dataclass(frozen=True)
-class AdapterName:
-    """A live adapter and the base it runs on, by id and name."""
-    id: str
-    name: str
-    deployment_id: str
-    deployment_name: str
-
-
 def pricing_of(row: Price) -> Pricing:
     return Pricing(row.input_per_mtok, row.cached_input_per_mtok, row.output_per_mtok,
                    row.gpu_second, row.per_call)
@@ -77,20 +68,21 @@ async def seed_default(session: AsyncSession, pricing: Pricing) -> None:
 
 async def add(session: AsyncSession, pricing: Pricing, effective_from: datetime,
               tenant: Optional[Tenant] = None, deployment: Optional[Deployment] = None,
-              adapter: Optional[AdapterName] = None) -> BookRow:
-    """With an adapter (the tenant's), the row names the adapter's base as its deployment."""
-    base = ((adapter.deployment_id, adapter.deployment_name) if adapter else
-            (deployment.id, deployment.name) if deployment else (None, None))
-    row = Price(tenant_id=tenant.id if tenant else None, deployment_id=base[0],
-                adapter_id=adapter.id if adapter else None,
+              adapter: Optional[tuple[Adapter, Deployment]] = None) -> BookRow:
+    """With an adapter (the tenant's, and its base), the row names the adapter's base as
+    its deployment."""
+    if adapter is not None:
+        deployment = adapter[1]
+    row = Price(tenant_id=tenant.id if tenant else None, deployment_id=deployment.id if deployment else None,
+                adapter_id=adapter[0].id if adapter else None,
                 effective_from=effective_from, **asdict(pricing))
     try:
         async with session.begin_nested():
             session.add(row)
     except IntegrityError:
         raise AlreadyExists("price", f"effective from {effective_from.isoformat()}") from None
-    return BookRow(row, tenant.name if tenant else None, base[1],
-                   adapter.name if adapter else None)
+    return BookRow(row, tenant.name if tenant else None, deployment.name if deployment else None,
+                   adapter[0].name if adapter else None)
 
 
 async def book(session: AsyncSession, tenant: Optional[Tenant] = None) -> list[BookRow]:
@@ -132,24 +124,3 @@ def applicable(rows: list[Price], deployment_id: str,
     return [price_row(r) for r in rows
             if r.deployment_id in (None, deployment_id)
             and (r.adapter_id is None or r.adapter_id == adapter_id)]
-
-
-async def find_adapter(session: AsyncSession, tenant_id: str, name: str) -> AdapterName:
-    """The tenant's live adapter; another tenant's name is simply not found."""
-    found = await adapters_of(session, tenant_id, name)
-    if not found:
-        raise NotFound("adapter", name)
-    return found[0]
-
-
-async def adapters_of(session: AsyncSession, tenant_id: str,
-                      name: Optional[str] = None) -> list[AdapterName]:
-    """The tenant's live adapters (or the one named), by name, with their bases' names."""
-    query = (select(Adapter.id, Adapter.name, Deployment.id, Deployment.name)
-             .join(Deployment, Deployment.id == Adapter.deployment_id)
-             .where(Adapter.tenant_id == tenant_id, Adapter.deleted_at.is_(None),
-                    Deployment.deleted_at.is_(None))
-             .order_by(Adapter.name))
-    if name is not None:
-        query = query.where(Adapter.name == name)
-    return [AdapterName(*row) for row in (await session.execute(query)).tuples()]

@@ -10,6 +10,7 @@ from typing import Any, Optional
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from controlplane.store import deployments
 from controlplane.store.tables import Adapter, ApiKey, Deployment, Price, QuotaOverride, Revision, Tenant
 from controlplane.quotas import LIMITS
 from controlplane.store.tenants import Principal
@@ -66,21 +67,10 @@ async def load_adapter(session: AsyncSession, adapter_id: str) -> Optional[Adapt
     return found[0] if found else None
 
 
-async def find_adapter(session: AsyncSession, tenant_id: str, name: str) -> Optional[Adapter]:
-    """The tenant's live adapter by name (another tenant's is simply not found)."""
-    found = await _adapters(session, Adapter.tenant_id == tenant_id, Adapter.name == name)
-    return found[0] if found else None
-
-
 async def find_shared(session: AsyncSession, name: str) -> Optional[Deployed]:
     """A live shared (catalogue) deployment by name, with its revisions."""
-    deployment = await session.scalar(select(Deployment).where(
-        Deployment.shared.is_(True), Deployment.name == name, Deployment.deleted_at.is_(None)))
+    deployment = await deployments.find_shared(session, name)
     return None if deployment is None else await load_deployment(session, deployment.id)
-
-
-async def tenant_adapters(session: AsyncSession, tenant_id: str) -> list[Adapter]:
-    return await _adapters(session, Adapter.tenant_id == tenant_id)
 
 
 async def shared_deployments(session: AsyncSession) -> list[Deployed]:
