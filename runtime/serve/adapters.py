@@ -9,8 +9,9 @@ engine then takes the adapter between two steps (a dict insert). Its buffer cros
 pipe in shared memory (runtime/lora/shared_buffers.py). The same name loaded again with
 the same bytes (a retry) is answered as loaded and changes nothing; with other bytes it
 is refused, so a name means one adapter while it is loaded. The files' digest is taken
-after the reply, as is the next load's buffer: neither is on a load's path. One lock
-orders the loads and unloads, which keeps the names here and the engine's the same.
+after the reply, as is the next load's buffer (`settle`): neither is on a load's path.
+One lock orders the loads and unloads, which keeps the names here and the engine's the
+same.
 
 Refusals are `AdapterRefused`, with the status the route answers: 400 naming the field
 (the spec's ValueError), 409 for a name taken by other bytes or by the base, or an
@@ -19,8 +20,9 @@ adapter a request still uses, 404 for a name not loaded, 500 when the engine is 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Awaitable, Callable, Optional, Union
 
 from runtime.serve.engine_client import EngineClient
 from runtime.serve.engine_core import AdapterBase
@@ -40,11 +42,10 @@ class AdapterRefused(Exception):
 class ServedAdapters:
     def __init__(self, engine: EngineClient, base: AdapterBase, base_name: str):
         self.engine, self.base, self.base_name = engine, base, base_name
-        # name -> the digest of the files it was loaded from, hashed after the PUT's reply
-        self._digests: dict[str, asyncio.Future[str]] = {}
+        self._digests: dict[str, asyncio.Future[str]] = {}   # name -> the digest of its files
+        self._later: list[Callable[[], Awaitable[None]]] = []   # what loads left for after their replies
         self._lock = asyncio.Lock()
         self._buffers: Optional["SharedBuffers"] = None       # made on the first load (torch's)
-        self._refilling: Optional[asyncio.Future[None]] = None
 
     def __contains__(self, name: object) -> bool:
         return name in self._digests
@@ -53,7 +54,8 @@ class ServedAdapters:
         return tuple(self._digests)
 
     async def put(self, name: str, config_json: bytes, weights: bytearray) -> None:
-        """Load an adapter under `name` (a name ADAPTER_NAME allows); AdapterRefused if not."""
+        """Load an adapter under `name` (a name ADAPTER_NAME allows); AdapterRefused if not.
+        Then `settle`, once the reply is sent."""
         if name == self.base_name:
             raise AdapterRefused(409, f"name: {name!r} is the base model's served name", param="name")
         async with self._lock:
@@ -67,7 +69,17 @@ class ServedAdapters:
             # once sent, the engine holds it: the name is recorded even if this caller leaves
             await asyncio.shield(self._install(adapter, config_json, weights))
 
+    async def settle(self) -> None:
+        """What loads left for after their replies: their files' digests, and the next
+        load's buffer. Threads started before a reply would hold up its sending, taking the
+        GIL from the event loop; the route runs this once its reply is sent, and a load
+        under a name already loaded runs it first."""
+        later, self._later = self._later, []
+        for work in later:
+            await work()
+
     async def _check_same(self, name: str, config_json: bytes, weights: bytearray) -> None:
+        await self.settle()
         if await asyncio.to_thread(digest, config_json, weights) != await self._digests[name]:
             raise AdapterRefused(409, f"name: an adapter {name!r} is loaded from other files; DELETE it "
                                       "first", param="name")
@@ -79,11 +91,18 @@ class ServedAdapters:
             raise AdapterRefused(409, str(exc)) from None
         except EngineDead as exc:
             raise AdapterRefused(500, f"engine: {exc}") from None
-        # off the reply's path (hashing 20 MB takes as long as the parse): only a later load
-        # under this name reads it
-        self._digests[adapter.name] = asyncio.ensure_future(asyncio.to_thread(digest, config_json, weights))
+        digested: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._digests[adapter.name] = digested
+        self._later.append(functools.partial(self._after, digested, config_json, weights, adapter.flat.numel()))
+
+    async def _after(self, digested: "asyncio.Future[str]", config_json: bytes, weights: bytearray,
+                     elements: int) -> None:
+        try:
+            digested.set_result(await asyncio.to_thread(digest, config_json, weights))
+        except Exception as exc:   # noqa: BLE001 - whoever compares files with it hears of it
+            digested.set_exception(exc)
         assert self._buffers is not None
-        self._refilling = asyncio.ensure_future(asyncio.to_thread(self._buffers.refill, adapter.flat.numel()))
+        await asyncio.to_thread(self._buffers.refill, elements)
 
     def _read(self, name: str, config_json: bytes, weights: bytearray) -> "LoraAdapter":
         from runtime.lora.adapter import adapter_from_bytes   # torch: only a replica with adapter slots

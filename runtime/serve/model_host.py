@@ -135,6 +135,7 @@ async def load_adapters(adapters: Optional[ServedAdapters], folders: Sequence[tu
         except (OSError, ValueError) as exc:
             raise AdapterRefused(400, f"{name}: {exc}") from None
         await adapters.put(name, config_json, weights)
+        await adapters.settle()
 
 
 def _takes_adapters(request: LoadRequest) -> bool:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, AsyncIterable, AsyncIterator, Mapping, Optional, Sequence, Union
 
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -259,7 +260,8 @@ async def put_adapter(request: Request) -> Response:
         await adapters.put(name, config_json, weights)
     except AdapterRefused as exc:
         return _adapter_refusal(exc)
-    return JSONResponse(AdapterReply(name, True, time.perf_counter() - start).to_json())
+    return JSONResponse(AdapterReply(name, True, time.perf_counter() - start).to_json(),
+                        background=BackgroundTask(adapters.settle))
 
 
 async def delete_adapter(request: Request) -> Response:
