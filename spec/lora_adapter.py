@@ -154,7 +154,7 @@ def check_tensors(shapes: Mapping[str, Sequence[int]], settings: AdapterSettings
     halves: dict[tuple[int, str], set[str]] = {}
     module_shapes = dims.module_shapes()
     for key, shape in shapes.items():
-        layer, module, half = _parts(key, dims)
+        layer, module, half = key_parts(key, dims)
         out_features, in_features = module_shapes[module]
         want = (settings.rank, in_features) if half == "A" else (out_features, settings.rank)
         if tuple(shape) != want:
@@ -169,7 +169,8 @@ def check_tensors(shapes: Mapping[str, Sequence[int]], settings: AdapterSettings
     return sorted(halves)
 
 
-def _parts(key: str, dims: BaseDims) -> tuple[int, str, str]:
+def key_parts(key: str, dims: BaseDims) -> tuple[int, str, str]:
+    """(layer, module, "A" or "B") of a tensor's name, for a layer the base has."""
     found = _KEY.match(key)
     if found is None or found.group(3) not in MODULES:
         raise ValueError(f"{WEIGHTS_FILE}: {key[:120]} is not a LoRA A or B of a layer's "

@@ -139,14 +139,28 @@ class LLMEngine:
     def add_lora(self, name: str, folder: str) -> None:
         """Hold the PEFT adapter in `folder` (host memory) under `name`; it moves into an
         adapter slot when a request for it is admitted. ValueError naming the field for an
-        adapter the engine cannot apply (runtime/lora/adapter.py) or a name taken."""
+        adapter the engine cannot apply (spec/lora_adapter.py) or a name taken."""
+        self._check_slots(name)
+        from runtime.lora.adapter import read_adapter    # torch's: imported after the weights load
+
+        self.install_lora(read_adapter(name, folder, self.model_config, self.config.max_lora_rank))
+
+    def install_lora(self, adapter: LoraAdapter) -> None:
+        """Hold an adapter already read (read_adapter, adapter_from_bytes) under its name: a
+        dict insert, no I/O, so the server's engine core runs it between two steps.
+        ValueError when the engine has no adapter slots, the name is taken, or the rank is
+        above the slots'."""
+        self._check_slots(adapter.name)
+        if adapter.rank > self.config.max_lora_rank:
+            raise ValueError(f"r: rank {adapter.rank} is above this base's max_lora_rank "
+                             f"({self.config.max_lora_rank})")
+        self.adapters[adapter.name] = adapter
+
+    def _check_slots(self, name: str) -> None:
         if not self.config.max_loras:
             raise ValueError("lora: this engine has no adapter slots (max_loras is 0)")
         if name in self.adapters:
             raise ValueError(f"lora: an adapter named {name!r} is already loaded")
-        from runtime.lora.adapter import read_adapter    # torch's: imported after the weights load
-
-        self.adapters[name] = read_adapter(name, folder, self.model_config, self.config.max_lora_rank)
 
     def remove_lora(self, name: str) -> None:
         """Let the adapter go; ValueError while a request the engine holds uses it."""

@@ -1,134 +1,139 @@
-"""A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) read and
-checked against its base model.
+"""A PEFT LoRA adapter in host memory, as the engine's slots take it: read from its
+adapter_config.json and adapter_model.safetensors (a folder's, or the bytes a replica
+was sent), each A [r, in] and each B [out, r] in float32, B pre-scaled by the adapter's
+scaling, so a slot's delta is B @ A @ x.
 
-Each targeted projection p of layer i adds scaling * B @ A @ x to p's output (PEFT's
-LoRA, dropout off at inference), with A [r, in], B [out, r] and scaling lora_alpha / r
-(lora_alpha / sqrt(r) with use_rslora). What the engine cannot apply is refused with a
-ValueError naming the field: another PEFT method, DoRA, trained biases, saved modules, a
-rank above the engine's max_lora_rank, per-module rank or alpha patterns, a target
-other than the attention and MLP projections (lm_head and embeddings included), or
-tensors whose shapes are not the base's (an adapter trained on another model).
+What an adapter may be is spec/lora_adapter.py's to say, the rules the control plane
+checks at attach time: its settings (parse_settings), then every tensor's name and shape
+against the base (check_header), all before a tensor is read. This module adds only the
+torch part.
+
+An adapter's A and B are views of one float32 buffer, and it pickles as that buffer and
+where each piece sits in it: across the engine-core pipe, whose pickler (torch's) moves a
+tensor's storage into shared memory, an adapter travels as one segment and one file
+descriptor rather than one per tensor (the server reads it into a buffer already there:
+runtime/lora/shared_buffers.py).
+
+The file's tensors are read as views of its bytes (after the spec's check of its header)
+and copied once, converted and scaled, into that buffer: safetensors.torch.load would
+copy each tensor out of the bytes first, a second pass over the whole file on a load's
+path (benchmarks/adapter_load.py times the load).
 """
 from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Union
 
 import torch
 
 from runtime.core.config import ModelConfig
+from runtime.lora.files import adapter_files
+from runtime.lora.shared_buffers import SharedBuffers
+from spec.lora_adapter import (WEIGHTS_FILE, AdapterSettings, BaseDims, check_header, header_length,
+                               key_parts, parse_settings)
 
-# PEFT's module names, and where each sits in the engine's fused projections
-ATTENTION = ("q_proj", "k_proj", "v_proj")
-MLP = ("gate_proj", "up_proj")
-MODULES = (*ATTENTION, "o_proj", *MLP, "down_proj")
-_KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+Pair = tuple[torch.Tensor, torch.Tensor]      # A [r, in], B [out, r] * scaling
+Buffer = Union[bytes, bytearray]              # a writable one spares torch.frombuffer's warning
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}   # spec's DTYPES
 
 
-@dataclass
+@dataclass(frozen=True)
+class Piece:
+    """Where one projection's A and B sit in an adapter's buffer: A's r * in_features
+    elements from `offset`, then B's out_features * r."""
+    layer: int
+    module: str
+    offset: int
+    in_features: int
+    out_features: int
+
+
 class LoraAdapter:
-    name: str
-    rank: int
-    scaling: float
-    # (layer, module) -> (A [r, in], B [out, r] * scaling), float32 on the host
-    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    def __init__(self, name: str, rank: int, scaling: float, flat: torch.Tensor,
+                 pieces: tuple[Piece, ...]):
+        self.name, self.rank, self.scaling = name, rank, scaling
+        self.flat, self.pieces = flat, pieces            # flat: [elements] float32
+        # (layer, module) -> (A, B): views of `flat`
+        self.weights: dict[tuple[int, str], Pair] = {(p.layer, p.module): self._views(p) for p in pieces}
+
+    def _views(self, piece: Piece) -> Pair:
+        a_size = self.rank * piece.in_features
+        a = self.flat[piece.offset:piece.offset + a_size].view(self.rank, piece.in_features)
+        b_at = piece.offset + a_size
+        b = self.flat[b_at:b_at + piece.out_features * self.rank].view(piece.out_features, self.rank)
+        return a, b
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the buffer and the pieces, not the views: one storage for the pickler to share
+        return LoraAdapter, (self.name, self.rank, self.scaling, self.flat, self.pieces)
 
 
-def module_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
-    """(out, in) of each projection an adapter may target, for one rank (no TP)."""
-    h, d, i = config.hidden_size, config.head_dim, config.intermediate_size
-    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
-    return {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q),
-            "gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i)}
+def base_dims(config: ModelConfig) -> BaseDims:
+    """The base's sizes an adapter's tensors must match."""
+    return BaseDims(config.num_hidden_layers, config.hidden_size, config.intermediate_size,
+                    config.num_attention_heads, config.num_key_value_heads, config.head_dim)
 
 
-def read_adapter(name: str, folder: str | Path, config: ModelConfig, max_rank: int) -> LoraAdapter:
-    folder = Path(folder)
-    settings = _settings(folder)
-    rank = _check_settings(settings, max_rank)
-    alpha = settings.get("lora_alpha", rank)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise ValueError("lora_alpha: must be a number")
-    scaling = alpha / (math.sqrt(rank) if settings.get("use_rslora") else rank)
-    pairs = _pairs(folder, config)
-    shapes = module_shapes(config)
-    weights = {}
-    for (layer, module), (a, b) in sorted(pairs.items()):
-        out_features, in_features = shapes[module]
-        if a.shape != (rank, in_features) or b.shape != (out_features, rank):
-            raise ValueError(f"adapter_model.safetensors: layer {layer} {module} has A {tuple(a.shape)} and "
-                             f"B {tuple(b.shape)}, where this base needs A ({rank}, {in_features}) and B "
-                             f"({out_features}, {rank}): an adapter of another base model?")
-        weights[(layer, module)] = (a.float().contiguous(), (b.float() * scaling).contiguous())
-    return LoraAdapter(name, rank, scaling, weights)
+def adapter_from_bytes(name: str, config_json: Union[bytes, str], safetensors: Buffer, model_config: ModelConfig,
+                       max_rank: int, shared: Optional[SharedBuffers] = None) -> LoraAdapter:
+    """An adapter from its two files' contents; ValueError naming the field for anything
+    the engine cannot apply (spec/lora_adapter.py). `shared`: where to take its buffer
+    from, for an adapter bound for another process; else in this process's memory."""
+    settings = parse_settings(config_json, max_rank)
+    dims = base_dims(model_config)
+    check_header(safetensors, settings, dims)    # every name and shape, before any tensor is read
+    return _packed(name, settings, dims, _tensors(safetensors), shared)
 
 
-def _settings(folder: Path) -> dict[str, Any]:
-    path = folder / "adapter_config.json"
-    if not path.is_file():
-        raise ValueError(f"adapter: no adapter_config.json in {folder}")
-    try:
-        settings = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"adapter_config.json: not JSON ({exc})") from None
-    if not isinstance(settings, dict):
-        raise ValueError("adapter_config.json: must be a JSON object")
-    return settings
+def read_adapter(name: str, folder: Union[str, Path], config: ModelConfig, max_rank: int) -> LoraAdapter:
+    """The adapter in a PEFT folder (adapter_config.json, adapter_model.safetensors)."""
+    return adapter_from_bytes(name, *adapter_files(folder), config, max_rank)
 
 
-def _check_settings(settings: dict[str, Any], max_rank: int) -> int:
-    """The adapter's rank, once every setting the engine cannot apply is refused."""
-    if settings.get("peft_type", "LORA") != "LORA":
-        raise ValueError(f"peft_type: {settings.get('peft_type')!r} is not LORA")
-    rank = settings.get("r")
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError("r: must be a positive integer")
-    if rank > max_rank:
-        raise ValueError(f"r: rank {rank} is above this base's max_lora_rank ({max_rank})")
-    refused = {"use_dora": "DoRA is not supported", "fan_in_fan_out": "Conv1D-style weights are not supported",
-               "modules_to_save": "saved (fully trained) modules are not supported",
-               "rank_pattern": "per-module ranks are not supported",
-               "alpha_pattern": "per-module alphas are not supported",
-               "layers_to_transform": "a subset of layers is given by the weights, not this setting"}
-    for field, why in refused.items():
-        if settings.get(field):
-            raise ValueError(f"{field}: {why}")
-    if settings.get("bias", "none") != "none":
-        raise ValueError("bias: trained biases are not supported (bias must be 'none')")
-    targets = settings.get("target_modules")
-    if not isinstance(targets, list) or not targets:
-        raise ValueError("target_modules: must be a list of module names (q_proj, ..., down_proj)")
-    unknown = sorted(set(map(str, targets)) - set(MODULES))
-    if unknown:
-        raise ValueError(f"target_modules: {', '.join(unknown)} cannot be applied (the engine applies "
-                         f"{', '.join(MODULES)})")
-    return rank
+def _tensors(data: Buffer) -> dict[str, torch.Tensor]:
+    """Each tensor of a safetensors file as a view of its bytes, not a copy (`_packed`
+    copies each once, into the adapter's buffer); ValueError where a tensor's bytes are not
+    where its header says. Its names, dtypes and shapes are checked already (check_header)."""
+    length = header_length(data)
+    entries = json.loads(data[8:8 + length])
+    body = memoryview(data)[8 + length:]
+    tensors = {}
+    for key, entry in entries.items():
+        if key != "__metadata__":
+            dtype, shape = _DTYPES[entry["dtype"]], entry["shape"]
+            count = math.prod(shape)
+            begin = _data_start(key, entry.get("data_offsets"), count * dtype.itemsize, len(body))
+            tensors[key] = torch.frombuffer(body, dtype=dtype, count=count, offset=begin).view(shape)
+    return tensors
 
 
-def _pairs(folder: Path, config: ModelConfig) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
-    from safetensors.torch import load_file
+def _data_start(key: str, offsets: Any, size: int, available: int) -> int:
+    """Where a tensor's `size` bytes begin, if its data_offsets say so within the file."""
+    if isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets) and \
+            0 <= offsets[0] and offsets[1] - offsets[0] == size and offsets[1] <= available:
+        return int(offsets[0])
+    raise ValueError(f"{WEIGHTS_FILE}: {key[:120]}'s data_offsets are not its {size} bytes within "
+                     f"the file's {available} (cut off?)")
 
-    path = folder / "adapter_model.safetensors"
-    if not path.is_file():
-        raise ValueError(f"adapter: no adapter_model.safetensors in {folder}")
+
+def _packed(name: str, settings: AdapterSettings, dims: BaseDims, tensors: dict[str, torch.Tensor],
+            shared: Optional[SharedBuffers]) -> LoraAdapter:
+    """The checked tensors in one float32 buffer, in (layer, module) order, B scaled."""
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    for key, tensor in load_file(str(path)).items():
-        found = _KEY.match(key)
-        if found is None or found.group(3) not in MODULES:
-            raise ValueError(f"adapter_model.safetensors: {key} is not a LoRA A or B of a layer's "
-                             f"{', '.join(MODULES)} (lm_head and embedding deltas are not supported)")
-        layer = int(found.group(1))
-        if layer >= config.num_hidden_layers:
-            raise ValueError(f"adapter_model.safetensors: {key} names layer {layer}; the base has "
-                             f"{config.num_hidden_layers}")
-        halves.setdefault((layer, found.group(3)), {})[found.group(4)] = tensor
-    missing = [f"layer {i} {m}" for (i, m), h in halves.items() if set(h) != {"A", "B"}]
-    if missing:
-        raise ValueError(f"adapter_model.safetensors: {', '.join(missing)} lacks its A or B")
-    if not halves:
-        raise ValueError("adapter_model.safetensors: holds no LoRA weights")
-    return {k: (h["A"], h["B"]) for k, h in halves.items()}
+    for key, tensor in tensors.items():
+        layer, module, half = key_parts(key, dims)
+        halves.setdefault((layer, module), {})[half] = tensor
+    shapes, rank, offset, pieces = dims.module_shapes(), settings.rank, 0, []
+    for layer, module in sorted(halves):
+        out_features, in_features = shapes[module]
+        pieces.append(Piece(layer, module, offset, in_features, out_features))
+        offset += rank * (in_features + out_features)
+    flat = shared.take(offset) if shared is not None else torch.empty(offset)
+    adapter = LoraAdapter(name, rank, settings.scaling, flat, tuple(pieces))
+    for key, (a, b) in adapter.weights.items():
+        a.copy_(halves[key]["A"])
+        b.copy_(halves[key]["B"]).mul_(settings.scaling)
+    return adapter

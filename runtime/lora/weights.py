@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from runtime.core.config import ModelConfig
-from runtime.lora.adapter import LoraAdapter, module_shapes
+from runtime.lora.adapter import LoraAdapter, base_dims
 
 # the engine's projections: the PEFT modules each one fuses, in the order of its rows
 PROJECTIONS = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",),
@@ -33,7 +33,7 @@ class LoraStack:
 class LoraWeights:
     def __init__(self, config: ModelConfig, num_slots: int, max_rank: int, device: str):
         self.max_rank = max_rank
-        shapes = module_shapes(config)
+        shapes = base_dims(config).module_shapes()
         self.layers: list[dict[str, LoraStack]] = []
         for _ in range(config.num_hidden_layers):
             stacks = {}

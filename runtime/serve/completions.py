@@ -3,7 +3,8 @@
 `OpenAIServing.create(request, request_id, receive)` takes a request that
 wire's parser has already validated (fields, without the model) and answers it:
 
-1. `_check_model`: the name the client asked for is the one served (404 otherwise);
+1. `_adapter`: the name the client asked for is the one served, or a loaded adapter's,
+   which the request then runs with (404 otherwise);
 2. `_prompt_token_ids`: tokenize the prompt, or render and tokenize the chat (with its
    tools: runtime/serve/tool_prompt.py);
    `GenerationRequest.max_tokens_within` is the one max_tokens rule;
@@ -28,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, AsyncGenerator, AsyncIterator, Optional, Sequence, Union
+from typing import Any, AsyncGenerator, AsyncIterator, Container, Optional, Sequence, Union
 
 from starlette.responses import JSONResponse, Response
 
@@ -57,8 +58,9 @@ class OpenAIServing:
     """Answers /v1/completions and /v1/chat/completions for the one loaded model."""
 
     def __init__(self, served_model_name: str, engine: EngineClient, tokenizer: Tokenizer,
-                 max_model_len: int, metrics: ServerMetrics):
+                 max_model_len: int, metrics: ServerMetrics, adapters: Container[str] = frozenset()):
         self.served_model_name = served_model_name
+        self.adapters = adapters             # the names of the adapters loaded (runtime/serve/adapters.py)
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len   # the context, capped by the KV cache
@@ -70,13 +72,13 @@ class OpenAIServing:
 
         `request_id` (the X-Request-Id) becomes the engine's id, with a suffix when one is
         already in flight; `receive` is the client's, to notice it leaving."""
-        self._check_model(request)
+        lora = self._adapter(request)
         prompts = [self._prompt_token_ids(one) for one in per_prompt(request)]
         request = request.with_max_tokens(request.max_tokens_within(
             self.max_model_len, max(len(ids) for ids in prompts)))
-        choices = await self._start_all(request, request_id, prompts)
+        choices = await self._start_all(request, request_id, prompts, lora)
         header = ResponseHeader(id=f"{ID_PREFIX[request.kind]}-{choices[0].generation.request_id}",
-                                model=self.served_model_name, kind=request.kind)
+                                model=lora or self.served_model_name, kind=request.kind)
         if request.stream:
             return EventStreamResponse(self._events(header, request, choices),
                                        on_close=lambda completed: close_all(choices))
@@ -84,11 +86,15 @@ class OpenAIServing:
 
     # ---------------------------------------------------------- before the engine
 
-    def _check_model(self, request: GenerationRequest) -> None:
-        if request.model is not None and request.model != self.served_model_name:
-            raise ProtocolError(f"model: the model `{request.model}` does not exist (this replica "
-                                f"serves `{self.served_model_name}`)", param="model", status=404,
-                                code="model_not_found")
+    def _adapter(self, request: GenerationRequest) -> Optional[str]:
+        """The adapter the request's model names, None for the base; 404 for any other name."""
+        if request.model is None or request.model == self.served_model_name:
+            return None
+        if request.model in self.adapters:
+            return request.model
+        raise ProtocolError(f"model: the model `{request.model}` does not exist (this replica "
+                            f"serves `{self.served_model_name}` and its loaded adapters)", param="model",
+                            status=404, code="model_not_found")
 
     def _prompt_token_ids(self, request: GenerationRequest) -> list[int]:
         if request.kind == "chat":
@@ -101,24 +107,24 @@ class OpenAIServing:
         return list(request.prompt or [])   # checked against the vocabulary by the engine
 
     async def _start_all(self, request: GenerationRequest, request_id: str,
-                         prompts: list[list[int]]) -> list[Choice]:
+                         prompts: list[list[int]], lora: Optional[str]) -> list[Choice]:
         """Every prompt's n samples in the engine, as choices numbered prompt_i * n + j;
         if the engine refuses one prompt, those already started are aborted."""
         choices: list[Choice] = []
         try:
             for ids in prompts:
                 echo = self.tokenizer.decode(ids) if request.echo else ""
-                for generation in await self._start(request, request_id, ids):
+                for generation in await self._start(request, request_id, ids, lora):
                     choices.append(Choice(len(choices), generation, echo))
         except BaseException:
             await close_all(choices)
             raise
         return choices
 
-    async def _start(self, request: GenerationRequest, request_id: str,
-                     prompt_ids: list[int]) -> list["Generation"]:
+    async def _start(self, request: GenerationRequest, request_id: str, prompt_ids: list[int],
+                     lora: Optional[str]) -> list["Generation"]:
         try:
-            streams = await self.engine.add_samples(request_id, prompt_ids, request.params)
+            streams = await self.engine.add_samples(request_id, prompt_ids, request.params, lora)
         except ValueError as exc:   # the engine's refusal names the field
             raise ProtocolError.from_value_error(exc) from None
         # samples after the first share the prompt's blocks: its tokens are counted once

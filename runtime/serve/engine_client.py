@@ -17,6 +17,7 @@ the event loop itself (no thread).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import multiprocessing as mp
 from dataclasses import dataclass
@@ -25,8 +26,8 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
 from runtime.serve.engine_core import (AbortOp, AddOp, CallOp, Engine, EngineInfo, Load, Loaded,
-                                       LoadFailed, Op, StepBatch, Warmed, run_core, sleep_engine,
-                                       wake_engine)
+                                       LoadFailed, Op, StepBatch, Warmed, install_lora, remove_lora,
+                                       run_core, sleep_engine, wake_engine)
 from runtime.serve.request_streams import EngineDead, RequestStream, RequestTable
 from runtime.load.timings import LoadTimings
 from runtime.engine.outputs import EngineStats
@@ -35,6 +36,7 @@ from runtime.core.sleep_mode import Freed
 from wire.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from runtime.lora.adapter import LoraAdapter
     from wire.replica_control import LoadRequest
 
 MAX_UNDELIVERED = 65536   # outputs queued for readers before the core is made to wait
@@ -125,6 +127,15 @@ class EngineClient:
     async def wake(self) -> LoadTimings:
         return await self.call(wake_engine)
 
+    async def install_lora(self, adapter: "LoraAdapter") -> None:
+        """Hand the engine an adapter read here; its buffer crosses the pipe as one shared
+        memory segment (runtime/lora/adapter.py). The engine's ValueError if it refuses."""
+        await self.call(functools.partial(install_lora, adapter))
+
+    async def remove_lora(self, name: str) -> None:
+        """The engine's ValueError while a request it holds uses the adapter."""
+        await self.call(functools.partial(remove_lora, name))
+
     async def stop(self) -> None:
         self._stopping = True
         self._stop_reading()
@@ -142,15 +153,16 @@ class EngineClient:
         """Queue a request; raises the core's ValueError (too long, bad ids) if it refuses."""
         return (await self.add_samples(request_id, prompt_token_ids, params))[0]
 
-    async def add_samples(self, request_id: str, prompt_token_ids: list[int],
-                          params: SamplingParams) -> list[RequestStream]:
-        """One stream per sample; the core's ValueError if it refuses the request."""
+    async def add_samples(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                          lora: Optional[str] = None) -> list[RequestStream]:
+        """One stream per sample, run with the adapter `lora` (None: the base); the core's
+        ValueError if it refuses the request."""
         if self.error is not None:
             raise EngineDead(str(self.error))
         streams = self._requests.open(request_id, params.n)
         done: asyncio.Future[None] = self._loop.create_future()
         self._adds[streams[0].request_id] = (done, params.n)
-        self._send(AddOp(streams[0].request_id, prompt_token_ids, params))
+        self._send(AddOp(streams[0].request_id, prompt_token_ids, params, lora))
         await added(done, streams)
         return streams
 

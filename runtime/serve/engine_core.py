@@ -13,6 +13,10 @@ calls came to, the step's token deltas, the stats after it). The step loop:
   take every batch waiting (block only when no request is held) -> apply them ->
   step if any request is held -> send one StepBatch
 
+A LoRA adapter the server has read comes in as a Call of `install_lora` (a dict insert
+between two steps); its buffer is in shared memory, so the pipe carries a file
+descriptor, not its megabytes, and the reader thread below unpickles it, off the loop.
+
 A reader thread moves the server's batches into a queue as they come, so the server
 never blocks on a step, and sees the pipe close: the server is gone (or stopping us),
 and the process exits. It also dies with its parent (PR_SET_PDEATHSIG), so it never
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
 
+from runtime.core.config import ModelConfig
 from runtime.load.timings import LoadTimings
 from runtime.engine.outputs import EngineStats, RequestOutput
 from runtime.core.sleep_mode import Freed
@@ -37,6 +42,7 @@ from wire.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from runtime.engine.llm_engine import LLMEngine
+    from runtime.lora.adapter import LoraAdapter
     from wire.replica_control import LoadRequest
 
 PR_SET_PDEATHSIG = 1     # linux/prctl.h
@@ -45,7 +51,8 @@ PR_SET_PDEATHSIG = 1     # linux/prctl.h
 class Engine(Protocol):
     """What the step loop drives: runtime.engine.llm_engine.LLMEngine (or a test's stand-in)."""
     def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams) -> None: ...
+                    params: SamplingParams, cache_salt: Optional[str] = None,
+                    lora: Optional[str] = None) -> None: ...
     def abort_request(self, request_id: str) -> None: ...
     def step(self) -> list[RequestOutput]: ...
     def has_unfinished_requests(self) -> bool: ...
@@ -53,6 +60,8 @@ class Engine(Protocol):
     def stats(self) -> EngineStats: ...
     def sleep(self) -> Freed: ...
     def wake(self) -> LoadTimings: ...
+    def install_lora(self, adapter: "LoraAdapter") -> None: ...
+    def remove_lora(self, name: str) -> None: ...
 
 
 # ---------------------------------------------------------------- messages in
@@ -67,6 +76,7 @@ class AddOp:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    lora: Optional[str] = None       # the adapter it runs with; None: the base
 
 
 @dataclass
@@ -91,7 +101,25 @@ def wake_engine(engine: Engine) -> LoadTimings:
     return engine.wake()
 
 
+def install_lora(adapter: "LoraAdapter", engine: Engine) -> None:
+    """Read and checked in the server already (runtime/serve/adapters.py): a dict insert here."""
+    engine.install_lora(adapter)
+
+
+def remove_lora(name: str, engine: Engine) -> None:
+    engine.remove_lora(name)
+
+
 # ---------------------------------------------------------------- messages out
+
+@dataclass(frozen=True)
+class AdapterBase:
+    """What the server reads and checks an adapter against, for an engine with adapter
+    slots (runtime/serve/adapters.py)."""
+    model_config: ModelConfig
+    max_loras: int
+    max_lora_rank: int
+
 
 @dataclass(frozen=True)
 class EngineInfo:
@@ -99,10 +127,14 @@ class EngineInfo:
     max_model_len: int                 # the context, capped by the KV cache
     task: str                          # "generate" | "embed"
     load_timings: dict[str, float]     # the /health load_timings (runtime/load/timings.py)
+    adapters: Optional[AdapterBase] = None   # None: no adapter slots (max_loras 0)
 
     @classmethod
     def of(cls, llm_engine: "LLMEngine", load_timings: dict[str, float]) -> "EngineInfo":
-        return cls(llm_engine.max_model_len, llm_engine.config.task, load_timings)
+        config = llm_engine.config
+        adapters = AdapterBase(llm_engine.model_config, config.max_loras, config.max_lora_rank) \
+            if config.max_loras else None
+        return cls(llm_engine.max_model_len, config.task, load_timings, adapters)
 
 
 @dataclass
@@ -230,7 +262,7 @@ class CoreLoop:
 
     def _add(self, op: AddOp) -> Optional[str]:
         try:
-            self.engine.add_request(op.request_id, op.prompt_token_ids, op.params)
+            self.engine.add_request(op.request_id, op.prompt_token_ids, op.params, lora=op.lora)
         except ValueError as exc:   # the refusal names the field: the client gets a 400
             return str(exc)
         return None

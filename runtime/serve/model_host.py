@@ -11,7 +11,9 @@ which loads the model while `/health` keeps answering here, and which a standby 
 failed, and the replica exits like one whose tensor-parallel worker died. Sleep and wake
 run on the engine between steps; a replica is put to sleep only when no request is in
 flight (`Refused` otherwise: the pool sends only idle replicas to sleep, so it never
-drains), and from then on until it is ready again it refuses requests with 503.
+drains), and from then on until it is ready again it refuses requests with 503. An
+engine with adapter slots takes LoRA adapters by name while ready (runtime/serve/adapters.py),
+those of `--lora-modules` before it says so.
 """
 from __future__ import annotations
 
@@ -21,16 +23,20 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar
 
+from runtime.serve.adapters import AdapterRefused, ServedAdapters, import_reader
+from runtime.serve.allocator import keep_large_blocks
 from runtime.serve.embeddings import EmbeddingServing
 from runtime.serve.engine_client import CoreProcess, EngineClient
 from runtime.load.timings import LoadTimings, process_age_s
+from runtime.lora.files import adapter_files
 from runtime.serve.metrics import ServerMetrics
 from runtime.serve.completions import OpenAIServing
 from runtime.engine.outputs import EngineStats
 from runtime.core.sleep_mode import Freed, NotIdle
 from runtime.core.tokenizer import Tokenizer
+from spec import engine_options
 from wire.replica_control import Health, LoadRequest
 from wire.replica_control import HealthStatus as Status     # the host's status is what /health says
 
@@ -56,6 +62,7 @@ class LoadedModel:
     engine: EngineClient          # its lifecycle too: stats, sleep, wake, stop
     serving: OpenAIServing
     embedding: Optional[EmbeddingServing] = None   # engine task "embed": /v1/embeddings
+    adapters: Optional[ServedAdapters] = None      # None: the engine has no adapter slots
 
 
 def warm_imports(device: Optional[str] = None) -> float:
@@ -118,6 +125,27 @@ def replica_timings(core: dict[str, float], tokenizer_s: float, total_s: float) 
     return out
 
 
+async def load_adapters(adapters: Optional[ServedAdapters], folders: Sequence[tuple[str, str]]) -> None:
+    """Each (name, PEFT folder) loaded as a PUT would load it; AdapterRefused if one is not."""
+    for name, folder in folders:
+        if adapters is None:
+            raise AdapterRefused(409, "max_loras: this engine has no adapter slots (max_loras is 0)")
+        try:
+            config_json, weights = await asyncio.to_thread(adapter_files, folder)
+        except (OSError, ValueError) as exc:
+            raise AdapterRefused(400, f"{name}: {exc}") from None
+        await adapters.put(name, config_json, weights)
+        await adapters.settle()
+
+
+def _takes_adapters(request: LoadRequest) -> bool:
+    """Whether the engine will have adapter slots (a bad option fails the load anyway)."""
+    try:
+        return engine_options.parse(request.engine_kwargs).max_loras > 0
+    except ValueError:
+        return False
+
+
 def _end_replica(reason: str) -> None:
     """A tensor-parallel worker died (the watchdog already killed the others): the replica
     is beyond repair, so the process ends and the pool starts a whole new one."""
@@ -139,6 +167,7 @@ class ModelHost:
         self.model: Optional[LoadedModel] = None
         self.metrics = ServerMetrics(self.stats)
         self._task: Optional[asyncio.Task[None]] = None
+        self._reader: Optional[asyncio.Future[None]] = None   # the adapter reader's import
 
     @property
     def ready_model(self) -> Optional[LoadedModel]:
@@ -154,21 +183,25 @@ class ModelHost:
     def stats(self) -> Optional[EngineStats]:
         return self.model.engine.stats if self.model else None
 
-    def start_loading(self, request: LoadRequest) -> None:
-        """Begin loading in the background; callers check `can_load` first."""
+    def start_loading(self, request: LoadRequest, lora_modules: Sequence[tuple[str, str]] = ()) -> None:
+        """Begin loading in the background, with the adapters in `lora_modules` (name, PEFT
+        folder) before it is ready; callers check `can_load` first."""
         self.status, self.error, self.pending = Status.LOADING, None, request
-        self._task = asyncio.create_task(self._load(request))
+        self._task = asyncio.create_task(self._load(request, lora_modules))
 
     @property
     def can_load(self) -> bool:
         return self.status in (Status.STANDBY, Status.FAILED)
 
-    async def _load(self, request: LoadRequest) -> None:
+    async def _load(self, request: LoadRequest, lora_modules: Sequence[tuple[str, str]]) -> None:
         start = time.perf_counter()
         core, self._spare_core = self._spare_core, None
         # the server's tokenizer is parsed here while the core loads the weights in its
         # own process; where the parse outlasts the load, that is the `tokenizer` stage
         parsing = asyncio.ensure_future(asyncio.to_thread(timed, Tokenizer, request.model))
+        if _takes_adapters(request):
+            keep_large_blocks()
+            self._reader = asyncio.ensure_future(asyncio.to_thread(import_reader))
         try:
             client = await EngineClient.start(request, on_death=self._engine_died, core=core)
             tokenizer, parse_s = await parsing
@@ -178,10 +211,17 @@ class ModelHost:
             self.load_timings = {"total_s": round(time.perf_counter() - start, 6)}
             return
         name, info = request.served_model_name, client.info
-        serving = OpenAIServing(name, client, tokenizer, info.max_model_len, self.metrics)
+        adapters = ServedAdapters(client, info.adapters, name) if info.adapters is not None else None
+        serving = OpenAIServing(name, client, tokenizer, info.max_model_len, self.metrics,
+                                adapters if adapters is not None else frozenset())
         embedding = EmbeddingServing(name, client, tokenizer, self.metrics) \
             if info.task == "embed" else None
-        self.model = LoadedModel(name, client, serving, embedding)
+        self.model = LoadedModel(name, client, serving, embedding, adapters)
+        try:
+            await load_adapters(adapters, lora_modules)
+        except AdapterRefused as exc:
+            self.status, self.error = Status.FAILED, f"lora_modules: {exc.message}"
+            return
         self.load_timings = replica_timings(info.load_timings, parse_s, time.perf_counter() - start)
         self.status = Status.READY
 
@@ -251,6 +291,8 @@ class ModelHost:
         if self._task is not None and not self._task.done():
             # The load thread cannot be interrupted; let it finish so the process exits cleanly.
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
         if self.model is not None:
             await self.model.engine.stop()
         if self._spare_core is not None:

@@ -3,9 +3,12 @@
 Routes: /v1/completions, /v1/chat/completions (SSE when stream=true), /v1/embeddings
 (a model whose engine task is "embed"),
 /v1/models, /health, /metrics, /stats (what the replica served, as JSON, for
-the pool), /admin/load for a `--standby` replica, and /sleep and /wake (the pool's
-sleep tier: runtime/core/sleep_mode.py; the replica refuses requests with 503 while asleep);
-the bodies of /health, /stats, /admin/load, /sleep and /wake are wire/replica_control.py's.
+the pool), /admin/load for a `--standby` replica, /sleep and /wake (the pool's
+sleep tier: runtime/core/sleep_mode.py; the replica refuses requests with 503 while asleep),
+and /admin/adapters (LoRA adapters loaded and unloaded by name: runtime/serve/adapters.py;
+a request whose `model` names one runs with it);
+the bodies of /health, /stats, /admin/load, /sleep, /wake and /admin/adapters are
+wire/replica_control.py's.
 This module is the settings (parsed once, in `main`) and thin routes: a
 completion is parsed by wire's rules and handed to the loaded model's
 `OpenAIServing` (runtime/serve/completions.py), where the rest of its path is.
@@ -26,27 +29,33 @@ import argparse
 import hmac
 import logging
 import os
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncIterable, AsyncIterator, Mapping, Optional, Sequence, Union
 
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from runtime.serve.adapters import AdapterRefused, ServedAdapters
 from runtime.serve.metrics import CONTENT_TYPE
 from runtime.serve.model_host import ModelHost, WrongState
 from spec import engine_options
+from spec.lora_adapter import CONFIG_FILE, MAX_WEIGHTS_BYTES, WEIGHTS_FILE
 from wire.embeddings import parse_embedding_request
 from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
 from wire.json_input import parse_json
-from wire.replica_control import (HEALTH_PATH, LOAD_ACCEPTED, LOAD_PATH, SLEEP_PATH, STATS_PATH, WAKE_PATH,
-                                  FreedBytes, Health, LoadReply, LoadRequest, SleepReply, Stats, WakeReply)
+from wire.replica_control import (ADAPTER_CONFIG_HEADER, ADAPTER_NAME, ADAPTERS_PATH, HEALTH_PATH, LOAD_ACCEPTED,
+                                  LOAD_PATH, SLEEP_PATH, STATS_PATH, WAKE_PATH, AdapterList, AdapterReply,
+                                  FreedBytes, Health, HealthStatus, LoadReply, LoadRequest, SleepReply, Stats,
+                                  WakeReply)
 from wire.replica_secret import SECRET_ENV, SECRET_FILE_ENV
 from wire.request_id import RequestIdMiddleware
 from wire.requests import parse_request
@@ -68,6 +77,7 @@ class ServerSettings:
     log_level: str = "warning"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs given
     secret: Optional[str] = field(default=None, repr=False)       # None: open to every caller
+    lora_modules: tuple[tuple[str, str], ...] = ()   # (name, PEFT folder): loaded before ready
 
     def load_request(self) -> LoadRequest:
         assert self.model is not None, "a --standby replica loads what /admin/load names"
@@ -86,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=["critical", "error", "warning", "info", "debug"])
     parser.add_argument("--standby", action="store_true",
                         help="start warm with no model; load one with POST /admin/load")
+    parser.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=FOLDER",
+                        help="PEFT adapters to load before the replica is ready (as PUT "
+                             f"{ADAPTERS_PATH}/NAME would; needs --max-loras)")
     engine_options.add_flags(parser)          # one per option; the pool's engine_flags spell them
     return parser
 
@@ -99,11 +112,25 @@ def parse_settings(argv: Optional[Sequence[str]] = None,
     engine_kwargs = engine_options.from_flags(args)
     try:
         secret = read_secret(env)
+        lora_modules = parse_lora_modules(args.lora_modules, engine_kwargs)
     except ValueError as exc:
         parser.error(str(exc))
     return ServerSettings(host=args.host, port=args.port, uds=args.uds, model=args.model,
                           served_model_name=args.served_model_name, standby=args.standby,
-                          log_level=args.log_level, engine_kwargs=engine_kwargs, secret=secret)
+                          log_level=args.log_level, engine_kwargs=engine_kwargs, secret=secret,
+                          lora_modules=lora_modules)
+
+
+def parse_lora_modules(given: Sequence[str], engine_kwargs: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """--lora-modules' NAME=FOLDER pairs; ValueError for a bad name, or with no adapter slots."""
+    pairs = tuple((name, folder) for name, _, folder in (g.partition("=") for g in given))
+    for name, folder in pairs:
+        if not ADAPTER_NAME.match(name) or not folder:
+            raise ValueError(f"--lora-modules: {name[:80]}={folder[:80]} is not NAME=FOLDER "
+                             f"(NAME: {ADAPTER_NAME.pattern})")
+    if pairs and not engine_kwargs.get("max_loras"):
+        raise ValueError("--lora-modules: the engine has no adapter slots: give --max-loras")
+    return pairs
 
 
 def read_secret(env: Mapping[str, str]) -> Optional[str]:
@@ -170,11 +197,15 @@ async def stats(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    """The model, once it serves (the pool re-adopts only a replica that lists it)."""
+    """The model, once it serves (the pool re-adopts only a replica that lists it), and
+    each adapter loaded on it."""
     model = _host(request).ready_model
     data = []
     if model is not None:
-        data.append({"id": model.served_model_name, "object": "model", "owned_by": "thawpool"})
+        base = model.served_model_name
+        data.append({"id": base, "object": "model", "owned_by": "thawpool"})
+        names = model.adapters.names() if model.adapters is not None else ()
+        data += [{"id": name, "object": "model", "owned_by": "thawpool", "parent": base} for name in names]
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -213,6 +244,92 @@ async def wake(request: Request) -> Response:
     except Exception as exc:  # noqa: BLE001 - the host is failed now; /health says so too
         return _error(500, f"wake failed: {type(exc).__name__}: {exc}")
     return JSONResponse(WakeReply(timings).to_json())
+
+
+async def put_adapter(request: Request) -> Response:
+    """Load a LoRA adapter: the body is its adapter_model.safetensors, ADAPTER_CONFIG_HEADER
+    its adapter_config.json. Everything is refused before the body is read that can be."""
+    start = time.perf_counter()
+    name = request.path_params["name"]
+    try:
+        adapters = _adapters(_host(request))
+        _check_adapter_name(name)
+        config_json = _adapter_config(request)
+        weights = await read_limited(request.stream(), request.headers.get("content-length"),
+                                     MAX_WEIGHTS_BYTES)
+        await adapters.put(name, config_json, weights)
+    except AdapterRefused as exc:
+        return _adapter_refusal(exc)
+    return JSONResponse(AdapterReply(name, True, time.perf_counter() - start).to_json(),
+                        background=BackgroundTask(adapters.settle))
+
+
+async def delete_adapter(request: Request) -> Response:
+    name = request.path_params["name"]
+    try:
+        await _adapters(_host(request)).delete(name)
+    except AdapterRefused as exc:
+        return _adapter_refusal(exc)
+    return JSONResponse(AdapterReply(name, False).to_json())
+
+
+async def list_adapters(request: Request) -> Response:
+    """The adapters loaded (kept while the model sleeps)."""
+    model = _host(request).model
+    names = model.adapters.names() if model is not None and model.adapters is not None else ()
+    return JSONResponse(AdapterList(names).to_json())
+
+
+def _adapters(host: ModelHost) -> ServedAdapters:
+    """The ready model's adapters; AdapterRefused 503 while it loads or wakes, 409 in any
+    other state or where the engine has no adapter slots."""
+    if host.status in (HealthStatus.LOADING, HealthStatus.WAKING):
+        raise AdapterRefused(503, f"model is not ready ({host.status.value})")
+    model = host.ready_model
+    if model is None:
+        raise AdapterRefused(409, f"replica is {host.status.value}: adapters load into a ready model")
+    if model.adapters is None:
+        raise AdapterRefused(409, "max_loras: this engine has no adapter slots (max_loras is 0)",
+                             param="max_loras")
+    return model.adapters
+
+
+def _check_adapter_name(name: str) -> None:
+    if not ADAPTER_NAME.match(name):
+        raise AdapterRefused(400, f"name: {name[:80]!r} is not an adapter name ({ADAPTER_NAME.pattern})",
+                             param="name")
+
+
+def _adapter_config(request: Request) -> bytes:
+    given = request.headers.get(ADAPTER_CONFIG_HEADER)
+    if not given:
+        raise AdapterRefused(400, f"{ADAPTER_CONFIG_HEADER}: missing: it carries the adapter's "
+                                  f"{CONFIG_FILE} (compact ASCII JSON)", param=ADAPTER_CONFIG_HEADER)
+    return given.encode("latin-1")     # what the header's bytes were
+
+
+async def read_limited(chunks: AsyncIterable[bytes], declared: Optional[str], limit: int) -> bytearray:
+    """A body of at most `limit` bytes: refused (413) on its Content-Length first, else as
+    soon as more arrives, so an oversized upload is never held whole. Read into one buffer
+    of the declared size (writable: the adapter reader views its tensors in place)."""
+    too_large = AdapterRefused(413, f"body: {WEIGHTS_FILE} larger than {limit} bytes", param="body")
+    size = int(declared) if declared is not None and declared.isdigit() else 0
+    if size > limit:
+        raise too_large
+    body, filled = bytearray(size), 0
+    async for chunk in chunks:
+        end = filled + len(chunk)
+        if end > limit:
+            raise too_large
+        body[filled:end] = chunk        # grows the buffer where no Content-Length gave its size
+        filled = end
+    del body[filled:]
+    return body
+
+
+def _adapter_refusal(exc: AdapterRefused) -> JSONResponse:
+    return _error(exc.status, exc.message, param=exc.param,
+                  headers={"Retry-After": "1"} if exc.status == 503 else None)
 
 
 async def _json_body(request: Request) -> Any:
@@ -304,7 +421,7 @@ def build_app(settings: ServerSettings) -> Starlette:
         if settings.standby:
             await host.warm()   # the point of standby: torch is in memory where the engine runs
         else:
-            host.start_loading(settings.load_request())
+            host.start_loading(settings.load_request(), settings.lora_modules)
         try:
             yield
         finally:
@@ -318,6 +435,9 @@ def build_app(settings: ServerSettings) -> Starlette:
         Route(LOAD_PATH, admin_load, methods=["POST"]),
         Route(SLEEP_PATH, sleep, methods=["POST"]),
         Route(WAKE_PATH, wake, methods=["POST"]),
+        Route(ADAPTERS_PATH, list_adapters, methods=["GET"]),
+        Route(ADAPTERS_PATH + "/{name}", put_adapter, methods=["PUT"]),
+        Route(ADAPTERS_PATH + "/{name}", delete_adapter, methods=["DELETE"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),

@@ -14,32 +14,16 @@ import torch
 
 from runtime import LLM, SamplingParams
 from runtime.lora.slots import AdapterSlots
-from tests.runtime.conftest import hf_greedy
 from tests.runtime.exactness import prompts
+from tests.support.peft_adapters import ALL_MODULES, make_adapter, peft_greedy
 
-peft = pytest.importorskip("peft", reason="peft is not installed (pyproject's test extra pins it)")
+pytest.importorskip("peft", reason="peft is not installed (pyproject's test extra pins it)")
 
 NEW_TOKENS = 12
 ARCHS = {"llama": dict(arch="llama"), "qwen2": dict(arch="qwen2")}
 # rank, target modules: every projection, attention only, MLP only, two of q/k/v
-ADAPTERS = [(8, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
-            (2, ["q_proj", "v_proj"]), (16, ["gate_proj", "up_proj", "down_proj"]), (4, ["k_proj", "o_proj"])]
-
-
-def _base(path: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-
-
-def make_adapter(base: Path, folder: Path, rank: int, targets: list[str], seed: int) -> Path:
-    """A random adapter as PEFT saves it: A and B both random (init_lora_weights=False),
-    so its delta is far from zero, and alpha twice the rank."""
-    torch.manual_seed(seed)
-    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=0.0,
-                             init_lora_weights=False)
-    peft.get_peft_model(_base(base), config).save_pretrained(folder)
-    return folder
+ADAPTERS = [(8, ALL_MODULES), (2, ["q_proj", "v_proj"]), (16, ["gate_proj", "up_proj", "down_proj"]),
+            (4, ["k_proj", "o_proj"])]
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHS))
@@ -52,11 +36,7 @@ def base_and_adapters(request, model_factory, tmp_path_factory):
 
 
 def _reference(base: Path, adapter, prompt: list[int]) -> list[int]:
-    model = _base(base)
-    if adapter is not None:
-        model = peft.PeftModel.from_pretrained(model, adapter).eval()
-    with torch.no_grad():
-        return hf_greedy(model, prompt, NEW_TOKENS)[0]
+    return peft_greedy(base, adapter, prompt, NEW_TOKENS)
 
 
 def _run(llm: LLM, jobs: list[tuple[list[int], str | None]]) -> list[list[int]]:
@@ -205,3 +185,35 @@ def test_int8_and_bf16_bases_take_adapters(base_and_adapters, tmp_path, options)
     prompt = prompts(12, [10])[0]
     base_tokens, zero_tokens, a0_tokens = _run(llm, [(prompt, None), (prompt, "zero"), (prompt, "a0")])
     assert zero_tokens == base_tokens != a0_tokens
+
+
+def test_an_adapter_from_bytes_is_the_folders_and_pickles_as_one_shared_buffer(base_and_adapters):
+    """What the server reads from a PUT's bytes is what add_lora reads from the folder; it
+    crosses the engine-core pipe (torch's pickler) as one shared segment, not its data."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from runtime.core.config import ModelConfig
+    from runtime.lora.adapter import adapter_from_bytes, read_adapter
+    from runtime.lora.files import adapter_files
+    from runtime.lora.shared_buffers import SharedBuffers
+    from safetensors.torch import load_file
+
+    base, adapters = base_and_adapters
+    config, folder = ModelConfig.from_dir(str(base)), adapters["a0"]
+    settings, weights = adapter_files(folder)
+    from_folder = read_adapter("a0", folder, config, 16)
+    sent = adapter_from_bytes("a0", settings, weights, config, 16, shared=SharedBuffers())
+    assert sent.flat.is_shared() and not from_folder.flat.is_shared()
+    assert torch.equal(sent.flat, from_folder.flat)
+    file_b = load_file(str(folder / "adapter_model.safetensors"))[
+        "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"]
+    assert torch.equal(sent.weights[(1, "down_proj")][1], file_b * 2.0)     # B scaled by alpha / r
+    dumped = ForkingPickler.dumps(sent)
+    assert len(dumped) < sent.flat.nbytes // 4, "the buffer's data went into the pickle"
+    received = pickle.loads(dumped)
+    storages = {t.untyped_storage().data_ptr() for pair in received.weights.values() for t in pair}
+    assert storages == {received.flat.untyped_storage().data_ptr()}
+    assert torch.equal(received.flat, sent.flat) and received.weights.keys() == sent.weights.keys()
+    with pytest.raises(ValueError, match="^adapter_model.safetensors: .*data_offsets"):
+        adapter_from_bytes("cut", settings, weights[:-4], config, 16)
