@@ -253,7 +253,9 @@ class Sandbox:
                 "--die-with-parent", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
                 "--cap-add", "CAP_SETPCAP", "--seccomp", str(SECCOMP_FD),
                 "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(profile.tmp_bytes),
-                "--tmpfs", "/tmp", "--hostname", "sandbox"]
+                "--tmpfs", "/tmp", "--perms", "1777", "--size", str(profile.tmp_bytes),
+                # its own /dev/shm: the replica hands adapters to its engine core through it
+                "--tmpfs", "/dev/shm", "--hostname", "sandbox"]
         if not profile.network:
             args.append("--unshare-net")
         args += _system_mounts(profile.network)

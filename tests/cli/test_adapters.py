@@ -10,7 +10,7 @@ import re
 import pytest
 
 from tests.cli.stack import api_tenant, ok_json, run_cli
-from tests.runtime.test_lora import make_adapter
+from tests.support.peft_adapters import make_adapter
 
 pytestmark = pytest.mark.timeout(400)
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

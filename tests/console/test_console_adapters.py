@@ -9,7 +9,7 @@ import pytest
 from tests.cli.stack import ok_json
 from tests.console.browser import api, go, page_error, shoot, sign_in, wait_ready
 from tests.console.test_console_edits import click
-from tests.runtime.test_lora import make_adapter
+from tests.support.peft_adapters import make_adapter
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from controlplane.store.tables import Adapter
 from tests.controlplane.conftest import MODELS_BUCKET, make_settings, running_control_plane
-from tests.runtime.test_lora import make_adapter
+from tests.support.peft_adapters import make_adapter
 from tests.support.model_factory import upload_model
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(400)]

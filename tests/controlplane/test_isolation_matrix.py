@@ -19,7 +19,7 @@ import pytest_asyncio
 
 from tests.controlplane.conftest import make_settings, running_control_plane
 from tests.controlplane.support.routes import every_route
-from tests.runtime.test_lora import make_adapter
+from tests.support.peft_adapters import make_adapter
 from tests.support.model_factory import upload_model
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
