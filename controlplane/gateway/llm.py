@@ -38,6 +38,7 @@ from controlplane.deploy.traffic import choose
 from controlplane.gateway.upstream import AnswerTooLarge, Upstream, UpstreamError, UpstreamResponse
 from controlplane.billing.usage import UsageRecord
 from pool.api import AdapterRef, Lease, PinnedObject, Pool, RevisionSpec
+from spec.engine_options import EngineOptions
 from wire.disconnect import Receive, until_disconnect
 from wire.errors import ProtocolError, error_body
 from wire.requests import GenerationRequest, StreamOptions, check_sampling_params, parse_request
@@ -54,6 +55,7 @@ FALLBACK_CONTEXT_LEN = 2048
 # starts only this late (a task and its cancellation would cost every short call); a
 # client that left meanwhile is noticed then. One already whole needs no watch at all.
 WATCH_AFTER_S = 0.05
+DEFAULT_MAX_LORA_RANK = EngineOptions.max_lora_rank
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,8 @@ class Gateway:
         """wire.requests' rules, then what needs the model: token ids inside its vocabulary
         (when the revision recorded it); ProtocolError (400) naming the field."""
         request = parse_request(endpoint, body)
-        if target.adapter is not None and target.revision.engine.get("task", "generate") != "generate":
-            raise ApiError(400, "model: adapters run on generating models", param="model")
+        if target.adapter is not None:
+            _check_adapter_slots(target)
         if target.revision.vocab_size is not None:     # NULL before migration 0002
             _check_vocabulary(request, target.revision.vocab_size)
         text = prompt_text(request)
@@ -449,6 +451,20 @@ class Gateway:
             adapter=call.target.adapter.name if call.target.adapter is not None else None,
             invocation_id=call.invocation_id, prompt_tokens=call.usage.prompt_tokens,
             completion_tokens=call.usage.completion_tokens)
+
+
+def _check_adapter_slots(target: RouteTarget) -> None:
+    """The revision the split chose runs adapters (a base changed since the attach may
+    not): 409 before any replica is acquired."""
+    engine = target.revision.engine
+    if engine.get("task", "generate") != "generate":
+        raise ApiError(400, "model: adapters run on generating models", param="model")
+    if not engine.get("max_loras"):
+        raise ApiError(409, f"model: {target.deployment.name} {target.revision.name} has no adapter "
+                            "slots (engine max_loras)", param="model", code="no_adapter_slots")
+    if target.adapter is not None and target.adapter.rank > int(engine.get("max_lora_rank") or DEFAULT_MAX_LORA_RANK):
+        raise ApiError(409, f"model: adapter rank {target.adapter.rank} is above {target.deployment.name} "
+                            f"{target.revision.name}'s max_lora_rank", param="model", code="no_adapter_slots")
 
 
 def adapter_ref(adapter: Optional[Adapter]) -> Optional[AdapterRef]:

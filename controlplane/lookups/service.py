@@ -189,13 +189,14 @@ class Lookups:
         cached = self.cache.shared_deployment(name)
         if cached is not None:
             return cached
-        found, keep = await self._read(lambda session: snapshot.find_shared(session, name))
-        if keep and found is not None:
-            self.cache.put_deployment(found)
-        return found
+        return await self._kept(lambda session: snapshot.find_shared(session, name))
 
     async def _read_base(self, adapter: Adapter) -> Optional[Deployed]:
-        found, keep = await self._read(lambda session: snapshot.load_deployment(session, adapter.deployment_id))
+        return await self._kept(lambda session: snapshot.load_deployment(session, adapter.deployment_id))
+
+    async def _kept(self, read: Callable[[AsyncSession], Awaitable[Optional[Deployed]]]) -> Optional[Deployed]:
+        """A deployment read from Postgres, kept in memory when found."""
+        found, keep = await self._read(read)
         if keep and found is not None:
             self.cache.put_deployment(found)
         return found

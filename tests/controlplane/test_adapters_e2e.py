@@ -151,3 +151,18 @@ async def test_two_tenants_adapters_on_one_shared_base(plane, world, offline):
         lifetimes = (await session.scalars(select(ReplicaLifetime))).all()
     assert len({r.replica_id for r in rows.values()}) == 1 and len(lifetimes) == 1, \
         "adapters on a warm base start no replica"
+
+
+async def test_a_base_changed_to_no_slots_refuses_its_adapters_before_any_replica(plane, world):
+    catalog = plane.client(world["catalog"])
+    changed = await catalog.patch("/v1/deployments/llama", json={"engine": {"max_loras": None}})
+    assert changed.status_code == 200, changed.text
+    ta = _client(plane, world["ta"])
+    try:
+        with pytest.raises(openai.ConflictError) as refused:
+            await ta.completions.create(model="llama:support", prompt=PROMPT, max_tokens=2,
+                                        extra_headers={"x-request-id": "lora-noslots"})
+        assert refused.value.body["code"] == "no_adapter_slots"
+    finally:
+        await ta.close()
+    assert await _rows(plane, "lora-noslots") == {}

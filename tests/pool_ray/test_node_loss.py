@@ -42,8 +42,10 @@ async def test_lost_node_fails_its_replicas_and_replacements_land_on_the_survivo
 
     assert await wait_until(lambda: not any(h.is_alive() for h in doomed), 60)
     for handle in doomed:
-        assert "ray actor of the replica died" in handle.exit_reason()
-        assert "node" in handle.exit_reason().lower(), handle.exit_reason()
+        # whichever is seen first as the node goes: its actor's death or its process's kill
+        reason = handle.exit_reason()
+        assert "ray actor of the replica died" in reason or "exited with code -9" in reason, reason
+        assert "node" in reason.lower(), reason
         assert await wait_until(partial(process_gone, handle.pid), 30), f"runtime {handle.pid} outlived its node"
     assert kept.is_alive()
     assert {s.node for s in await backend.inventory()} == {survivor.node_id}
