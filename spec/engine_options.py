@@ -88,6 +88,8 @@ class EngineOptions:
                                 f"(device {self.device!r}, tensor_parallel_size {self.tensor_parallel_size})")
         if self.max_loras < 0:
             raise InvalidOption("max_loras", "must be 0 (no adapters) or more")
+        if self.max_loras and self.speculative is not None:
+            raise InvalidOption("max_loras", "adapters do not run with speculative decoding yet")
         if self.max_loras and self.tensor_parallel_size > 1:
             raise InvalidOption("max_loras", "adapters run on one rank for now "
                                 f"(tensor_parallel_size {self.tensor_parallel_size})")

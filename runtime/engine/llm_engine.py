@@ -171,8 +171,6 @@ class LLMEngine:
     def _check_lora(self, name: str) -> None:
         if name not in self.adapters:
             raise ValueError(f"lora: no adapter named {name!r} is loaded")
-        if self.config.speculative is not None:
-            raise ValueError("lora: adapters do not run with speculative decoding yet")
 
     def abort_request(self, request_id: str) -> None:
         """The request's blocks are freed, and its last output (finish_reason "abort") made,

@@ -29,6 +29,7 @@ from spec.engine_options import ChosenOptions, EngineOptions, InvalidOption, par
     ({"batch_invariant": True, "device": "cuda:0"}, "batch_invariant"),
     ({"max_loras": -1}, "max_loras"),
     ({"max_loras": 2, "tensor_parallel_size": 2}, "max_loras"),  # adapters run on one rank
+    ({"max_loras": 2, "speculative": {"method": "ngram", "k": 2}}, "max_loras"),
     ({"max_lora_rank": 0}, "max_lora_rank"),
     ({"turbo": True}, "turbo"),
 ])
