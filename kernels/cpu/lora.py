@@ -1,6 +1,8 @@
 """lora_delta on the CPU (lora.c), signature of kernels/lora.py: fp32 in C, each row its
-own adapter; anything else (other dtypes, strided weights) goes to
-the reference."""
+own adapter; anything else (other dtypes, strided weights) goes to the reference, and so
+do batches of MANY_ROWS rows or more (a prefill's): there the reference's two matmuls
+per adapter (oneDNN) outrun the C loops, which win on decode's few rows (2 cores,
+SmolLM2's projections, 8 rank-16 adapters: even at 512 rows, 1.2x the C time at 1024)."""
 from __future__ import annotations
 
 import ctypes
@@ -13,6 +15,7 @@ from kernels import lora
 from kernels.cpu.build import function
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
+MANY_ROWS = 640
 _fn = function("lora", "lora_delta_f32", [_P, _I64, _P, _P, _P, _P] + [_I64] * 5 + [_P, _I64, ctypes.c_int],
                restype=ctypes.c_int)
 
@@ -20,6 +23,8 @@ _fn = function("lora", "lora_delta_f32", [_P, _I64, _P, _P, _P, _P] + [_I64] * 5
 def lora_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, slots: torch.Tensor,
                splits: Sequence[int] = ()) -> torch.Tensor:
     rows, k = x.shape
+    if rows >= MANY_ROWS:
+        return lora.lora_delta(x, a, b, slots, splits)
     num_slots, r, _ = a.shape
     ends = torch.tensor(list(itertools.accumulate(splits or [b.shape[2]])))
     in_c = (x.dtype == a.dtype == b.dtype == torch.float32 and x.stride(1) == 1 and a.is_contiguous()

@@ -65,3 +65,14 @@ def test_a_fused_projection_takes_each_part_from_its_own_rows(rows, num_threads)
     with threads(num_threads):
         out = cpu.lora_delta(x, a, b, slots, splits)
     torch.testing.assert_close(out, ref.lora_delta(x, a, b, slots), rtol=RTOL, atol=ATOL)
+
+
+def test_a_prefill_of_many_rows_matches_the_reference():
+    """Past MANY_ROWS the reference's matmuls run: the same contract, base rows zero."""
+    a, b = _stacks(4, 16, 64, 96)
+    rows = cpu.MANY_ROWS + 3
+    x = torch.randn(rows, 64)
+    slots = torch.tensor([(-1, 0, 1, 3, 2)[i % 5] for i in range(rows)])
+    out = cpu.lora_delta(x, a, b, slots, (48, 48))
+    torch.testing.assert_close(out, ref.lora_delta(x, a, b, slots), rtol=RTOL, atol=ATOL)
+    assert not out[slots < 0].any()
