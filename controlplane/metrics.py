@@ -35,6 +35,9 @@ class Metrics:
                               ["tenant", "deployment", "direction"], registry=t)
         self.invocations = Counter("thawpool_invocations_total", "Gateway invocations",
                                    ["tenant", "deployment", "status"], registry=t)
+        self.adapter_loads = Histogram("thawpool_adapter_load_seconds",
+                                       "A call's wait for its LoRA adapter's load into a warm replica",
+                                       ["tenant", "deployment"], buckets=LATENCY_BUCKETS, registry=t)
         self.usage_write_lag = Histogram("thawpool_usage_write_lag_seconds",
                                          "Usage event creation to commit",
                                          buckets=LATENCY_BUCKETS, registry=r)

@@ -446,6 +446,8 @@ class Gateway:
         self.metrics.tokens.labels(tenant, name, "out").inc(call.usage.completion_tokens)
         if call.ttft_s is not None:
             self.metrics.ttft.labels(tenant, name).observe(call.ttft_s)
+        if call.lease.adapter_load is not None:
+            self.metrics.adapter_loads.labels(tenant, name).observe(call.lease.adapter_load.total_s)
         call.log_fields.update(
             deployment=name, revision=call.target.revision.name, outcome=status,
             adapter=call.target.adapter.name if call.target.adapter is not None else None,

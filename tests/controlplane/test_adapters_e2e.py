@@ -14,6 +14,8 @@ from pathlib import Path
 
 import openai
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 import pytest_asyncio
 from sqlalchemy import select
 
@@ -147,6 +149,11 @@ async def test_two_tenants_adapters_on_one_shared_base(plane, world, offline):
         price = ADAPTER_PRICE if row.adapter_name == "support" else BASE_PRICE
         assert row.cost == (row.prompt_tokens * price + row.completion_tokens * OUTPUT) / 1_000_000, request_id
         assert row.status == "ok" and row.completion_tokens == (4 if request_id == "lora-a3" else 8)
+    text = generate_latest(plane.app.state.metrics.tenant_registry).decode()
+    loads = {(s.name, s.labels.get("tenant")): s.value for family in text_string_to_metric_families(text)
+             for s in family.samples if s.name.startswith("thawpool_adapter_load_seconds")}
+    assert loads[("thawpool_adapter_load_seconds_count", "ta")] == 1, "the first call's wait only"
+    assert loads[("thawpool_adapter_load_seconds_sum", "ta")] == pytest.approx(rows["lora-a1"].adapter_load_s)
     async with plane.app.state.sessions() as session:
         lifetimes = (await session.scalars(select(ReplicaLifetime))).all()
     assert len({r.replica_id for r in rows.values()}) == 1 and len(lifetimes) == 1, \
