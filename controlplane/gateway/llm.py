@@ -448,9 +448,10 @@ class Gateway:
             self.metrics.ttft.labels(tenant, name).observe(call.ttft_s)
         if call.lease.adapter_load is not None:
             self.metrics.adapter_loads.labels(tenant, name).observe(call.lease.adapter_load.total_s)
+        if call.target.adapter is not None:
+            call.log_fields["adapter"] = call.target.adapter.name
         call.log_fields.update(
             deployment=name, revision=call.target.revision.name, outcome=status,
-            adapter=call.target.adapter.name if call.target.adapter is not None else None,
             invocation_id=call.invocation_id, prompt_tokens=call.usage.prompt_tokens,
             completion_tokens=call.usage.completion_tokens)
 
