@@ -25,6 +25,7 @@ from pool.backends.base import ReplicaHandle
 from pool.s3 import S3Object, parse_uri
 from pool.weights.sources import SourceStores
 from spec.lora_adapter import CONFIG_FILE, WEIGHTS_FILE
+from wire.errors import message_of
 from wire.replica_control import ADAPTER_CONFIG_HEADER, ADAPTERS_PATH, AdapterReply, BadReply
 
 
@@ -102,10 +103,10 @@ class AdapterLoads:
             raise AdapterLoadFailed(f"the replica did not take the adapter: {type(exc).__name__}",
                                     retry_after_s=1.0) from None
         if resp.status_code == 400:
-            raise AdapterRefused(f"the adapter was refused: {_message(resp)}")
+            raise AdapterRefused(f"the adapter was refused: {message_of(resp.content)}")
         if resp.status_code != 200:
             raise AdapterLoadFailed(f"the replica did not take the adapter ({resp.status_code}): "
-                                    f"{_message(resp)}", retry_after_s=1.0)
+                                    f"{message_of(resp.content)}", retry_after_s=1.0)
         try:
             AdapterReply.parse(resp.json())
         except (BadReply, ValueError):
@@ -131,10 +132,3 @@ def _pinned(ref: AdapterRef, bucket: str, key: str, origin: str) -> S3Object:
 
 def _read_both(config: Path, weights: Path) -> tuple[bytes, bytes]:
     return config.read_bytes(), weights.read_bytes()
-
-
-def _message(resp: httpx.Response) -> str:
-    try:
-        return str(resp.json()["error"]["message"])[:300]
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:200]

@@ -5,6 +5,7 @@ word a client can switch on, or null; `param` names the offending field.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 ERROR_TYPES = {
@@ -24,6 +25,15 @@ def error_body(message: str, status: int = 400, *, param: Optional[str] = None,
                code: Optional[str] = None, type: Optional[str] = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type or error_type(status),
                       "param": param, "code": code}}
+
+
+def message_of(raw: bytes) -> str:
+    """The message of an error body in this shape (what a replica answered), or the start
+    of whatever was sent instead."""
+    try:
+        return str(json.loads(raw)["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return raw[:200].decode(errors="replace")
 
 
 class ProtocolError(ValueError):

@@ -40,7 +40,7 @@ from controlplane.billing.usage import UsageRecord
 from pool.api import AdapterRef, Lease, PinnedObject, Pool, RevisionSpec
 from spec.engine_options import EngineOptions
 from wire.disconnect import Receive, until_disconnect
-from wire.errors import ProtocolError, error_body
+from wire.errors import ProtocolError, error_body, message_of
 from wire.requests import GenerationRequest, StreamOptions, check_sampling_params, parse_request
 from wire.sampling import validate_prompt_ids
 from wire.sse import DONE_LINE, SSE_DONE, EventStreamResponse, data_of, sse
@@ -181,7 +181,7 @@ class Gateway:
         (when the revision recorded it); ProtocolError (400) naming the field."""
         request = parse_request(endpoint, body)
         if target.adapter is not None:
-            _check_adapter_slots(target)
+            _check_adapter_slots(target, target.adapter)
         if target.revision.vocab_size is not None:     # NULL before migration 0002
             _check_vocabulary(request, target.revision.vocab_size)
         text = prompt_text(request)
@@ -288,7 +288,7 @@ class Gateway:
             return Response(status_code=499), CLIENT_GONE
         if upstream.status_code >= 500:
             return self._upstream_failed(call, f"the replica failed ({upstream.status_code}): "
-                                               f"{_message_of(raw)}")
+                                               f"{message_of(raw)}")
         try:
             payload = json.loads(raw)
         except ValueError:
@@ -456,7 +456,7 @@ class Gateway:
             completion_tokens=call.usage.completion_tokens)
 
 
-def _check_adapter_slots(target: RouteTarget) -> None:
+def _check_adapter_slots(target: RouteTarget, adapter: Adapter) -> None:
     """The revision the split chose runs adapters (a base changed since the attach may
     not): 409 before any replica is acquired."""
     engine = target.revision.engine
@@ -465,8 +465,8 @@ def _check_adapter_slots(target: RouteTarget) -> None:
     if not engine.get("max_loras"):
         raise ApiError(409, f"model: {target.deployment.name} {target.revision.name} has no adapter "
                             "slots (engine max_loras)", param="model", code="no_adapter_slots")
-    if target.adapter is not None and target.adapter.rank > int(engine.get("max_lora_rank") or DEFAULT_MAX_LORA_RANK):
-        raise ApiError(409, f"model: adapter rank {target.adapter.rank} is above {target.deployment.name} "
+    if adapter.rank > int(engine.get("max_lora_rank") or DEFAULT_MAX_LORA_RANK):
+        raise ApiError(409, f"model: adapter rank {adapter.rank} is above {target.deployment.name} "
                             f"{target.revision.name}'s max_lora_rank", param="model", code="no_adapter_slots")
 
 
@@ -495,14 +495,6 @@ def context_length(revision: Revision) -> int:
     limit = revision.context_length or FALLBACK_CONTEXT_LEN
     engine_limit = revision.engine.get("max_model_len")
     return min(limit, engine_limit) if isinstance(engine_limit, int) else limit
-
-
-def _message_of(raw: bytes) -> str:
-    """The message of the replica's error body, or the start of whatever it sent."""
-    try:
-        return str(json.loads(raw)["error"]["message"])[:300]
-    except (ValueError, KeyError, TypeError):
-        return raw[:200].decode(errors="replace")
 
 
 async def _quietly_close(upstream: UpstreamResponse) -> None:

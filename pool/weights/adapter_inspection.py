@@ -10,23 +10,15 @@ model's (pool.weights.inspection.read_range).
 """
 from __future__ import annotations
 
-import struct
-from typing import Awaitable, Callable, TypeVar
-
 from pool.api import AdapterInfo, ModelUnavailable
 from pool.s3 import S3Client, S3Object, parse_uri
-from pool.weights.inspection import Retry, listing, pins_of, read_range
-from spec.lora_adapter import CONFIG_FILE, MAX_CONFIG_BYTES, MAX_HEADER_BYTES, WEIGHTS_FILE
+from pool.weights.inspection import Retry, listing, pins_of, plain, read_range
+from spec.lora_adapter import CONFIG_FILE, MAX_CONFIG_BYTES, WEIGHTS_FILE, header_length
 
 LENGTH_BYTES = 8                     # a safetensors file starts with its header's length
-T = TypeVar("T")
 
 
-async def _once(call: Callable[[], Awaitable[T]]) -> T:
-    return await call()
-
-
-async def inspect_adapter(client: S3Client, adapter_uri: str, retry: Retry = _once) -> AdapterInfo:
+async def inspect_adapter(client: S3Client, adapter_uri: str, retry: Retry = plain) -> AdapterInfo:
     bucket, prefix = parse_uri(adapter_uri)
     listed = {o.key[len(prefix):]: o for o in await retry(lambda: listing(client, bucket, prefix))}
     for name in (CONFIG_FILE, WEIGHTS_FILE):
@@ -51,7 +43,10 @@ async def _header(client: S3Client, obj: S3Object, retry: Retry) -> bytes:
     prefix = await read_range(client, obj, retry, 0, min(obj.size, LENGTH_BYTES) - 1)
     if len(prefix) < LENGTH_BYTES:
         return prefix
-    (length,) = struct.unpack("<Q", prefix)
-    if not 2 <= length <= MAX_HEADER_BYTES or LENGTH_BYTES + length > obj.size:
+    try:
+        length = header_length(prefix)
+    except ValueError:
         return prefix                # spec.lora_adapter.check_header refuses it by name
+    if LENGTH_BYTES + length > obj.size:
+        return prefix
     return prefix + await read_range(client, obj, retry, LENGTH_BYTES, LENGTH_BYTES + length - 1)

@@ -44,11 +44,12 @@ class Retry(Protocol):
     async def __call__(self, call: Callable[[], Awaitable[T]]) -> T: ...
 
 
-async def _plain(call: Callable[[], Awaitable[T]]) -> T:
+async def plain(call: Callable[[], Awaitable[T]]) -> T:
+    """A Retry that tries once."""
     return await call()
 
 
-async def inspect_model(client: S3Client, model_uri: str, retry: Retry = _plain) -> ModelInfo:
+async def inspect_model(client: S3Client, model_uri: str, retry: Retry = plain) -> ModelInfo:
     if model_uri.endswith(".gguf"):                 # one GGUF object, not a folder
         from pool.weights.gguf import inspect_gguf
 
