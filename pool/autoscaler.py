@@ -142,3 +142,13 @@ def expired_sleepers(snap: ScalingSnapshot) -> tuple[str, ...]:
     timeout_s = snap.config.sleep_timeout_s
     return tuple(replica_id for replica_id, since in snap.asleep
                  if timeout_s <= 0 or snap.now - since >= timeout_s)
+
+
+def victim_rank(unplaced: bool, starting: bool, in_flight: int, created: float) -> tuple[float, ...]:
+    """The order replicas go in on a scale-down, lowest first: those not yet placed, then
+    those starting (newest first: they have cost the least), then the ready by load."""
+    if unplaced:
+        return (0, -created)
+    if starting:
+        return (1, -created)
+    return (2, in_flight, -created)

@@ -23,7 +23,7 @@ from pool.activator import RevisionQueue
 from pool.adapter_holdings import AdapterHoldings
 from pool.admission import WaitReason
 from pool.api import ColdStartFailed, ReplicaStatus, RevisionSpec, RevisionStatus, TenantQuota
-from pool.autoscaler import PolicyState, ScalingConfig, ScalingSnapshot
+from pool.autoscaler import PolicyState, ScalingConfig, ScalingSnapshot, victim_rank
 from pool.backends.base import ReplicaHandle
 from pool.backoff import Backoff
 from pool.placement import Placed
@@ -206,14 +206,9 @@ def scaling_snapshot(rev: RevisionState, now: float, settings: PoolSettings) -> 
 
 
 def scale_down_order(live: list[ManagedReplica]) -> list[ManagedReplica]:
-    """Victims first: not yet placed, then other starting (newest first), then ready by load."""
-    def key(r: ManagedReplica) -> tuple[float, ...]:
-        if r.state is ReplicaState.PENDING and r.placed is None:
-            return (0, -r.replica.created_mono)
-        if r.state in STARTING:
-            return (1, -r.replica.created_mono)
-        return (2, r.in_flight, -r.replica.created_mono)
-    return sorted(live, key=key)
+    """Victims first (pool.autoscaler.victim_rank)."""
+    return sorted(live, key=lambda r: victim_rank(r.state is ReplicaState.PENDING and r.placed is None,
+                                                  r.state in STARTING, r.in_flight, r.replica.created_mono))
 
 
 def weight_keys(rev: RevisionState) -> tuple[str, ...]:

@@ -4,6 +4,8 @@
   spec/: pool/sandbox.py binds exactly those into every replica;
 - pool/ imports neither runtime/ (a replica is a process it starts) nor controlplane/;
 - controlplane/ imports no runtime/ module: what it shares with a replica is in spec/;
+- poolsim/ (the simulator) imports pool/'s decisions, spec/ and wire/, never runtime/
+  or controlplane/; controlplane/ may import it (`thawpool plan`);
 - spec/ imports only wire/; wire/ and kernels/ import nothing of the others; nothing
   outside controlplane/ imports controlplane/;
 - no cycle between modules through their module-level imports.
@@ -19,14 +21,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("controlplane", "runtime", "pool", "spec", "wire", "kernels")
+PACKAGES = ("controlplane", "runtime", "pool", "poolsim", "spec", "wire", "kernels")
 ALLOWED = {
     "runtime": {"runtime", "wire", "kernels", "spec"},
     "pool": {"pool", "wire", "kernels", "spec"},
+    "poolsim": {"poolsim", "pool", "spec", "wire"},
     "spec": {"spec", "wire"},
     "wire": {"wire"},
     "kernels": {"kernels"},
-    "controlplane": {"controlplane", "pool", "wire", "spec", "migrations"},
+    "controlplane": {"controlplane", "pool", "poolsim", "wire", "spec", "migrations"},
 }
 
 

@@ -1,0 +1,74 @@
+"""What each pool being compared does with a deployment: its scaling settings and
+the mechanisms it has (a node cache of weights, warm standby processes, a sleep tier).
+
+The comparison runs every policy on the same simulator and the same trace; only
+these settings differ. The baselines are configured as their users run them:
+
+  always-warm   one replica per deployment at all times (min_replicas 1): no
+                cold start after the first, and a GPU slot held all day
+  knative       KServe's default scale to zero on Knative: the pod goes 60 s
+                (the stable window) + 30 s (scale-to-zero grace) after the last
+                request; every pod's storage initializer downloads the model
+                (no node cache, no standby, no sleep)
+  thawpool      the pool's own defaults: idle timeout 300 s, the sleep tier
+                (idle replicas sleep in host memory for 30 min before they
+                stop), one warm standby process a node, weights kept in the
+                node's cache
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from pool.autoscaler import ScalingConfig
+from poolsim.workload import Deployment
+
+
+class PoolPolicy(Protocol):
+    name: str
+    node_cache: bool                 # weights stay in a node's cache after a replica stops
+    standbys_per_node: int           # warm runtime processes waiting for a model
+
+    def scaling(self, dep: Deployment) -> ScalingConfig:
+        """The autoscaler's settings for this deployment (pool.autoscaler)."""
+        ...
+
+
+@dataclass(frozen=True)
+class StaticPolicy:
+    name: str
+    base: ScalingConfig
+    node_cache: bool = True
+    standbys_per_node: int = 0
+
+    def scaling(self, dep: Deployment) -> ScalingConfig:
+        return self.base
+
+
+MAX_REPLICAS = 16
+TARGET_CONCURRENCY = 32          # requests in flight a replica is sized for
+
+
+def always_warm() -> StaticPolicy:
+    return StaticPolicy("always-warm", ScalingConfig(min_replicas=1, max_replicas=MAX_REPLICAS,
+                                                     target_concurrency=TARGET_CONCURRENCY),
+                        node_cache=True)
+
+
+def knative() -> StaticPolicy:
+    return StaticPolicy("knative", ScalingConfig(max_replicas=MAX_REPLICAS, target_concurrency=TARGET_CONCURRENCY,
+                                                 idle_timeout_s=90.0, scale_down_delay_s=60.0),
+                        node_cache=False)
+
+
+def thawpool() -> StaticPolicy:
+    return StaticPolicy("thawpool", ScalingConfig(max_replicas=MAX_REPLICAS, target_concurrency=TARGET_CONCURRENCY,
+                                                  idle_timeout_s=300.0, sleep_timeout_s=1800.0),
+                        node_cache=True, standbys_per_node=1)
+
+
+BASELINES = {"always-warm": always_warm, "knative": knative, "thawpool": thawpool}
+
+
+def with_idle(policy: StaticPolicy, idle_timeout_s: float) -> StaticPolicy:
+    return replace(policy, base=replace(policy.base, idle_timeout_s=idle_timeout_s))

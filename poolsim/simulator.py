@@ -1,0 +1,489 @@
+"""The pool over a simulated clock: the pool's own decisions, replicas as formulas.
+
+What decides is the pool's code, called as pool/manager.py calls it:
+pool.autoscaler.policy (how many replicas a deployment wants), pool.admission.admit
+with pool.placement.place (which waiting replica gets which slots, fair across
+tenants, preferring nodes that cache its weights), pool.router.choose (which ready
+replica takes a request) and pool.sleep_budget.make_room (which sleepers stop to make
+room for a new one). What this module adds is the wiring the manager does with I/O:
+a replica's states (pending, starting, ready, draining, asleep, waking, stopped),
+the activator's queue, and the timers that stand for a cold start, a wake and a
+request's decode (poolsim/replica_model.py).
+
+The manager re-runs the autoscaler every tick (0.5 s) for every revision. Here a
+deployment is reconciled on the next tick after anything happened to it (an arrival
+queued, a request finished, a replica became ready) and at the next tick after the
+deadlines that can change the autoscaler's answer with no event (the idle timeout,
+the scale-down delay, a sleeper's timeout): the policy is a pure function of its
+snapshot, so the ticks in between would decide the same.
+
+A request's decode runs at the batch its replica has when it starts, on a GPU that
+runs its busy replicas' steps in turn (the step takes as many times longer as there
+are busy replicas on the slot); prefill goes first, at the same share.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+from pool.admission import Pending, admit
+from pool.autoscaler import Decision, PolicyState, ScalingConfig, ScalingSnapshot, policy, victim_rank
+from pool.placement import Placed, PlacementRequest, place
+from pool.router import Candidate, choose
+from pool.sleep_budget import Sleeper, make_room
+from poolsim.cluster import Cluster, ClusterShape
+from poolsim.events import EventLoop, Timer
+from poolsim.outcome import Outcome, Tally, finish
+from poolsim.policies import PoolPolicy
+from poolsim.workload import Deployment, Request, Trace
+
+PENDING, STARTING, READY, DRAINING = "pending", "starting", "ready", "draining"
+ASLEEP, WAKING, STOPPED = "asleep", "waking", "stopped"
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    tick_s: float = 0.5                    # pool.settings.PoolSettings.tick_s
+    queue_limit: int = 64                  # requests waiting per deployment (PoolSettings.queue_limit)
+    wait_timeout_s: float = 600.0          # a client gives up after this (the openai client's default)
+    kv_cache_tokens: int = 32768           # each replica's KV cache
+    memory_overhead_fraction: float = 0.10
+    target_queued_prompt_tokens: int = 8192
+
+
+def kv_bytes_per_token(parameters_b: float) -> float:
+    """About 12 KB for 0.5B, 113 KB for 8B (GQA), 335 KB for 70B: bf16 K and V over the
+    layers; a fit to Qwen2-0.5B, Llama-3-8B and Llama-3-70B's configs."""
+    return 40_000.0 * math.sqrt(parameters_b)
+
+
+def size_class(dep: Deployment) -> str:
+    b = dep.model.parameters_b
+    return "small (<4B)" if b < 4 else "medium (4-20B)" if b <= 20 else "large (>20B)"
+
+
+@dataclass(eq=False)
+class Waiting:
+    """A request in its deployment's queue (the activator's), and when its client gives up."""
+    req: Request
+    timeout: Optional[Timer] = None
+
+
+@dataclass(eq=False)
+class Replica:
+    rid: str
+    dep: "DeploymentState"
+    created: float
+    state: str = PENDING
+    placed: Optional[Placed] = None
+    placed_at: float = 0.0
+    in_flight: int = 0
+    running: int = 0
+    backlog: deque[tuple[Request, str]] = field(default_factory=deque)   # past max_batch: (request, tier)
+    timer: Optional[Timer] = None
+    tier: str = "s3"
+    to_sleep: bool = False
+    asleep: Optional[tuple[Placed, float]] = None      # its slots, and since when
+    node: Optional[str] = None
+    busy_since: float = 0.0
+    cache_user: bool = False                          # counted as a user of its node's cached weights
+
+
+@dataclass(eq=False)
+class DeploymentState:
+    dep: Deployment
+    config: ScalingConfig
+    bytes_per_slot: int
+    size_class: str
+    replicas: list[Replica] = field(default_factory=list)
+    queue: deque[Waiting] = field(default_factory=deque)
+    policy_state: PolicyState = PolicyState()
+    last_activity: Optional[float] = None
+    timer: Optional[Timer] = None
+
+    def in_state(self, *states: str) -> list[Replica]:
+        return [r for r in self.replicas if r.state in states]
+
+
+class Simulation:
+    def __init__(self, trace: Trace, cluster: ClusterShape, pool_policy: PoolPolicy,
+                 settings: SimSettings = SimSettings()):
+        self.trace = trace
+        self.shape = cluster
+        self.policy = pool_policy
+        self.settings = settings
+        self.loop = EventLoop()
+        self.cluster = Cluster(cluster)
+        self.tally = Tally()
+        self.deps = {d.name: self._state_for(d) for d in trace.deployments}
+        self.pending: dict[str, Replica] = {}
+        self._ids = 0
+        self._requests = 0
+        self._holding_gpus = 0
+
+    # ------------------------------------------------------------------ running
+
+    def run(self) -> Outcome:
+        started = time.perf_counter()
+        for node in self.cluster.nodes:
+            self.cluster.standbys[node] = self.policy.standbys_per_node
+        for st in self.deps.values():
+            if st.config.min_replicas:
+                self._reconcile(st)
+        self._feed(self.trace.requests())
+        self.loop.run(self.trace.duration_s)
+        self._close_books()
+        return finish(self.tally, policy=self.policy.name, duration_s=self.trace.duration_s,
+                      gpus=self.shape.gpus, price=self.shape.gpu.price_per_hour, requests=self._requests,
+                      events=self.loop.events_run, wall_s=time.perf_counter() - started)
+
+    def _feed(self, stream: Iterator[Request]) -> None:
+        """Arrivals enter the heap one at a time: the next is scheduled as one arrives."""
+        nxt = next(stream, None)
+        if nxt is not None:
+            self.loop.at(nxt.at_s, self._arrive, nxt, stream)
+
+    def _arrive(self, req: Request, stream: Iterator[Request]) -> None:
+        self._feed(stream)
+        self._requests += 1
+        st = self.deps[req.deployment]
+        st.last_activity = self.loop.now
+        picked = self._route(st)
+        if picked is not None:
+            self._serve(picked, req, "warm")
+            self._poke(st)
+            return
+        if len(st.queue) >= self.settings.queue_limit:
+            self.tally.rejected += 1
+            return
+        entry = Waiting(req)
+        entry.timeout = self.loop.after(self.settings.wait_timeout_s, self._give_up, st, entry)
+        st.queue.append(entry)
+        self._reconcile(st)
+
+    def _give_up(self, st: DeploymentState, entry: Waiting) -> None:
+        st.queue.remove(entry)
+        self.tally.timed_out += 1
+
+    def _route(self, st: DeploymentState) -> Optional[Replica]:
+        ready = st.in_state(READY)
+        if not ready:
+            return None
+        if len(ready) == 1:
+            return ready[0]
+        by_id = {r.rid: r for r in ready}
+        picked = choose([Candidate(r.rid, r.in_flight) for r in ready])
+        return by_id[picked] if picked is not None else None
+
+    # ------------------------------------------------------------------ serving
+
+    def _serve(self, r: Replica, req: Request, tier: str) -> None:
+        r.in_flight += 1
+        if r.running >= self.shape.gpu.throughput.max_batch:
+            r.backlog.append((req, tier))
+            return
+        self._begin(r, req, tier)
+
+    def _begin(self, r: Replica, req: Request, tier: str) -> None:
+        r.running += 1
+        if r.running == 1:
+            self._busy(r, +1)
+        model, tp = r.dep.dep.model, self.shape.gpu.throughput
+        share = max(self.cluster.busy[s] for s in r.placed.slot_ids) if r.placed else 1
+        step = tp.step_s(model.weight_bytes, model.gpu_count, r.running) * share
+        first = tp.prefill_s(model.parameters_b * 1e9, model.gpu_count, req.prompt_tokens) * share + step
+        self.tally.answered(self.loop.now + first - req.at_s, r.dep.size_class, tier)
+        self.tally.output_tokens += req.output_tokens
+        self.loop.after(first + max(0, req.output_tokens - 1) * step, self._done, r)
+
+    def _done(self, r: Replica) -> None:
+        r.running -= 1
+        r.in_flight -= 1
+        st = r.dep
+        st.last_activity = self.loop.now
+        if r.backlog:
+            req, tier = r.backlog.popleft()
+            self._begin(r, req, tier)
+        elif r.running == 0:
+            self._busy(r, -1)
+        if r.state == DRAINING and r.in_flight == 0:
+            self._finish_drain(r)
+        self._poke(st)
+
+    def _busy(self, r: Replica, delta: int) -> None:
+        if r.placed is None:
+            return
+        now = self.loop.now
+        for slot in r.placed.slot_ids:
+            self.cluster.busy[slot] += delta
+        if delta > 0:
+            r.busy_since = now
+        else:
+            self.tally.busy_gpu_seconds += (now - r.busy_since) * len(r.placed.slot_ids)
+
+    def _dispatch(self, st: DeploymentState) -> None:
+        while st.queue:
+            picked = self._route(st)
+            if picked is None:
+                return
+            entry = st.queue.popleft()
+            if entry.timeout is not None:
+                entry.timeout.cancel()
+            self._serve(picked, entry.req, picked.tier)      # it waited for this replica's start
+
+    # ------------------------------------------------------------------ scaling
+
+    def _poke(self, st: DeploymentState) -> None:
+        """Reconcile on the next tick."""
+        self._schedule(st, self._next_tick(self.loop.now))
+
+    def _next_tick(self, t: float) -> float:
+        tick = self.settings.tick_s
+        return max(self.loop.now, math.ceil(t / tick) * tick)
+
+    def _schedule(self, st: DeploymentState, when: float) -> None:
+        if st.timer is not None and not st.timer.cancelled and st.timer.at <= when:
+            return
+        if st.timer is not None:
+            st.timer.cancel()
+        st.timer = self.loop.at(when, self._tick, st)
+
+    def _tick(self, st: DeploymentState) -> None:
+        st.timer = None
+        self._reconcile(st)
+
+    def _snapshot(self, st: DeploymentState) -> ScalingSnapshot:
+        ready = st.in_state(READY)
+        return ScalingSnapshot(
+            now=self.loop.now, config=st.config, in_flight=tuple(r.in_flight for r in ready),
+            queued_requests=len(st.queue), queued_prompt_tokens=sum(e.req.prompt_tokens for e in st.queue),
+            last_activity_at=st.last_activity, ready=len(ready),
+            starting=len(st.in_state(PENDING, STARTING, WAKING)),
+            asleep=tuple((r.rid, r.asleep[1]) for r in st.in_state(ASLEEP) if r.asleep))
+
+    def _reconcile(self, st: DeploymentState) -> None:
+        snap = self._snapshot(st)
+        decision, st.policy_state = policy(snap, st.policy_state)
+        live = st.in_state(PENDING, STARTING, WAKING, READY)
+        if decision.desired > len(live):
+            for _ in range(decision.desired - len(live)):
+                self._wake_or_start(st)
+        elif decision.desired < len(live):
+            to_sleep = decision.sleep and st.config.sleep_timeout_s > 0
+            for r in _scale_down_order(live)[:len(live) - decision.desired]:
+                self._scale_down(r, to_sleep)
+        for rid in decision.expired:
+            sleeper = next((r for r in st.replicas if r.rid == rid), None)
+            if sleeper is not None:
+                self._stop(sleeper)
+        self._next_deadline(st, decision)
+
+    def _next_deadline(self, st: DeploymentState, decision: Decision) -> None:
+        """The tick at which the autoscaler could answer otherwise with nothing happening."""
+        cfg, times = st.config, []
+        holds = any(r.state != STOPPED for r in st.replicas)
+        if holds and st.last_activity is not None:
+            times.append(st.last_activity + cfg.idle_timeout_s)
+        if st.policy_state.lower_since is not None:
+            times.append(st.policy_state.lower_since + cfg.scale_down_delay_s)
+        times += [r.asleep[1] + cfg.sleep_timeout_s for r in st.in_state(ASLEEP) if r.asleep]
+        future = [t for t in times if t > self.loop.now]
+        if future:
+            self._schedule(st, self._next_tick(min(future)))
+
+    def _wake_or_start(self, st: DeploymentState) -> None:
+        sleepers = [r for r in st.in_state(ASLEEP) if r.asleep]
+        if sleepers:
+            sleeper = max(sleepers, key=lambda r: r.asleep[1] if r.asleep else 0.0)
+            if self._claim(sleeper):
+                return
+            self._stop(sleeper)
+        elif any(r.state == DRAINING and r.to_sleep for r in st.replicas):
+            return                                  # woken once it is asleep
+        self._new_replica(st)
+
+    def _new_replica(self, st: DeploymentState) -> None:
+        self._ids += 1
+        r = Replica(f"r{self._ids}", st, self.loop.now)
+        st.replicas.append(r)
+        self.pending[r.rid] = r
+        self._admit()
+
+    def _scale_down(self, r: Replica, to_sleep: bool) -> None:
+        if r.state in (PENDING, STARTING, WAKING):
+            self._stop(r)
+        elif r.state == READY:
+            r.state, r.to_sleep = DRAINING, to_sleep
+            if r.in_flight == 0:
+                self._finish_drain(r)
+
+    # ------------------------------------------------------------------ slots
+
+    def _admit(self) -> None:
+        if not self.pending or not self._may_fit():
+            return
+        waiting = []
+        for r in self.pending.values():
+            request = PlacementRequest(r.dep.bytes_per_slot, r.dep.dep.model.gpu_count)
+            prefer = self.cluster.nodes_holding(r.dep.dep.name) if self.policy.node_cache else frozenset()
+            waiting.append(Pending(r.rid, r.dep.dep.tenant, request, int(r.created * 1e6), prefer))
+        grants = admit(waiting, self.cluster.slot_states(), self._held(), {})
+        for rid, where in grants.placed:
+            self._start(self.pending.pop(rid), where)
+
+    def _may_fit(self) -> bool:
+        """Some slot has room for the smallest waiting replica: else admit() would place
+        nothing, and a full pool with many waiting would ask it on every release."""
+        smallest = min(r.dep.bytes_per_slot for r in self.pending.values())
+        memory = self.shape.gpu.memory_bytes
+        return any(memory - used >= smallest for used in self.cluster.reserved.values())
+
+    def _held(self) -> dict[str, int]:
+        held: dict[str, int] = {}
+        for st in self.deps.values():
+            for r in st.replicas:
+                if r.placed is not None:
+                    held[st.dep.tenant] = held.get(st.dep.tenant, 0) + len(r.placed.slot_ids)
+        return held
+
+    def _hold(self, r: Replica, where: Placed) -> None:
+        self.cluster.reserve(where)
+        r.placed, r.placed_at, r.node = where, self.loop.now, where.node
+        self._holding_gpus += len(where.slot_ids)
+        self.tally.peak_gpus = max(self.tally.peak_gpus, self.cluster.gpus_in_use())
+
+    def _let_go(self, r: Replica) -> None:
+        if r.placed is None:
+            return
+        if r.running:
+            self._busy(r, -1)
+        self.cluster.release(r.placed)
+        self.tally.gpu_seconds += (self.loop.now - r.placed_at) * len(r.placed.slot_ids)
+        self._holding_gpus -= len(r.placed.slot_ids)
+        r.placed = None
+
+    def _start(self, r: Replica, where: Placed) -> None:
+        self._hold(r, where)
+        r.state = STARTING
+        model, cold = r.dep.dep.model, self.shape.gpu.cold_starts
+        cache = self.cluster.caches[where.node]
+        key = r.dep.dep.name
+        cached = cache.holds(key)
+        standby = self.cluster.standbys[where.node] > 0
+        if standby:
+            self.cluster.standbys[where.node] -= 1
+            self.loop.after(cold.standby_refill_s, self._refill, where.node)
+        load = (cold.standby if standby else cold.cache).seconds(model.weight_bytes)
+        seconds = load if cached else cold.s3.seconds(model.weight_bytes) + load
+        r.tier = ("standby" if standby else "cache") if cached else "s3"
+        cache.use(key, model.weight_bytes)
+        r.cache_user = True
+        self.tally.cold_starts[r.tier] += 1
+        r.timer = self.loop.after(seconds, self._ready, r)
+
+    def _refill(self, node: str) -> None:
+        self.cluster.standbys[node] = min(self.cluster.standbys[node] + 1, self.policy.standbys_per_node)
+
+    def _ready(self, r: Replica) -> None:
+        r.timer, r.state = None, READY
+        self._dispatch(r.dep)
+        self._poke(r.dep)
+
+    # ------------------------------------------------------------------ the sleep tier
+
+    def _finish_drain(self, r: Replica) -> None:
+        if not r.to_sleep or r.placed is None:
+            self._stop(r)
+            return
+        model = r.dep.dep.model
+        budget = int(self.shape.sleep_host_memory_gb * 1e9)
+        room = make_room(self._sleepers(), r.placed.node, model.weight_bytes, budget)
+        if room is None:
+            self._stop(r)
+            return
+        for rid in room:
+            victim = next(x for st in self.deps.values() for x in st.replicas if x.rid == rid)
+            self._stop(victim)
+        r.state = "falling-asleep"
+        r.timer = self.loop.after(self.shape.gpu.cold_starts.sleep.seconds(model.weight_bytes / model.gpu_count),
+                                  self._asleep, r)
+
+    def _asleep(self, r: Replica) -> None:
+        where = r.placed
+        if where is None:
+            return
+        self._let_go(r)
+        r.timer, r.state, r.asleep = None, ASLEEP, (where, self.loop.now)
+        self._admit()
+        self._reconcile(r.dep)                 # a request that came meanwhile wakes it now
+
+    def _sleepers(self) -> list[Sleeper]:
+        return [Sleeper(r.rid, r.asleep[0].node, r.dep.dep.model.weight_bytes, r.asleep[1])
+                for st in self.deps.values() for r in st.in_state(ASLEEP) if r.asleep]
+
+    def _claim(self, r: Replica) -> bool:
+        """Awake again on its own slots, if they have room now."""
+        if r.asleep is None:
+            return False
+        where, _ = r.asleep
+        request = PlacementRequest(where.bytes_per_slot, len(where.slot_ids), on_slots=where.slot_ids)
+        placed = place(request, self.cluster.slot_states())
+        if not isinstance(placed, Placed):
+            return False
+        self._hold(r, placed)
+        model = r.dep.dep.model
+        r.asleep, r.state, r.tier = None, WAKING, "wake"
+        self.tally.cold_starts["wake"] += 1
+        r.timer = self.loop.after(self.shape.gpu.cold_starts.wake.seconds(model.weight_bytes / model.gpu_count),
+                                  self._ready, r)
+        return True
+
+    # ------------------------------------------------------------------ stopping
+
+    def _stop(self, r: Replica) -> None:
+        if r.timer is not None:
+            r.timer.cancel()
+            r.timer = None
+        self.pending.pop(r.rid, None)
+        had_slots = r.placed is not None
+        if r.cache_user and r.node is not None:
+            cache = self.cluster.caches[r.node]
+            cache.done(r.dep.dep.name)
+            if not self.policy.node_cache:
+                cache.forget(r.dep.dep.name)
+            r.cache_user = False
+        self._let_go(r)
+        r.state, r.asleep = STOPPED, None
+        r.dep.replicas.remove(r)
+        if had_slots:
+            self._admit()
+
+    def _close_books(self) -> None:
+        for st in self.deps.values():
+            for r in list(st.replicas):
+                self._let_go(r)
+
+    # ------------------------------------------------------------------ setup
+
+    def _state_for(self, dep: Deployment) -> DeploymentState:
+        s = self.settings
+        config = self.policy.scaling(dep)
+        config = ScalingConfig(**{**config.__dict__, "target_queued_prompt_tokens": s.target_queued_prompt_tokens})
+        model = dep.model
+        need = (model.weight_bytes + s.kv_cache_tokens * kv_bytes_per_token(model.parameters_b)) \
+            * (1.0 + s.memory_overhead_fraction)
+        return DeploymentState(dep, config, math.ceil(need / model.gpu_count), size_class(dep))
+
+
+def _scale_down_order(live: list[Replica]) -> list[Replica]:
+    """pool.registry.scale_down_order's order."""
+    return sorted(live, key=lambda r: victim_rank(r.state == PENDING, r.state in (STARTING, WAKING),
+                                                  r.in_flight, r.created))
+
+
+def simulate(trace: Trace, cluster: ClusterShape, pool_policy: PoolPolicy,
+             settings: SimSettings = SimSettings()) -> Outcome:
+    return Simulation(trace, cluster, pool_policy, settings).run()

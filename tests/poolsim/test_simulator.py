@@ -1,0 +1,149 @@
+"""The simulated pool stepped through small traces whose outcome is known exactly."""
+from __future__ import annotations
+
+import pytest
+
+from pool.autoscaler import ScalingConfig
+from poolsim.cluster import ClusterShape
+from poolsim.policies import StaticPolicy, always_warm, knative, thawpool
+from poolsim.replica_model import ColdStarts, GpuKind, Throughput, Transfer
+from poolsim.simulator import SimSettings, Simulation, simulate
+from poolsim.workload import Deployment, ModelShape, Request, Trace
+
+GIB = 1024 ** 3
+# round figures: 1 GB of weights takes 1 + 1 s from S3, then 2 + 1 s to load fresh,
+# 0.5 + 1 s into a standby, 0.1 + 0.1 s to wake and as long to fall asleep
+KIND = GpuKind("test", memory_gb=80, price_per_hour=2.0, gpus_per_node=2,
+               cold_starts=ColdStarts(s3=Transfer(1.0, 1.0), cache=Transfer(2.0, 1.0), standby=Transfer(0.5, 1.0),
+                                      wake=Transfer(0.1, 10.0), sleep=Transfer(0.1, 10.0), standby_refill_s=5.0),
+               throughput=Throughput(hbm_gbps=1000.0, per_seq_s=0.0, prefill_tflops=1000.0))
+SMALL = ModelShape("small", parameters_b=0.5, weight_bytes=10 ** 9)
+STEP = 1e-3                                     # 1 GB over 1000 GB/s
+PREFILL_100 = 100 * 2 * 0.5e9 / 1e15            # 100 tokens of a 0.5B model at 1000 TFLOPS
+EXACT = pytest.approx
+ONE = (Deployment("a", "t1", SMALL),)
+
+
+def trace(requests, deployments=ONE, duration_s=4000.0):
+    reqs = sorted(requests, key=lambda r: r.at_s)
+    return Trace(tuple(deployments), duration_s, lambda: iter(reqs))
+
+
+def req(at, dep="a", prompt=100, output=1):
+    return Request(at, dep, prompt, output)
+
+
+def fixed(idle_s=60.0, **kw):
+    return StaticPolicy("fixed", ScalingConfig(max_replicas=4, target_concurrency=8, idle_timeout_s=idle_s,
+                                               scale_down_delay_s=10.0), **kw)
+
+
+def run(tr, pol, nodes=1, **settings):
+    return simulate(tr, ClusterShape(nodes, KIND), pol, SimSettings(**settings))
+
+
+def ttfts(tr, pol, nodes=1, **settings):
+    """Each answered request's time to first token, in the order they were answered."""
+    sim = Simulation(tr, ClusterShape(nodes, KIND), pol, SimSettings(**settings))
+    sim.run()
+    return list(sim.tally.ttft)
+
+
+def test_first_request_waits_for_a_cold_start_from_s3():
+    out = run(trace([req(10.0)]), fixed(node_cache=False))
+    assert out.cold_starts == {"wake": 0, "standby": 0, "cache": 0, "s3": 1}
+    assert out.ttft_p50_s == EXACT(2.0 + 3.0 + PREFILL_100 + STEP)
+    assert out.served_by_tier["s3"] == 1
+
+
+def test_a_request_while_the_replica_is_up_is_warm():
+    out = run(trace([req(10.0), req(20.0)]), fixed())
+    assert out.served_by_tier == {"warm": 1, "wake": 0, "standby": 0, "cache": 0, "s3": 1}
+    assert ttfts(trace([req(10.0), req(20.0)]), fixed())[1] == EXACT(PREFILL_100 + STEP)
+
+
+def test_gpu_time_runs_from_placement_to_the_idle_stop_on_a_tick():
+    out = run(trace([req(10.0)]), fixed(idle_s=60.0))
+    done = 10.0 + 5.0 + PREFILL_100 + STEP          # the request's last token
+    stop = -(-(done + 60.0) // 0.5) * 0.5            # the first tick past the idle timeout
+    assert out.gpu_seconds == EXACT(stop - 10.0)
+    assert out.busy_gpu_seconds == EXACT(PREFILL_100 + STEP)
+
+
+def test_without_a_node_cache_every_cold_start_downloads_again():
+    reqs = [req(10.0), req(500.0)]
+    assert run(trace(reqs), fixed(node_cache=False)).cold_starts["s3"] == 2
+    cached = run(trace(reqs), fixed(node_cache=True))
+    assert (cached.cold_starts["s3"], cached.cold_starts["cache"]) == (1, 1)
+    assert ttfts(trace(reqs), fixed(node_cache=True))[1] == EXACT(3.0 + PREFILL_100 + STEP)
+
+
+def test_a_standby_saves_the_fresh_process_and_is_refilled():
+    out = run(trace([req(10.0), req(500.0)]), fixed(standbys_per_node=1))
+    assert out.cold_starts == {"wake": 0, "standby": 1, "cache": 0, "s3": 1}   # by where the weights came from
+    # s3 + a standby's load for the first (one waits at the start); the second gets the refill
+    first, second = ttfts(trace([req(10.0), req(500.0)]), fixed(standbys_per_node=1))
+    assert (first, second) == (EXACT(2.0 + 1.5 + PREFILL_100 + STEP), EXACT(1.5 + PREFILL_100 + STEP))
+
+
+def test_the_sleep_tier_wakes_instead_of_a_cold_start():
+    pol = StaticPolicy("sleepy", ScalingConfig(max_replicas=4, idle_timeout_s=60.0, sleep_timeout_s=1000.0))
+    out = run(trace([req(10.0), req(500.0)]), pol)
+    assert out.cold_starts == {"wake": 1, "standby": 0, "cache": 0, "s3": 1}
+    assert ttfts(trace([req(10.0), req(500.0)]), pol)[1] == EXACT(0.2 + PREFILL_100 + STEP)
+    # asleep from (idle tick + 0.2 s falling asleep) until the wake: no GPU time then
+    first_stop = -(-(10.0 + 5.0 + PREFILL_100 + STEP + 60.0) // 0.5) * 0.5 + 0.2
+    second_stop = -(-(500.0 + 0.2 + PREFILL_100 + STEP + 60.0) // 0.5) * 0.5 + 0.2
+    assert out.gpu_seconds == EXACT((first_stop - 10.0) + (second_stop - 500.0))
+
+
+def test_a_sleeper_past_its_timeout_stops_and_the_next_start_is_cold():
+    pol = StaticPolicy("sleepy", ScalingConfig(max_replicas=4, idle_timeout_s=60.0, sleep_timeout_s=100.0))
+    out = run(trace([req(10.0), req(1000.0)]), pol)
+    assert out.cold_starts == {"wake": 0, "standby": 0, "cache": 1, "s3": 1}
+
+
+def test_full_pool_makes_a_replica_wait_for_slots_then_serves_it():
+    big = ModelShape("big", parameters_b=30, weight_bytes=70 * GIB)     # one a GPU: 2 GPUs on one node
+    deps = tuple(Deployment(n, f"t-{n}", big) for n in "abc")
+    tr = trace([req(10.0, "a"), req(10.0, "b"), req(11.0, "c")], deps)
+    out = run(tr, fixed(idle_s=30.0), kv_cache_tokens=0)
+    assert out.answered == 3 and out.peak_gpus == 2
+    # c waits until a or b is stopped for idleness, then starts from S3
+    assert max(ttfts(tr, fixed(idle_s=30.0), kv_cache_tokens=0)) > 30.0 + 150.0
+
+
+def test_always_warm_starts_every_deployment_at_once_and_holds_it():
+    deps = (Deployment("a", "t1", SMALL), Deployment("b", "t2", SMALL))
+    out = run(trace([req(100.0, "a")], deps, duration_s=1000.0), always_warm())
+    assert out.cold_starts["s3"] == 2
+    assert out.served_by_tier["warm"] == 1
+    assert out.gpu_seconds == EXACT(2 * 1000.0)
+
+
+def test_a_full_queue_refuses_and_a_long_wait_times_out():
+    big = ModelShape("big", parameters_b=30, weight_bytes=70 * GIB)
+    deps = tuple(Deployment(n, "t", big) for n in "abc")
+    reqs = [req(1.0, "a", output=10 ** 7), req(1.0, "b", output=10 ** 7)] + [req(2.0, "c")] * 3
+    out = run(trace(reqs, deps), fixed(), kv_cache_tokens=0, queue_limit=2, wait_timeout_s=300.0)
+    assert out.rejected == 1 and out.timed_out == 2
+
+
+def test_the_same_trace_gives_the_same_outcome():
+    reqs = [req(float(t), "a", prompt=50 + t % 7, output=1 + t % 5) for t in range(0, 3000, 13)]
+    first, second = (run(trace(reqs), thawpool()) for _ in range(2))
+    assert first.ttft_p99_s == second.ttft_p99_s and first.gpu_seconds == second.gpu_seconds
+
+
+def test_knative_holds_less_gpu_time_than_always_warm_on_sporadic_traffic():
+    reqs = [req(float(t)) for t in range(0, 20000, 2000)]
+    warm = run(trace(reqs, duration_s=20000.0), always_warm())
+    scaled = run(trace(reqs, duration_s=20000.0), knative())
+    assert scaled.gpu_seconds < warm.gpu_seconds / 5
+    assert scaled.ttft_p50_s > warm.ttft_p50_s
+
+
+def test_a_simulation_runs_once():
+    sim = Simulation(trace([req(1.0)]), ClusterShape(1, KIND), fixed())
+    sim.run()
+    assert sim.loop.now == 4000.0
