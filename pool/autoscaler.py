@@ -7,14 +7,22 @@ calls nothing; tests step fake time through it. Steps:
                queued prompt tokens over a per-replica token target, and the
                LoRA adapters in use at once over the adapter slots of a replica
   2. idle      no load and no activity for idle_timeout_s -> zero; no load but
-               recent activity keeps one replica
+               recent activity keeps one replica. With a window learned from the
+               revision's own idle times (pool/keep_alive.py) instead: none before
+               the window's pre-warm, one (started ahead of the likely call) until
+               its end, none after
   3. waiting   while requests wait, replicas that are starting are kept
   4. bounds    [min_replicas, max_replicas]
   5. delay     scale up at once; scale down only after the lower number has
                held for scale_down_delay_s (scale to zero is timed by idle)
   6. sleep     with a sleep tier (sleep_timeout_s > 0) replicas scaled down for
                idleness go to sleep instead of stopping, and sleepers that have
-               slept sleep_timeout_s are stopped (`expired`)
+               slept sleep_timeout_s are stopped (`expired`), or once the learned
+               window has passed
+
+`next_change_at` is when the answer could change with nothing happening (an idle
+timeout, a window's edge, the scale-down delay, a sleeper's timeout): a caller that
+reconciles on events needs to come back then, and no sooner.
 
 `desired` counts awake replicas (starting, waking, ready): the manager meets a
 higher number by waking sleepers before it starts new replicas.
@@ -24,6 +32,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from typing import Optional
+
+from pool.keep_alive import IdleWindow, next_edge, wants_replica
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,11 @@ class ScalingSnapshot:
     starting: int = 0                        # pending, pulling, loading, waking
     asleep: tuple[tuple[str, float], ...] = ()   # (replica id, when it fell asleep) per sleeper
     adapters_in_use: int = 0                 # distinct adapters requests hold leases for now
+    idle_window: Optional[IdleWindow] = None     # learned from its idle times; None: idle_timeout_s
+
+    @property
+    def idle_for(self) -> Optional[float]:
+        return None if self.last_activity_at is None else self.now - self.last_activity_at
 
     @property
     def current(self) -> int:
@@ -97,17 +112,28 @@ def load_target(snap: ScalingSnapshot) -> tuple[int, str]:
 def apply_idle(snap: ScalingSnapshot, wanted: int, why: str) -> tuple[int, str]:
     if wanted > 0:
         return wanted, why
+    if snap.idle_window is not None and not has_load(snap):
+        if is_idle(snap):
+            return 0, "outside its learned keep-alive window"
+        return 1, "within its learned keep-alive window"
     if is_idle(snap):
         return 0, f"idle for {snap.config.idle_timeout_s:g}s"
     return min(1, snap.current), "no load, not idle yet"
 
 
+def has_load(snap: ScalingSnapshot) -> bool:
+    return bool(sum(snap.in_flight) or snap.queued_requests)
+
+
 def is_idle(snap: ScalingSnapshot) -> bool:
-    if sum(snap.in_flight) or snap.queued_requests:
+    if has_load(snap):
         return False
-    if snap.last_activity_at is None:
+    idle_for = snap.idle_for
+    if idle_for is None:
         return True
-    return snap.now - snap.last_activity_at >= snap.config.idle_timeout_s
+    if snap.idle_window is not None:
+        return not wants_replica(snap.idle_window, idle_for)
+    return idle_for >= snap.config.idle_timeout_s
 
 
 def keep_starting(snap: ScalingSnapshot) -> int:
@@ -137,11 +163,32 @@ def sleeps(snap: ScalingSnapshot) -> bool:
 
 
 def expired_sleepers(snap: ScalingSnapshot) -> tuple[str, ...]:
-    """Sleepers that have slept sleep_timeout_s: stopped for good (all of them once the
-    revision has no sleep tier any more)."""
+    """Sleepers that have slept sleep_timeout_s, or outlived the learned window: stopped
+    for good (all of them once the revision has no sleep tier any more)."""
     timeout_s = snap.config.sleep_timeout_s
+    window, idle_for = snap.idle_window, snap.idle_for
+    past_window = window is not None and idle_for is not None and idle_for >= window.until_s \
+        and not has_load(snap)
     return tuple(replica_id for replica_id, since in snap.asleep
-                 if timeout_s <= 0 or snap.now - since >= timeout_s)
+                 if timeout_s <= 0 or past_window or snap.now - since >= timeout_s)
+
+
+def next_change_at(snap: ScalingSnapshot, state: PolicyState) -> Optional[float]:
+    """The earliest time after `now` at which `policy` could answer otherwise for the same
+    snapshot with only the clock moved; None: not before something happens."""
+    times = [since + snap.config.sleep_timeout_s for _, since in snap.asleep if snap.config.sleep_timeout_s > 0]
+    if state.lower_since is not None:
+        times.append(state.lower_since + snap.config.scale_down_delay_s)
+    idle_for = snap.idle_for
+    if idle_for is not None and snap.last_activity_at is not None and not has_load(snap):
+        if snap.idle_window is not None:
+            edge = next_edge(snap.idle_window, idle_for)
+            if edge is not None:
+                times.append(snap.last_activity_at + edge)
+        elif snap.current:
+            times.append(snap.last_activity_at + snap.config.idle_timeout_s)
+    future = [t for t in times if t > snap.now]
+    return min(future) if future else None
 
 
 def victim_rank(unplaced: bool, starting: bool, in_flight: int, created: float) -> tuple[float, ...]:

@@ -224,7 +224,7 @@ class PoolManager:
                        prompt_tokens: int, timeout_s: float, adapter: Optional[AdapterRef]) -> ReplicaLease:
         rev = await self._revision_for(spec)
         start = self.clock.mono()
-        rev.last_activity = start
+        rev.arrived(start)
         name = adapter.name if adapter is not None else None
         picked = rev.route(prefix_key, name) or await rev.route_after_checks(prefix_key, name)
         if picked is not None:

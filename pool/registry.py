@@ -26,6 +26,7 @@ from pool.api import ColdStartFailed, ReplicaStatus, RevisionSpec, RevisionStatu
 from pool.autoscaler import PolicyState, ScalingConfig, ScalingSnapshot, victim_rank
 from pool.backends.base import ReplicaHandle
 from pool.backoff import Backoff
+from pool.keep_alive import IdleHistogram, learn
 from pool.placement import Placed
 from pool.weights.prefetch import Prefetched
 from pool.replica import LIVE, STARTING, Replica, ReplicaState
@@ -96,6 +97,15 @@ class RevisionState:
     retired: bool = False
     scale_ups: int = 0                  # scale-up decisions so far: each one prefetches again
     prefetched: Optional[Prefetched] = None   # its latest prefetch (pool/weights/prefetch.py)
+    idle_times: IdleHistogram = field(default_factory=IdleHistogram)   # pool/keep_alive.py
+
+    def arrived(self, now: float) -> None:
+        """A request came: the idle spell it ends (none in flight or waiting) is counted."""
+        idle = self.last_activity is not None and not len(self.queue) \
+            and not any(r.in_flight for r in self.replicas.values())
+        if idle and self.last_activity is not None:
+            self.idle_times.add(now - self.last_activity)
+        self.last_activity = now
 
     def in_state(self, *states: ReplicaState) -> list[ManagedReplica]:
         return [r for r in self.replicas.values() if r.state in states]
@@ -187,7 +197,8 @@ class Registry:
 # ----------------------------------------------------------------- pure views
 
 def scaling_snapshot(rev: RevisionState, now: float, settings: PoolSettings) -> ScalingSnapshot:
-    """What the autoscaler sees of a revision at `now`."""
+    """What the autoscaler sees of a revision at `now` (with a keep-alive window learned from
+    its idle times when the pool's `keep_alive` is "learned")."""
     spec = rev.spec
     config = ScalingConfig(
         min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
@@ -202,7 +213,8 @@ def scaling_snapshot(rev: RevisionState, now: float, settings: PoolSettings) -> 
                     starting=len(rev.in_state(*STARTING, ReplicaState.WAKING)),
                     asleep=tuple((r.replica_id, r.asleep.since) for r in rev.replicas.values()
                                  if r.state is ReplicaState.SLEEPING and r.asleep is not None),
-                    adapters_in_use=len({name for r in ready for name in r.adapters.users}))
+                    adapters_in_use=len({name for r in ready for name in r.adapters.users}),
+                    idle_window=learn(rev.idle_times) if settings.keep_alive == "learned" else None)
 
 
 def scale_down_order(live: list[ManagedReplica]) -> list[ManagedReplica]:

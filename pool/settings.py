@@ -15,6 +15,7 @@ GB = 1024 ** 3
 MB = 1024 ** 2
 BACKENDS = ("local", "ray")
 SANDBOXES = ("bwrap", "off")
+KEEP_ALIVE = ("fixed", "learned")
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,9 @@ class PoolSettings:
     tick_s: float = 0.5
     desired_refresh_s: float = 5.0
     scale_down_delay_s: float = 30.0
+    # "fixed": a revision's idle_timeout_s; "learned": keep-alive and pre-warm windows from
+    # each revision's own idle times (pool/keep_alive.py), its idle_timeout_s until learned
+    keep_alive: str = "fixed"
     target_queued_prompt_tokens: int = 8192    # per replica; second scaling signal
     crash_backoff_base_s: float = 1.0
     crash_backoff_cap_s: float = 60.0
@@ -102,6 +106,8 @@ class PoolSettings:
     def __post_init__(self) -> None:
         if self.sandbox not in SANDBOXES:
             raise ValueError(f"sandbox must be one of {', '.join(SANDBOXES)}, not {self.sandbox!r}")
+        if self.keep_alive not in KEEP_ALIVE:
+            raise ValueError(f"keep_alive must be one of {', '.join(KEEP_ALIVE)}, not {self.keep_alive!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
 

@@ -14,6 +14,9 @@ these settings differ. The baselines are configured as their users run them:
                 (idle replicas sleep in host memory for 30 min before they
                 stop), one warm standby process a node, weights kept in the
                 node's cache
+  thawpool-learned  the same, with keep-alive and pre-warm windows learned from each
+                deployment's own idle times (pool/keep_alive.py; the pool's
+                keep_alive = "learned")
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ class PoolPolicy(Protocol):
     name: str
     node_cache: bool                 # weights stay in a node's cache after a replica stops
     standbys_per_node: int           # warm runtime processes waiting for a model
+    learned_keep_alive: bool         # pool/keep_alive.py's windows (PoolSettings.keep_alive "learned")
 
     def scaling(self, dep: Deployment) -> ScalingConfig:
         """The autoscaler's settings for this deployment (pool.autoscaler)."""
@@ -40,6 +44,7 @@ class StaticPolicy:
     base: ScalingConfig
     node_cache: bool = True
     standbys_per_node: int = 0
+    learned_keep_alive: bool = False
 
     def scaling(self, dep: Deployment) -> ScalingConfig:
         return self.base
@@ -67,7 +72,12 @@ def thawpool() -> StaticPolicy:
                         node_cache=True, standbys_per_node=1)
 
 
-BASELINES = {"always-warm": always_warm, "knative": knative, "thawpool": thawpool}
+def thawpool_learned() -> StaticPolicy:
+    return replace(thawpool(), name="thawpool-learned", learned_keep_alive=True)
+
+
+BASELINES = {"always-warm": always_warm, "knative": knative, "thawpool": thawpool,
+             "thawpool-learned": thawpool_learned}
 
 
 def with_idle(policy: StaticPolicy, idle_timeout_s: float) -> StaticPolicy:

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 from pool.admission import Pending, admit
-from pool.autoscaler import Decision, PolicyState, ScalingConfig, ScalingSnapshot, policy, victim_rank
+from pool.autoscaler import PolicyState, ScalingConfig, ScalingSnapshot, next_change_at, policy, victim_rank
+from pool.keep_alive import IdleHistogram, learn
 from pool.placement import Placed, PlacementRequest, place
 from pool.router import Candidate, choose
 from pool.sleep_budget import Sleeper, make_room
@@ -103,6 +104,8 @@ class DeploymentState:
     policy_state: PolicyState = PolicyState()
     last_activity: Optional[float] = None
     timer: Optional[Timer] = None
+    in_flight: int = 0
+    idle_times: IdleHistogram = field(default_factory=IdleHistogram)
 
     def in_state(self, *states: str) -> list[Replica]:
         return [r for r in self.replicas if r.state in states]
@@ -150,6 +153,8 @@ class Simulation:
         self._feed(stream)
         self._requests += 1
         st = self.deps[req.deployment]
+        if st.last_activity is not None and not st.in_flight and not st.queue:
+            st.idle_times.add(self.loop.now - st.last_activity)     # as pool.registry.arrived
         st.last_activity = self.loop.now
         picked = self._route(st)
         if picked is not None:
@@ -182,6 +187,7 @@ class Simulation:
 
     def _serve(self, r: Replica, req: Request, tier: str) -> None:
         r.in_flight += 1
+        r.dep.in_flight += 1
         if r.running >= self.shape.gpu.throughput.max_batch:
             r.backlog.append((req, tier))
             return
@@ -203,6 +209,7 @@ class Simulation:
         r.running -= 1
         r.in_flight -= 1
         st = r.dep
+        st.in_flight -= 1
         st.last_activity = self.loop.now
         if r.backlog:
             req, tier = r.backlog.popleft()
@@ -262,7 +269,8 @@ class Simulation:
             queued_requests=len(st.queue), queued_prompt_tokens=sum(e.req.prompt_tokens for e in st.queue),
             last_activity_at=st.last_activity, ready=len(ready),
             starting=len(st.in_state(PENDING, STARTING, WAKING)),
-            asleep=tuple((r.rid, r.asleep[1]) for r in st.in_state(ASLEEP) if r.asleep))
+            asleep=tuple((r.rid, r.asleep[1]) for r in st.in_state(ASLEEP) if r.asleep),
+            idle_window=learn(st.idle_times) if self.policy.learned_keep_alive else None)
 
     def _reconcile(self, st: DeploymentState) -> None:
         snap = self._snapshot(st)
@@ -279,20 +287,13 @@ class Simulation:
             sleeper = next((r for r in st.replicas if r.rid == rid), None)
             if sleeper is not None:
                 self._stop(sleeper)
-        self._next_deadline(st, decision)
+        self._next_deadline(st, self._snapshot(st))
 
-    def _next_deadline(self, st: DeploymentState, decision: Decision) -> None:
-        """The tick at which the autoscaler could answer otherwise with nothing happening."""
-        cfg, times = st.config, []
-        holds = any(r.state != STOPPED for r in st.replicas)
-        if holds and st.last_activity is not None:
-            times.append(st.last_activity + cfg.idle_timeout_s)
-        if st.policy_state.lower_since is not None:
-            times.append(st.policy_state.lower_since + cfg.scale_down_delay_s)
-        times += [r.asleep[1] + cfg.sleep_timeout_s for r in st.in_state(ASLEEP) if r.asleep]
-        future = [t for t in times if t > self.loop.now]
-        if future:
-            self._schedule(st, self._next_tick(min(future)))
+    def _next_deadline(self, st: DeploymentState, snap: ScalingSnapshot) -> None:
+        """Come back on the tick at which the autoscaler could answer otherwise."""
+        at = next_change_at(snap, st.policy_state)
+        if at is not None:
+            self._schedule(st, self._next_tick(at))
 
     def _wake_or_start(self, st: DeploymentState) -> None:
         sleepers = [r for r in st.in_state(ASLEEP) if r.asleep]
