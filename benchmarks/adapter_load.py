@@ -1,27 +1,41 @@
-"""A LoRA adapter loaded into a running replica over HTTP: PUT /admin/adapters/{name}, timed
-at the client from the PUT's start to its reply.
+"""A LoRA adapter loaded into a running replica the way the pool loads one: pool/adapter_loads.py's
+`upload`, timed from its call to the replica's reply.
 
 The replica serves SmolLM2-135M-Instruct (.cache/models, scripts/real_model.py) where it
 has been imported, else a random Llama of its layer shapes (30 layers, hidden 576,
 intermediate 1536, 9 heads / 3 KV heads; a small vocabulary, which no adapter touches),
-with --max-loras 2 --max-lora-rank 16. The adapter is rank 16 on all seven projections of
-every layer, random, named and laid out as PEFT saves it, float32 by default (19.6 MB;
---dtype BF16 halves it). Each round loads it under a new name and then deletes it
-(untimed), --gap seconds after the last; one warm-up load first. Printed: the client's seconds per load (p50, p99),
-the replica's own load_s, and the body's size. Target: p99 under 50 ms.
+with --max-loras 2 --max-lora-rank 16 and an adapter inbox (--adapter-inbox), as the
+pool's sandboxed replicas have. The adapter is rank 16 on all seven projections of every
+layer, random, named and laid out as PEFT saves it, float32 by default (19.6 MB; --dtype
+BF16 halves it), its weights a read-only file in a cache folder on the inbox's
+filesystem, as the node's weight cache holds it. Each round loads it under a new name
+and then deletes it (untimed), --gap seconds after the last; one warm-up load first.
+Two ways into the replica, rounds alternating with each other and the peer:
 
-The peer, measured in the same run, rounds alternating: the same PUT to a bare server
-of the same stack (uvicorn, Starlette, the replica's own body reader and malloc settings:
+  inbox  the pool's path for a replica with an inbox: the cached file hard-linked into
+         the inbox, the PUT naming it (empty body), the replica mapping and checking it,
+         the link removed after the reply. Target: p99 under 50 ms.
+  body   the pool's path for a replica without one (Ray, the sandbox off): the pool
+         reads the cached file and sends it as the PUT's body.
+
+Printed: each way's seconds per load (p50, p99, every round), the replica's own load_s
+by the inbox, and the file's size. The replica is reached over TCP on 127.0.0.1 where a
+sandboxed one is reached on a unix socket: the inbox's PUT carries no body, so that
+differs by a fraction of a millisecond.
+
+The peer: the same file's bytes, already in memory, PUT as a body to a bare server of the
+same stack (uvicorn, Starlette, the replica's own body reader and malloc settings:
 runtime/serve/allocator.py) that only reads the body and answers: what moving the bytes
-over HTTP costs on this machine, which no adapter code can go under. The client (httpx,
-this process) has the same malloc settings, so that its own copies of the body are not
-what is measured.
+over HTTP costs on this machine, under which no load by body can go. The client (the
+pool's replica client, this process) has the same malloc settings, so that its own copies
+of the body are not what is measured.
 
     .venv/bin/python -m benchmarks.adapter_load [--rounds 20] [--dtype F32] [--threads 2]
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -29,14 +43,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping, Optional
 
 import httpx
 
 from benchmarks.rounds import shown
 from benchmarks.serve import REPO, Replica, start_replica, wait_ready
+from pool.adapter_loads import AdapterFiles, upload
+from pool.replica_http import replica_client
 from runtime.serve.allocator import keep_large_blocks
-from wire.replica_control import ADAPTER_CONFIG_HEADER, ADAPTERS_PATH
+from wire.replica_control import ADAPTER_CONFIG_HEADER, ADAPTER_INBOX_FLAG, ADAPTERS_PATH, AdapterReply
 
 RANK = 16
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -81,29 +99,60 @@ def adapter_files(model: Path, dtype: str) -> tuple[str, bytes]:
     return json.dumps(settings, separators=(",", ":")), weights
 
 
-def load_seconds(urls: dict[str, str], config: str, weights: bytes, rounds: int,
-                 gap_s: float) -> dict[str, list[float]]:
-    """Per load, rounds alternating between the servers, `gap_s` apart: the client's
-    seconds, and the replica's load_s (as "load_s")."""
-    times: dict[str, list[float]] = {name: [] for name in [*urls, "load_s"]}
-    clients = {name: httpx.Client(base_url=url, timeout=60) for name, url in urls.items()}
-    try:
+@dataclass
+class Handle:
+    """pool.backends.base.ReplicaHandle of the replica this benchmark started."""
+    replica_id: str
+    base_url: str
+    adapter_inbox: Optional[Path]
+    env_s: float = 0.0
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def is_alive(self) -> bool:
+        return True
+
+    def exit_reason(self) -> Optional[str]:
+        return None
+
+    async def stop(self, timeout_s: float) -> None:
+        return None
+
+
+def cached_files(tmp: Path, config: str, weights: bytes) -> AdapterFiles:
+    """The adapter's files as the node's weight cache holds them: read-only to all."""
+    entries = []
+    for key, data in (("config", config.encode()), ("weights", weights)):
+        entry = tmp / "cache" / "objects" / key / "data"
+        entry.parent.mkdir(parents=True)
+        entry.write_bytes(data)
+        entry.chmod(0o444)
+        entries.append(entry)
+    return AdapterFiles(entries[0].read_bytes(), entries[1], len(weights), 0, 0.0)
+
+
+async def load_seconds(replica_url: str, sink_url: str, inbox: Path, files: AdapterFiles, rounds: int,
+                       gap_s: float) -> dict[str, list[float]]:
+    """Per load, rounds alternating between the ways in, `gap_s` apart: the seconds of each,
+    and the replica's load_s by the inbox (as "load_s")."""
+    times: dict[str, list[float]] = {name: [] for name in ("inbox", "body", "peer", "load_s")}
+    handles = {"inbox": Handle("bench", replica_url, inbox), "body": Handle("bench", replica_url, None)}
+    body, config = files.weights.read_bytes(), json.dumps(json.loads(files.config), separators=(",", ":"))
+    async with replica_client(httpx.Timeout(60.0)) as http:
         for i in range(rounds + 1):
-            for server, client in clients.items():
-                time.sleep(gap_s)
-                name = f"bench-{i}"
+            for way, handle in handles.items():
+                await asyncio.sleep(gap_s)
                 start = time.perf_counter()
-                reply = client.put(f"{ADAPTERS_PATH}/{name}", content=weights, headers={ADAPTER_CONFIG_HEADER: config})
+                reply = await upload(http, handle, f"bench-{way}-{i}", files, 60.0)
                 took = time.perf_counter() - start
-                reply.raise_for_status()
                 if i:                          # the first is the warm-up
-                    times[server].append(took)
-                if server == "replica":
-                    times["load_s"] += [reply.json()["load_s"]] if i else []
-                    client.delete(f"{ADAPTERS_PATH}/{name}").raise_for_status()
-    finally:
-        for client in clients.values():
-            client.close()
+                    times[way].append(took)
+                    times["load_s"] += [reply.load_s or 0.0] if way == "inbox" else []
+                (await http.delete(f"{replica_url}{ADAPTERS_PATH}/bench-{way}-{i}")).raise_for_status()
+            await asyncio.sleep(gap_s)
+            start = time.perf_counter()
+            (await http.put(f"{sink_url}{ADAPTERS_PATH}/peer", content=body,
+                            headers={ADAPTER_CONFIG_HEADER: config})).raise_for_status()
+            times["peer"] += [time.perf_counter() - start] if i else []
     return times
 
 
@@ -133,8 +182,8 @@ def run_sink(port: int) -> None:
     keep_large_blocks()
 
     async def put(request: Request) -> Response:
-        body = await read_limited(request.stream(), request.headers.get("content-length"), MAX_WEIGHTS_BYTES)
-        return JSONResponse({"bytes": len(body)})
+        await read_limited(request.stream(), request.headers.get("content-length"), MAX_WEIGHTS_BYTES)
+        return JSONResponse(AdapterReply(request.path_params["name"], True).to_json())
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ready"})
@@ -160,25 +209,35 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model, described = base_model(Path(tmp))
         config, weights = adapter_files(model, args.dtype)
+        files, inbox = cached_files(Path(tmp), config, weights), Path(tmp) / "inbox"
+        inbox.mkdir()
         servers = {"replica": start_replica(model, ["--max-loras", "2", "--max-lora-rank", str(RANK),
-                                                    "--kv-cache-tokens", "4096"], args.threads)}
+                                                    "--kv-cache-tokens", "4096", ADAPTER_INBOX_FLAG, str(inbox)],
+                                            args.threads)}
         try:
             servers["sink"] = start_sink(args.threads)
-            times = load_seconds({name: s.url for name, s in servers.items()}, config, weights, args.rounds,
-                                 args.gap)
+            times = asyncio.run(load_seconds(servers["replica"].url, servers["sink"].url, inbox, files,
+                                             args.rounds, args.gap))
         finally:
             for server in servers.values():
                 server.stop()
-    print(f"{described}; a rank-{RANK} adapter on all 7 projections, {args.dtype}, "
-          f"{len(weights) / 1e6:.1f} MB; {args.rounds} loads into a running replica over HTTP, "
-          f"{args.gap:g} s apart, alternating with the same PUT to a server that only reads the body (the peer)")
-    print(f"replica, PUT to reply: {figures(times['replica'])} (target p99 under 50 ms: "
-          f"{'met' if p99(times['replica']) < 0.05 else 'not met'})")
-    print(f"  rounds: {shown(times['replica'], scale=1e3, digits=1)} ms")
+    report(described, args, len(weights), times)
+
+
+def report(described: str, args: argparse.Namespace, size: int, times: dict[str, list[float]]) -> None:
+    print(f"{described}; a rank-{RANK} adapter on all 7 projections, {args.dtype}, {size / 1e6:.1f} MB; "
+          f"{args.rounds} loads into a running replica each way, {args.gap:g} s apart, alternating with "
+          "the file's bytes PUT to a server that only reads the body (the peer)")
+    print(f"replica by its inbox (linked, named, unlinked): {figures(times['inbox'])} (target p99 under 50 ms: "
+          f"{'met' if p99(times['inbox']) < 0.05 else 'not met'})")
+    print(f"  rounds: {shown(times['inbox'], scale=1e3, digits=1)} ms")
     print(f"  its load_s: {figures(times['load_s'])}")
-    print(f"peer, the body alone: {figures(times['sink'])}")
-    print(f"  rounds: {shown(times['sink'], scale=1e3, digits=1)} ms")
-    print(f"replica / peer at p50: {statistics.median(times['replica']) / statistics.median(times['sink']):.2f}x")
+    print(f"replica by the body (no inbox): {figures(times['body'])}")
+    print(f"  rounds: {shown(times['body'], scale=1e3, digits=1)} ms")
+    print(f"peer, the body alone: {figures(times['peer'])}")
+    print(f"  rounds: {shown(times['peer'], scale=1e3, digits=1)} ms")
+    print(f"inbox / peer at p50: {statistics.median(times['inbox']) / statistics.median(times['peer']):.2f}x; "
+          f"inbox / body at p50: {statistics.median(times['inbox']) / statistics.median(times['body']):.2f}x")
 
 
 def figures(values: list[float]) -> str:

@@ -7,6 +7,11 @@ replica (PUT /admin/adapters/{name}: wire/replica_control.py), which reads and
 installs them between engine steps, so the replica's running requests never
 pause. Requests that need the same load at once share it. Making room first drops
 the least recently used adapters no lease uses (pool/adapter_holdings.py).
+
+The config always travels in a header. The weights go by the replica's adapter inbox
+where its handle has one (`upload`: linked from the cache, named in the PUT, unlinked
+after the reply; pool/adapter_inbox.py), which spares them the trip through HTTP that
+was half a load's time (benchmarks/adapter_load.py); else as the PUT's body.
 """
 from __future__ import annotations
 
@@ -20,19 +25,21 @@ from typing import Optional
 import httpx
 
 from pool.adapter_holdings import AdapterHoldings
+from pool.adapter_inbox import delivered
 from pool.api import AdapterLoadFailed, AdapterLoadTimings, AdapterRef, AdapterRefused, ColdStartFailed
 from pool.backends.base import ReplicaHandle
 from pool.s3 import S3Object, parse_uri
 from pool.weights.sources import SourceStores
 from spec.lora_adapter import CONFIG_FILE, WEIGHTS_FILE
 from wire.errors import message_of
-from wire.replica_control import ADAPTER_CONFIG_HEADER, ADAPTERS_PATH, AdapterReply, BadReply
+from wire.replica_control import ADAPTER_CONFIG_HEADER, ADAPTER_FILE_HEADER, ADAPTERS_PATH, AdapterReply, BadReply
 
 
 @dataclass(frozen=True)
 class AdapterFiles:
-    config: bytes
-    weights: bytes
+    config: bytes                    # adapter_config.json
+    weights: Path                    # adapter_model.safetensors, in the node's cache
+    weight_bytes: int
     downloaded_bytes: int
     seconds: float
 
@@ -68,8 +75,8 @@ class AdapterLoads:
         started = time.perf_counter()
         for victim in holdings.to_evict(ref.name, self.capacity):
             await self._drop(handle, holdings, victim)
-        await self._put(handle, ref.name, files)
-        holdings.added(ref.name, len(files.weights))
+        await upload(self.http, handle, ref.name, files, self.timeout_s)
+        holdings.added(ref.name, files.weight_bytes)
         return AdapterLoadTimings(files.seconds, files.downloaded_bytes, time.perf_counter() - started)
 
     async def files(self, ref: AdapterRef) -> AdapterFiles:
@@ -86,31 +93,9 @@ class AdapterLoads:
             raise AdapterLoadFailed(f"adapter files: {exc}") from None
         except (asyncio.TimeoutError, OSError) as exc:
             raise AdapterLoadFailed(f"adapter files: S3 did not answer ({type(exc).__name__})") from None
-        config, weights = await asyncio.to_thread(_read_both, paths[0], paths[1])
+        config = await asyncio.to_thread(paths[0].read_bytes)
         downloaded = sum(o.size for o, hit in zip(objects, hits) if not hit)
-        return AdapterFiles(config, weights, downloaded, time.perf_counter() - started)
-
-    async def _put(self, handle: ReplicaHandle, name: str, files: AdapterFiles) -> None:
-        try:    # one header line: compact, ASCII
-            config = json.dumps(json.loads(files.config), separators=(",", ":"), ensure_ascii=True)
-        except ValueError:
-            raise AdapterRefused(f"the adapter was refused: {CONFIG_FILE} is not JSON") from None
-        try:
-            resp = await self.http.put(f"{handle.base_url}{ADAPTERS_PATH}/{name}", content=files.weights,
-                                       headers={**handle.headers, ADAPTER_CONFIG_HEADER: config},
-                                       timeout=self.timeout_s)
-        except httpx.HTTPError as exc:
-            raise AdapterLoadFailed(f"the replica did not take the adapter: {type(exc).__name__}",
-                                    retry_after_s=1.0) from None
-        if resp.status_code == 400:
-            raise AdapterRefused(f"the adapter was refused: {message_of(resp.content)}")
-        if resp.status_code != 200:
-            raise AdapterLoadFailed(f"the replica did not take the adapter ({resp.status_code}): "
-                                    f"{message_of(resp.content)}", retry_after_s=1.0)
-        try:
-            AdapterReply.parse(resp.json())
-        except (BadReply, ValueError):
-            raise AdapterLoadFailed("the replica's answer to the adapter load is not one", 1.0) from None
+        return AdapterFiles(config, paths[1], objects[1].size, downloaded, time.perf_counter() - started)
 
     async def _drop(self, handle: ReplicaHandle, holdings: AdapterHoldings, name: str) -> None:
         """Take an idle adapter back; one the replica still runs (409) stays held."""
@@ -130,5 +115,44 @@ def _pinned(ref: AdapterRef, bucket: str, key: str, origin: str) -> S3Object:
     return S3Object(bucket, key, pin.size, pin.etag, origin)
 
 
-def _read_both(config: Path, weights: Path) -> tuple[bytes, bytes]:
-    return config.read_bytes(), weights.read_bytes()
+async def upload(http: httpx.AsyncClient, handle: ReplicaHandle, name: str, files: AdapterFiles,
+                 timeout_s: float) -> AdapterReply:
+    """PUT the adapter into the replica: its weights by its inbox where the handle names
+    one, else as the body. AdapterRefused for what the replica refused in it (400),
+    AdapterLoadFailed for anything else."""
+    headers = {**handle.headers, ADAPTER_CONFIG_HEADER: _config_header(files.config)}
+    url = f"{handle.base_url}{ADAPTERS_PATH}/{name}"
+    if handle.adapter_inbox is None:
+        body = await asyncio.to_thread(files.weights.read_bytes)
+        return await _put(http, url, headers, body, timeout_s)
+    try:
+        async with delivered(handle.adapter_inbox, files.weights) as file_name:
+            return await _put(http, url, {**headers, ADAPTER_FILE_HEADER: file_name}, b"", timeout_s)
+    except OSError as exc:         # the cache entry or the inbox went (an eviction, a stop)
+        raise AdapterLoadFailed(f"adapter files: not linked into the replica's inbox ({exc.strerror})",
+                                retry_after_s=1.0) from None
+
+
+def _config_header(config: bytes) -> str:
+    try:    # one header line: compact, ASCII
+        return json.dumps(json.loads(config), separators=(",", ":"), ensure_ascii=True)
+    except ValueError:
+        raise AdapterRefused(f"the adapter was refused: {CONFIG_FILE} is not JSON") from None
+
+
+async def _put(http: httpx.AsyncClient, url: str, headers: dict[str, str], body: bytes,
+               timeout_s: float) -> AdapterReply:
+    try:
+        resp = await http.put(url, content=body, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise AdapterLoadFailed(f"the replica did not take the adapter: {type(exc).__name__}",
+                                retry_after_s=1.0) from None
+    if resp.status_code == 400:
+        raise AdapterRefused(f"the adapter was refused: {message_of(resp.content)}")
+    if resp.status_code != 200:
+        raise AdapterLoadFailed(f"the replica did not take the adapter ({resp.status_code}): "
+                                f"{message_of(resp.content)}", retry_after_s=1.0)
+    try:
+        return AdapterReply.parse(resp.json())
+    except (BadReply, ValueError):
+        raise AdapterLoadFailed("the replica's answer to the adapter load is not one", 1.0) from None

@@ -16,6 +16,11 @@ and, under the node's cache, a folder of its own:
   packed/  writable at /srv/packed: its packed-layer cache (runtime/load/packed_weights.py),
            hard links to its tenant's packed files; what it packs anew is moved to its
            tenant's packed folder when it has stopped, so no tenant maps another's
+  adapters/ read-only at /srv/adapters, root's: its adapter inbox (the server's
+           --adapter-inbox). The pool hard-links a LoRA adapter's weights from the
+           cache here for the PUT that names the file and removes the link after the
+           reply (pool/adapter_inbox.py), so it holds only what is being loaded into
+           this replica, nothing of any other
 
 The kernels the node built ahead (`prebuild_kernels`) are read-only at /srv/kernels.
 """
@@ -35,6 +40,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from pool.api import ColdStartFailed
 from kernels.cpu.build import KERNELS_DIR_ENV
+from wire.replica_control import ADAPTER_INBOX_FLAG
 from wire.replica_secret import SECRET_ENV
 from pool.function_sandbox import REPLICA, RUN_ROOT, SECRET, SOCKET, cuda_devices, sandbox_limits, secret_as_file
 from pool.sandbox import (Bind, Sandbox, SandboxedServer, SandboxProfile, files_under, own_folder, replica_folder,
@@ -48,6 +54,7 @@ MODEL = Path("/srv/model")
 DRAFT = Path("/srv/draft")
 PACKED = Path("/srv/packed")
 KERNELS = Path("/srv/kernels")
+ADAPTER_INBOX = Path("/srv/adapters")
 PACK_NAME = re.compile(r"[0-9a-f]{32}\.pack")
 TENANT_FILE = "tenant"
 
@@ -76,6 +83,10 @@ class ModelSandboxes:
     def socket_path(self, name: str) -> Path:
         return self.run_folder(name) / SOCKET
 
+    def inbox(self, name: str) -> Path:
+        """Its adapter inbox as the host sees it (ADAPTER_INBOX inside)."""
+        return self.folder(name) / "adapters"
+
     def profile(self, name: str, secret: str, memory_mb: Optional[int],
                 devices: tuple[Path, ...] = ()) -> SandboxProfile:
         """A new replica process's folder (empty model, no tenant yet) and profile;
@@ -88,7 +99,7 @@ class ModelSandboxes:
         self._make_folders(name, uid, secret)
         binds = (Bind(self.run_folder(name), REPLICA, writable=True), Bind(folder / "model", MODEL),
                  Bind(folder / "draft", DRAFT), Bind(folder / "packed", PACKED, writable=True),
-                 *self._kernels())
+                 Bind(self.inbox(name), ADAPTER_INBOX), *self._kernels())
         return SandboxProfile(uid, binds, sandbox_limits(self.settings, memory_mb), self.settings.sandbox_tmp_mb * MB,
                               devices=devices)
 
@@ -99,6 +110,7 @@ class ModelSandboxes:
         folder.mkdir(mode=0o755, parents=True)
         (folder / "model").mkdir(mode=0o755)
         (folder / "draft").mkdir(mode=0o755)
+        self.inbox(name).mkdir(mode=0o755)          # root's: only the pool puts files there
         own_folder(folder / "packed", uid, 0o755)
 
     def server(self, name: str, python: str, env: Mapping[str, str], memory_mb: Optional[int],
@@ -108,7 +120,7 @@ class ModelSandboxes:
         (its secret among it), `gpus` its GPUs' device indices; args() runs once the folder is made."""
         try:
             profile = self.profile(name, env[SECRET_ENV], memory_mb, cuda_devices(gpus))
-            argv = [python, *args(), "--uds", str(REPLICA / SOCKET)]
+            argv = [python, *args(), "--uds", str(REPLICA / SOCKET), ADAPTER_INBOX_FLAG, str(ADAPTER_INBOX)]
             command = self.sandbox.command(name, profile, argv)
         except BaseException:
             self.remove(name)                # no half-made folder or group outlives a failed start
@@ -129,7 +141,7 @@ class ModelSandboxes:
             engine = engine.with_(speculative={**speculative, "model": str(DRAFT)})
         for pack in self._tenant_packs(tenant_id).glob("*.pack"):
             os.utime(pack)                 # recently used: the last its tenant's budget evicts
-            _link(pack, folder / "packed" / pack.name)
+            link_or_copy(pack, folder / "packed" / pack.name)
         if memory_mb is not None and not self.sandbox.cgroups.limit_memory(name, memory_mb * MB):
             log.warning("no memory limit for %s: the host refused it", name)
         return engine.with_(packed_cache_dir=str(PACKED)) if "packed_cache_dir" in engine else engine
@@ -197,20 +209,22 @@ def _evict(folder: Path, budget: int) -> None:
 
 def _link_files(source: Path, target: Path) -> None:
     for path in files_under(source):
-        _link(path.resolve(), target / path.relative_to(source))
+        linked = target / path.relative_to(source)
+        linked.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        link_or_copy(path.resolve(), linked)
 
 
-def _link(source: Path, target: Path) -> None:
-    """A hard link (the cache's entries are read-only to all); a copy where the sandbox
-    folder is on another filesystem than the file, or the file is not for all to read (a
-    folder given to a Ray node as it is: a link would share its mode)."""
-    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+def link_or_copy(source: Path, target: Path) -> None:
+    """A hard link (the cache's entries are read-only to all); a copy, read-only to all,
+    where the sandbox folder is on another filesystem than the file or the filesystem
+    refuses the link, or where the file is not for all to read (a folder given to a Ray
+    node as it is: a link would share its mode)."""
     if source.stat().st_mode & stat.S_IROTH:
         try:
             os.link(source, target)
             return
         except OSError as exc:
-            if exc.errno != errno.EXDEV:
+            if exc.errno not in (errno.EXDEV, errno.EPERM):
                 raise
     shutil.copyfile(source, target)
     os.chmod(target, 0o444)

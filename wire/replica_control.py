@@ -8,14 +8,25 @@ body that crosses them.
   POST /admin/load   LoadRequest in, LOAD_ACCEPTED with LoadReply out (a standby only)
   POST /sleep        SleepReply (409 unless ready and idle)
   POST /wake         WakeReply (409 unless asleep)
-  PUT  /admin/adapters/{name}   a LoRA adapter into the engine: the body is its
-                     adapter_model.safetensors, ADAPTER_CONFIG_HEADER its
-                     adapter_config.json; AdapterReply out (400 naming the field, 409
-                     when the engine has no adapter slots, 413 above MAX_WEIGHTS_BYTES)
+  PUT  /admin/adapters/{name}   a LoRA adapter into the engine: ADAPTER_CONFIG_HEADER
+                     carries its adapter_config.json, and its adapter_model.safetensors is
+                     either the body or, on a replica started with ADAPTER_INBOX_FLAG, the
+                     file ADAPTER_FILE_HEADER names in that folder (body empty);
+                     AdapterReply out (400 naming the field, 404 for a named file that is
+                     not there, 409 when the engine has no adapter slots, 413 above
+                     MAX_WEIGHTS_BYTES)
   DELETE /admin/adapters/{name} AdapterReply (404 unknown, 409 while a request uses it)
   GET  /admin/adapters          AdapterList: the names loaded
 
 A request then names an adapter as its `model`, and runs with it.
+
+The adapter inbox spares the weights a trip through HTTP: the pool hard-links the
+cached file into a folder of the replica's own, bound read-only into its sandbox
+(pool/model_sandbox.py), names it in the PUT, and removes the link after the reply. A
+name is one plain path component (`adapter_file`), which both sides check: the pool
+before it links, the replica before it opens anything (runtime/serve/adapter_inbox.py).
+The body stays the way for a replica without an inbox (the Ray backend's, a standalone
+runtime.serve.server).
 
 The runtime builds a message and sends `to_json()`; the pool reads one with `parse`.
 A replica runs a tenant's code, so the pool takes nothing it says on trust: `parse`
@@ -46,6 +57,12 @@ LOAD_ACCEPTED = 202              # the load goes on in the background; /health f
 ADAPTERS_PATH = "/admin/adapters"
 ADAPTER_CONFIG_HEADER = "x-thawpool-adapter-config"    # adapter_config.json, compact ASCII JSON
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # what the pool names them
+ADAPTER_FILE_HEADER = "x-thawpool-adapter-file"     # in place of a body: a file in the adapter inbox
+ADAPTER_INBOX_FLAG = "--adapter-inbox"               # runtime.serve.server's: the inbox folder, as it sees it
+# one path component: letters and digits in runs joined by single dots, dashes or
+# underscores, so never "/", "..", a leading dot or an empty name
+ADAPTER_FILE = re.compile(r"[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*")
+MAX_ADAPTER_FILE = 128
 MAX_ADAPTERS = 4096              # names one list may carry
 
 MAX_COUNTER = 2 ** 53            # far past any replica's life, and exact as a JSON number
@@ -288,6 +305,16 @@ class AdapterList:
         if not isinstance(given, list):
             raise BadReply("adapters: must be a list of names")
         return cls(tuple(n for n in given[:MAX_ADAPTERS] if isinstance(n, str) and ADAPTER_NAME.match(n)))
+
+
+def adapter_file(given: str) -> str:
+    """A file name of the adapter inbox as ADAPTER_FILE_HEADER carries it; ProtocolError
+    (400) naming the header for anything but one plain path component (ADAPTER_FILE)."""
+    if len(given) > MAX_ADAPTER_FILE or not ADAPTER_FILE.fullmatch(given):
+        raise ProtocolError(f"{ADAPTER_FILE_HEADER}: {given[:80]!r} is not a file name of the adapter inbox "
+                            f"(one path component: {ADAPTER_FILE.pattern}, at most {MAX_ADAPTER_FILE} "
+                            "characters)", param=ADAPTER_FILE_HEADER)
+    return given
 
 
 # ---------------------------------------------------------------- bounds

@@ -19,6 +19,7 @@ pool finds it, and `survivors()` hands the next pool what it found.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Protocol, Sequence
 
 from pool.adoption import Registration, ReplicaRecord
@@ -36,6 +37,9 @@ class ReplicaHandle(Protocol):
     base_url: str                                   # http://HOST:PORT of its runtime.serve.server
     env_s: float                                    # a function's venv built by start_replica on its node
                                                     # (0: none, or the pool built it before)
+    adapter_inbox: Optional[Path]                   # the pool's path of its adapter inbox, a folder bound
+                                                    # read-only into its sandbox (pool/adapter_inbox.py);
+                                                    # None: none here, adapters go as PUT bodies
 
     @property
     def headers(self) -> Mapping[str, str]: ...     # every call carries them: the replica's secret

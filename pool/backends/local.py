@@ -71,6 +71,7 @@ class LocalReplica:
     warm: bool                       # started from the warm pool (False: direct, or adopted)
     secret: str = field(repr=False)
     env_s: float = 0.0               # a function's venv is the pool's cold-start stage, not ours
+    adapter_inbox: Optional[Path] = None   # a sandboxed model's (pool/model_sandbox.py)
 
     @property
     def headers(self) -> Mapping[str, str]:
@@ -230,10 +231,12 @@ class LocalBackend:
         program, confinement = launch.program, launch.sandbox
         assert isinstance(program, ModelServer), "only a model's launch takes a standby"
         base_url, model, engine = warm.base_url, str(folder), program.engine
+        inbox: Optional[Path] = None
         if warm.sandbox is not None and confinement is not None:
             assert self.models is not None
             engine = self.models.place(warm.sandbox, folder, confinement.tenant_id, confinement.memory_mb, engine)
             self._sandbox_of[replica_id], model = warm.sandbox, str(MODEL)
+            inbox = self.models.inbox(warm.sandbox)
         body = LoadRequest(model, program.served_name, engine.to_json()).to_json()
         try:
             resp = await self.http.post(f"{base_url}{LOAD_PATH}", json=body, headers=auth_headers(warm.secret))
@@ -243,7 +246,7 @@ class LocalBackend:
         if resp.status_code != LOAD_ACCEPTED:
             await self._discard_standby(warm)
             raise RuntimeError(f"warm runtime refused the load command: {resp.status_code} {resp.text[:300]}")
-        return LocalReplica(replica_id, base_url, warm.process, warm=True, secret=warm.secret)
+        return LocalReplica(replica_id, base_url, warm.process, warm=True, secret=warm.secret, adapter_inbox=inbox)
 
     def _start_direct(self, launch: ReplicaLaunch, slots: Sequence[Slot], replica_id: str, interpreter: str,
                       folder: Path) -> LocalReplica:
@@ -255,9 +258,11 @@ class LocalBackend:
             if server.egress is not None:
                 self._egress[replica_id] = server.egress
             proc = self._spawn(server.command, name, 0, server.env)
+            replica = LocalReplica(replica_id, unix_base_url(str(server.socket)), proc, warm=False, secret=secret)
             if launch.kind == "model":
                 self._sandbox_of[replica_id] = model_sandbox_name(replica_id)
-            return LocalReplica(replica_id, unix_base_url(str(server.socket)), proc, warm=False, secret=secret)
+                replica.adapter_inbox = self.sandboxes.models.inbox(model_sandbox_name(replica_id))
+            return replica
         if launch.sandbox is not None:
             raise ColdStartFailed("the launch asks for a sandbox, which the operator turned off here")
         port = free_port(self.settings.host)
@@ -313,6 +318,7 @@ class LocalBackend:
             replica = LocalReplica(entry.replica.replica_id, entry.replica.base_url, process, warm=False,
                                    secret=entry.replica.secret)
             self._adopt_sandbox(replica)
+            replica.adapter_inbox = self._adopted_inbox(replica.replica_id)
             self._adopt_egress(replica.replica_id, entry.egress)
             self._all[process.pid] = process
             self._replicas[replica.replica_id] = replica
@@ -328,6 +334,14 @@ class LocalBackend:
         for folder in self.models.root.iterdir():
             if folder.name not in held:
                 self.models.remove(folder.name)
+
+    def _adopted_inbox(self, replica_id: str) -> Optional[Path]:
+        """An adopted model replica's adapter inbox, where its sandbox has one: a replica an
+        older pool started has none, nor the flag that names it, and takes bodies."""
+        name = self._sandbox_of.get(replica_id)
+        if name is None or self.models is None or not self.models.inbox(name).is_dir():
+            return None
+        return self.models.inbox(name)
 
     def _adopt_egress(self, replica_id: str, hosts: tuple[str, ...]) -> None:
         """The proxy of a function replica's granted hosts, which died with the earlier pool."""

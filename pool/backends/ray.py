@@ -73,6 +73,9 @@ class RayReplica:
     reason: Optional[str] = None
     watch: Optional[asyncio.Task[None]] = field(default=None, repr=False)
     env_s: float = 0.0             # a function's venv, built on the node by start_replica
+    # none: the replica's node may be another machine than the pool's cache; adapters
+    # go as PUT bodies
+    adapter_inbox: Optional[Path] = None
 
     @property
     def headers(self) -> Mapping[str, str]:

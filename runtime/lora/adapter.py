@@ -14,15 +14,16 @@ tensor's storage into shared memory, an adapter travels as one segment and one f
 descriptor rather than one per tensor (the server reads it into a buffer already there:
 runtime/lora/shared_buffers.py).
 
-The file's tensors are read as views of its bytes (after the spec's check of its header)
-and copied once, converted and scaled, into that buffer: safetensors.torch.load would
-copy each tensor out of the bytes first, a second pass over the whole file on a load's
-path (benchmarks/adapter_load.py times the load).
+The file's tensors are read as views of its bytes or its mapping (after the spec's check
+of its header) and copied once, converted and scaled, into that buffer:
+safetensors.torch.load would copy each tensor out of the bytes first, a second pass over
+the whole file on a load's path (benchmarks/adapter_load.py times the load).
 """
 from __future__ import annotations
 
 import json
 import math
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -36,7 +37,9 @@ from spec.lora_adapter import (WEIGHTS_FILE, AdapterSettings, BaseDims, check_he
                                key_parts, parse_settings)
 
 Pair = tuple[torch.Tensor, torch.Tensor]      # A [r, in], B [out, r] * scaling
-Buffer = Union[bytes, bytearray]              # a writable one spares torch.frombuffer's warning
+# a file's bytes, or the file mapped (runtime/serve/adapter_inbox.py); a writable one
+# spares torch.frombuffer's warning
+Buffer = Union[bytes, bytearray, mmap.mmap]
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}   # spec's DTYPES
 
 

@@ -2,9 +2,10 @@
 /admin/adapters): which names are loaded, from which bytes, and the way an adapter's two
 files become an adapter in the engine.
 
-A PUT's files are checked by spec/lora_adapter.py's rules and turned into a LoraAdapter
-(runtime/lora/adapter.py) in a worker thread of this process, which has the model's
-config, so neither the event loop nor the engine's step loop waits on the parse; the
+A PUT's files (its weights a body, or a file of the adapter inbox mapped:
+runtime/serve/adapter_inbox.py) are checked by spec/lora_adapter.py's rules and turned
+into a LoraAdapter (runtime/lora/adapter.py) in a worker thread of this process, which
+has the model's config, so neither the event loop nor the engine's step loop waits on the parse; the
 engine then takes the adapter between two steps (a dict insert). Its buffer crosses the
 pipe in shared memory (runtime/lora/shared_buffers.py). The same name loaded again with
 the same bytes (a retry) is answered as loaded and changes nothing; with other bytes it
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import mmap
 from typing import TYPE_CHECKING, Awaitable, Callable, Optional, Union
 
 from runtime.serve.engine_client import EngineClient
@@ -31,6 +33,8 @@ from runtime.serve.request_streams import EngineDead
 if TYPE_CHECKING:
     from runtime.lora.adapter import LoraAdapter
     from runtime.lora.shared_buffers import SharedBuffers
+
+Weights = Union[bytearray, mmap.mmap]         # a PUT's body, or its inbox file mapped (runtime/serve/adapter_inbox.py)
 
 
 class AdapterRefused(Exception):
@@ -53,7 +57,7 @@ class ServedAdapters:
     def names(self) -> tuple[str, ...]:
         return tuple(self._digests)
 
-    async def put(self, name: str, config_json: bytes, weights: bytearray) -> None:
+    async def put(self, name: str, config_json: bytes, weights: Weights) -> None:
         """Load an adapter under `name` (a name ADAPTER_NAME allows); AdapterRefused if not.
         Then `settle`, once the reply is sent."""
         if name == self.base_name:
@@ -78,13 +82,13 @@ class ServedAdapters:
         for work in later:
             await work()
 
-    async def _check_same(self, name: str, config_json: bytes, weights: bytearray) -> None:
+    async def _check_same(self, name: str, config_json: bytes, weights: Weights) -> None:
         await self.settle()
         if await asyncio.to_thread(digest, config_json, weights) != await self._digests[name]:
             raise AdapterRefused(409, f"name: an adapter {name!r} is loaded from other files; DELETE it "
                                       "first", param="name")
 
-    async def _install(self, adapter: "LoraAdapter", config_json: bytes, weights: bytearray) -> None:
+    async def _install(self, adapter: "LoraAdapter", config_json: bytes, weights: Weights) -> None:
         try:
             await self.engine.install_lora(adapter)
         except ValueError as exc:     # not one of ours: the engine's names and these agree
@@ -95,7 +99,7 @@ class ServedAdapters:
         self._digests[adapter.name] = digested
         self._later.append(functools.partial(self._after, digested, config_json, weights, adapter.flat.numel()))
 
-    async def _after(self, digested: "asyncio.Future[str]", config_json: bytes, weights: bytearray,
+    async def _after(self, digested: "asyncio.Future[str]", config_json: bytes, weights: Weights,
                      elements: int) -> None:
         try:
             digested.set_result(await asyncio.to_thread(digest, config_json, weights))
@@ -104,7 +108,7 @@ class ServedAdapters:
         assert self._buffers is not None
         await asyncio.to_thread(self._buffers.refill, elements)
 
-    def _read(self, name: str, config_json: bytes, weights: bytearray) -> "LoraAdapter":
+    def _read(self, name: str, config_json: bytes, weights: Weights) -> "LoraAdapter":
         from runtime.lora.adapter import adapter_from_bytes   # torch: only a replica with adapter slots
         from runtime.lora.shared_buffers import SharedBuffers
 
@@ -127,7 +131,7 @@ class ServedAdapters:
             del self._digests[name]
 
 
-def digest(config_json: bytes, weights: Union[bytes, bytearray]) -> str:
+def digest(config_json: bytes, weights: Union[bytes, Weights]) -> str:
     """What tells one adapter's files from another's."""
     hashed = hashlib.sha256(config_json)
     hashed.update(b"\0")

@@ -6,7 +6,8 @@ Routes: /v1/completions, /v1/chat/completions (SSE when stream=true), /v1/embedd
 the pool), /admin/load for a `--standby` replica, /sleep and /wake (the pool's
 sleep tier: runtime/core/sleep_mode.py; the replica refuses requests with 503 while asleep),
 and /admin/adapters (LoRA adapters loaded and unloaded by name: runtime/serve/adapters.py;
-a request whose `model` names one runs with it);
+a request whose `model` names one runs with it; their weights come as the PUT's body, or
+from a file of the adapter inbox, --adapter-inbox: runtime/serve/adapter_inbox.py);
 the bodies of /health, /stats, /admin/load, /sleep, /wake and /admin/adapters are
 wire/replica_control.py's.
 This module is the settings (parsed once, in `main`) and thin routes: a
@@ -43,7 +44,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from runtime.serve.adapters import AdapterRefused, ServedAdapters
+from runtime.serve.adapter_inbox import AdapterInbox
+from runtime.serve.adapters import AdapterRefused, ServedAdapters, Weights
 from runtime.serve.metrics import CONTENT_TYPE
 from runtime.serve.model_host import ModelHost, WrongState
 from spec import engine_options
@@ -52,10 +54,10 @@ from wire.embeddings import parse_embedding_request
 from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
 from wire.json_input import parse_json
-from wire.replica_control import (ADAPTER_CONFIG_HEADER, ADAPTER_NAME, ADAPTERS_PATH, HEALTH_PATH, LOAD_ACCEPTED,
-                                  LOAD_PATH, SLEEP_PATH, STATS_PATH, WAKE_PATH, AdapterList, AdapterReply,
-                                  FreedBytes, Health, HealthStatus, LoadReply, LoadRequest, SleepReply, Stats,
-                                  WakeReply)
+from wire.replica_control import (ADAPTER_CONFIG_HEADER, ADAPTER_FILE_HEADER, ADAPTER_INBOX_FLAG, ADAPTER_NAME,
+                                  ADAPTERS_PATH, HEALTH_PATH, LOAD_ACCEPTED, LOAD_PATH, SLEEP_PATH, STATS_PATH,
+                                  WAKE_PATH, AdapterList, AdapterReply, FreedBytes, Health, HealthStatus, LoadReply,
+                                  LoadRequest, SleepReply, Stats, WakeReply)
 from wire.replica_secret import SECRET_ENV, SECRET_FILE_ENV
 from wire.request_id import RequestIdMiddleware
 from wire.requests import parse_request
@@ -78,6 +80,7 @@ class ServerSettings:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)   # runtime.LLM kwargs given
     secret: Optional[str] = field(default=None, repr=False)       # None: open to every caller
     lora_modules: tuple[tuple[str, str], ...] = ()   # (name, PEFT folder): loaded before ready
+    adapter_inbox: Optional[str] = None   # a folder a PUT may name adapter weights in; None: bodies only
 
     def load_request(self) -> LoadRequest:
         assert self.model is not None, "a --standby replica loads what /admin/load names"
@@ -99,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=FOLDER",
                         help="PEFT adapters to load before the replica is ready (as PUT "
                              f"{ADAPTERS_PATH}/NAME would; needs --max-loras)")
+    parser.add_argument(ADAPTER_INBOX_FLAG, default=None, metavar="DIR",
+                        help=f"a folder whose files a PUT of {ADAPTERS_PATH}/NAME may name ({ADAPTER_FILE_HEADER}) "
+                             "in place of sending the weights as its body (the pool links them there)")
     engine_options.add_flags(parser)          # one per option; the pool's engine_flags spell them
     return parser
 
@@ -113,12 +119,14 @@ def parse_settings(argv: Optional[Sequence[str]] = None,
     try:
         secret = read_secret(env)
         lora_modules = parse_lora_modules(args.lora_modules, engine_kwargs)
+        if args.adapter_inbox is not None and not os.path.isdir(args.adapter_inbox):
+            raise ValueError(f"{ADAPTER_INBOX_FLAG}: {args.adapter_inbox} is not a folder")
     except ValueError as exc:
         parser.error(str(exc))
     return ServerSettings(host=args.host, port=args.port, uds=args.uds, model=args.model,
                           served_model_name=args.served_model_name, standby=args.standby,
                           log_level=args.log_level, engine_kwargs=engine_kwargs, secret=secret,
-                          lora_modules=lora_modules)
+                          lora_modules=lora_modules, adapter_inbox=args.adapter_inbox)
 
 
 def parse_lora_modules(given: Sequence[str], engine_kwargs: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -247,16 +255,16 @@ async def wake(request: Request) -> Response:
 
 
 async def put_adapter(request: Request) -> Response:
-    """Load a LoRA adapter: the body is its adapter_model.safetensors, ADAPTER_CONFIG_HEADER
-    its adapter_config.json. Everything is refused before the body is read that can be."""
+    """Load a LoRA adapter: ADAPTER_CONFIG_HEADER is its adapter_config.json, its
+    adapter_model.safetensors the body or the inbox's file ADAPTER_FILE_HEADER names.
+    Everything is refused before the weights are read that can be."""
     start = time.perf_counter()
     name = request.path_params["name"]
     try:
         adapters = _adapters(_host(request))
         _check_adapter_name(name)
         config_json = _adapter_config(request)
-        weights = await read_limited(request.stream(), request.headers.get("content-length"),
-                                     MAX_WEIGHTS_BYTES)
+        weights = await _adapter_weights(request)
         await adapters.put(name, config_json, weights)
     except AdapterRefused as exc:
         return _adapter_refusal(exc)
@@ -306,6 +314,21 @@ def _adapter_config(request: Request) -> bytes:
         raise AdapterRefused(400, f"{ADAPTER_CONFIG_HEADER}: missing: it carries the adapter's "
                                   f"{CONFIG_FILE} (compact ASCII JSON)", param=ADAPTER_CONFIG_HEADER)
     return given.encode("latin-1")     # what the header's bytes were
+
+
+async def _adapter_weights(request: Request) -> Weights:
+    """The file ADAPTER_FILE_HEADER names in the inbox (the body then empty), else the body."""
+    given = request.headers.get(ADAPTER_FILE_HEADER)
+    if given is None:
+        return await read_limited(request.stream(), request.headers.get("content-length"), MAX_WEIGHTS_BYTES)
+    inbox: Optional[AdapterInbox] = request.app.state.adapter_inbox
+    if inbox is None:
+        raise AdapterRefused(400, f"{ADAPTER_FILE_HEADER}: this replica has no adapter inbox ({ADAPTER_INBOX_FLAG}): "
+                                  f"send {WEIGHTS_FILE} as the body", param=ADAPTER_FILE_HEADER)
+    if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
+        raise AdapterRefused(400, f"body: must be empty where {ADAPTER_FILE_HEADER} names the weights' file",
+                             param="body")
+    return inbox.open(given)       # a few system calls: the pages are read as the adapter is
 
 
 async def read_limited(chunks: AsyncIterable[bytes], declared: Optional[str], limit: int) -> bytearray:
@@ -445,6 +468,7 @@ def build_app(settings: ServerSettings) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error})
     app.state.secret = settings.secret      # /health tells the pool more than a stranger
+    app.state.adapter_inbox = AdapterInbox(Path(settings.adapter_inbox)) if settings.adapter_inbox else None
     if settings.secret is not None:
         app.add_middleware(RequireSecret, secret=settings.secret)
     app.add_middleware(RequestIdMiddleware)          # outermost: a 401 carries the id too

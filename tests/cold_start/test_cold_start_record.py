@@ -46,6 +46,7 @@ class ProcessHandle:
     def __init__(self, process: subprocess.Popen, base_url: str):
         self.replica_id, self.base_url, self.process = "r1", base_url, process
         self.env_s = 0.0
+        self.adapter_inbox: Optional[Path] = None
 
     @property
     def headers(self) -> Mapping[str, str]:

@@ -3,12 +3,13 @@
 Two tenants' models on one pool: one replica thawed from a sandboxed warm standby,
 one started directly. Each is looked at from the host, as an attacker inside it
 would find itself: its uid, capabilities, seccomp, network namespace and the files
-its root holds. Each assertion fails with the sandbox off (THAWPOOL_SANDBOX=off:
-uid 0, the host's network and files). The packed-layer hand-over is tested on its
-own, with the files a hostile replica could leave behind.
+its root holds, its adapter inbox among them. Each assertion fails with the sandbox off
+(THAWPOOL_SANDBOX=off: uid 0, the host's network and files, no inbox). The packed-layer
+hand-over is tested on its own, with the files a hostile replica could leave behind.
 """
 from __future__ import annotations
 
+import errno
 import os
 import uuid
 from pathlib import Path
@@ -27,6 +28,7 @@ from tests.support.model_factory import upload_model
 from tests.support.replica_client import replica_http
 from tests.support.waiting import eventually
 from spec.engine_options import ChosenOptions
+from wire.replica_control import ADAPTER_INBOX_FLAG
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="session")]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox needs root (no root here)")
@@ -58,8 +60,9 @@ async def serving(manager: PoolManager, desired: InMemoryDesiredState, spec: Rev
             answer = await client.post(f"{lease.base_url}/v1/completions",
                                        json={"model": spec.revision_id, "prompt": "hi", "max_tokens": 3})
         assert answer.status_code == 200, answer.text
-        group = manager.handle(lease.replica_id).process.pid
-        return {"pid": server_pid(group), "group": group}
+        handle = manager.handle(lease.replica_id)
+        group = handle.process.pid
+        return {"pid": server_pid(group), "group": group, "inbox": handle.adapter_inbox}
 
 
 def server_pid(group: int) -> int:
@@ -120,6 +123,30 @@ async def test_each_model_replica_is_a_uid_of_its_own_seeing_only_its_model(two_
     assert uids[0] != uids[1]
     sizes = {r["pid"]: (Path(f"/proc/{r['pid']}/root") / "srv/model/model.safetensors").stat().st_size for r in (a, b)}
     assert sizes[a["pid"]] != sizes[b["pid"]], "each sees its own model, not the other's"
+    each_inbox_is_its_own_and_read_only(a, b)
+
+
+def each_inbox_is_its_own_and_read_only(a: dict, b: dict) -> None:
+    """What the pool links into one replica's adapter inbox shows at /srv/adapters in that
+    replica only, and no replica can write there (a read-only bind: not even root could)."""
+    assert a["inbox"] is not None and b["inbox"] is not None and a["inbox"] != b["inbox"]
+    for replica in (a, b):
+        argv = Path(f"/proc/{replica['pid']}/cmdline").read_bytes().split(b"\0")
+        assert argv[argv.index(ADAPTER_INBOX_FLAG.encode()) + 1] == b"/srv/adapters"
+    delivered = a["inbox"] / "0123abcd-adapter_model.safetensors"
+    delivered.write_bytes(b"tenant-a's adapter")
+    try:
+        inside = {r["pid"]: Path(f"/proc/{r['pid']}/root/srv/adapters") for r in (a, b)}
+        assert [p.name for p in inside[a["pid"]].iterdir()] == [delivered.name]
+        assert list(inside[b["pid"]].iterdir()) == [], "another replica's inbox is not there"
+        for folder in inside.values():
+            with pytest.raises(OSError) as refused:
+                (folder / "planted").write_bytes(b"x")
+            assert refused.value.errno == errno.EROFS
+        info = a["inbox"].stat()
+        assert (info.st_uid, info.st_mode & 0o777) == (0, 0o755), "root's on the host: only the pool puts files there"
+    finally:
+        delivered.unlink()
 
 
 @needs_root

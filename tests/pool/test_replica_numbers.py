@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import httpx
@@ -42,6 +43,7 @@ class Handle:
     base_url: str
     env_s: float = 0.0
     headers: Mapping[str, str] = field(default_factory=dict)
+    adapter_inbox: Optional[Path] = None
 
     def is_alive(self) -> bool:
         return True

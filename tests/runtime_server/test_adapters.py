@@ -4,10 +4,13 @@ One replica with two adapter slots and a secret, as the pool starts one; adapter
 with peft on the tiny Llama. A completion whose `model` names an adapter gives
 transformers + peft's greedy tokens with that adapter, the base name still the base's; a
 load while a stream runs leaves the stream whole; every refusal has its status and names
-its field; an adapter in use is not unloaded."""
+its field; an adapter in use is not unloaded. The replica has an adapter inbox, as the
+pool's sandboxed replicas do: a PUT may name a file there in place of a body, and a name
+that could reach anything but a regular file of that folder is refused."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 from pathlib import Path
@@ -17,12 +20,13 @@ import pytest
 
 from runtime.serve.adapters import AdapterRefused
 from runtime.serve.model_host import ModelHost
-from runtime.serve.server import _adapters, read_limited
+from runtime.serve.server import _adapter_weights, _adapters, read_limited
 from spec.lora_adapter import MAX_WEIGHTS_BYTES
 from tests.runtime.exactness import prompts
 from tests.runtime_server.conftest import SERVED_NAME, start_server
 from tests.support.peft_adapters import ALL_MODULES, make_adapter, peft_greedy
-from wire.replica_control import ADAPTER_CONFIG_HEADER, ADAPTERS_PATH, AdapterList, AdapterReply, HealthStatus
+from wire.replica_control import (ADAPTER_CONFIG_HEADER, ADAPTER_FILE_HEADER, ADAPTER_INBOX_FLAG, ADAPTERS_PATH,
+                                  AdapterList, AdapterReply, HealthStatus)
 
 pytest.importorskip("peft", reason="peft is not installed (pyproject's test extra pins it)")
 
@@ -35,12 +39,15 @@ ADAPTERS = {"a0": (8, ALL_MODULES, 0), "a1": (4, ["q_proj", "v_proj"], 1), "a2":
 @pytest.fixture(scope="module")
 def adapter_server(tiny_model, tmp_path_factory, folders):
     """Started with the adapter "boot" (a1's files) given by --lora-modules; the names it
-    listed when it became ready are its `listed_at_start`."""
+    listed when it became ready are its `listed_at_start`; its adapter inbox `inbox`."""
+    tmp = tmp_path_factory.mktemp("adapter-server")
+    inbox = tmp / "inbox"
+    inbox.mkdir()
     proc = start_server(["--model", str(tiny_model), "--served-model-name", SERVED_NAME, "--kv-cache-tokens", "1024",
                          "--block-size", "16", "--max-loras", "2", "--max-lora-rank", "16",
-                         "--lora-modules", f"boot={folders['a1']}"],
-                        tmp_path_factory.mktemp("adapter-server") / "server.log",
-                        env={"THAWPOOL_REPLICA_SECRET": SECRET})
+                         "--lora-modules", f"boot={folders['a1']}", ADAPTER_INBOX_FLAG, str(inbox)],
+                        tmp / "server.log", env={"THAWPOOL_REPLICA_SECRET": SECRET})
+    proc.inbox = inbox
     try:
         proc.wait_health({"ready"})
         listed = httpx.get(f"{proc.base_url}{ADAPTERS_PATH}", headers=proc.headers, timeout=30).json()
@@ -72,6 +79,12 @@ def files(folder: Path) -> tuple[str, bytes]:
 
 def put(client: httpx.Client, name: str, config: str, weights: bytes) -> httpx.Response:
     return client.put(f"{ADAPTERS_PATH}/{name}", content=weights, headers={ADAPTER_CONFIG_HEADER: config})
+
+
+def put_file(client: httpx.Client, name: str, config: str, file_name: str, body: bytes = b"") -> httpx.Response:
+    """The PUT naming a file of the inbox, as the pool sends it."""
+    return client.put(f"{ADAPTERS_PATH}/{name}", content=body,
+                      headers={ADAPTER_CONFIG_HEADER: config, ADAPTER_FILE_HEADER: file_name})
 
 
 def load(client: httpx.Client, name: str, folder: Path) -> AdapterReply:
@@ -192,16 +205,18 @@ def test_lora_modules_are_loaded_before_the_replica_is_ready(adapter_server):
     assert adapter_server.listed_at_start == ("boot",)
 
 
-def test_lora_modules_are_refused_at_start_without_slots_or_with_a_bad_name():
+def test_lora_modules_are_refused_at_start_without_slots_or_with_a_bad_name(tmp_path):
     from runtime.serve.server import parse_settings
 
     for argv in (["--model", "m", "--lora-modules", "a=/x"],
                  ["--model", "m", "--max-loras", "1", "--lora-modules", "-a=/x"],
-                 ["--model", "m", "--max-loras", "1", "--lora-modules", "a"]):
+                 ["--model", "m", "--max-loras", "1", "--lora-modules", "a"],
+                 ["--model", "m", ADAPTER_INBOX_FLAG, str(tmp_path / "absent")]):
         with pytest.raises(SystemExit):
             parse_settings(argv, env={})
     settings = parse_settings(["--model", "m", "--max-loras", "1", "--lora-modules", "a=/x", "b=/y=z"], env={})
     assert settings.lora_modules == (("a", "/x"), ("b", "/y=z"))
+    assert parse_settings(["--model", "m", ADAPTER_INBOX_FLAG, str(tmp_path)], env={}).adapter_inbox == str(tmp_path)
 
 
 def test_the_lists_name_what_is_loaded(admin, folders):
@@ -226,6 +241,79 @@ def test_the_same_files_again_are_loaded_unchanged_and_other_files_are_refused(a
     base = put(admin, SERVED_NAME, *files(folders["a2"]))
     assert base.status_code == 409, base.text
     assert AdapterList.parse(admin.get(ADAPTERS_PATH).json()).names == ("a1",)
+
+
+def test_an_adapter_loads_from_a_file_its_put_names_in_the_inbox(admin, folders, adapter_server, tiny_model,
+                                                                  tokenizer):
+    unload_all(admin)
+    config, _ = files(folders["a0"])
+    linked = adapter_server.inbox / "0123abcd-adapter_model.safetensors"
+    os.link(folders["a0"] / "adapter_model.safetensors", linked)
+    try:
+        reply = put_file(admin, "a0", config, linked.name)
+    finally:
+        linked.unlink()
+    assert reply.status_code == 200, reply.text
+    assert AdapterReply.parse(reply.json()).loaded
+    prompt = prompts(25, [7])[0]
+    want = per_token(tokenizer, peft_greedy(tiny_model, folders["a0"], prompt, NEW_TOKENS))
+    assert greedy(admin, "a0", prompt)["choices"][0]["logprobs"]["tokens"] == want, "read after its link went"
+    again = put(admin, "a0", *files(folders["a0"]))
+    assert again.status_code == 200, "the body of the same file is the same adapter (its digest)"
+    assert AdapterList.parse(admin.get(ADAPTERS_PATH).json()).names == ("a0",)
+
+
+@pytest.mark.parametrize("file_name", ["../adapter_model.safetensors", "a/b", "/etc/passwd", ".hidden", "..", ""])
+def test_an_inbox_file_name_that_could_leave_the_folder_is_refused_naming_the_header(admin, folders, file_name):
+    config, _ = files(folders["a0"])
+    reply = put_file(admin, "escape", config, file_name)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == ADAPTER_FILE_HEADER, reply.text
+    assert "escape" not in AdapterList.parse(admin.get(ADAPTERS_PATH).json()).names
+
+
+def test_a_symlink_a_folder_or_a_fifo_in_the_inbox_is_refused_and_a_missing_file_is_404(
+        admin, folders, adapter_server, tmp_path):
+    config, _ = files(folders["a0"])
+    inbox = adapter_server.inbox
+    outside = tmp_path / "secret.safetensors"
+    outside.write_bytes((folders["a0"] / "adapter_model.safetensors").read_bytes())
+    (inbox / "link.safetensors").symlink_to(outside)
+    (inbox / "folder").mkdir()
+    os.mkfifo(inbox / "fifo")          # opened without O_NONBLOCK, a FIFO would hang the replica
+    try:
+        link = put_file(admin, "planted", config, "link.safetensors")
+        assert link.status_code == 400 and "symbolic link" in link.json()["error"]["message"], link.text
+        for name in ("folder", "fifo"):
+            other = put_file(admin, "planted", config, name)
+            assert other.status_code == 400 and "not a regular file" in other.json()["error"]["message"], other.text
+        missing = put_file(admin, "planted", config, "gone.safetensors")
+        assert missing.status_code == 404, missing.text
+        for reply in (link, other, missing):
+            assert reply.json()["error"]["param"] == ADAPTER_FILE_HEADER
+    finally:
+        for name in ("link.safetensors", "fifo"):
+            (inbox / name).unlink()
+        (inbox / "folder").rmdir()
+    assert "planted" not in AdapterList.parse(admin.get(ADAPTERS_PATH).json()).names
+
+
+def test_a_file_of_the_inbox_is_checked_as_a_body_is_and_a_body_beside_a_name_refused(
+        admin, folders, adapter_server):
+    config, weights = files(folders["a0"])
+    cut = adapter_server.inbox / "cut.safetensors"
+    empty = adapter_server.inbox / "empty.safetensors"
+    cut.write_bytes(weights[:-8])
+    empty.write_bytes(b"")
+    try:
+        for name in (cut.name, empty.name):
+            reply = put_file(admin, "cut", config, name)
+            assert reply.status_code == 400 and reply.json()["error"]["param"] == "adapter_model.safetensors", \
+                reply.text
+        both = put_file(admin, "cut", config, cut.name, body=weights)
+        assert both.status_code == 400 and both.json()["error"]["param"] == "body", both.text
+    finally:
+        cut.unlink()
+        empty.unlink()
 
 
 # ---------------------------------------------------------------- refusals
@@ -325,6 +413,22 @@ async def test_a_body_is_refused_as_soon_as_it_outgrows_the_limit():
     assert refused.value.status == 413 and len(taken) == 4      # refused at the 4th chunk, not later
     with pytest.raises(AdapterRefused):
         await read_limited(_chunks(b"ab"), "11", 10)                # on its Content-Length alone
+
+
+@pytest.mark.asyncio
+async def test_a_replica_without_an_inbox_refuses_a_named_file():
+    """A standalone server (no --adapter-inbox) takes bodies only."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+
+    app = Starlette()
+    app.state.adapter_inbox = None
+    request = Request({"type": "http", "method": "PUT", "app": app, "path": f"{ADAPTERS_PATH}/a0",
+                       "headers": [(ADAPTER_FILE_HEADER.encode(), b"w.safetensors")]})
+    with pytest.raises(AdapterRefused) as refused:
+        await _adapter_weights(request)
+    assert (refused.value.status, refused.value.param) == (400, ADAPTER_FILE_HEADER)
+    assert ADAPTER_INBOX_FLAG in refused.value.message
 
 
 @pytest.mark.parametrize("status, answer", [

@@ -10,9 +10,10 @@ import math
 import pytest
 
 from wire.errors import ProtocolError
-from wire.replica_control import (MAX_COUNTER, MAX_PIDS, MAX_STAGE_NAME, MAX_STAGE_S, MAX_STAGES,
-                                  MAX_TEXT, BadReply, FreedBytes, Health, HealthStatus, LoadReply,
-                                  LoadRequest, SleepReply, Stats, WakeReply, counter, stages)
+from wire.replica_control import (ADAPTER_FILE_HEADER, MAX_ADAPTER_FILE, MAX_COUNTER, MAX_PIDS, MAX_STAGE_NAME,
+                                  MAX_STAGE_S, MAX_STAGES, MAX_TEXT, BadReply, FreedBytes, Health, HealthStatus,
+                                  LoadReply, LoadRequest, SleepReply, Stats, WakeReply, adapter_file, counter,
+                                  stages)
 
 
 def over_the_wire(body: dict) -> object:
@@ -162,3 +163,17 @@ def test_the_runtime_refuses_a_load_request_naming_the_field(body, param):
     with pytest.raises(ProtocolError) as refused:
         LoadRequest.parse(body, {"dtype"})
     assert refused.value.param == param and refused.value.status == 400
+
+
+@pytest.mark.parametrize("name", ["0f3a9c2e11d4b7a6-adapter_model.safetensors", "a", "w.safetensors", "A_b-c.d"])
+def test_an_inbox_file_name_is_one_plain_path_component(name):
+    assert adapter_file(name) == name
+
+
+@pytest.mark.parametrize("name", [
+    "", ".", "..", "../x", "a/../b", "a/b", "/etc/passwd", ".hidden", "a..b", "a.", "a-", "a b", "a\n",
+    "a\x00b", "a\\b", "é.safetensors", "a" * (MAX_ADAPTER_FILE + 1)])
+def test_an_inbox_file_name_that_could_leave_the_folder_is_refused_naming_the_header(name):
+    with pytest.raises(ProtocolError) as refused:
+        adapter_file(name)
+    assert refused.value.status == 400 and refused.value.param == ADAPTER_FILE_HEADER
