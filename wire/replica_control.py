@@ -56,7 +56,7 @@ WAKE_PATH = "/wake"
 LOAD_ACCEPTED = 202              # the load goes on in the background; /health follows it
 ADAPTERS_PATH = "/admin/adapters"
 ADAPTER_CONFIG_HEADER = "x-thawpool-adapter-config"    # adapter_config.json, compact ASCII JSON
-ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # what the pool names them
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")   # fullmatch: what the pool names them
 ADAPTER_FILE_HEADER = "x-thawpool-adapter-file"     # in place of a body: a file in the adapter inbox
 ADAPTER_INBOX_FLAG = "--adapter-inbox"               # runtime.serve.server's: the inbox folder, as it sees it
 # one path component: letters and digits in runs joined by single dots, dashes or
@@ -287,7 +287,7 @@ class AdapterReply:
     def parse(cls, body: Any) -> "AdapterReply":
         body = _object(body)
         name = body.get("name")
-        if not isinstance(name, str) or not ADAPTER_NAME.match(name):
+        if not isinstance(name, str) or not ADAPTER_NAME.fullmatch(name):
             raise BadReply("adapter: name missing or malformed")
         return cls(name, body.get("loaded") is True, _bounded_number(body.get("load_s"), MAX_STAGE_S))
 
@@ -304,7 +304,7 @@ class AdapterList:
         given = _object(body).get("adapters")
         if not isinstance(given, list):
             raise BadReply("adapters: must be a list of names")
-        return cls(tuple(n for n in given[:MAX_ADAPTERS] if isinstance(n, str) and ADAPTER_NAME.match(n)))
+        return cls(tuple(n for n in given[:MAX_ADAPTERS] if isinstance(n, str) and ADAPTER_NAME.fullmatch(n)))
 
 
 def adapter_file(given: str) -> str:

@@ -133,7 +133,7 @@ def parse_lora_modules(given: Sequence[str], engine_kwargs: Mapping[str, Any]) -
     """--lora-modules' NAME=FOLDER pairs; ValueError for a bad name, or with no adapter slots."""
     pairs = tuple((name, folder) for name, _, folder in (g.partition("=") for g in given))
     for name, folder in pairs:
-        if not ADAPTER_NAME.match(name) or not folder:
+        if not ADAPTER_NAME.fullmatch(name) or not folder:
             raise ValueError(f"--lora-modules: {name[:80]}={folder[:80]} is not NAME=FOLDER "
                              f"(NAME: {ADAPTER_NAME.pattern})")
     if pairs and not engine_kwargs.get("max_loras"):
@@ -303,7 +303,7 @@ def _adapters(host: ModelHost) -> ServedAdapters:
 
 
 def _check_adapter_name(name: str) -> None:
-    if not ADAPTER_NAME.match(name):
+    if not ADAPTER_NAME.fullmatch(name):
         raise AdapterRefused(400, f"name: {name[:80]!r} is not an adapter name ({ADAPTER_NAME.pattern})",
                              param="name")
 

@@ -14,6 +14,7 @@ from wire.replica_control import (ADAPTER_FILE_HEADER, MAX_ADAPTER_FILE, MAX_COU
                                   MAX_STAGE_S, MAX_STAGES, MAX_TEXT, BadReply, FreedBytes, Health, HealthStatus,
                                   LoadReply, LoadRequest, SleepReply, Stats, WakeReply, adapter_file, counter,
                                   stages)
+from wire.replica_control import AdapterList, AdapterReply
 
 
 def over_the_wire(body: dict) -> object:
@@ -177,3 +178,10 @@ def test_an_inbox_file_name_that_could_leave_the_folder_is_refused_naming_the_he
     with pytest.raises(ProtocolError) as refused:
         adapter_file(name)
     assert refused.value.status == 400 and refused.value.param == ADAPTER_FILE_HEADER
+
+
+def test_an_adapter_name_with_a_trailing_newline_is_no_name():
+    """`$` matches before a final newline; the names are matched whole."""
+    assert AdapterList.parse({"adapters": ["ok-1", "ok-1\n", "a/b"]}).names == ("ok-1",)
+    with pytest.raises(BadReply):
+        AdapterReply.parse({"name": "ok-1\n", "loaded": True})
