@@ -14,7 +14,10 @@ these settings differ. The baselines are configured as their users run them:
                 (idle replicas sleep in host memory for 30 min before they
                 stop), one warm standby process a node, weights kept in the
                 node's cache
-  thawpool-learned  the same, with keep-alive and pre-warm windows learned from each
+  thawpool-60s  the same with a 60 s idle timeout: with a sleep tier a short one pays,
+                since the next call wakes a sleeper in about a second instead of a
+                cold start
+  thawpool-learned  thawpool-60s with keep-alive and pre-warm windows learned from each
                 deployment's own idle times (pool/keep_alive.py; the pool's
                 keep_alive = "learned")
 """
@@ -50,7 +53,7 @@ class StaticPolicy:
         return self.base
 
 
-MAX_REPLICAS = 16
+MAX_REPLICAS = 64
 TARGET_CONCURRENCY = 32          # requests in flight a replica is sized for
 
 
@@ -72,12 +75,16 @@ def thawpool() -> StaticPolicy:
                         node_cache=True, standbys_per_node=1)
 
 
+def thawpool_60s() -> StaticPolicy:
+    return replace(with_idle(thawpool(), 60.0), name="thawpool-60s")
+
+
 def thawpool_learned() -> StaticPolicy:
-    return replace(thawpool(), name="thawpool-learned", learned_keep_alive=True)
+    return replace(thawpool_60s(), name="thawpool-learned", learned_keep_alive=True)
 
 
 BASELINES = {"always-warm": always_warm, "knative": knative, "thawpool": thawpool,
-             "thawpool-learned": thawpool_learned}
+             "thawpool-60s": thawpool_60s, "thawpool-learned": thawpool_learned}
 
 
 def with_idle(policy: StaticPolicy, idle_timeout_s: float) -> StaticPolicy:
