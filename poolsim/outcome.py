@@ -12,6 +12,17 @@ TIERS = ("warm", "wake", "standby", "cache", "s3")
 
 
 @dataclass
+class DeploymentStats:
+    """One deployment's share of a simulation (what the planner's recommendations read)."""
+    requests: int = 0
+    cold_starts: int = 0             # wakes included
+    gpu_seconds: float = 0.0
+    peak_replicas: int = 0
+    prewarm_s: Optional[float] = None      # its learned keep-alive window at the end, if any
+    until_s: Optional[float] = None
+
+
+@dataclass
 class Tally:
     """Counted while the simulation runs."""
     ttft: "array[float]" = field(default_factory=lambda: array("d"))      # seconds, per answered request
@@ -24,6 +35,7 @@ class Tally:
     rejected: int = 0
     output_tokens: int = 0
     peak_gpus: int = 0
+    deployments: dict[str, DeploymentStats] = field(default_factory=dict)
 
     def answered(self, ttft_s: float, size_class: str, tier: str) -> None:
         self.ttft.append(ttft_s)
@@ -55,6 +67,7 @@ class Outcome:
     output_tokens: int
     events: int
     wall_s: float
+    deployments: dict[str, DeploymentStats] = field(default_factory=dict)
 
     @property
     def gpu_hours(self) -> float:
@@ -71,7 +84,8 @@ class Outcome:
         return self.gpus * self.duration_s / 3600.0 * self.price_per_gpu_hour
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()} | {"gpu_hours": self.gpu_hours, "cost": self.cost}
+        fields = {k: v for k, v in self.__dict__.items() if k != "deployments"}
+        return fields | {"gpu_hours": self.gpu_hours, "cost": self.cost}
 
 
 def percentiles(samples: "array[float]") -> tuple[float, float]:
@@ -88,4 +102,5 @@ def finish(tally: Tally, *, policy: str, duration_s: float, gpus: int, price: fl
     return Outcome(policy, duration_s, gpus, price, requests, len(tally.ttft), tally.timed_out, tally.rejected,
                    p50, p99, {k: percentiles(v) for k, v in sorted(tally.ttft_by_class.items())},
                    dict(tally.cold_starts), dict(tally.served_by_tier), tally.gpu_seconds,
-                   tally.busy_gpu_seconds, tally.peak_gpus, tally.output_tokens, events, wall_s)
+                   tally.busy_gpu_seconds, tally.peak_gpus, tally.output_tokens, events, wall_s,
+                   dict(tally.deployments))

@@ -31,10 +31,23 @@ from poolsim.workload import Deployment
 
 
 class PoolPolicy(Protocol):
-    name: str
-    node_cache: bool                 # weights stay in a node's cache after a replica stops
-    standbys_per_node: int           # warm runtime processes waiting for a model
-    learned_keep_alive: bool         # pool/keep_alive.py's windows (PoolSettings.keep_alive "learned")
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def node_cache(self) -> bool:
+        """Weights stay in a node's cache after a replica stops."""
+        ...
+
+    @property
+    def standbys_per_node(self) -> int:
+        """Warm runtime processes waiting for a model on each node."""
+        ...
+
+    @property
+    def learned_keep_alive(self) -> bool:
+        """pool/keep_alive.py's windows (PoolSettings.keep_alive "learned")."""
+        ...
 
     def scaling(self, dep: Deployment) -> ScalingConfig:
         """The autoscaler's settings for this deployment (pool.autoscaler)."""

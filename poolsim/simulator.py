@@ -32,17 +32,21 @@ from typing import Iterator, Optional
 from pool.admission import Pending, admit
 from pool.autoscaler import PolicyState, ScalingConfig, ScalingSnapshot, next_change_at, policy, victim_rank
 from pool.keep_alive import IdleHistogram, learn
-from pool.placement import Placed, PlacementRequest, place
+from pool.placement import Placed, PlacementRequest, never_fits, place
 from pool.router import Candidate, choose
 from pool.sleep_budget import Sleeper, make_room
 from poolsim.cluster import Cluster, ClusterShape
 from poolsim.events import EventLoop, Timer
-from poolsim.outcome import Outcome, Tally, finish
+from poolsim.outcome import DeploymentStats, Outcome, Tally, finish
 from poolsim.policies import PoolPolicy
 from poolsim.workload import Deployment, Request, Trace
 
 PENDING, STARTING, READY, DRAINING = "pending", "starting", "ready", "draining"
 ASLEEP, WAKING, STOPPED = "asleep", "waking", "stopped"
+
+
+class NeverFitsPool(ValueError):
+    """A deployment whose replica no node of the pool could hold, even empty."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,10 @@ class SimSettings:
     kv_cache_tokens: int = 32768           # each replica's KV cache
     memory_overhead_fraction: float = 0.10
     target_queued_prompt_tokens: int = 8192
+    # The pool has run before (or prefetched on deploy, pool/weights/prefetch.py): each
+    # deployment's weights start in one node's cache, round robin, as the budget allows.
+    # Off, the day starts from empty caches and every deployment's first start is from S3.
+    warm_caches: bool = True
 
 
 def kv_bytes_per_token(parameters_b: float) -> float:
@@ -106,6 +114,7 @@ class DeploymentState:
     timer: Optional[Timer] = None
     in_flight: int = 0
     idle_times: IdleHistogram = field(default_factory=IdleHistogram)
+    stats: DeploymentStats = field(default_factory=DeploymentStats)
 
     def in_state(self, *states: str) -> list[Replica]:
         return [r for r in self.replicas if r.state in states]
@@ -121,7 +130,7 @@ class Simulation:
         self.loop = EventLoop()
         self.cluster = Cluster(cluster)
         self.tally = Tally()
-        self.deps = {d.name: self._state_for(d) for d in trace.deployments}
+        self.deps = {d.name: self._state_for(d) for d in trace.deployments}     # NeverFitsPool
         self.pending: dict[str, Replica] = {}
         self._ids = 0
         self._requests = 0
@@ -133,6 +142,8 @@ class Simulation:
         started = time.perf_counter()
         for node in self.cluster.nodes:
             self.cluster.standbys[node] = self.policy.standbys_per_node
+        if self.settings.warm_caches and self.policy.node_cache:
+            self._warm_caches()
         for st in self.deps.values():
             if st.config.min_replicas:
                 self._reconcile(st)
@@ -142,6 +153,13 @@ class Simulation:
         return finish(self.tally, policy=self.policy.name, duration_s=self.trace.duration_s,
                       gpus=self.shape.gpus, price=self.shape.gpu.price_per_hour, requests=self._requests,
                       events=self.loop.events_run, wall_s=time.perf_counter() - started)
+
+    def _warm_caches(self) -> None:
+        nodes = self.cluster.nodes
+        for i, dep in enumerate(self.trace.deployments):
+            cache = self.cluster.caches[nodes[i % len(nodes)]]
+            cache.use(dep.name, dep.model.weight_bytes)
+            cache.done(dep.name)
 
     def _feed(self, stream: Iterator[Request]) -> None:
         """Arrivals enter the heap one at a time: the next is scheduled as one arrives."""
@@ -153,6 +171,7 @@ class Simulation:
         self._feed(stream)
         self._requests += 1
         st = self.deps[req.deployment]
+        st.stats.requests += 1
         if st.last_activity is not None and not st.in_flight and not st.queue:
             st.idle_times.add(self.loop.now - st.last_activity)     # as pool.registry.arrived
         st.last_activity = self.loop.now
@@ -355,6 +374,9 @@ class Simulation:
         r.placed, r.placed_at, r.node = where, self.loop.now, where.node
         self._holding_gpus += len(where.slot_ids)
         self.tally.peak_gpus = max(self.tally.peak_gpus, self.cluster.gpus_in_use())
+        stats = r.dep.stats
+        stats.cold_starts += 1
+        stats.peak_replicas = max(stats.peak_replicas, sum(1 for x in r.dep.replicas if x.placed is not None))
 
     def _let_go(self, r: Replica) -> None:
         if r.placed is None:
@@ -362,7 +384,9 @@ class Simulation:
         if r.running:
             self._busy(r, -1)
         self.cluster.release(r.placed)
-        self.tally.gpu_seconds += (self.loop.now - r.placed_at) * len(r.placed.slot_ids)
+        held = (self.loop.now - r.placed_at) * len(r.placed.slot_ids)
+        self.tally.gpu_seconds += held
+        r.dep.stats.gpu_seconds += held
         self._holding_gpus -= len(r.placed.slot_ids)
         r.placed = None
 
@@ -466,6 +490,10 @@ class Simulation:
         for st in self.deps.values():
             for r in list(st.replicas):
                 self._let_go(r)
+            window = learn(st.idle_times)
+            if window is not None:
+                st.stats.prewarm_s, st.stats.until_s = window.prewarm_s, window.until_s
+            self.tally.deployments[st.dep.name] = st.stats
 
     # ------------------------------------------------------------------ setup
 
@@ -476,7 +504,11 @@ class Simulation:
         model = dep.model
         need = (model.weight_bytes + s.kv_cache_tokens * kv_bytes_per_token(model.parameters_b)) \
             * (1.0 + s.memory_overhead_fraction)
-        return DeploymentState(dep, config, math.ceil(need / model.gpu_count), size_class(dep))
+        per_slot = math.ceil(need / model.gpu_count)
+        why = never_fits(PlacementRequest(per_slot, model.gpu_count), self.cluster.slot_states())
+        if why is not None:                     # the pool refuses such a deploy (NeverFits)
+            raise NeverFitsPool(f"deployment {dep.name} ({model.name}) never fits this pool: {why}")
+        return DeploymentState(dep, config, per_slot, size_class(dep))
 
 
 def _scale_down_order(live: list[Replica]) -> list[Replica]:

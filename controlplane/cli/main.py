@@ -1,6 +1,7 @@
 """The `thawpool` command's parser: `up` (controlplane/cli/up.py) runs the control plane
 and the pool, `admin reconcile` checks the bill, `models import FILE.gguf OUT_DIR` turns
-a GGUF file into a model folder. The client commands (login, models push, deploy, adapters,
+a GGUF file into a model folder, `plan` sizes a pool for a trace by simulation
+(controlplane/cli/plan.py). The client commands (login, models push, deploy, adapters,
 status, chat, usage, keys, tenants, ...) are registered from controlplane.cli.commands;
 docs/cli.md describes them.
 """
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from typing import Optional, Sequence
 
+from controlplane.cli.plan import add_plan
 from controlplane.cli.up import add_up
 
 GGUF_IMPORTER = "runtime.gguf.importer"     # run as a module, never imported here
@@ -21,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     add_up(commands)
+    add_plan(commands)
 
     admin = commands.add_parser("admin", help="the operator's commands on the database itself")
     actions = admin.add_subparsers(dest="action", required=True)

@@ -39,11 +39,13 @@ def fixed(idle_s=60.0, **kw):
 
 
 def run(tr, pol, nodes=1, **settings):
+    settings.setdefault("warm_caches", False)
     return simulate(tr, ClusterShape(nodes, KIND), pol, SimSettings(**settings))
 
 
 def ttfts(tr, pol, nodes=1, **settings):
     """Each answered request's time to first token, in the order they were answered."""
+    settings.setdefault("warm_caches", False)
     sim = Simulation(tr, ClusterShape(nodes, KIND), pol, SimSettings(**settings))
     sim.run()
     return list(sim.tally.ttft)
@@ -147,3 +149,19 @@ def test_a_simulation_runs_once():
     sim = Simulation(trace([req(1.0)]), ClusterShape(1, KIND), fixed())
     sim.run()
     assert sim.loop.now == 4000.0
+
+
+def test_warm_caches_make_the_first_start_a_cache_load():
+    deps = tuple(Deployment(n, "t", SMALL) for n in "abc")
+    tr = trace([req(10.0, "a"), req(10.0, "b"), req(10.0, "c")], deps)
+    out = run(tr, fixed(), nodes=2, warm_caches=True)
+    assert out.cold_starts["s3"] == 0 and out.cold_starts["cache"] == 3
+    # without a node cache there is nothing to warm: every start downloads
+    assert run(tr, fixed(node_cache=False), nodes=2, warm_caches=True).cold_starts["s3"] == 3
+
+
+def test_per_deployment_stats_count_requests_starts_and_gpu_time():
+    out = run(trace([req(10.0), req(500.0)]), fixed(idle_s=60.0))
+    stats = out.deployments["a"]
+    assert (stats.requests, stats.cold_starts, stats.peak_replicas) == (2, 2, 1)
+    assert stats.gpu_seconds == EXACT(out.gpu_seconds)
