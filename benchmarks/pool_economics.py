@@ -7,8 +7,8 @@ heavy-tailed rates, burstiness and diurnal swing, Azure LLM trace lengths, model
 Azure population's rates so the day fits the pool. The replicas: poolsim/params/<gpu>.json.
 The policies (poolsim/policies.py): Knative/KServe scale to zero (90 s, no node cache),
 thawpool as deployed by default (300 s idle, sleep tier, node cache, standby),
-thawpool with a 60 s idle timeout, the same with learned keep-alive windows, and one
-always-warm replica per deployment, which gets as many nodes as that takes (its GPU
+thawpool with a 60 s idle timeout, the same with learned keep-alive windows, that with
+placement by expected load, and one always-warm replica per deployment, which gets as many nodes as that takes (its GPU
 count is its cost). Printed per policy: TTFT p50/p99 overall and per model size, cold
 starts by tier, GPU-hours held and their cost, requests refused or timed out, and the
 simulator's own wall time; then the ratios a reader compares.
@@ -51,7 +51,8 @@ def main() -> None:
     parser.add_argument("--gpu", default="h100")
     parser.add_argument("--rate-scale", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--policies", default="knative,thawpool,thawpool-60s,thawpool-learned,always-warm")
+    parser.add_argument("--policies",
+                        default="knative,thawpool,thawpool-60s,thawpool-learned,thawpool-packed,always-warm")
     args = parser.parse_args()
     kind = gpu_kind(args.gpu)
     trace = generate(TrafficConfig(deployments=args.deployments, tenants=max(1, args.deployments // 4),

@@ -63,7 +63,7 @@ def admit(pending: Sequence[Pending], slots: Sequence[SlotState], held: Mapping[
         chosen, where = grant
         placed.append((chosen.replica_id, where))
         left.remove(chosen)
-        free = reserve(free, where)
+        free = reserve(free, where, chosen.request.load)
         holding[chosen.tenant_id] = holding.get(chosen.tenant_id, 0) + chosen.gpus
     waiting = {p.replica_id: why_waiting(p, free, holding, quotas) for p in left}
     return SlotGrants(tuple(placed), waiting)
@@ -102,11 +102,12 @@ def why_waiting(candidate: Pending, slots: Sequence[SlotState], held: Mapping[st
     return WaitReason(decision.reason if isinstance(decision, NoCapacity) else "waiting for capacity")
 
 
-def reserve(slots: Sequence[SlotState], where: Placed) -> list[SlotState]:
-    """The slots after `where` was reserved (an exclusive slot is then full)."""
+def reserve(slots: Sequence[SlotState], where: Placed, load: float = 0.0) -> list[SlotState]:
+    """The slots after `where` was reserved (an exclusive slot is then full), with the
+    replica's expected load added."""
     def taken(s: SlotState) -> SlotState:
         reserved = s.memory_bytes if s.exclusive else s.reserved_bytes + where.bytes_per_slot
-        return replace(s, reserved_bytes=reserved)
+        return replace(s, reserved_bytes=reserved, load=s.load + load)
     return [taken(s) if s.slot_id in where.slot_ids else s for s in slots]
 
 

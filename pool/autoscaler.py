@@ -16,7 +16,8 @@ calls nothing; tests step fake time through it. Steps:
   5. delay     scale up at once; scale down only after the lower number has
                held for scale_down_delay_s (scale to zero is timed by idle)
   6. sleep     with a sleep tier (sleep_timeout_s > 0) replicas scaled down for
-               idleness go to sleep instead of stopping, and sleepers that have
+               idleness go to sleep instead of stopping (with a learned window:
+               only ahead of it, not past it), and sleepers that have
                slept sleep_timeout_s are stopped (`expired`), or once the learned
                window has passed
 
@@ -158,8 +159,14 @@ def apply_delay(snap: ScalingSnapshot, state: PolicyState, wanted: int, why: str
 
 
 def sleeps(snap: ScalingSnapshot) -> bool:
-    """Replicas scaled down now go to sleep: the revision has a sleep tier and is idle."""
-    return snap.config.sleep_timeout_s > 0 and is_idle(snap)
+    """Replicas scaled down now go to sleep: the revision has a sleep tier and is idle. With
+    a learned window, sleep only ahead of it (the likely call wakes the sleeper); scaled
+    down past the window, the next call is unlikely soon and the replica stops: a sleeper
+    would only hold host memory another revision's sleeper could use."""
+    if snap.config.sleep_timeout_s <= 0 or not is_idle(snap):
+        return False
+    window, idle_for = snap.idle_window, snap.idle_for
+    return window is None or idle_for is None or idle_for < window.until_s
 
 
 def expired_sleepers(snap: ScalingSnapshot) -> tuple[str, ...]:

@@ -2,7 +2,12 @@
 
 A replica needs `slot_count` slots on one node with `bytes_per_slot` free on
 each. Best fit: among the nodes that can take it, the choice that leaves the
-least memory free, so large holes stay open for large models. Nodes named in
+least memory free, so large holes stay open for large models. Packing by
+predicted load comes first: a replica expected to keep `load` of each GPU's
+compute busy goes where that does not take a GPU past MAX_LOAD with what its
+replicas are expected to use already, when such slots exist (many rarely
+called models share a GPU; two busy ones do not, since they would run their
+steps in turn). With no loads given (all 0) this is plain best fit. Nodes named in
 `prefer_nodes` (on a cluster: those whose cache already holds the revision's
 weights, so the cold start skips the download) go before all others; best
 fit decides among the preferred, and among the rest. A sleeping replica that wakes
@@ -18,6 +23,7 @@ from pool.api import ModelInfo
 from spec.engine_options import EngineOptions
 
 GB = 1024 ** 3
+MAX_LOAD = 1.0                       # a GPU's compute, busy all the time
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "half": 2,
                "bfloat16": 2, "bf16": 2, "int8": 1, "uint8": 1}
 
@@ -29,6 +35,7 @@ class SlotState:
     memory_bytes: int
     reserved_bytes: int = 0
     exclusive: bool = False          # one replica at a time (a whole Ray GPU)
+    load: float = 0.0                # the compute its replicas are expected to keep busy (1: all)
 
     @property
     def free_bytes(self) -> int:
@@ -40,6 +47,7 @@ class PlacementRequest:
     bytes_per_slot: int
     slot_count: int = 1
     on_slots: tuple[str, ...] = ()   # these slots and no others (a waking sleeper's own)
+    load: float = 0.0                # the share of each GPU's compute it is expected to use
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,7 @@ Decision = Union[Placed, NoCapacity]
 
 def place(request: PlacementRequest, slots: Sequence[SlotState],
           prefer_nodes: Collection[str] = ()) -> Decision:
-    best: Optional[tuple[tuple[bool, int, str], tuple[SlotState, ...]]] = None
+    best: Optional[tuple[tuple[int, bool, int, str], tuple[SlotState, ...]]] = None
     if request.on_slots:
         slots = [s for s in slots if s.slot_id in request.on_slots]
     for node, node_slots in _by_node(slots).items():
@@ -68,14 +76,15 @@ def place(request: PlacementRequest, slots: Sequence[SlotState],
         if chosen is None:
             continue
         leftover = sum(s.free_bytes - request.bytes_per_slot for s in chosen)
-        rank = (node not in prefer_nodes, leftover, node)      # False sorts first: preferred
+        overloaded = sum(1 for s in chosen if _overloads(request, s))
+        rank = (overloaded, node not in prefer_nodes, leftover, node)      # False sorts first: preferred
         if best is None or rank < best[0]:
             best = (rank, chosen)
     if best is None:
         return NoCapacity(f"waiting for capacity: no node has {request.slot_count} slot(s) "
                           f"with {_gb(request.bytes_per_slot)} free")
     rank, chosen = best
-    return Placed(rank[2], tuple(s.slot_id for s in chosen), request.bytes_per_slot)
+    return Placed(rank[3], tuple(s.slot_id for s in chosen), request.bytes_per_slot)
 
 
 def never_fits(request: PlacementRequest, slots: Sequence[SlotState]) -> Optional[str]:
@@ -91,10 +100,14 @@ def never_fits(request: PlacementRequest, slots: Sequence[SlotState]) -> Optiona
 
 def _best_slots(request: PlacementRequest, slots: Sequence[SlotState]) -> Optional[tuple[SlotState, ...]]:
     fitting = sorted((s for s in slots if s.free_bytes >= request.bytes_per_slot),
-                     key=lambda s: (s.free_bytes, s.slot_id))
+                     key=lambda s: (_overloads(request, s), s.free_bytes, s.slot_id))
     if len(fitting) < request.slot_count:
         return None
     return tuple(fitting[:request.slot_count])
+
+
+def _overloads(request: PlacementRequest, slot: SlotState) -> bool:
+    return request.load > 0 and slot.load + request.load > MAX_LOAD
 
 
 def _by_node(slots: Sequence[SlotState]) -> dict[str, list[SlotState]]:

@@ -74,18 +74,22 @@ class Cluster:
         self.caches = {node: NodeCache(int(shape.node_cache_gb * 1e9)) for node in self.nodes}
         self.standbys = {node: 0 for node in self.nodes}
         self.busy: dict[str, int] = {slot: 0 for slot in self.slot_ids}   # replicas running requests
+        self.load: dict[str, float] = {slot: 0.0 for slot in self.slot_ids}   # expected, by placement
 
     def slot_states(self) -> list[SlotState]:
         memory = self.shape.gpu.memory_bytes
-        return [SlotState(slot, self.node_of[slot], memory, self.reserved[slot]) for slot in self.slot_ids]
+        return [SlotState(slot, self.node_of[slot], memory, self.reserved[slot], load=self.load[slot])
+                for slot in self.slot_ids]
 
-    def reserve(self, placed: Placed) -> None:
+    def reserve(self, placed: Placed, load: float = 0.0) -> None:
         for slot in placed.slot_ids:
             self.reserved[slot] += placed.bytes_per_slot
+            self.load[slot] += load
 
-    def release(self, placed: Placed) -> None:
+    def release(self, placed: Placed, load: float = 0.0) -> None:
         for slot in placed.slot_ids:
             self.reserved[slot] -= placed.bytes_per_slot
+            self.load[slot] = max(0.0, self.load[slot] - load)
 
     def nodes_holding(self, key: str) -> frozenset[str]:
         return frozenset(node for node, cache in self.caches.items() if cache.holds(key))

@@ -20,6 +20,9 @@ these settings differ. The baselines are configured as their users run them:
   thawpool-learned  thawpool-60s with keep-alive and pre-warm windows learned from each
                 deployment's own idle times (pool/keep_alive.py; the pool's
                 keep_alive = "learned")
+  thawpool-packed  thawpool-learned with placement told each replica's expected
+                load (its deployment's recent work over its replicas), so busy
+                replicas do not share a GPU (pool/placement.py)
 """
 from __future__ import annotations
 
@@ -49,6 +52,11 @@ class PoolPolicy(Protocol):
         """pool/keep_alive.py's windows (PoolSettings.keep_alive "learned")."""
         ...
 
+    @property
+    def pack_by_load(self) -> bool:
+        """Placement is told each replica's expected load (pool/placement.py)."""
+        ...
+
     def scaling(self, dep: Deployment) -> ScalingConfig:
         """The autoscaler's settings for this deployment (pool.autoscaler)."""
         ...
@@ -61,6 +69,7 @@ class StaticPolicy:
     node_cache: bool = True
     standbys_per_node: int = 0
     learned_keep_alive: bool = False
+    pack_by_load: bool = False
 
     def scaling(self, dep: Deployment) -> ScalingConfig:
         return self.base
@@ -96,8 +105,13 @@ def thawpool_learned() -> StaticPolicy:
     return replace(thawpool_60s(), name="thawpool-learned", learned_keep_alive=True)
 
 
+def thawpool_packed() -> StaticPolicy:
+    return replace(thawpool_learned(), name="thawpool-packed", pack_by_load=True)
+
+
 BASELINES = {"always-warm": always_warm, "knative": knative, "thawpool": thawpool,
-             "thawpool-60s": thawpool_60s, "thawpool-learned": thawpool_learned}
+             "thawpool-60s": thawpool_60s, "thawpool-learned": thawpool_learned,
+             "thawpool-packed": thawpool_packed}
 
 
 def with_idle(policy: StaticPolicy, idle_timeout_s: float) -> StaticPolicy:

@@ -42,6 +42,7 @@ from poolsim.policies import PoolPolicy
 from poolsim.workload import Deployment, Request, Trace
 
 PENDING, STARTING, READY, DRAINING = "pending", "starting", "ready", "draining"
+LOAD_WINDOW_S = 300.0                  # how far back a deployment's work predicts its load
 ASLEEP, WAKING, STOPPED = "asleep", "waking", "stopped"
 
 
@@ -96,6 +97,7 @@ class Replica:
     tier: str = "s3"
     to_sleep: bool = False
     asleep: Optional[tuple[Placed, float]] = None      # its slots, and since when
+    load: float = 0.0                                   # expected share of each GPU, told placement
     node: Optional[str] = None
     busy_since: float = 0.0
     cache_user: bool = False                          # counted as a user of its node's cached weights
@@ -114,6 +116,8 @@ class DeploymentState:
     timer: Optional[Timer] = None
     in_flight: int = 0
     idle_times: IdleHistogram = field(default_factory=IdleHistogram)
+    work_rate: float = 0.0            # GPU-seconds of work a second, decayed over LOAD_WINDOW_S
+    work_at: float = 0.0
     stats: DeploymentStats = field(default_factory=DeploymentStats)
 
     def in_state(self, *states: str) -> list[Replica]:
@@ -172,6 +176,7 @@ class Simulation:
         self._requests += 1
         st = self.deps[req.deployment]
         st.stats.requests += 1
+        self._count_work(st, req)
         if st.last_activity is not None and not st.in_flight and not st.queue:
             st.idle_times.add(self.loop.now - st.last_activity)     # as pool.registry.arrived
         st.last_activity = self.loop.now
@@ -187,6 +192,27 @@ class Simulation:
         entry.timeout = self.loop.after(self.settings.wait_timeout_s, self._give_up, st, entry)
         st.queue.append(entry)
         self._reconcile(st)
+
+    def _count_work(self, st: DeploymentState, req: Request) -> None:
+        """The deployment's work (GPU-seconds at its target batch) as a decayed rate."""
+        if not self.policy.pack_by_load:
+            return
+        model, tp = st.dep.model, self.shape.gpu.throughput
+        batch = max(1, st.config.target_concurrency)
+        seconds = tp.prefill_s(model.parameters_b * 1e9, model.gpu_count, req.prompt_tokens) \
+            + req.output_tokens * tp.step_s(model.weight_bytes, model.gpu_count, batch)
+        now = self.loop.now
+        st.work_rate = st.work_rate * math.exp(-(now - st.work_at) / LOAD_WINDOW_S) \
+            + seconds * model.gpu_count / batch / LOAD_WINDOW_S
+        st.work_at = now
+
+    def _expected_load(self, st: DeploymentState) -> float:
+        """The share of each of its GPUs one more replica of the deployment is expected to use."""
+        if not self.policy.pack_by_load:
+            return 0.0
+        decayed = st.work_rate * math.exp(-(self.loop.now - st.work_at) / LOAD_WINDOW_S)
+        replicas = sum(1 for r in st.replicas if r.state != ASLEEP)
+        return min(1.0, decayed / st.dep.model.gpu_count / max(1, replicas))
 
     def _give_up(self, st: DeploymentState, entry: Waiting) -> None:
         st.queue.remove(entry)
@@ -347,7 +373,8 @@ class Simulation:
             return
         waiting = []
         for r in self.pending.values():
-            request = PlacementRequest(r.dep.bytes_per_slot, r.dep.dep.model.gpu_count)
+            r.load = self._expected_load(r.dep)
+            request = PlacementRequest(r.dep.bytes_per_slot, r.dep.dep.model.gpu_count, load=r.load)
             prefer = self.cluster.nodes_holding(r.dep.dep.name) if self.policy.node_cache else frozenset()
             waiting.append(Pending(r.rid, r.dep.dep.tenant, request, int(r.created * 1e6), prefer))
         grants = admit(waiting, self.cluster.slot_states(), self._held(), {})
@@ -370,7 +397,7 @@ class Simulation:
         return held
 
     def _hold(self, r: Replica, where: Placed) -> None:
-        self.cluster.reserve(where)
+        self.cluster.reserve(where, r.load)
         r.placed, r.placed_at, r.node = where, self.loop.now, where.node
         self._holding_gpus += len(where.slot_ids)
         self.tally.peak_gpus = max(self.tally.peak_gpus, self.cluster.gpus_in_use())
@@ -383,7 +410,7 @@ class Simulation:
             return
         if r.running:
             self._busy(r, -1)
-        self.cluster.release(r.placed)
+        self.cluster.release(r.placed, r.load)
         held = (self.loop.now - r.placed_at) * len(r.placed.slot_ids)
         self.tally.gpu_seconds += held
         r.dep.stats.gpu_seconds += held
@@ -454,7 +481,8 @@ class Simulation:
         if r.asleep is None:
             return False
         where, _ = r.asleep
-        request = PlacementRequest(where.bytes_per_slot, len(where.slot_ids), on_slots=where.slot_ids)
+        r.load = self._expected_load(r.dep)
+        request = PlacementRequest(where.bytes_per_slot, len(where.slot_ids), on_slots=where.slot_ids, load=r.load)
         placed = place(request, self.cluster.slot_states())
         if not isinstance(placed, Placed):
             return False

@@ -68,6 +68,14 @@ def test_learned_window_sleeps_and_expires_sleepers_after_it():
     assert d.expired == ("r1",)
 
 
+def test_past_the_window_a_replica_stops_rather_than_sleeps():
+    cfg = ScalingConfig(max_replicas=4, idle_timeout_s=300, sleep_timeout_s=3600)
+    d, _, _ = step(800.0, config=cfg, ready=1, in_flight=(0,), last_activity_at=100.0, idle_window=WINDOW)
+    assert d.desired == 0 and not d.sleep
+    d, _, _ = step(800.0, config=cfg, ready=1, in_flight=(0,), last_activity_at=100.0)   # fixed: it sleeps
+    assert d.desired == 0 and d.sleep
+
+
 def test_load_overrides_the_window():
     d, _, at = step(200.0, ready=1, in_flight=(3,), last_activity_at=200.0, idle_window=WINDOW)
     assert d.desired == 1 and at is None

@@ -138,3 +138,28 @@ def test_a_quantized_checkpoint_is_sized_by_its_quantized_bytes():
                      num_parameters=1_000, files=("m.gguf",), quantized_parameters=900, quantized_bytes=500)
     assert weight_bytes(info, "float32", None) == 500 + 100 * 4
     assert weight_bytes(info, "bfloat16", None) == 500 + 100 * 2
+
+
+def test_a_busy_replica_goes_where_the_expected_load_leaves_room():
+    """Best fit would pack it beside the busy one (less memory left over); by load it
+    takes the idle GPU, even off the node that caches its weights."""
+    slots = [SlotState("a/0", "a", 80 * GB, 40 * GB, load=0.7), SlotState("b/0", "b", 80 * GB, 10 * GB, load=0.1)]
+    busy = PlacementRequest(20 * GB, load=0.5)
+    assert place(busy, slots, prefer_nodes={"a"}).slot_ids == ("b/0",)
+    assert place(PlacementRequest(20 * GB), slots, prefer_nodes={"a"}).slot_ids == ("a/0",)   # no load: as before
+
+
+def test_with_every_gpu_loaded_the_least_overloaded_best_fit_still_places():
+    slots = [SlotState("a/0", "a", 80 * GB, 40 * GB, load=0.9), SlotState("a/1", "a", 80 * GB, 10 * GB, load=0.8)]
+    assert place(PlacementRequest(20 * GB, load=0.5), slots).slot_ids == ("a/0",)
+
+
+def test_admission_counts_the_load_of_replicas_it_just_placed():
+    from pool.admission import Pending, admit
+    slots = [SlotState("a/0", "a", 80 * GB), SlotState("a/1", "a", 80 * GB)]
+    pending = [Pending(f"r{i}", "t", PlacementRequest(10 * GB, load=0.6), seq=i) for i in range(2)]
+    grants = dict(admit(pending, slots, {}, {}).placed)
+    assert {grants["r0"].slot_ids, grants["r1"].slot_ids} == {("a/0",), ("a/1",)}
+    light = [Pending(f"r{i}", "t", PlacementRequest(10 * GB, load=0.1), seq=i) for i in range(2)]
+    grants = dict(admit(light, slots, {}, {}).placed)
+    assert grants["r0"].slot_ids == grants["r1"].slot_ids       # light ones pack by memory
