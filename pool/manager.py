@@ -132,7 +132,7 @@ class PoolManager:
         stopper = ReplicaStopper(self.backend, self.capacity, self._events, weights, http,
                                  self.settings.stop_timeout_s)
         self._opened = Running(weights, http, cold_start, sleep_tier,
-                               Prefetcher(stores, self.settings.pull_timeout_s),
+                               Prefetcher(stores, self.settings),
                                Heartbeats(self._registry, self._events, self.clock, http, self.settings.heartbeat_s),
                                stopper, ReplicaFailures(self._events, self.clock, self._backoff, stopper, http,
                                                         self._tasks.spawn),
@@ -321,7 +321,7 @@ class PoolManager:
     def _reconcile_all(self) -> None:
         for rev in self._registry.all():
             self._reconcile(rev)
-        self._running.prefetcher.start_due(self._registry.all(), not self.backend.pulls_on_node)
+        self._running.prefetcher.start_due(self._registry.all(), not self.backend.pulls_on_node, self.clock.mono())
 
     def _reconcile(self, rev: RevisionState) -> None:
         if rev.retired:                          # no longer deployed: drain everything now
@@ -423,7 +423,7 @@ class PoolManager:
             self._running.failures.notice_crashes(rev)
             self._expire_drains(rev)
             self._reconcile(rev)
-        self._running.prefetcher.start_due(self._registry.all(), not self.backend.pulls_on_node)
+        self._running.prefetcher.start_due(self._registry.all(), not self.backend.pulls_on_node, self.clock.mono())
         self._registry.drop_finished()
         self._running.heartbeats.send_if_due(self._tasks.spawn)
 

@@ -17,31 +17,38 @@ from typing import Iterable
 from pool.api import ModelUnavailable, Pins, RevisionSpec
 from pool.backends.runtime_args import draft_model_uri
 from pool.cold_start import failure_reason
-from pool.weights.prefetch import Prefetched, PrefetchView, PrefetchTarget, to_prefetch
-from pool.registry import RevisionState
+from pool.weights.prefetch import Prefetched, PrefetchView, PrefetchTarget, predicted_due, to_prefetch
+from pool.registry import RevisionState, learned_window
+from pool.settings import PoolSettings
 from pool.weights.sources import SourceStores
 
 log = logging.getLogger(__name__)
 
 
 class Prefetcher:
-    def __init__(self, stores: SourceStores, timeout_s: float):
+    def __init__(self, stores: SourceStores, settings: PoolSettings):
         self.stores = stores
-        self.timeout_s = timeout_s
+        self.settings = settings
+        self.timeout_s = settings.pull_timeout_s
         self._running: dict[str, asyncio.Task[None]] = {}   # revision id -> its prefetch
 
-    def view(self, rev: RevisionState, reads_pool_cache: bool) -> PrefetchView:
+    def view(self, rev: RevisionState, reads_pool_cache: bool, now: float) -> PrefetchView:
         """What pool.weights.prefetch.to_prefetch sees of the revision. A backend whose nodes pull
-        for themselves has no pool cache to fill: nothing is wanted there."""
+        for themselves has no pool cache to fill: nothing is wanted there. A call predicted
+        by the revision's learned window (`now` is the monotonic clock) wants its weights
+        once per idle spell, whether or not the deploy asked for prefetch."""
         spec = rev.spec
-        return PrefetchView(spec.revision_id, spec.prefetch and reads_pool_cache and not rev.retired,
-                            PrefetchTarget(weight_uris(spec), rev.scale_ups),
+        idle_for = None if rev.last_activity is None else now - rev.last_activity
+        predicted = predicted_due(learned_window(rev, self.settings), idle_for, self.settings.prefetch_lead_s)
+        return PrefetchView(spec.revision_id, (spec.prefetch or predicted) and reads_pool_cache and not rev.retired,
+                            PrefetchTarget(weight_uris(spec), rev.scale_ups,
+                                           rev.last_activity if predicted else None),
                             rev.prefetched.target if rev.prefetched is not None else None,
                             spec.revision_id in self._running)
 
-    def start_due(self, revisions: Iterable[RevisionState], reads_pool_cache: bool) -> None:
+    def start_due(self, revisions: Iterable[RevisionState], reads_pool_cache: bool, now: float) -> None:
         """Start the prefetches pool.weights.prefetch.to_prefetch says are due."""
-        views = {rev.spec.revision_id: (rev, self.view(rev, reads_pool_cache)) for rev in revisions}
+        views = {rev.spec.revision_id: (rev, self.view(rev, reads_pool_cache, now)) for rev in revisions}
         for revision_id in to_prefetch(view for _, view in views.values()):
             rev, view = views[revision_id]
             self.start(rev, view.target)

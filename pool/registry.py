@@ -26,7 +26,7 @@ from pool.api import ColdStartFailed, ReplicaStatus, RevisionSpec, RevisionStatu
 from pool.autoscaler import PolicyState, ScalingConfig, ScalingSnapshot, victim_rank
 from pool.backends.base import ReplicaHandle
 from pool.backoff import Backoff
-from pool.keep_alive import IdleHistogram, learn
+from pool.keep_alive import IdleHistogram, IdleWindow, learn
 from pool.placement import Placed
 from pool.weights.prefetch import Prefetched
 from pool.replica import LIVE, STARTING, Replica, ReplicaState
@@ -214,7 +214,12 @@ def scaling_snapshot(rev: RevisionState, now: float, settings: PoolSettings) -> 
                     asleep=tuple((r.replica_id, r.asleep.since) for r in rev.replicas.values()
                                  if r.state is ReplicaState.SLEEPING and r.asleep is not None),
                     adapters_in_use=len({name for r in ready for name in r.adapters.users}),
-                    idle_window=learn(rev.idle_times) if settings.keep_alive == "learned" else None)
+                    idle_window=learned_window(rev, settings))
+
+
+def learned_window(rev: RevisionState, settings: PoolSettings) -> Optional[IdleWindow]:
+    """The keep-alive window its idle times teach, when the pool's keep_alive is "learned"."""
+    return learn(rev.idle_times) if settings.keep_alive == "learned" else None
 
 
 def scale_down_order(live: list[ManagedReplica]) -> list[ManagedReplica]:

@@ -72,6 +72,9 @@ class PoolSettings:
     # "fixed": a revision's idle_timeout_s; "learned": keep-alive and pre-warm windows from
     # each revision's own idle times (pool/keep_alive.py), its idle_timeout_s until learned
     keep_alive: str = "fixed"
+    # with learned windows: a revision's weights are pulled into the cache this long before
+    # its window opens (pool/weights/prefetch.py), so the pre-warmed replica loads from it
+    prefetch_lead_s: float = 60.0
     target_queued_prompt_tokens: int = 8192    # per replica; second scaling signal
     crash_backoff_base_s: float = 1.0
     crash_backoff_cap_s: float = 60.0

@@ -35,6 +35,7 @@ class Tally:
     rejected: int = 0
     output_tokens: int = 0
     peak_gpus: int = 0
+    prefetches: int = 0                # weights pulled ahead of a predicted call
     deployments: dict[str, DeploymentStats] = field(default_factory=dict)
 
     def answered(self, ttft_s: float, size_class: str, tier: str) -> None:
@@ -68,6 +69,7 @@ class Outcome:
     events: int
     wall_s: float
     deployments: dict[str, DeploymentStats] = field(default_factory=dict)
+    prefetches: int = 0
 
     @property
     def gpu_hours(self) -> float:
@@ -103,4 +105,4 @@ def finish(tally: Tally, *, policy: str, duration_s: float, gpus: int, price: fl
                    p50, p99, {k: percentiles(v) for k, v in sorted(tally.ttft_by_class.items())},
                    dict(tally.cold_starts), dict(tally.served_by_tier), tally.gpu_seconds,
                    tally.busy_gpu_seconds, tally.peak_gpus, tally.output_tokens, events, wall_s,
-                   dict(tally.deployments))
+                   dict(tally.deployments), tally.prefetches)

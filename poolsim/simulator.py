@@ -32,6 +32,7 @@ from typing import Iterator, Optional
 from pool.admission import Pending, admit
 from pool.autoscaler import PolicyState, ScalingConfig, ScalingSnapshot, next_change_at, policy, victim_rank
 from pool.keep_alive import IdleHistogram, learn
+from pool.weights.prefetch import predicted_due
 from pool.placement import Placed, PlacementRequest, never_fits, place
 from pool.router import Candidate, choose
 from pool.sleep_budget import Sleeper, make_room
@@ -62,6 +63,7 @@ class SimSettings:
     # deployment's weights start in one node's cache, round robin, as the budget allows.
     # Off, the day starts from empty caches and every deployment's first start is from S3.
     warm_caches: bool = True
+    prefetch_lead_s: float = 60.0          # PoolSettings.prefetch_lead_s: weights pulled this long before a window
 
 
 def kv_bytes_per_token(parameters_b: float) -> float:
@@ -118,6 +120,7 @@ class DeploymentState:
     idle_times: IdleHistogram = field(default_factory=IdleHistogram)
     work_rate: float = 0.0            # GPU-seconds of work a second, decayed over LOAD_WINDOW_S
     work_at: float = 0.0
+    prefetched_spell: Optional[float] = None    # the idle spell a predicted prefetch was made for
     stats: DeploymentStats = field(default_factory=DeploymentStats)
 
     def in_state(self, *states: str) -> list[Replica]:
@@ -332,13 +335,43 @@ class Simulation:
             sleeper = next((r for r in st.replicas if r.rid == rid), None)
             if sleeper is not None:
                 self._stop(sleeper)
+        self._prefetch_if_predicted(st, snap)
         self._next_deadline(st, self._snapshot(st))
 
     def _next_deadline(self, st: DeploymentState, snap: ScalingSnapshot) -> None:
-        """Come back on the tick at which the autoscaler could answer otherwise."""
-        at = next_change_at(snap, st.policy_state)
-        if at is not None:
-            self._schedule(st, self._next_tick(at))
+        """Come back on the tick at which the autoscaler could answer otherwise, or a
+        predicted prefetch is due."""
+        times = [next_change_at(snap, st.policy_state)]
+        window = snap.idle_window
+        if window is not None and st.last_activity is not None and self.policy.node_cache:
+            times.append(st.last_activity + window.prewarm_s - self.settings.prefetch_lead_s)
+        future = [t for t in times if t is not None and t > self.loop.now]
+        if future:
+            self._schedule(st, self._next_tick(min(future)))
+
+    def _prefetch_if_predicted(self, st: DeploymentState, snap: ScalingSnapshot) -> None:
+        """pool.weights.prefetch.predicted_due: the weights into the node with the most room,
+        once per idle spell, when no node's cache holds them."""
+        if not self.policy.node_cache or st.prefetched_spell == st.last_activity:
+            return
+        if not predicted_due(snap.idle_window, snap.idle_for, self.settings.prefetch_lead_s):
+            return
+        st.prefetched_spell = st.last_activity
+        if self.cluster.nodes_holding(st.dep.name):
+            return
+        free: dict[str, int] = {}
+        for slot in self.cluster.slot_ids:
+            node = self.cluster.node_of[slot]
+            free[node] = free.get(node, 0) + self.shape.gpu.memory_bytes - self.cluster.reserved[slot]
+        node = max(sorted(free), key=lambda n: free[n])
+        model = st.dep.model
+        self.tally.prefetches += 1
+        self.loop.after(self.shape.gpu.cold_starts.s3.seconds(model.weight_bytes), self._prefetched, st, node)
+
+    def _prefetched(self, st: DeploymentState, node: str) -> None:
+        cache = self.cluster.caches[node]
+        cache.use(st.dep.name, st.dep.model.weight_bytes)
+        cache.done(st.dep.name)
 
     def _wake_or_start(self, st: DeploymentState) -> None:
         sleepers = [r for r in st.in_state(ASLEEP) if r.asleep]

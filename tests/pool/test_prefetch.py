@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from pool.api import Pins, RevisionSpec
-from pool.weights.prefetch import PrefetchTarget
+from pool.weights.prefetch import Prefetched, PrefetchTarget, due
 from pool.prefetcher import Prefetcher
 from pool.registry import RevisionState
+from pool.settings import PoolSettings
 from pool.weights.cache import WeightCache
 from pool.weights.store import CachedModel, WeightStore
 from tests.pool.conftest import FlakyS3, make_settings, running_manager
@@ -105,18 +106,39 @@ async def test_a_prefetch_and_a_cold_start_pull_download_each_file_once(s3, s3_s
 
 async def test_a_prefetch_reads_s3_as_the_revisions_own_tenant():
     stores = RecordingStores()
-    prefetcher = Prefetcher(stores, timeout_s=30)
+    prefetcher = Prefetcher(stores, PoolSettings(pull_timeout_s=30))
     spec = spec_for("s3://acme-own/m/", tenant_id="ten-acme",
                     engine=ChosenOptions({"speculative": {"method": "draft", "model": "s3://acme-own/draft/"}}))
     rev = RevisionState(spec, queue=None)  # type: ignore[arg-type] - the queue is not used here
-    view = prefetcher.view(rev, reads_pool_cache=True)
+    view = prefetcher.view(rev, reads_pool_cache=True, now=0.0)
     assert view.target == PrefetchTarget(("s3://acme-own/m/", "s3://acme-own/draft/"), 0) and view.wanted
     prefetcher.start(rev, view.target)
-    assert prefetcher.view(rev, reads_pool_cache=True).running
+    assert prefetcher.view(rev, reads_pool_cache=True, now=0.0).running
     await eventually(lambda: rev.prefetched is not None and rev.prefetched.keys, timeout_s=10,
                      what="the prefetch finished")
     assert stores.asked == [("ten-acme", "s3://acme-own/m/"), ("ten-acme", "s3://acme-own/draft/")]
-    assert not prefetcher.view(rev, reads_pool_cache=False).wanted, "a backend pulling on its nodes"
+    assert not prefetcher.view(rev, reads_pool_cache=False, now=0.0).wanted, "a backend pulling on its nodes"
+
+
+def test_a_learned_window_prefetches_once_per_idle_spell_ahead_of_it():
+    """Idle spells of ten minutes: the window opens at 540 s of idleness; with a 60 s lead
+    the weights are wanted from 480 s on, for that spell only, with no prefetch asked at
+    deploy; a pool without learned windows wants nothing."""
+    spec = spec_for("s3://acme-own/m/", prefetch=False)
+    rev = RevisionState(spec, queue=None)  # type: ignore[arg-type] - the queue is not used here
+    for _ in range(10):
+        rev.idle_times.add(600.0)
+    rev.last_activity = 1000.0
+    learned = Prefetcher(RecordingStores(), PoolSettings(keep_alive="learned", prefetch_lead_s=60.0))
+    assert not learned.view(rev, reads_pool_cache=True, now=1400.0).wanted
+    view = learned.view(rev, reads_pool_cache=True, now=1490.0)
+    assert view.wanted and view.target.spell == 1000.0 and due(view)
+    rev.prefetched = Prefetched(view.target)
+    assert not due(learned.view(rev, reads_pool_cache=True, now=1500.0)), "once a spell"
+    rev.last_activity = 2000.0
+    assert due(learned.view(rev, reads_pool_cache=True, now=2490.0)), "the next spell again"
+    fixed = Prefetcher(RecordingStores(), PoolSettings())
+    assert not fixed.view(rev, reads_pool_cache=True, now=2490.0).wanted
 
 
 @dataclass

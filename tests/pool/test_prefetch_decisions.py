@@ -34,3 +34,12 @@ def test_changed_weights_prefetch_again():
 def test_a_revision_no_longer_wanted_is_never_due():
     assert not due(view(wanted=False, scale_ups=5, last=PrefetchTarget(MODEL, 0)))
     assert to_prefetch([]) == []
+
+
+def test_predicted_due_from_lead_before_the_window_until_its_end():
+    from pool.keep_alive import IdleWindow
+    from pool.weights.prefetch import predicted_due
+    window = IdleWindow(prewarm_s=500.0, until_s=700.0)
+    assert [predicted_due(window, t, 60.0) for t in (100.0, 439.9, 440.0, 699.0, 700.0)] == \
+        [False, False, True, True, False]
+    assert not predicted_due(None, 450.0, 60.0) and not predicted_due(window, None, 60.0)

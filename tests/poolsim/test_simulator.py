@@ -1,6 +1,8 @@
 """The simulated pool stepped through small traces whose outcome is known exactly."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pool.autoscaler import ScalingConfig
@@ -165,3 +167,24 @@ def test_per_deployment_stats_count_requests_starts_and_gpu_time():
     stats = out.deployments["a"]
     assert (stats.requests, stats.cold_starts, stats.peak_replicas) == (2, 2, 1)
     assert stats.gpu_seconds == EXACT(out.gpu_seconds)
+
+
+def test_a_learned_window_pulls_evicted_weights_back_before_it_opens():
+    """One model's worth of node cache; b's starts evict a's weights between a's calls ten
+    minutes apart. Once a's window is learned, its weights come back ahead of it
+    (pool.weights.prefetch.predicted_due) and the pre-warmed start loads from the cache."""
+    deps = (Deployment("a", "t1", SMALL), Deployment("b", "t2", SMALL))
+    reqs = [req(600.0 * i, "a") for i in range(16)] + [req(600.0 * i + 300.0, "b") for i in range(16)]
+    tr = trace(reqs, deps, duration_s=10_000.0)
+    learned = replace(fixed(idle_s=60.0), learned_keep_alive=True)
+
+    def outcome(lead_s):
+        sim = Simulation(tr, ClusterShape(1, KIND, node_cache_gb=1.0), learned,
+                         SimSettings(warm_caches=False, prefetch_lead_s=lead_s))
+        return sim.run(), list(sim.tally.ttft)
+
+    ahead, ttft = outcome(60.0)
+    late, _ = outcome(-10_000.0)                # never due: no prefetch
+    assert ahead.prefetches >= 3 and late.prefetches == 0
+    assert ahead.cold_starts["s3"] < late.cold_starts["s3"]
+    assert ttft[-2] == EXACT(PREFILL_100 + STEP)   # a's last call found its pre-warmed replica
