@@ -39,6 +39,7 @@ class Capacity:
         self._slots: list[Slot] = []
         self._reserved: dict[str, dict[str, int]] = {}      # slot_id -> {replica_id: bytes}
         self._tenant_of: dict[str, str] = {}                # replica_id -> tenant, while it holds slots
+        self._load: dict[str, float] = {}                   # replica_id -> its expected load, placed by
         self._quotas: dict[str, TenantQuota] = {}
         self._asking: dict[str, Asking] = {}                # replica_id -> its wait for slots
         self._arrivals = itertools.count()
@@ -65,7 +66,8 @@ class Capacity:
 
     def states(self) -> list[SlotState]:
         return [SlotState(s.slot_id, s.node, s.memory_bytes, reserved_bytes(s, self._reserved[s.slot_id]),
-                          s.exclusive) for s in self._slots]
+                          s.exclusive, sum(self._load.get(r, 0.0) for r in self._reserved[s.slot_id]))
+                for s in self._slots]
 
     def gpus_held(self) -> dict[str, int]:
         """Slots reserved per tenant (a replica on two slots holds two)."""
@@ -109,7 +111,7 @@ class Capacity:
         if not decision.placed:
             return None
         where = decision.placed[0][1]
-        self._book(replica_id, tenant_id, where)
+        self._book(replica_id, tenant_id, where, request.load)
         return where
 
     def hold(self, replica_id: str, tenant_id: str, node: str, slot_ids: Sequence[str],
@@ -127,6 +129,7 @@ class Capacity:
         for sid in slot_ids:
             self._reserved.get(sid, {}).pop(replica_id, None)      # its node may have left
         self._tenant_of.pop(replica_id, None)
+        self._load.pop(replica_id, None)
         self._admit()
 
     def slots_for(self, slot_ids: Sequence[str]) -> list[Slot]:
@@ -146,15 +149,17 @@ class Capacity:
         decision = admit([a.pending for a in waiting], self.states(), self.gpus_held(), self._quotas)
         for replica_id, where in decision.placed:
             asking = self._asking[replica_id]
-            self._book(replica_id, asking.pending.tenant_id, where)
+            self._book(replica_id, asking.pending.tenant_id, where, asking.pending.request.load)
             asking.granted.set_result(where)
         for replica_id, why in decision.waiting.items():
             self._asking[replica_id].on_wait(why)
 
-    def _book(self, replica_id: str, tenant_id: str, where: Placed) -> None:
+    def _book(self, replica_id: str, tenant_id: str, where: Placed, load: float) -> None:
         for sid in where.slot_ids:
             self._reserved[sid][replica_id] = where.bytes_per_slot
         self._tenant_of[replica_id] = tenant_id
+        if load:
+            self._load[replica_id] = load
 
 
 def reserved_bytes(slot: Slot, held: Mapping[str, int]) -> int:

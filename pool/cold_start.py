@@ -99,7 +99,7 @@ class ColdStart:
                            "inspecting the model")
         draft = await stage(self._model_info(draft_uri, tenant, pins), s.pull_timeout_s,
                             "inspecting the draft model") if draft_uri else None
-        request = self.capacity.request(info, managed.spec.shape, draft)
+        request = replace(self.capacity.request(info, managed.spec.shape, draft), load=managed.expected_load)
         managed.weight_bytes = weights_of(info, managed.spec.engine)
         await self._place(managed, request, await self._nodes_with_weights(managed.spec.model_uri, tenant))
         handle = await self._pull_and_launch(managed, draft_uri)

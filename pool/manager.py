@@ -300,6 +300,7 @@ class PoolManager:
             raise ColdStartFailed(f"replica {replica_id} went away before the request reached it",
                                   retry_after_s=1.0)
         queue_s = self.clock.mono() - start
+        rev.note_in_flight(self.clock.mono())
         return ReplicaLease(base_url=managed.handle.base_url, replica_id=replica_id,
                             revision_id=rev.spec.revision_id, queue_s=queue_s,
                             cold_start=cold_start_timings(managed.replica, queue_s) if cold else None,
@@ -313,6 +314,7 @@ class PoolManager:
         if managed is None:
             return
         managed.in_flight = max(0, managed.in_flight - 1)
+        rev.note_in_flight(self.clock.mono())
         if managed.state is DRAINING and managed.in_flight == 0:
             self._tasks.spawn(self._finish_drain(managed))
 
@@ -346,7 +348,7 @@ class PoolManager:
     def _new_replica(self, rev: RevisionState) -> None:
         replica = Replica(f"rep-{uuid.uuid4().hex[:12]}", rev.spec.revision_id,
                           self.clock.mono(), self.clock.utc())
-        managed = ManagedReplica(replica, rev.spec)
+        managed = ManagedReplica(replica, rev.spec, expected_load=rev.next_replica_load(self.clock.mono()))
         rev.add(managed)
         self._events.publish(managed)
         managed.task = self._tasks.spawn(self._cold_start(rev, managed))

@@ -26,6 +26,7 @@ from pool.api import ColdStartFailed, ReplicaStatus, RevisionSpec, RevisionStatu
 from pool.autoscaler import PolicyState, ScalingConfig, ScalingSnapshot, victim_rank
 from pool.backends.base import ReplicaHandle
 from pool.backoff import Backoff
+from pool.expected_load import InFlightAverage, replica_load
 from pool.keep_alive import IdleHistogram, IdleWindow, learn
 from pool.placement import Placed
 from pool.weights.prefetch import Prefetched
@@ -70,6 +71,7 @@ class ManagedReplica:
     # seen dead: a request routed meanwhile would be refused)
     check: Optional[asyncio.Task[None]] = None
     adapters: AdapterHoldings = field(default_factory=AdapterHoldings)   # the LoRA adapters it was given
+    expected_load: float = 0.0          # placement packs by it (pool/expected_load.py)
 
     @property
     def checking(self) -> bool:
@@ -98,6 +100,17 @@ class RevisionState:
     scale_ups: int = 0                  # scale-up decisions so far: each one prefetches again
     prefetched: Optional[Prefetched] = None   # its latest prefetch (pool/weights/prefetch.py)
     idle_times: IdleHistogram = field(default_factory=IdleHistogram)   # pool/keep_alive.py
+    in_flight_avg: InFlightAverage = field(default_factory=InFlightAverage)   # pool/expected_load.py
+
+    def note_in_flight(self, now: float) -> None:
+        """Its requests in flight or waiting changed: the average placement reads moves."""
+        waiting = len(self.queue) if self.queue is not None else 0
+        self.in_flight_avg.update(now, sum(r.in_flight for r in self.replicas.values()) + waiting)
+
+    def next_replica_load(self, now: float) -> float:
+        """What one more replica is expected to use of its GPUs, with the replicas it has."""
+        live = sum(1 for r in self.replicas.values() if r.state in LIVE and r.state is not ReplicaState.SLEEPING)
+        return replica_load(self.in_flight_avg.average(now), self.spec.target_concurrency, live + 1)
 
     def arrived(self, now: float) -> None:
         """A request came: the idle spell it ends (none in flight or waiting) is counted."""

@@ -17,3 +17,22 @@ def test_an_exclusive_slot_is_full_once_held_a_shared_one_by_its_bytes():
     assert reserved_bytes(ray_gpu, {}) == 0
     assert reserved_bytes(ray_gpu, {"r1": GB}) == 8 * GB
     assert reserved_bytes(local_gpu, {"r1": GB, "r2": 2 * GB}) == 3 * GB
+
+
+async def test_a_busy_revisions_replica_is_placed_apart_from_another_busy_one():
+    """Capacity keeps each placed replica's expected load on its slots (pool/placement.py)."""
+    from pool.placement import PlacementRequest
+    from pool.settings import PoolSettings
+    from pool.capacity import Capacity
+
+    cap = Capacity(PoolSettings())
+    await cap.update([Slot("n/0", "n", "cuda", 16 * GB, 0), Slot("n/1", "n", "cuda", 16 * GB, 1)])
+    noop = lambda _why: None   # noqa: E731
+    first = await cap.place("r1", "t", PlacementRequest(4 * GB, load=0.8), (), noop)
+    second = await cap.place("r2", "t", PlacementRequest(4 * GB, load=0.8), (), noop)
+    assert first.slot_ids != second.slot_ids
+    assert sorted(s.load for s in cap.states()) == [0.8, 0.8]
+    light = await cap.place("r3", "t", PlacementRequest(4 * GB), (), noop)
+    assert light.slot_ids in (first.slot_ids, second.slot_ids)     # no load: best fit by memory
+    await cap.release("r1", first.slot_ids)
+    assert sorted(s.load for s in cap.states()) == [0.0, 0.8]
