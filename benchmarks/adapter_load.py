@@ -43,9 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional
 
 import httpx
 
@@ -54,6 +52,7 @@ from benchmarks.serve import REPO, Replica, start_replica, wait_ready
 from pool.adapter_loads import AdapterFiles, upload
 from pool.replica_http import replica_client
 from runtime.serve.allocator import keep_large_blocks
+from tests.support.live_handle import LiveHandle
 from wire.replica_control import ADAPTER_CONFIG_HEADER, ADAPTER_INBOX_FLAG, ADAPTERS_PATH, AdapterReply
 
 RANK = 16
@@ -99,23 +98,6 @@ def adapter_files(model: Path, dtype: str) -> tuple[str, bytes]:
     return json.dumps(settings, separators=(",", ":")), weights
 
 
-@dataclass
-class Handle:
-    """pool.backends.base.ReplicaHandle of the replica this benchmark started."""
-    replica_id: str
-    base_url: str
-    adapter_inbox: Optional[Path]
-    env_s: float = 0.0
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-    def is_alive(self) -> bool:
-        return True
-
-    def exit_reason(self) -> Optional[str]:
-        return None
-
-    async def stop(self, timeout_s: float) -> None:
-        return None
 
 
 def cached_files(tmp: Path, config: str, weights: bytes) -> AdapterFiles:
@@ -135,7 +117,7 @@ async def load_seconds(replica_url: str, sink_url: str, inbox: Path, files: Adap
     """Per load, rounds alternating between the ways in, `gap_s` apart: the seconds of each,
     and the replica's load_s by the inbox (as "load_s")."""
     times: dict[str, list[float]] = {name: [] for name in ("inbox", "body", "peer", "load_s")}
-    handles = {"inbox": Handle("bench", replica_url, inbox), "body": Handle("bench", replica_url, None)}
+    handles = {"inbox": LiveHandle("bench", replica_url, inbox), "body": LiveHandle("bench", replica_url, None)}
     body, config = files.weights.read_bytes(), json.dumps(json.loads(files.config), separators=(",", ":"))
     async with replica_client(httpx.Timeout(60.0)) as http:
         for i in range(rounds + 1):

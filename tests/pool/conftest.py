@@ -77,9 +77,9 @@ def fresh_prefix() -> str:
 
 
 @asynccontextmanager
-async def running_manager(settings: PoolSettings):
-    """A PoolManager over an in-memory desired state and the session S3, started; stopped
-    on the way out."""
+async def running_manager(settings: PoolSettings, events=None):
+    """A PoolManager over an in-memory desired state and the session S3, on a clock the test
+    steps, its replica events into `events` (an EventLog) when given; stopped on the way out."""
     from pool.in_memory import EventLog, InMemoryDesiredState
     from pool.manager import PoolManager
     from pool.s3 import open_client
@@ -87,7 +87,8 @@ async def running_manager(settings: PoolSettings):
 
     desired = InMemoryDesiredState()
     async with AsyncExitStack() as stack:
-        manager = PoolManager(settings, desired, EventLog(), s3_client=await open_client(settings, stack),
+        manager = PoolManager(settings, desired, events if events is not None else EventLog(),
+                              s3_client=await open_client(settings, stack),
                               clock=SteppedClock())
         try:
             await manager.start()

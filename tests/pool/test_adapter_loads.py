@@ -10,9 +10,9 @@ from __future__ import annotations
 import errno
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 import httpx
 import pytest
@@ -24,30 +24,19 @@ from starlette.routing import Route
 from pool.adapter_loads import AdapterFiles, upload
 from pool.api import AdapterLoadFailed, AdapterRefused
 from tests.controlplane.support.servers import serve
+from tests.support.live_handle import LiveHandle
 from wire.replica_control import ADAPTER_CONFIG_HEADER, ADAPTER_FILE_HEADER, ADAPTERS_PATH, AdapterReply, adapter_file
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 CONFIG = {"peft_type": "LORA", "r": 4, "target_modules": ["q_proj"]}
+def Handle(replica_id: str, base_url: str, inbox: Optional[Path] = None) -> LiveHandle:   # noqa: N802
+    """A live replica at `base_url`, with or without an adapter inbox, called with its secret."""
+    return LiveHandle(replica_id, base_url, inbox, headers={"authorization": "Bearer s"})
+
+
 WEIGHTS = b"\x10\x00\x00\x00\x00\x00\x00\x00" + b"{}" + bytes(range(256)) * 64
 
 
-@dataclass
-class Handle:
-    """ReplicaHandle: a live replica at `base_url`, with or without an adapter inbox."""
-    replica_id: str
-    base_url: str
-    adapter_inbox: Optional[Path] = None
-    env_s: float = 0.0
-    headers: Mapping[str, str] = field(default_factory=lambda: {"authorization": "Bearer s"})
-
-    def is_alive(self) -> bool:
-        return True
-
-    def exit_reason(self) -> Optional[str]:
-        return None
-
-    async def stop(self, timeout_s: float) -> None:
-        return None
 
 
 @dataclass

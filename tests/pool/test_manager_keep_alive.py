@@ -10,16 +10,12 @@ once the window has passed.
 from __future__ import annotations
 
 import uuid
-from contextlib import AsyncExitStack
 
 import pytest
 
-from pool.in_memory import EventLog, InMemoryDesiredState
+from pool.in_memory import EventLog
 from pool.keep_alive import IdleWindow, learn
-from pool.manager import PoolManager
-from pool.s3 import open_client
-from tests.pool.conftest import make_settings
-from tests.support.clock import SteppedClock
+from tests.pool.conftest import make_settings, running_manager
 from tests.support.model_factory import upload_model
 from tests.support.pool_calls import complete, spec_for
 
@@ -32,15 +28,9 @@ async def learning_pool(s3_server, pool_bucket, tiny_model, tmp_path):
                              tick_s=0.2, scale_down_delay_s=0.5, runtime_threads=1, keep_alive="learned",
                              kv_cache_tokens_default=512, load_timeout_s=120, pull_timeout_s=60)
     uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{uuid.uuid4().hex[:8]}/tiny")
-    desired, events = InMemoryDesiredState(), EventLog()
-    async with AsyncExitStack() as stack:
-        manager = PoolManager(settings, desired, events, s3_client=await open_client(settings, stack),
-                              clock=SteppedClock())
-        try:
-            await manager.start()
-            yield manager, desired, events, uri
-        finally:
-            await manager.stop()
+    events = EventLog()
+    async with running_manager(settings, events) as (manager, desired):
+        yield manager, desired, events, uri
 
 
 def replicas_in(events, state):

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import httpx
 import pytest
@@ -30,29 +28,13 @@ from pool.replica_events import ReplicaEvents
 from pool.settings import PoolSettings
 from pool.sleep_tier import SleepTier
 from tests.controlplane.support.servers import serve
+from tests.support.live_handle import LiveHandle as Handle
 from wire.replica_control import MAX_STAGES, Health
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 WEIGHT_BYTES = 1000
 
 
-@dataclass
-class Handle:
-    """ReplicaHandle: a live replica at `base_url`."""
-    replica_id: str
-    base_url: str
-    env_s: float = 0.0
-    headers: Mapping[str, str] = field(default_factory=dict)
-    adapter_inbox: Optional[Path] = None
-
-    def is_alive(self) -> bool:
-        return True
-
-    def exit_reason(self) -> Optional[str]:
-        return None
-
-    async def stop(self, timeout_s: float) -> None:
-        return None
 
 
 def hostile(answer: Any) -> Starlette:

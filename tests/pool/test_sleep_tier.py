@@ -12,17 +12,13 @@ from __future__ import annotations
 import os
 import signal
 import uuid
-from contextlib import AsyncExitStack
 
 import pytest
 
-from pool.in_memory import EventLog, InMemoryDesiredState
-from pool.manager import PoolManager
-from pool.s3 import open_client
+from pool.in_memory import EventLog
 from pool.settings import GB
-from tests.pool.conftest import make_settings
+from tests.pool.conftest import make_settings, running_manager
 from tests.support.pool_calls import complete, spec_for
-from tests.support.clock import SteppedClock
 from tests.support.model_factory import upload_model
 from tests.support.waiting import eventually
 
@@ -40,15 +36,9 @@ async def pool(s3_server, pool_bucket, tiny_model, tmp_path_factory):
                              load_timeout_s=120, pull_timeout_s=60, heartbeat_s=1,
                              sleep_host_memory_gb=1.5 * weights / GB)
     uri = upload_model(tiny_model, s3_server.client(), pool_bucket, f"{uuid.uuid4().hex[:8]}/tiny")
-    desired, events = InMemoryDesiredState(), EventLog()
-    async with AsyncExitStack() as stack:
-        manager = PoolManager(settings, desired, events, s3_client=await open_client(settings, stack),
-                              clock=SteppedClock())
-        try:
-            await manager.start()
-            yield manager, desired, events, uri
-        finally:
-            await manager.stop()
+    events = EventLog()
+    async with running_manager(settings, events) as (manager, desired):
+        yield manager, desired, events, uri
 
 
 def sleepy_spec(uri):
