@@ -5,13 +5,26 @@ The trace (poolsim/traffic.py): --deployments deployments with Azure Functions'
 heavy-tailed rates, burstiness and diurnal swing, Azure LLM trace lengths, models from
 0.5B to 70B (tensor-parallel where one GPU cannot hold them), --rate-scale times the
 Azure population's rates so the day fits the pool. The replicas: poolsim/params/<gpu>.json.
-The policies (poolsim/policies.py): Knative/KServe scale to zero (90 s, no node cache),
-thawpool as deployed by default (300 s idle, sleep tier, node cache, standby),
-thawpool with a 60 s idle timeout, the same with learned keep-alive windows, that with
-placement by expected load, and one always-warm replica per deployment, which gets as many nodes as that takes (its GPU
-count is its cost). Printed per policy: TTFT p50/p99 overall and per model size, cold
-starts by tier, GPU-hours held and their cost, requests refused or timed out, and the
-simulator's own wall time; then the ratios a reader compares.
+The policies (poolsim/policies.py):
+  knative           KServe/Knative scale to zero: gone 90 s after the last call, no node
+                    cache, a pod a GPU; on the same pool
+  always-warm       one replica per deployment on GPUs of its own (as vLLM takes 90% of
+                    one); on as many nodes as that takes, since its GPU count is its cost
+  thawpool          as deployed by default: 300 s idle, then asleep 30 min; node cache,
+                    a standby a node, replicas sharing GPUs by memory
+  thawpool-60s, thawpool-15s  the same with shorter idle timeouts (-15s also packs by
+                    expected load)
+  thawpool-learned  thawpool-60s with keep-alive windows learned per deployment and
+                    prefetch on predicted arrival
+  thawpool-packed   thawpool-learned with placement by expected load
+Printed per policy: GPU-hours of GPUs occupied (the pool's footprint: GPUs with any
+replica on them) and held by replicas (what replica lifetimes bill), the share of held
+time idle, the share of requests that waited for a cold start or a wake, TTFT p50/p99,
+SLO attainment (answered within 2 s for models under 8B, within the model's cold-start
+floor, its weights from host memory, plus 1 s for larger ones; lost requests miss it),
+requests lost, the simulator's wall time; then each policy's ratios to always-warm and
+to knative, the issue's targets, and the GPU-hours vs p99 TTFT frontier as
+benchmarks/results/pool_economics.png.
 
     .venv/bin/python -m benchmarks.pool_economics [--hours 24] [--deployments 1000] [--nodes 16]
 """
@@ -20,27 +33,39 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
 
 from poolsim.cluster import ClusterShape
 from poolsim.outcome import Outcome
-from poolsim.policies import BASELINES
+from poolsim.policies import BASELINES, StaticPolicy, thawpool, with_idle
 from poolsim.replica_model import gpu_kind
 from poolsim.simulator import simulate
 from poolsim.traffic import TrafficConfig, generate
 from poolsim.workload import Trace
 
+PNG = Path(__file__).resolve().parent / "results" / "pool_economics.png"
+SLO_ATTAINMENT = 0.99
+TARGET_VS_WARM, TARGET_VS_KNATIVE = 0.25, 0.60
+
+
+def thawpool_15s() -> StaticPolicy:
+    return replace(with_idle(thawpool(), 15.0), name="thawpool-15s", pack_by_load=True)
+
+
+POLICIES: dict[str, Callable[[], StaticPolicy]] = {**BASELINES, "thawpool-15s": thawpool_15s}
+
 
 def always_warm_nodes(trace: Trace, gpus_per_node: int) -> int:
-    """Room for one replica of every deployment, whole GPUs each (an upper bound: the
-    simulation reports how many it used)."""
+    """Room for one replica of every deployment, whole GPUs each."""
     return math.ceil(sum(d.model.gpu_count for d in trace.deployments) / gpus_per_node) + 1
 
 
 def row(o: Outcome) -> str:
-    classes = "  ".join(f"{k.split()[0]} {p50:.2f}/{p99:.2f}" for k, (p50, p99) in o.ttft_by_class.items())
-    cold = " ".join(f"{k} {v}" for k, v in o.cold_starts.items())
-    return (f"{o.policy:17s} {o.ttft_p50_s:7.3f} {o.ttft_p99_s:8.2f}  {o.gpu_hours:9.1f} {o.cost:9.0f} "
-            f"{o.peak_gpus:5d} {o.rejected + o.timed_out:7d}  {o.wall_s:6.0f}s  | {classes} | cold: {cold}")
+    return (f"{o.policy:17s} {o.occupied_gpu_hours:9.1f} {o.gpu_hours:9.1f} {o.idle_share:6.1%} {o.cold_share:7.2%} "
+            f"{o.ttft_p50_s:7.3f} {o.ttft_p99_s:7.2f} {o.slo_attainment:8.2%} {o.rejected + o.timed_out:6d} "
+            f"{o.peak_gpus:5d} {o.wall_s:6.0f}s")
 
 
 def main() -> None:
@@ -51,8 +76,9 @@ def main() -> None:
     parser.add_argument("--gpu", default="h100")
     parser.add_argument("--rate-scale", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--policies",
-                        default="knative,thawpool,thawpool-60s,thawpool-learned,thawpool-packed,always-warm")
+    parser.add_argument("--policies", default="knative,always-warm,thawpool,thawpool-60s,thawpool-15s,"
+                                              "thawpool-learned,thawpool-packed")
+    parser.add_argument("--png", type=Path, default=PNG)
     args = parser.parse_args()
     kind = gpu_kind(args.gpu)
     trace = generate(TrafficConfig(deployments=args.deployments, tenants=max(1, args.deployments // 4),
@@ -63,27 +89,66 @@ def main() -> None:
     print(f"trace: {args.deployments} deployments, {args.hours:g} h, {requests} requests "
           f"(generated in {time.perf_counter() - started:.1f} s); pool: {args.nodes} nodes x "
           f"{kind.gpus_per_node} {kind.name} (${kind.price_per_hour}/GPU-hour); seed {args.seed}")
-    print(f"{'policy':17s} {'p50 s':>7s} {'p99 s':>8s}  {'GPU-hours':>9s} {'cost $':>9s} {'peak':>5s} "
-          f"{'lost':>7s}  {'wall':>7s} | TTFT p50/p99 s by size | cold starts by tier")
+    print(f"{'policy':17s} {'occupied':>9s} {'held':>9s} {'idle':>6s} {'cold':>7s} {'p50 s':>7s} {'p99 s':>7s} "
+          f"{'SLO':>8s} {'lost':>6s} {'peak':>5s} {'wall':>7s}   (GPU-hours; idle: of held; cold: of answered)")
     outcomes: dict[str, Outcome] = {}
     for name in args.policies.split(","):
         nodes = always_warm_nodes(trace, kind.gpus_per_node) if name == "always-warm" else args.nodes
-        outcomes[name] = simulate(trace, ClusterShape(nodes, kind), BASELINES[name]())
+        outcomes[name] = simulate(trace, ClusterShape(nodes, kind), POLICIES[name]())
         print(row(outcomes[name]), flush=True)
     ratios(outcomes)
+    frontier(outcomes, args.png)
 
 
 def ratios(outcomes: dict[str, Outcome]) -> None:
-    best = outcomes.get("thawpool-60s") or outcomes.get("thawpool")
-    if best is None:
-        return
+    warm, knative = outcomes.get("always-warm"), outcomes.get("knative")
     for name, o in outcomes.items():
-        if o is best:
+        if not name.startswith("thawpool"):
             continue
-        print(f"{best.policy} vs {name}: GPU-hours {best.gpu_hours / o.gpu_hours:.2f}x, "
-              f"TTFT p99 {best.ttft_p99_s / o.ttft_p99_s:.2f}x, p50 {best.ttft_p50_s / o.ttft_p50_s:.2f}x, "
-              f"cold starts (not wakes) {sum(v for k, v in best.cold_starts.items() if k != 'wake')} vs "
-              f"{sum(v for k, v in o.cold_starts.items() if k != 'wake')}")
+        parts = [f"{name}:"]
+        for peer in (warm, knative):
+            if peer is not None:
+                share, tail = o.occupied_gpu_seconds / peer.occupied_gpu_seconds, o.ttft_p99_s / peer.ttft_p99_s
+                parts.append(f"vs {peer.policy} occupied GPU-h {share:.3f}x, p99 {tail:.2f}x;")
+        print(" ".join(parts))
+    if warm is None or knative is None:
+        return
+    meeting = [o for n, o in outcomes.items() if n.startswith("thawpool") and o.slo_attainment >= SLO_ATTAINMENT]
+    if not meeting:
+        print(f"target: no thawpool policy reached {SLO_ATTAINMENT:.0%} SLO attainment")
+        return
+    best = min(meeting, key=lambda o: o.occupied_gpu_seconds)
+    vs_warm = best.occupied_gpu_seconds / warm.occupied_gpu_seconds
+    vs_knative = best.occupied_gpu_seconds / knative.occupied_gpu_seconds
+    print(f"target (SLO attainment >= {SLO_ATTAINMENT:.0%}): {best.policy} at {best.slo_attainment:.2%} uses "
+          f"{vs_warm:.1%} of always-warm's GPU-seconds (target <= {TARGET_VS_WARM:.0%}: "
+          f"{'met' if vs_warm <= TARGET_VS_WARM else 'NOT met'}) and {vs_knative:.1%} of knative's "
+          f"(target <= {TARGET_VS_KNATIVE:.0%}: {'met' if vs_knative <= TARGET_VS_KNATIVE else 'NOT met'}); "
+          f"knative's SLO attainment {knative.slo_attainment:.2%}, always-warm's {warm.slo_attainment:.2%}")
+
+
+def frontier(outcomes: dict[str, Outcome], png: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for o in outcomes.values():
+        ours = o.policy.startswith("thawpool")
+        ax.scatter(o.occupied_gpu_hours, o.ttft_p99_s, marker="o" if ours else "s",
+                   color="tab:blue" if ours else "tab:red")
+        ax.annotate(f"{o.policy} ({o.slo_attainment:.1%})", (o.occupied_gpu_hours, o.ttft_p99_s),
+                    textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("GPU-hours occupied (log)")
+    ax.set_ylabel("TTFT p99, s (log)")
+    ax.set_title("GPU time vs tail latency, one simulated day (SLO attainment in brackets)", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    print(f"frontier: {png}")
 
 
 if __name__ == "__main__":

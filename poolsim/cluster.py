@@ -75,24 +75,37 @@ class Cluster:
         self.standbys = {node: 0 for node in self.nodes}
         self.busy: dict[str, int] = {slot: 0 for slot in self.slot_ids}   # replicas running requests
         self.load: dict[str, float] = {slot: 0.0 for slot in self.slot_ids}   # expected, by placement
+        self.occupied = 0                  # GPUs at least one replica holds now
+        self.occupied_seconds = 0.0        # ... integrated up to `occupied_at`
+        self.occupied_at = 0.0
 
     def slot_states(self) -> list[SlotState]:
         memory = self.shape.gpu.memory_bytes
         return [SlotState(slot, self.node_of[slot], memory, self.reserved[slot], load=self.load[slot])
                 for slot in self.slot_ids]
 
-    def reserve(self, placed: Placed, load: float = 0.0) -> None:
+    def reserve(self, placed: Placed, now: float, load: float = 0.0) -> None:
         for slot in placed.slot_ids:
+            if not self.reserved[slot]:
+                self._occupy(now, +1)
             self.reserved[slot] += placed.bytes_per_slot
             self.load[slot] += load
 
-    def release(self, placed: Placed, load: float = 0.0) -> None:
+    def release(self, placed: Placed, now: float, load: float = 0.0) -> None:
         for slot in placed.slot_ids:
             self.reserved[slot] -= placed.bytes_per_slot
             self.load[slot] = max(0.0, self.load[slot] - load)
+            if not self.reserved[slot]:
+                self._occupy(now, -1)
+
+    def _occupy(self, now: float, delta: int) -> None:
+        """GPUs occupied, integrated over time: the pool's footprint, however many
+        replicas share each GPU."""
+        self.occupied_seconds += self.occupied * (now - self.occupied_at)
+        self.occupied_at, self.occupied = now, self.occupied + delta
 
     def nodes_holding(self, key: str) -> frozenset[str]:
         return frozenset(node for node, cache in self.caches.items() if cache.holds(key))
 
     def gpus_in_use(self) -> int:
-        return sum(1 for used in self.reserved.values() if used > 0)
+        return self.occupied

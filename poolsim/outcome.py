@@ -30,6 +30,8 @@ class Tally:
     served_by_tier: dict[str, int] = field(default_factory=lambda: {t: 0 for t in TIERS})
     cold_starts: dict[str, int] = field(default_factory=lambda: {t: 0 for t in TIERS if t != "warm"})
     gpu_seconds: float = 0.0           # slots held by replicas (what a bill of GPU time counts)
+    occupied_gpu_seconds: float = 0.0  # GPUs with a replica on them: the pool's footprint
+    within_slo: int = 0                # answered within their deployment's TTFT target
     busy_gpu_seconds: float = 0.0      # ... while the replica ran requests
     timed_out: int = 0
     rejected: int = 0
@@ -38,8 +40,9 @@ class Tally:
     prefetches: int = 0                # weights pulled ahead of a predicted call
     deployments: dict[str, DeploymentStats] = field(default_factory=dict)
 
-    def answered(self, ttft_s: float, size_class: str, tier: str) -> None:
+    def answered(self, ttft_s: float, size_class: str, tier: str, slo_s: float) -> None:
         self.ttft.append(ttft_s)
+        self.within_slo += ttft_s <= slo_s
         by_class = self.ttft_by_class.get(size_class)
         if by_class is None:
             by_class = self.ttft_by_class[size_class] = array("d")
@@ -70,15 +73,37 @@ class Outcome:
     wall_s: float
     deployments: dict[str, DeploymentStats] = field(default_factory=dict)
     prefetches: int = 0
+    occupied_gpu_seconds: float = 0.0
+    within_slo: int = 0
+
+    @property
+    def slo_attainment(self) -> float:
+        """Requests answered within their TTFT target, of all requests (lost ones miss it)."""
+        return self.within_slo / max(1, self.requests)
+
+    @property
+    def cold_share(self) -> float:
+        """Requests that waited for a cold start or a wake, of those answered."""
+        return 1.0 - self.served_by_tier.get("warm", 0) / max(1, self.answered)
+
+    @property
+    def idle_share(self) -> float:
+        """GPU time replicas held while running no request."""
+        return 1.0 - self.busy_gpu_seconds / self.gpu_seconds if self.gpu_seconds else 0.0
 
     @property
     def gpu_hours(self) -> float:
         return self.gpu_seconds / 3600.0
 
     @property
+    def occupied_gpu_hours(self) -> float:
+        return self.occupied_gpu_seconds / 3600.0
+
+    @property
     def cost(self) -> float:
-        """The GPU time replicas held, at the kind's price: the pool's cost to serve."""
-        return self.gpu_hours * self.price_per_gpu_hour
+        """The GPUs occupied, at the kind's price: what serving cost (GPUs no replica held
+        could serve other work, or be given back)."""
+        return self.occupied_gpu_hours * self.price_per_gpu_hour
 
     @property
     def fleet_cost(self) -> float:
@@ -87,7 +112,8 @@ class Outcome:
 
     def to_json(self) -> dict[str, Any]:
         fields = {k: v for k, v in self.__dict__.items() if k != "deployments"}
-        return fields | {"gpu_hours": self.gpu_hours, "cost": self.cost}
+        return fields | {"gpu_hours": self.gpu_hours, "cost": self.cost, "slo_attainment": self.slo_attainment,
+                         "cold_share": self.cold_share, "idle_share": self.idle_share}
 
 
 def percentiles(samples: "array[float]") -> tuple[float, float]:
@@ -105,4 +131,4 @@ def finish(tally: Tally, *, policy: str, duration_s: float, gpus: int, price: fl
                    p50, p99, {k: percentiles(v) for k, v in sorted(tally.ttft_by_class.items())},
                    dict(tally.cold_starts), dict(tally.served_by_tier), tally.gpu_seconds,
                    tally.busy_gpu_seconds, tally.peak_gpus, tally.output_tokens, events, wall_s,
-                   dict(tally.deployments), tally.prefetches)
+                   dict(tally.deployments), tally.prefetches, tally.occupied_gpu_seconds, tally.within_slo)

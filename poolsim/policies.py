@@ -5,11 +5,13 @@ The comparison runs every policy on the same simulator and the same trace; only
 these settings differ. The baselines are configured as their users run them:
 
   always-warm   one replica per deployment at all times (min_replicas 1): no
-                cold start after the first, and a GPU slot held all day
+                cold start after the first; each on whole GPUs of its own, as a
+                vLLM server takes 90% of a GPU's memory by default
   knative       KServe's default scale to zero on Knative: the pod goes 60 s
                 (the stable window) + 30 s (scale-to-zero grace) after the last
                 request; every pod's storage initializer downloads the model
-                (no node cache, no standby, no sleep)
+                (no node cache, no standby, no sleep); a pod a GPU (Kubernetes
+                does not share a GPU between pods by default)
   thawpool      the pool's own defaults: idle timeout 300 s, the sleep tier
                 (idle replicas sleep in host memory for 30 min before they
                 stop), one warm standby process a node, weights kept in the
@@ -53,6 +55,11 @@ class PoolPolicy(Protocol):
         ...
 
     @property
+    def exclusive_gpus(self) -> bool:
+        """Each replica takes whole GPUs, as vLLM does (90% of a GPU's memory by default)."""
+        ...
+
+    @property
     def pack_by_load(self) -> bool:
         """Placement is told each replica's expected load (pool/placement.py)."""
         ...
@@ -70,6 +77,7 @@ class StaticPolicy:
     standbys_per_node: int = 0
     learned_keep_alive: bool = False
     pack_by_load: bool = False
+    exclusive_gpus: bool = False
 
     def scaling(self, dep: Deployment) -> ScalingConfig:
         return self.base
@@ -82,13 +90,13 @@ TARGET_CONCURRENCY = 32          # requests in flight a replica is sized for
 def always_warm() -> StaticPolicy:
     return StaticPolicy("always-warm", ScalingConfig(min_replicas=1, max_replicas=MAX_REPLICAS,
                                                      target_concurrency=TARGET_CONCURRENCY),
-                        node_cache=True)
+                        node_cache=True, exclusive_gpus=True)
 
 
 def knative() -> StaticPolicy:
     return StaticPolicy("knative", ScalingConfig(max_replicas=MAX_REPLICAS, target_concurrency=TARGET_CONCURRENCY,
                                                  idle_timeout_s=90.0, scale_down_delay_s=60.0),
-                        node_cache=False)
+                        node_cache=False, exclusive_gpus=True)
 
 
 def thawpool() -> StaticPolicy:

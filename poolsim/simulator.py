@@ -40,6 +40,7 @@ from poolsim.cluster import Cluster, ClusterShape
 from poolsim.events import EventLoop, Timer
 from poolsim.outcome import DeploymentStats, Outcome, Tally, finish
 from poolsim.policies import PoolPolicy
+from poolsim.replica_model import GpuKind
 from poolsim.workload import Deployment, Request, Trace
 
 PENDING, STARTING, READY, DRAINING = "pending", "starting", "ready", "draining"
@@ -70,6 +71,19 @@ def kv_bytes_per_token(parameters_b: float) -> float:
     """About 12 KB for 0.5B, 113 KB for 8B (GQA), 335 KB for 70B: bf16 K and V over the
     layers; a fit to Qwen2-0.5B, Llama-3-8B and Llama-3-70B's configs."""
     return 40_000.0 * math.sqrt(parameters_b)
+
+
+WARMABLE_B = 8.0                       # models under this many billion parameters...
+WARM_TARGET_S = 2.0                    # ...answer within this; larger ones within their floor + 1 s
+
+
+def ttft_target(dep: Deployment, kind: GpuKind) -> float:
+    """Issue 34's SLO: 2 s for models under 8B; for larger ones, their cold-start floor
+    (the weights from host memory to the device, the fastest start there is) plus 1 s."""
+    model = dep.model
+    if model.parameters_b < WARMABLE_B:
+        return WARM_TARGET_S
+    return kind.cold_starts.wake.seconds(model.weight_bytes / model.gpu_count) + 1.0
 
 
 def size_class(dep: Deployment) -> str:
@@ -111,6 +125,7 @@ class DeploymentState:
     config: ScalingConfig
     bytes_per_slot: int
     size_class: str
+    slo_s: float                       # its TTFT target (ttft_target)
     replicas: list[Replica] = field(default_factory=list)
     queue: deque[Waiting] = field(default_factory=deque)
     policy_state: PolicyState = PolicyState()
@@ -249,7 +264,7 @@ class Simulation:
         share = max(self.cluster.busy[s] for s in r.placed.slot_ids) if r.placed else 1
         step = tp.step_s(model.weight_bytes, model.gpu_count, r.running) * share
         first = tp.prefill_s(model.parameters_b * 1e9, model.gpu_count, req.prompt_tokens) * share + step
-        self.tally.answered(self.loop.now + first - req.at_s, r.dep.size_class, tier)
+        self.tally.answered(self.loop.now + first - req.at_s, r.dep.size_class, tier, r.dep.slo_s)
         self.tally.output_tokens += req.output_tokens
         self.loop.after(first + max(0, req.output_tokens - 1) * step, self._done, r)
 
@@ -430,7 +445,7 @@ class Simulation:
         return held
 
     def _hold(self, r: Replica, where: Placed) -> None:
-        self.cluster.reserve(where, r.load)
+        self.cluster.reserve(where, self.loop.now, r.load)
         r.placed, r.placed_at, r.node = where, self.loop.now, where.node
         self._holding_gpus += len(where.slot_ids)
         self.tally.peak_gpus = max(self.tally.peak_gpus, self.cluster.gpus_in_use())
@@ -443,7 +458,7 @@ class Simulation:
             return
         if r.running:
             self._busy(r, -1)
-        self.cluster.release(r.placed, r.load)
+        self.cluster.release(r.placed, self.loop.now, r.load)
         held = (self.loop.now - r.placed_at) * len(r.placed.slot_ids)
         self.tally.gpu_seconds += held
         r.dep.stats.gpu_seconds += held
@@ -548,6 +563,8 @@ class Simulation:
             self._admit()
 
     def _close_books(self) -> None:
+        self.cluster._occupy(self.loop.now, 0)
+        self.tally.occupied_gpu_seconds = self.cluster.occupied_seconds
         for st in self.deps.values():
             for r in list(st.replicas):
                 self._let_go(r)
@@ -566,10 +583,12 @@ class Simulation:
         need = (model.weight_bytes + s.kv_cache_tokens * kv_bytes_per_token(model.parameters_b)) \
             * (1.0 + s.memory_overhead_fraction)
         per_slot = math.ceil(need / model.gpu_count)
+        if self.policy.exclusive_gpus:          # one replica a GPU, as vLLM takes 90% of one
+            per_slot = max(per_slot, self.shape.gpu.memory_bytes)
         why = never_fits(PlacementRequest(per_slot, model.gpu_count), self.cluster.slot_states())
         if why is not None:                     # the pool refuses such a deploy (NeverFits)
             raise NeverFitsPool(f"deployment {dep.name} ({model.name}) never fits this pool: {why}")
-        return DeploymentState(dep, config, per_slot, size_class(dep))
+        return DeploymentState(dep, config, per_slot, size_class(dep), ttft_target(dep, self.shape.gpu))
 
 
 def _scale_down_order(live: list[Replica]) -> list[Replica]:

@@ -188,3 +188,23 @@ def test_a_learned_window_pulls_evicted_weights_back_before_it_opens():
     assert ahead.prefetches >= 3 and late.prefetches == 0
     assert ahead.cold_starts["s3"] < late.cold_starts["s3"]
     assert ttft[-2] == EXACT(PREFILL_100 + STEP)   # a's last call found its pre-warmed replica
+
+
+def test_replicas_sharing_a_gpu_occupy_it_once_and_exclusive_ones_take_a_gpu_each():
+    deps = (Deployment("a", "t1", SMALL), Deployment("b", "t2", SMALL))
+    tr = trace([req(10.0, "a"), req(10.0, "b")], deps, duration_s=1000.0)
+    shared = run(tr, always_warm_like(exclusive=False))
+    assert shared.gpu_seconds == EXACT(2 * 1000.0) and shared.occupied_gpu_seconds == EXACT(1000.0)
+    own = run(tr, always_warm_like(exclusive=True))
+    assert own.occupied_gpu_seconds == EXACT(2 * 1000.0) and own.peak_gpus == 2
+
+
+def always_warm_like(exclusive):
+    return StaticPolicy("warm", ScalingConfig(min_replicas=1, max_replicas=1), exclusive_gpus=exclusive)
+
+
+def test_slo_attainment_counts_answers_within_the_target_of_all_requests():
+    # a cold start from S3 takes 5 s (over the 2 s target of a small model), the next is warm
+    out = run(trace([req(10.0), req(20.0)]), fixed())
+    assert out.within_slo == 1 and out.slo_attainment == 0.5
+    assert out.cold_share == 0.5 and 0.0 < out.idle_share < 1.0
