@@ -27,7 +27,7 @@ SHOWN_RECOMMENDATIONS = 15
 def add_plan(commands: Any) -> None:
     p = commands.add_parser("plan", help="the pool a trace needs for a TTFT SLO, by simulation")
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--requests", help="the trace's requests (.jsonl or .csv; docs/pool_sim.md)")
+    source.add_argument("--requests", help="the trace's requests (.jsonl or .csv; docs/capacity.md)")
     source.add_argument("--synthetic", action="store_true", help="an Azure-shaped trace (poolsim/traffic.py)")
     p.add_argument("--deployments", help="with --requests: the deployments file (.json)")
     p.add_argument("--hours", type=float, default=2.0, help="--synthetic: its length")
