@@ -225,6 +225,9 @@ class ReplicaLifetime(Base):
     # asleep now); no GPU time is billed between a sleep and its wake.
     sleeps: Mapped[list[datetime]] = mapped_column(ARRAY(DateTime(timezone=True)),
                                                    server_default=text("'{}'"), default=list)
+    # The kind of its slots (pool.api.ReplicaEvent.gpu_kind: cuda | cpu; migration 0017),
+    # which the operator's cost book prices; NULL: not known (rows from before 0017).
+    gpu_kind: Mapped[Optional[str]]
 
 
 class ModelSource(Base):
