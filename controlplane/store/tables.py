@@ -280,6 +280,20 @@ class Price(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class GpuCost(Base):
+    """One row of the operator's cost book (migration 0018): what one GPU-second of
+    `gpu_kind` costs the platform from `effective_from` on; no kind: the default, for
+    every kind without a row of its own (controlplane.billing.costs)."""
+    __tablename__ = "gpu_costs"
+    __table_args__ = (Index("uq_gpu_costs_kind_effective_from", "gpu_kind", "effective_from",
+                            unique=True, postgresql_nulls_not_distinct=True),)
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    gpu_kind: Mapped[Optional[str]]
+    per_gpu_second: Mapped[Decimal] = mapped_column(PRICE)
+    effective_from: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class QuotaOverride(Base):
     """An admin's overrides of one tenant's quota; NULL keeps the settings default."""
     __tablename__ = "tenant_quotas"
