@@ -27,8 +27,8 @@ from controlplane.store.tables import utcnow
 from controlplane.billing.outbox import DeadLetters, Outbox
 from controlplane.periodic import Periodic
 from controlplane.routes import (adapters, billing, deployments, functions, gateway, gpu_costs,
-                                 health, model_sources, models_list, openapi, prices, quotas, tenants,
-                                 uploads)
+                                 health, margin, model_sources, models_list, openapi, prices, quotas,
+                                 tenants, uploads)
 from controlplane.billing.refusals import DeadLetteringSink
 from controlplane.sealing import load_sealer
 from controlplane.settings import Settings
@@ -46,7 +46,8 @@ PoolFactory = Callable[[PostgresDesiredState, ReplicaEventSink], Pool]
 # take nearly every request (no other pattern matches their paths, so the order is free).
 ROUTES = [*gateway.routes, *functions.routes, *health.routes, *openapi.routes, *tenants.routes,
           *quotas.routes, *model_sources.routes, *uploads.routes, *prices.routes, *gpu_costs.routes,
-          *deployments.routes, *adapters.routes, *models_list.routes, *billing.routes, *console.routes]
+          *deployments.routes, *adapters.routes, *models_list.routes, *billing.routes, *margin.routes,
+          *console.routes]
 
 
 def create_app(settings: Settings, pool: Optional[Pool] = None, *,

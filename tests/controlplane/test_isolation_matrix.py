@@ -180,6 +180,8 @@ ROUTES: dict[tuple[str, str], Case] = {
                                         200, 200, 200),
     ("GET", "/v1/billing/prices"): Case("billing:read", fixed("/v1/billing/prices"),
                                         200, 200, 200),
+    # the platform's costs and margins: the operator's alone
+    ("GET", "/v1/billing/margin"): Case("admin", fixed("/v1/billing/margin"), 403, 403, 200),
 }
 
 
