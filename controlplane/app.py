@@ -26,13 +26,15 @@ from controlplane.metrics import Metrics, MetricsMiddleware
 from controlplane.store.tables import utcnow
 from controlplane.billing.outbox import DeadLetters, Outbox
 from controlplane.periodic import Periodic
-from controlplane.routes import (adapters, billing, deployments, functions, gateway, health,
-                                 model_sources, models_list, openapi, prices, quotas, tenants, uploads)
+from controlplane.routes import (adapters, billing, deployments, functions, gateway, gpu_costs,
+                                 health, margin, model_sources, models_list, openapi, prices, quotas,
+                                 tenants, uploads)
 from controlplane.billing.refusals import DeadLetteringSink
 from controlplane.sealing import load_sealer
 from controlplane.settings import Settings
 from controlplane.state import AppState, state_of
 from controlplane.store.desired_state import PostgresDesiredState, PostgresReplicaEvents
+from controlplane.store import gpu_costs as cost_book
 from controlplane.store.prices import seed_default
 from controlplane.deploy.uploads import S3Client, UploadConfig, Uploads, open_s3_client
 from controlplane.gateway.upstream import Upstream
@@ -43,8 +45,9 @@ PoolFactory = Callable[[PostgresDesiredState, ReplicaEventSink], Pool]
 # The invocation routes first: Starlette tries each route's pattern in order, and these
 # take nearly every request (no other pattern matches their paths, so the order is free).
 ROUTES = [*gateway.routes, *functions.routes, *health.routes, *openapi.routes, *tenants.routes,
-          *quotas.routes, *model_sources.routes, *uploads.routes, *prices.routes, *deployments.routes,
-          *adapters.routes, *models_list.routes, *billing.routes, *console.routes]
+          *quotas.routes, *model_sources.routes, *uploads.routes, *prices.routes, *gpu_costs.routes,
+          *deployments.routes, *adapters.routes, *models_list.routes, *billing.routes, *margin.routes,
+          *console.routes]
 
 
 def create_app(settings: Settings, pool: Optional[Pool] = None, *,
@@ -66,6 +69,7 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
             sessions = sessionmaker(db_engine)
             async with sessions.begin() as session:
                 await seed_default(session, settings.default_pricing)
+                await cost_book.seed_default(session, settings.gpu_cost_per_second)
             lookups = Lookups(sessions, settings.default_quota, refresh_s=settings.cache_refresh_s,
                               listen_dsn=libpq_dsn(settings.database_url),
                               timeout_s=settings.db_connect_timeout_s,

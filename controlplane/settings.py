@@ -78,6 +78,9 @@ class Settings:
     price_output_per_mtok: Decimal = Decimal(0)
     price_gpu_second: Decimal = Decimal(0)
     price_per_call: Decimal = Decimal(0)
+    # What one GPU-second costs the platform (the cost book's default, seeded on first
+    # start; admins add a cost per GPU kind): the margin report's GPU cost.
+    gpu_cost_per_second: Decimal = Decimal(0)
     quota_max_gpus: Optional[int] = 8
     quota_max_replicas_per_deployment: Optional[int] = 8
     quota_max_deployments: Optional[int] = 20
@@ -167,6 +170,7 @@ _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
     *[(f"price_{name}", f"THAWPOOL_PRICE_{name.upper()}", Decimal)
       for name in ("input_per_mtok", "cached_input_per_mtok", "output_per_mtok", "gpu_second",
                    "per_call")],
+    ("gpu_cost_per_second", "THAWPOOL_GPU_COST_PER_SECOND", Decimal),
     *[(f"quota_{name}", f"THAWPOOL_QUOTA_{name.upper()}", _limit)
       for name in ("max_gpus", "max_replicas_per_deployment", "max_deployments",
                    "max_queued_requests", "max_upload_bytes", "requests_per_min",

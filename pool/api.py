@@ -207,6 +207,10 @@ class ReplicaEvent:
     gpu_count: int
     slot_ids: tuple[str, ...] = ()
     reason: Optional[str] = None
+    # The kind of the slots it holds (pool.inventory.Slot.kind: cuda | cpu), on an event
+    # that carries slot_ids; None on the others, or when the slots left the pool. The
+    # control plane prices the platform's GPU time by it (its cost book).
+    gpu_kind: Optional[str] = None
     # The replica's own counters of what it served in its life (runtime /stats), read as it
     # stops: set on a `stopped` event only, and None there when they could not be read. A
     # crashed replica's latest known counters are its last heartbeat's `tokens`.

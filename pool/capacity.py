@@ -140,6 +140,12 @@ class Capacity:
             raise ColdStartFailed(f"slot(s) {', '.join(missing)} left the pool before the replica started")
         return [known[sid] for sid in slot_ids]
 
+    def kind_of(self, slot_ids: Sequence[str]) -> Optional[str]:
+        """The kind of these slots (one node's, so one kind), or None when none of them is
+        in the pool any more or they are of several kinds."""
+        kinds = {s.kind for s in self._slots if s.slot_id in slot_ids}
+        return kinds.pop() if len(kinds) == 1 else None
+
     def _admit(self) -> None:
         """Run the decision over the books now and act on it: reserve and wake who was
         placed, tell the others why they wait."""

@@ -106,7 +106,8 @@ class PoolManager:
         self.backend: Backend = backend if backend is not None else build_backend(settings)
         self.capacity = Capacity(settings)
         self._events = ReplicaEvents(events, self.clock, limit=settings.event_queue_limit,
-                                     retry_cap_s=settings.event_retry_cap_s)
+                                     retry_cap_s=settings.event_retry_cap_s,
+                                     kind_of=self.capacity.kind_of)
         self._registry = Registry(settings.queue_limit)
         self._backoff = BackoffConfig(settings.crash_backoff_base_s, settings.crash_backoff_cap_s)
         self._s3 = s3_client

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 from pool.api import Heartbeat, ReplicaEvent, ReplicaEventSink
 from pool.clock import Clock
@@ -28,6 +28,7 @@ from pool.replica import ReplicaState
 
 log = logging.getLogger(__name__)
 Item = Union[ReplicaEvent, Heartbeat]
+KindOf = Callable[[Sequence[str]], Optional[str]]     # slot ids -> their kind (Capacity.kind_of)
 SINK_TIMEOUT_S = 30.0                   # one call to the sink, at most; then it is retried
 FIRST_RETRY_S = 0.1
 
@@ -38,9 +39,11 @@ def retry_delay(failures: int, cap_s: float) -> float:
 
 
 class ReplicaEvents:
-    def __init__(self, sink: ReplicaEventSink, clock: Clock, *, limit: int = 10000, retry_cap_s: float = 10.0):
+    def __init__(self, sink: ReplicaEventSink, clock: Clock, *, limit: int = 10000, retry_cap_s: float = 10.0,
+                 kind_of: Optional[KindOf] = None):
         self.sink = sink
         self.clock = clock
+        self.kind_of = kind_of           # None: events name no slot kind
         self.limit = limit
         self.retry_cap_s = retry_cap_s
         self.dropped = 0                 # events refused because the queue was full
@@ -72,14 +75,16 @@ class ReplicaEvents:
 
     def publish(self, managed: ManagedReplica) -> None:
         """The replica's latest transition (its creation, for a new one) as an event; a
-        `stopped` one carries the counters read as it stopped."""
+        `stopped` one carries the counters read as it stopped, one with slots their kind."""
         step = managed.replica.history[-1]
         spec = managed.spec
         tokens = managed.final_tokens if step.state is ReplicaState.STOPPED else None
+        slot_ids = managed.replica.slot_ids
         self._put(ReplicaEvent(
             replica_id=managed.replica_id, revision_id=spec.revision_id, deployment_id=spec.deployment_id,
             tenant_id=spec.tenant_id, state=step.state.value, at=step.at, gpu_count=spec.gpu_count,
-            slot_ids=managed.replica.slot_ids, reason=step.reason,
+            slot_ids=slot_ids, reason=step.reason,
+            gpu_kind=self.kind_of(slot_ids) if slot_ids and self.kind_of else None,
             prompt_tokens=tokens[0] if tokens else None, completion_tokens=tokens[1] if tokens else None))
 
     def beat(self, beat: Heartbeat) -> None:

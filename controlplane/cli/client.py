@@ -151,6 +151,10 @@ class Client:
         """The billing report: JSON, or CSV text with params["format"] == "csv"."""
         return self.call("GET", "/v1/billing/report", params=params)
 
+    def margin(self, params: Mapping[str, str]) -> Any:
+        """The margin report (admin): JSON, or CSV text with params["format"] == "csv"."""
+        return self.call("GET", "/v1/billing/margin", params=params)
+
     def quota(self) -> JSON:
         return dict(self.call("GET", "/v1/quota"))
 

@@ -103,8 +103,9 @@ async function route() {
   timers.splice(0).forEach(clearInterval);
   if (!sessionStorage.getItem(KEY)) return showSignIn();
   document.getElementById("nav").hidden = false;
-  document.getElementById("nav-admin").hidden = !sessionStorage.getItem(ADMIN);
-  const [, page, name] = (location.hash || "#/deployments").split("/");
+  for (const id of ["nav-admin", "nav-margin"]) document.getElementById(id).hidden = !sessionStorage.getItem(ADMIN);
+  // a report page's window rides after "?" (#/usage?from=...&to=...): not part of its name
+  const [, page, name] = (location.hash || "#/deployments").split("?")[0].split("/");
   document.body.dataset.ready = "";
   try {
     if (page === "deployments" && name) await deploymentPage(decodeURIComponent(name));
@@ -112,6 +113,7 @@ async function route() {
     else if (page === "usage") await usagePage();
     else if (page === "keys") await keysPage();
     else if (page === "admin") await adminPage();
+    else if (page === "margin") await marginPage();
     else await deploymentsPage();
   } catch (error) {
     if (error.status === 401) return showSignIn("the key was refused: " + error.message);
@@ -250,27 +252,34 @@ function megabytes(bytes) {
 function isoDay(date) { return date.toISOString().slice(0, 10); }
 
 async function usagePage() {
-  const params = new URLSearchParams(location.hash.split("?")[1] || "");
-  const tomorrow = new Date(Date.now() + 86400000);
-  const to = params.get("to") || isoDay(tomorrow);
-  const from = params.get("from") || isoDay(new Date(Date.parse(to) - 30 * 86400000));
+  const [from, to] = windowOf(new URLSearchParams(location.hash.split("?")[1] || ""));
   const range = "from=" + from + "&to=" + to;
   const [daily, report] = await Promise.all([api("/v1/console/usage?" + range),
                                              api("/v1/billing/report?group_by=day&" + range)]);
   const panels = ["tokens", "cost", "gpu"].map((id) => h("div", { class: "chart card", id: "chart-" + id }));
-  main.replaceChildren(h("h1", {}, "Usage"), rangeForm(from, to),
+  main.replaceChildren(h("h1", {}, "Usage"), rangeForm("usage", from, to),
     h("div", {}, panels), reportTable(report),
     h("button", { id: "csv", type: "button", on: { click: () => downloadCsv(range, from, to) } }, "Download CSV"));
   window.thawpoolConsole.data.usage = drawUsage(daily, report, panels);
 }
 
-function rangeForm(from, to) {
+// The window [from, to) of a report page, and its other choices (`more`: named inputs).
+function rangeForm(page, from, to, more) {
   const fromInput = h("input", { type: "date", id: "from", value: from });
   const toInput = h("input", { type: "date", id: "to", value: to });
+  const extra = Object.entries(more || {});
   return h("form", { class: "inline", id: "range", on: { submit: (event) => {
     event.preventDefault();
-    location.hash = "#/usage?from=" + fromInput.value + "&to=" + toInput.value;
-  } } }, "from", fromInput, "to (exclusive)", toInput, h("button", { type: "submit" }, "Show"));
+    location.hash = "#/" + page + "?from=" + fromInput.value + "&to=" + toInput.value +
+      extra.map(([name, input]) => "&" + name + "=" + encodeURIComponent(input.value)).join("");
+  } } }, "from", fromInput, "to (exclusive)", toInput, extra.map(([, input]) => input),
+  h("button", { type: "submit" }, "Show"));
+}
+
+function windowOf(params) {
+  const tomorrow = new Date(Date.now() + 86400000);
+  const to = params.get("to") || isoDay(tomorrow);
+  return [params.get("from") || isoDay(new Date(Date.parse(to) - 30 * 86400000)), to];
 }
 
 function drawUsage(daily, report, [tokensEl, costEl, gpuEl]) {
@@ -304,6 +313,54 @@ async function downloadCsv(range, from, to) {
   document.body.append(link);
   link.click();
   window.thawpoolConsole.data.csv = text;
+}
+
+// ------------------------------------------------------------------ margin (operator)
+
+// What the tenants were billed against what their GPU time cost the platform, and what
+// drives the cost per 1k tokens (docs/margin.md): the API's figures as they come.
+const MARGIN_COLUMNS = [["revenue", "revenue"], ["gpu_cost", "GPU cost"], ["margin", "margin"],
+  ["margin_pct", "margin %"], ["gpu_seconds", "GPU s"], ["idle_gpu_seconds", "idle GPU s"],
+  ["tokens", "tokens"], ["cost_per_1k_tokens", "cost / 1k tokens"], ["cache_hit_rate", "cache hit rate"],
+  ["mean_batch_size", "mean batch"], ["quantization", "quantization"], ["sleep_share", "sleep share"],
+  ["gpu_kinds", "GPU kinds"]];
+
+async function marginPage() {
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  const [from, to] = windowOf(params);
+  const groupBy = params.get("group_by") === "tenant" ? "tenant" : "deployment";
+  const [report, costs] = await Promise.all([
+    api("/v1/billing/margin?from=" + from + "&to=" + to + "&group_by=" + groupBy), api("/v1/gpu-costs")]);
+  const grouping = h("select", { id: "group-by", name: "group_by" },
+    ["deployment", "tenant"].map((g) => h("option", { value: g, selected: g === groupBy }, "by " + g)));
+  main.replaceChildren(h("h1", {}, "Margin"), rangeForm("margin", from, to, { group_by: grouping }),
+    marginTable(report, groupBy),
+    h("h2", {}, "GPU cost book"),
+    h("p", {}, "What one GPU-second of each kind costs the platform (no kind: the default)."),
+    costForm(), table(["GPU kind", "per GPU-second", "effective from"], costs.data.map((r) =>
+      [r.gpu_kind || "(default)", r.per_gpu_second, r.effective_from]), { id: "costs-table" }));
+  window.thawpoolConsole.data.margin = report;
+  window.thawpoolConsole.data.costs = costs.data;
+}
+
+function marginTable(report, groupBy) {
+  const cell = (v) => Array.isArray(v) ? v.join("+") : (v == null ? "-" : v);
+  const rows = report.rows.map((r) => [r.key, ...MARGIN_COLUMNS.map(([c]) => cell(r[c]))]);
+  rows.push(["TOTAL", ...MARGIN_COLUMNS.map(([c]) => cell(report.totals[c]))]);
+  return table([groupBy, ...MARGIN_COLUMNS.map(([, title]) => title)], rows, { id: "margin-table" });
+}
+
+function costForm() {
+  const inputs = [h("input", { id: "cost-kind", name: "gpu_kind", placeholder: "GPU kind (blank: default)" }),
+                  h("input", { id: "cost-value", name: "per_gpu_second", placeholder: "per GPU-second", required: true }),
+                  h("input", { id: "cost-from", name: "effective_from", placeholder: "effective from (blank: now)" })];
+  const error = h("p", { class: "error", id: "cost-error" });
+  const form = h("form", { class: "inline", id: "cost-form", on: { submit: (event) => {
+    event.preventDefault();
+    const body = Object.fromEntries(inputs.filter((i) => i.value.trim()).map((i) => [i.name, i.value.trim()]));
+    attempt(error, async () => { await api("/v1/gpu-costs", { method: "POST", body: body }); await route(); });
+  } } }, inputs, h("button", { type: "submit" }, "Add cost"));
+  return h("div", {}, form, error);
 }
 
 // ------------------------------------------------------------------ admin

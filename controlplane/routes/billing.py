@@ -20,19 +20,10 @@ PARAMS = {"from", "to", "group_by", "format", "tenant"}
 async def report(request: Request) -> Response:
     principal = require(request, "billing:read")
     query = request.query_params
-    unknown = sorted(set(query) - PARAMS)
-    if unknown:
-        raise ApiError(400, f"{unknown[0]}: unknown query parameter", param=unknown[0])
-    group_by = query.get("group_by", "day")
-    if group_by not in billing.GROUPS:
-        raise ApiError(400, f"group_by: one of {', '.join(billing.GROUPS)}", param="group_by")
-    fmt = query.get("format", "json")
-    if fmt not in ("json", "csv"):
-        raise ApiError(400, "format: json or csv", param="format")
-    end = _time(query, "to") or datetime.now(timezone.utc)
-    start = _time(query, "from") or _days_before(end, 30)
-    if start >= end:
-        raise ApiError(400, "from: must be before to", param="from")
+    check_params(query, PARAMS)
+    group_by = group_of(query, billing.GROUPS, "day")
+    fmt = format_of(query)
+    window = window_of(query)
     if "tenant" in query and not principal.is_admin:
         raise ApiError(403, "tenant: only admin keys may query another tenant",
                        code="admin_required")
@@ -40,10 +31,39 @@ async def report(request: Request) -> Response:
         tenant_id = principal.tenant_id
         if "tenant" in query:
             tenant_id = (await tenants.find_tenant(session, query["tenant"])).id
-        body = await billing.report(session, tenant_id, billing.Window(start, end), group_by)
+        body = await billing.report(session, tenant_id, window, group_by)
     if fmt == "csv":
         return PlainTextResponse(to_csv(body), media_type="text/csv")
     return JSONResponse(body)
+
+
+def check_params(query: Mapping[str, str], known: set[str]) -> None:
+    unknown = sorted(set(query) - known)
+    if unknown:
+        raise ApiError(400, f"{unknown[0]}: unknown query parameter", param=unknown[0])
+
+
+def group_of(query: Mapping[str, str], groups: tuple[str, ...], default: str) -> str:
+    group_by = query.get("group_by", default)
+    if group_by not in groups:
+        raise ApiError(400, f"group_by: one of {', '.join(groups)}", param="group_by")
+    return group_by
+
+
+def format_of(query: Mapping[str, str]) -> str:
+    fmt = query.get("format", "json")
+    if fmt not in ("json", "csv"):
+        raise ApiError(400, "format: json or csv", param="format")
+    return fmt
+
+
+def window_of(query: Mapping[str, str]) -> billing.Window:
+    """[from, to): `to` now and `from` 30 days before it when absent, in UTC."""
+    end = _time(query, "to") or datetime.now(timezone.utc)
+    start = _time(query, "from") or _days_before(end, 30)
+    if start >= end:
+        raise ApiError(400, "from: must be before to", param="from")
+    return billing.Window(start, end)
 
 
 def to_csv(report_body: Mapping[str, Any]) -> str:

@@ -27,8 +27,8 @@ from dataclasses import dataclass, fields, replace
 from decimal import Decimal
 from typing import Any, Optional
 
-from sqlalchemy import (ColumnElement, Label, Numeric, RowMapping, Select, SQLColumnExpression, cast,
-                        func, literal, select)
+from sqlalchemy import (ColumnElement, Label, Numeric, RowMapping, Select, SQLColumnExpression, and_,
+                        cast, func, literal, select)
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.billing.lifetimes import (SECONDS_QUANTUM, GpuUse, Lifetime, Window, gpu_by_key,
@@ -37,7 +37,8 @@ from controlplane.store.tables import ApiKey, Deployment, ReplicaLifetime, Revis
 from controlplane.billing.pricing import MONEY_QUANTUM
 from controlplane.store import prices
 
-__all__ = ["GROUPS", "COLUMNS", "Row", "Window", "report", "usage_rows", "gpu_rows"]
+__all__ = ["GROUPS", "COLUMNS", "Row", "Window", "report", "report_rows", "usage_rows",
+           "gpu_rows", "lifetimes_in"]
 
 GROUPS = ("day", "deployment", "model", "api_key", "revision", "adapter")
 SUMS = ("prompt_tokens", "cached_tokens", "completion_tokens", "items")
@@ -116,15 +117,22 @@ def _scoped(query: Select[Any], tenant_id: str, window: Window) -> Select[Any]:
 
 async def report(session: AsyncSession, tenant_id: str, window: Window,
                  group_by: str) -> dict[str, Any]:
-    usage = await usage_rows(session, tenant_id, window, group_by)
-    gpu = await gpu_rows(session, tenant_id, window, group_by)
-    rows = {key: usage.get(key, Row()).with_gpu(gpu.get(key)) for key in {*usage, *gpu}}
+    rows = await report_rows(session, tenant_id, window, group_by)
     totals = sum(rows.values(), Row())
     return {"tenant_id": tenant_id, "from": window.start.isoformat(),
             "to": window.end.isoformat(), "group_by": group_by,
             "rows": [{"key": key, **rows[key].view()} for key in sorted(rows)],
             "totals": totals.view(),
             "gpu": {"seconds": float(totals.gpu_seconds), "cost": _money(totals.gpu_cost)}}
+
+
+async def report_rows(session: AsyncSession, tenant_id: str, window: Window,
+                      group_by: str) -> dict[str, Row]:
+    """The report's rows by key: usage and GPU time together (the margin report's
+    revenue, controlplane.store.margin, is these)."""
+    usage = await usage_rows(session, tenant_id, window, group_by)
+    gpu = await gpu_rows(session, tenant_id, window, group_by)
+    return {key: usage.get(key, Row()).with_gpu(gpu.get(key)) for key in {*usage, *gpu}}
 
 
 async def usage_rows(session: AsyncSession, tenant_id: str, window: Window,
@@ -161,8 +169,7 @@ async def _lifetimes(session: AsyncSession, tenant_id: str, window: Window,
                Deployment.shared)
         .outerjoin(Deployment, Deployment.id == r.deployment_id)
         .outerjoin(Revision, Revision.id == r.revision_id)
-        .where(r.tenant_id == tenant_id, r.placed_at.is_not(None), r.placed_at < window.end,
-               func.coalesce(r.stopped_at, r.last_seen_at, r.placed_at) > window.start)
+        .where(r.tenant_id == tenant_id, lifetimes_in(window))
     )).tuples()
     lifetimes, shared = [], False
     for (deployment_id, gpu_count, placed, stopped, seen, name, model, number, sleeps,
@@ -172,6 +179,14 @@ async def _lifetimes(session: AsyncSession, tenant_id: str, window: Window,
                                   tuple(sleeps or ()), replica_id))
         shared = shared or bool(is_shared)
     return lifetimes, shared
+
+
+def lifetimes_in(window: Window) -> ColumnElement[bool]:
+    """A lifetime that held GPUs in the window (placed before its end, and ended, as far
+    as recorded, after its start)."""
+    r = ReplicaLifetime
+    return and_(r.placed_at.is_not(None), r.placed_at < window.end,
+                func.coalesce(r.stopped_at, r.last_seen_at, r.placed_at) > window.start)
 
 
 async def _token_weights(session: AsyncSession, tenant_id: str, window: Window,

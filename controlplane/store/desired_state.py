@@ -81,7 +81,8 @@ class PostgresReplicaEvents:
     the pool retries the stop event in order and it may arrive after that heartbeat.
     A `sleeping` and a `waking` event each add their time to `sleeps` (once: a retried
     one finds its state already recorded); a sleeper is in no heartbeat and is not
-    lost for it (it bills nothing meanwhile)."""
+    lost for it (it bills nothing meanwhile). The kind of its slots is kept from the
+    latest event that named it."""
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession]):
         self.sessions = sessions
@@ -126,7 +127,7 @@ def _upsert(event: ReplicaEvent) -> Any:
         deployment_id=event.deployment_id, tenant_id=event.tenant_id,
         gpu_count=event.gpu_count, slot_ids=list(event.slot_ids), state=event.state,
         started_at=event.at, reason=event.reason, last_seen_at=event.at,
-        placed_at=event.at if event.slot_ids else None,
+        placed_at=event.at if event.slot_ids else None, gpu_kind=event.gpu_kind,
         ready_at=event.at if event.state == "ready" else None,
         loading_at=event.at if event.state == "loading" else None,
         stopped_at=event.at if stopping else None)
@@ -136,6 +137,8 @@ def _upsert(event: ReplicaEvent) -> Any:
     if event.slot_ids:
         stamps["slot_ids"] = list(event.slot_ids)
         stamps["placed_at"] = func.coalesce(r.placed_at, event.at)
+    if event.gpu_kind is not None:
+        stamps["gpu_kind"] = event.gpu_kind
     if event.state in (SLEEPING, WAKING):      # a retried event is added once
         stamps["sleeps"] = case((r.state == event.state, r.sleeps),
                                 else_=func.array_append(r.sleeps, event.at))

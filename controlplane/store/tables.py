@@ -225,6 +225,9 @@ class ReplicaLifetime(Base):
     # asleep now); no GPU time is billed between a sleep and its wake.
     sleeps: Mapped[list[datetime]] = mapped_column(ARRAY(DateTime(timezone=True)),
                                                    server_default=text("'{}'"), default=list)
+    # The kind of its slots (pool.api.ReplicaEvent.gpu_kind: cuda | cpu; migration 0017),
+    # which the operator's cost book prices; NULL: not known (rows from before 0017).
+    gpu_kind: Mapped[Optional[str]]
 
 
 class ModelSource(Base):
@@ -273,6 +276,20 @@ class Price(Base):
     output_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
     gpu_second: Mapped[Decimal] = mapped_column(PRICE)
     per_call: Mapped[Decimal] = mapped_column(PRICE)
+    effective_from: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class GpuCost(Base):
+    """One row of the operator's cost book (migration 0018): what one GPU-second of
+    `gpu_kind` costs the platform from `effective_from` on; no kind: the default, for
+    every kind without a row of its own (controlplane.billing.costs)."""
+    __tablename__ = "gpu_costs"
+    __table_args__ = (Index("uq_gpu_costs_kind_effective_from", "gpu_kind", "effective_from",
+                            unique=True, postgresql_nulls_not_distinct=True),)
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    gpu_kind: Mapped[Optional[str]]
+    per_gpu_second: Mapped[Decimal] = mapped_column(PRICE)
     effective_from: Mapped[datetime]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -41,7 +41,7 @@ def up_env(s3_server, bucket: str) -> dict[str, str]:
            "THAWPOOL_WARM_POOL_SIZE": "0", "THAWPOOL_RUNTIME_THREADS": "1",
            "THAWPOOL_KV_CACHE_TOKENS_DEFAULT": "512", "THAWPOOL_TICK_S": "0.2",
            "THAWPOOL_PRICE_INPUT_PER_MTOK": "1", "THAWPOOL_PRICE_OUTPUT_PER_MTOK": "2",
-           "THAWPOOL_PRICE_GPU_SECOND": "0.001"}
+           "THAWPOOL_PRICE_GPU_SECOND": "0.001", "THAWPOOL_GPU_COST_PER_SECOND": "0.0004"}
     for name in ("THAWPOOL_DATABASE_URL", "THAWPOOL_URL", "THAWPOOL_API_KEY",
                  "THAWPOOL_ADMIN_KEY", "THAWPOOL_PROFILE"):
         env.pop(name, None)

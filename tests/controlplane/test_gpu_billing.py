@@ -248,3 +248,17 @@ async def test_a_refused_replica_event_is_dead_lettered_and_the_queue_goes_on(se
     assert letters[1]["item"]["prompt_tokens"] == 2 ** 70
     assert letters[1]["item"]["reason"] == "killed\x00"
     assert all("value out of int64 range" in letter["error"] for letter in letters)
+
+
+async def test_the_lifetime_keeps_the_kind_its_events_named(sink, sessions):
+    """An event with slots names their kind (pool.api.ReplicaEvent.gpu_kind); one without
+    (a sleep) names none and leaves the recorded kind as it was."""
+    tenant = Tenant(sink)
+    common = dict(replica_id=f"{tenant.id}-k", **tenant.ids)
+    await sink.replica_changed(ReplicaEvent(state="pending", at=at(0), **common))
+    assert (await tenant.row(sessions, "k")).gpu_kind is None
+    await sink.replica_changed(ReplicaEvent(state="pulling", at=at(1), slot_ids=SLOTS,
+                                            gpu_kind="cuda", **common))
+    await sink.replica_changed(ReplicaEvent(state="sleeping", at=at(5), **common))
+    await sink.replica_changed(ReplicaEvent(state="stopped", at=at(9), **common))
+    assert (await tenant.row(sessions, "k")).gpu_kind == "cuda"

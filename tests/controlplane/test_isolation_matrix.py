@@ -69,6 +69,12 @@ def unique_price(world: World) -> tuple[str, dict]:
                               "effective_from": later.isoformat()}
 
 
+def unique_gpu_cost(world: World) -> tuple[str, dict]:
+    later = datetime.now(timezone.utc) + timedelta(days=30, minutes=next(fresh))
+    return "/v1/gpu-costs", {"gpu_kind": "cuda", "per_gpu_second": "0.001",
+                             "effective_from": later.isoformat()}
+
+
 def unique_deployment(world: World) -> tuple[str, dict]:
     return "/v1/deployments", {"name": f"iso-new-{next(fresh)}", "model_uri": world.ids["model"]}
 
@@ -117,6 +123,10 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/price-book"): Case("admin", fixed("/v1/price-book"), 403, 403, 200),
     ("DELETE", "/v1/price-book/{id}"): Case(
         "admin", path_with("/v1/price-book/{}", "doomed_price"), 403, 403, 204),
+    ("POST", "/v1/gpu-costs"): Case("admin", unique_gpu_cost, 403, 403, 201),
+    ("GET", "/v1/gpu-costs"): Case("admin", fixed("/v1/gpu-costs"), 403, 403, 200),
+    ("DELETE", "/v1/gpu-costs/{id}"): Case(
+        "admin", path_with("/v1/gpu-costs/{}", "doomed_cost"), 403, 403, 204),
     # deploy scope: A's deployments, sources, uploads, quota
     ("POST", "/v1/deployments"): Case("deploy", unique_deployment, own=201, other=403,
                                       admin=403),       # A's prefix is A's alone
@@ -170,6 +180,8 @@ ROUTES: dict[tuple[str, str], Case] = {
                                         200, 200, 200),
     ("GET", "/v1/billing/prices"): Case("billing:read", fixed("/v1/billing/prices"),
                                         200, 200, 200),
+    # the platform's costs and margins: the operator's alone
+    ("GET", "/v1/billing/margin"): Case("admin", fixed("/v1/billing/margin"), 403, 403, 200),
 }
 
 
@@ -246,6 +258,10 @@ async def make_sources_prices_uploads(plane, world: World) -> None:
     later = (datetime.now(timezone.utc) + timedelta(days=60)).isoformat()
     world.ids["doomed_price"] = (await plane.set_price(
         tenant="iso-a", input_per_mtok="9", output_per_mtok="9", effective_from=later))["id"]
+    doomed_cost = await plane.admin.post("/v1/gpu-costs", json={
+        "gpu_kind": "cpu", "per_gpu_second": "0.001", "effective_from": later})
+    assert doomed_cost.status_code == 201, doomed_cost.text
+    world.ids["doomed_cost"] = doomed_cost.json()["id"]
     a = plane.client(world.keys["own"])
     urls = {}
     for name in ("upload", "doomed_upload"):

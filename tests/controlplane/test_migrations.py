@@ -14,7 +14,7 @@ from tests.controlplane.conftest import create_database, drop_database
 
 TABLES = {"tenants", "api_keys", "deployments", "revisions", "usage_events",
           "replica_lifetimes", "model_sources", "prices", "tenant_quotas", "model_uploads",
-          "function_calls", "adapters", "alembic_version"}
+          "function_calls", "adapters", "gpu_costs", "alembic_version"}
 T0 = datetime(2026, 5, 1, tzinfo=timezone.utc)
 IDS = ("'00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-000000000002', "
        "'00000000-0000-0000-0000-000000000003'")
@@ -75,6 +75,34 @@ async def test_0004_keeps_the_bill_of_older_lifetimes_and_goes_down_again(pg_ser
             await asyncio.to_thread(command.downgrade, alembic_config(url), "0003")
             assert await conn.fetchval("SELECT version_num FROM alembic_version") == "0003"
             await asyncio.to_thread(migrate, url)
+        finally:
+            await conn.close()
+    finally:
+        await drop_database(pg_server, url)
+
+
+async def test_0018_keeps_one_cost_per_kind_and_time_and_0017_0018_go_down_again(pg_server):
+    """The default's NULL kind counts as one kind: a second default at the same time is
+    refused, as is a second row of one kind; down to 0016 both the cost book and the
+    lifetimes' kind go, and come back."""
+    url = await create_database(pg_server)
+    try:
+        await migrate_async(url)
+        conn = await asyncpg.connect(libpq(url))
+        try:
+            insert = ("INSERT INTO gpu_costs (id, gpu_kind, per_gpu_second, effective_from, "
+                      "created_at) VALUES (gen_random_uuid(), $1, 0.001, $2, now())")
+            for kind in (None, "cuda"):
+                await conn.execute(insert, kind, T0)
+                with pytest.raises(asyncpg.UniqueViolationError):
+                    await conn.execute(insert, kind, T0)
+            await asyncio.to_thread(command.downgrade, alembic_config(url), "0016")
+            assert await conn.fetchval("SELECT to_regclass('gpu_costs')") is None
+            assert await conn.fetchval(
+                "SELECT count(*) FROM information_schema.columns WHERE "
+                "table_name = 'replica_lifetimes' AND column_name = 'gpu_kind'") == 0
+            await asyncio.to_thread(migrate, url)
+            assert await conn.fetchval("SELECT count(*) FROM gpu_costs") == 0
         finally:
             await conn.close()
     finally:

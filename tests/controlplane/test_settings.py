@@ -19,3 +19,11 @@ def test_repr_and_str_of_populated_settings_hold_no_secret():
         assert "http://s3.internal:8333" in text          # the rest is still there
         leaked = [v for v in (*SECRETS.values(), "pg-pass-7f3a") if v in text]
         assert leaked == []
+
+
+def test_the_gpu_cost_is_read_from_the_environment_and_zero_when_unset():
+    from decimal import Decimal
+
+    assert Settings.from_env({}).gpu_cost_per_second == 0
+    read = Settings.from_env({"THAWPOOL_GPU_COST_PER_SECOND": "0.00042"})
+    assert read.gpu_cost_per_second == Decimal("0.00042")

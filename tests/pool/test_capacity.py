@@ -36,3 +36,18 @@ async def test_a_busy_revisions_replica_is_placed_apart_from_another_busy_one():
     assert light.slot_ids in (first.slot_ids, second.slot_ids)     # no load: best fit by memory
     await cap.release("r1", first.slot_ids)
     assert sorted(s.load for s in cap.states()) == [0.0, 0.8]
+
+
+async def test_the_kind_of_a_replicas_slots_is_the_inventorys():
+    """What a replica event names as its GPU kind: the slots' own; None once they left the
+    pool, and for slots of several kinds (no placement makes such a replica)."""
+    from pool.capacity import Capacity
+    from pool.settings import PoolSettings
+
+    cap = Capacity(PoolSettings())
+    await cap.update([Slot("n/cuda0", "n", "cuda", GB, 0), Slot("n/cuda1", "n", "cuda", GB, 1),
+                      Slot("n/cpu0", "n", "cpu", GB)])
+    assert cap.kind_of(("n/cuda0", "n/cuda1")) == "cuda"
+    assert cap.kind_of(("n/cpu0",)) == "cpu"
+    assert cap.kind_of(("n/cuda0", "n/cpu0")) is None
+    assert cap.kind_of(("gone/cuda0",)) is None

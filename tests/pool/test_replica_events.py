@@ -135,3 +135,31 @@ async def test_close_gives_up_on_a_sink_that_never_takes_and_says_how_much_is_le
     with caplog.at_level(logging.ERROR, logger="pool.replica_events"):
         await events.close(0.3)
     assert "did not take 1 event(s) before stop" in caplog.text
+
+
+async def test_an_event_that_carries_slots_names_their_kind():
+    """The kind comes from `kind_of` (the pool's Capacity.kind_of) for the slots the event
+    carries; an event with no slots (pending, sleeping) names none."""
+    sink = EventLog()
+    asked: list[tuple[str, ...]] = []
+
+    def kind_of(slot_ids):
+        asked.append(tuple(slot_ids))
+        return "cuda"
+
+    events = ReplicaEvents(sink, Clock(), kind_of=kind_of)
+    events.start()
+    a = managed("a")
+    events.publish(a)                                  # pending: no slots yet
+    a.replica.slot_ids = ("n/cuda0",)
+    for state in (ReplicaState.PULLING, ReplicaState.LOADING, ReplicaState.READY,
+                  ReplicaState.DRAINING):
+        events.move(a, state)
+    a.replica.slot_ids = ()
+    events.move(a, ReplicaState.SLEEPING)
+    assert await sink.wait_for(lambda got: len(got) == 6, 10)
+    assert [(e.state, e.gpu_kind) for e in sink.events] == [
+        ("pending", None), ("pulling", "cuda"), ("loading", "cuda"), ("ready", "cuda"),
+        ("draining", "cuda"), ("sleeping", None)]
+    assert asked == [("n/cuda0",)] * 4
+    await events.close(1.0)
