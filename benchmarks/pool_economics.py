@@ -7,9 +7,13 @@ heavy-tailed rates, burstiness and diurnal swing, Azure LLM trace lengths, model
 Azure population's rates so the day fits the pool. The replicas: poolsim/params/<gpu>.json.
 The policies (poolsim/policies.py):
   knative           KServe/Knative scale to zero: gone 90 s after the last call, no node
-                    cache, a pod a GPU; on the same pool
+                    cache, a pod a GPU
   always-warm       one replica per deployment on GPUs of its own (as vLLM takes 90% of
-                    one); on as many nodes as that takes, since its GPU count is its cost
+                    one)
+                    Both baselines get a pool with room for one replica of every
+                    deployment plus --nodes more for scaling up: a pod a GPU needs about
+                    twice the 16 nodes at knative's peak, and a baseline starved of GPUs
+                    would lose requests rather than use GPU time
   thawpool          as deployed by default: 300 s idle, then asleep 30 min; node cache,
                     a standby a node, replicas sharing GPUs by memory
   thawpool-60s, thawpool-15s  the same with shorter idle timeouts (-15s also packs by
@@ -58,7 +62,8 @@ POLICIES: dict[str, Callable[[], StaticPolicy]] = {**BASELINES, "thawpool-15s": 
 
 
 def always_warm_nodes(trace: Trace, gpus_per_node: int) -> int:
-    """Room for one replica of every deployment, whole GPUs each."""
+    """Room for one replica of every deployment, whole GPUs each (a baseline's pool adds
+    the pool's nodes for scaling up)."""
     return math.ceil(sum(d.model.gpu_count for d in trace.deployments) / gpus_per_node) + 1
 
 
@@ -77,7 +82,7 @@ def main() -> None:
     parser.add_argument("--rate-scale", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--policies", default="knative,always-warm,thawpool,thawpool-60s,thawpool-15s,"
-                                              "thawpool-learned,thawpool-packed")
+                                              "thawpool-packed")
     parser.add_argument("--png", type=Path, default=PNG)
     args = parser.parse_args()
     kind = gpu_kind(args.gpu)
@@ -93,7 +98,8 @@ def main() -> None:
           f"{'SLO':>8s} {'lost':>6s} {'peak':>5s} {'wall':>7s}   (GPU-hours; idle: of held; cold: of answered)")
     outcomes: dict[str, Outcome] = {}
     for name in args.policies.split(","):
-        nodes = always_warm_nodes(trace, kind.gpus_per_node) if name == "always-warm" else args.nodes
+        baseline = not name.startswith("thawpool")
+        nodes = always_warm_nodes(trace, kind.gpus_per_node) + args.nodes if baseline else args.nodes
         outcomes[name] = simulate(trace, ClusterShape(nodes, kind), POLICIES[name]())
         print(row(outcomes[name]), flush=True)
     ratios(outcomes)
