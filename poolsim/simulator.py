@@ -19,7 +19,8 @@ snapshot, so the ticks in between would decide the same.
 
 A request's decode runs at the batch its replica has when it starts, on a GPU that
 runs its busy replicas' steps in turn (the step takes as many times longer as there
-are busy replicas on the slot); prefill goes first, at the same share.
+are busy replicas on the slot); prefill goes first, at the same share. On CPU slots
+(`Throughput.node_cores`) the share is the node's busy replicas over its cores.
 """
 from __future__ import annotations
 
@@ -217,12 +218,24 @@ class Simulation:
         if r.running == 1:
             self._busy(r, +1)
         model, tp = r.dep.dep.model, self.shape.gpu.throughput
-        share = max(self.cluster.busy[s] for s in r.placed.slot_ids) if r.placed else 1
+        share = self._share(r)
         step = tp.step_s(model.weight_bytes, model.gpu_count, r.running) * share
-        first = tp.prefill_s(model.parameters_b * 1e9, model.gpu_count, req.prompt_tokens) * share + step
+        prefill = tp.prefill_s(model.parameters_b * 1e9, model.gpu_count, req.prompt_tokens) * share
+        first = tp.request_overhead_s + prefill + step
         self.tally.answered(self.loop.now + first - req.at_s, r.dep.size_class, tier)
         self.tally.output_tokens += req.output_tokens
         self.loop.after(first + max(0, req.output_tokens - 1) * step, self._done, r)
+
+    def _share(self, r: Replica) -> float:
+        """How many times longer its steps take for the replicas it shares compute with."""
+        if r.placed is None:
+            return 1.0
+        cores = self.shape.gpu.throughput.node_cores
+        if cores:                               # CPU slots: one node's cores, whatever the slot
+            node = r.placed.node
+            busy = sum(n for slot, n in self.cluster.busy.items() if self.cluster.node_of[slot] == node)
+            return max(1.0, busy / cores)
+        return max(self.cluster.busy[s] for s in r.placed.slot_ids)
 
     def _done(self, r: Replica) -> None:
         r.running -= 1

@@ -6,7 +6,7 @@ import pytest
 from pool.autoscaler import ScalingConfig
 from poolsim.cluster import ClusterShape
 from poolsim.policies import StaticPolicy, always_warm, knative, thawpool
-from poolsim.replica_model import ColdStarts, GpuKind, Throughput, Transfer
+from poolsim.replica_model import ColdStarts, GpuKind, Throughput, Transfer, from_json, to_json
 from poolsim.simulator import SimSettings, Simulation, simulate
 from poolsim.workload import Deployment, ModelShape, Request, Trace
 
@@ -165,3 +165,37 @@ def test_per_deployment_stats_count_requests_starts_and_gpu_time():
     stats = out.deployments["a"]
     assert (stats.requests, stats.cold_starts, stats.peak_replicas) == (2, 2, 1)
     assert stats.gpu_seconds == EXACT(out.gpu_seconds)
+
+
+def cpu_kind(node_cores, overhead_s=0.0):
+    tp = Throughput(hbm_gbps=1000.0, per_seq_s=0.0, prefill_tflops=1000.0, node_cores=node_cores,
+                    request_overhead_s=overhead_s)
+    return GpuKind("cpu", memory_gb=80, price_per_hour=0.0, gpus_per_node=2, cold_starts=KIND.cold_starts,
+                   throughput=tp)
+
+
+def first_tokens(kind):
+    """Two deployments' replicas, ready at the same moment, each given one request then."""
+    deps = (Deployment("a", "t1", SMALL), Deployment("b", "t1", SMALL))
+    sim = Simulation(trace([req(10.0, "a"), req(10.0, "b")], deps), ClusterShape(1, kind), fixed(),
+                     SimSettings(warm_caches=False))
+    sim.run()
+    return [t - 5.0 for t in sim.tally.ttft]           # less the cold start from S3
+
+
+def test_replicas_packed_on_one_gpu_take_turns():
+    assert first_tokens(KIND) == [EXACT(PREFILL_100 + STEP), EXACT(2 * (PREFILL_100 + STEP))]
+
+
+def test_cpu_slots_share_the_node_cores_not_the_slot():
+    assert first_tokens(cpu_kind(node_cores=2)) == [EXACT(PREFILL_100 + STEP)] * 2
+    assert first_tokens(cpu_kind(node_cores=1)) == [EXACT(PREFILL_100 + STEP), EXACT(2 * (PREFILL_100 + STEP))]
+
+
+def test_the_request_overhead_comes_before_every_first_token():
+    assert first_tokens(cpu_kind(node_cores=2, overhead_s=0.03)) == [EXACT(0.03 + PREFILL_100 + STEP)] * 2
+
+
+def test_a_kind_round_trips_through_json_with_its_cpu_fields():
+    kind = cpu_kind(node_cores=2, overhead_s=0.03)
+    assert from_json(to_json(kind)) == kind
