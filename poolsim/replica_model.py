@@ -17,6 +17,8 @@ the machine at hand).
   prefill     p prompt tokens: p * 2 * parameters / (g * prefill_tflops)
   overhead    the hop in front of the replica (gateway, routing, HTTP) that every
               first token waits for: request_overhead_s
+  queueing    with prefill_step_tokens, a replica's prompts wait for its engine's
+              prefill steps of that many tokens (poolsim/simulator.py); without, none
 
 A GPU that several busy replicas share runs their steps in turn: each step takes
 as long as the sum (poolsim/simulator.py counts them). CPU slots are no such
@@ -61,6 +63,7 @@ class Throughput:
     max_batch: int = 256             # sequences one replica runs at once (the engine's max_num_seqs)
     node_cores: int = 0              # CPU slots: the cores a node's busy replicas share; 0: GPUs, per slot
     request_overhead_s: float = 0.0  # before prefill: the gateway and the hop to the replica
+    prefill_step_tokens: int = 0     # the engine's max_num_batched_tokens: prompts queue for steps; 0: never
 
     def step_s(self, weight_bytes: float, gpu_count: int, batch: int) -> float:
         return weight_bytes / gpu_count / (self.hbm_gbps * GB) + batch * self.per_seq_s
@@ -113,4 +116,5 @@ def to_json(kind: GpuKind) -> dict[str, Any]:
             "throughput": {"hbm_gbps": kind.throughput.hbm_gbps, "per_seq_s": kind.throughput.per_seq_s,
                            "prefill_tflops": kind.throughput.prefill_tflops,
                            "max_batch": kind.throughput.max_batch, "node_cores": kind.throughput.node_cores,
-                           "request_overhead_s": kind.throughput.request_overhead_s}}
+                           "request_overhead_s": kind.throughput.request_overhead_s,
+                           "prefill_step_tokens": kind.throughput.prefill_step_tokens}}

@@ -199,3 +199,30 @@ def test_the_request_overhead_comes_before_every_first_token():
 def test_a_kind_round_trips_through_json_with_its_cpu_fields():
     kind = cpu_kind(node_cores=2, overhead_s=0.03)
     assert from_json(to_json(kind)) == kind
+
+
+def queued_ttfts(requests, budget):
+    """TTFTs less the 5 s cold start, on a kind whose prompts queue for prefill steps."""
+    tp = Throughput(hbm_gbps=1000.0, per_seq_s=0.0, prefill_tflops=1000.0, prefill_step_tokens=budget)
+    kind = GpuKind("queued", memory_gb=80, price_per_hour=0.0, gpus_per_node=2, cold_starts=KIND.cold_starts,
+                   throughput=tp)
+    sim = Simulation(trace(requests), ClusterShape(1, kind), fixed(), SimSettings(warm_caches=False))
+    sim.run()
+    return [t - 5.0 for t in sim.tally.ttft]
+
+
+def test_prompts_that_wait_for_a_prefill_step_are_prefilled_together_in_the_next():
+    first = PREFILL_100 + STEP                           # alone in the first step, after the cold start
+    together = first + 2 * PREFILL_100 + STEP            # the other two, in one step after it
+    assert queued_ttfts([req(10.0)] * 3, budget=2048) == [EXACT(first), EXACT(together), EXACT(together)]
+
+
+def test_a_prompt_past_the_step_budget_is_finished_in_the_next_step():
+    first = PREFILL_100 + STEP
+    second = first + 1.5 * PREFILL_100 + STEP            # the second whole and half the third
+    third = second + 0.5 * PREFILL_100 + STEP
+    assert queued_ttfts([req(10.0)] * 3, budget=150) == [EXACT(first), EXACT(second), EXACT(third)]
+
+
+def test_without_a_step_budget_each_prompt_is_prefilled_apart():
+    assert ttfts(trace([req(10.0)] * 3), fixed()) == [EXACT(5.0 + PREFILL_100 + STEP)] * 3
