@@ -152,6 +152,7 @@ class Simulation:
         self._ids = 0
         self._requests = 0
         self._holding_gpus = 0
+        self._gateway_free_at = 0.0               # Throughput.gateway_s: when its last request's work ends
 
     # ------------------------------------------------------------------ running
 
@@ -235,16 +236,25 @@ class Simulation:
             self._busy(r, +1)
         tp = self.shape.gpu.throughput
         if tp.prefill_step_tokens:
-            self.loop.after(tp.request_overhead_s, self._reach, r, Prompt(req, tier, req.prompt_tokens))
+            self.loop.after(self._to_replica(), self._reach, r, Prompt(req, tier, req.prompt_tokens))
             return
         model = r.dep.dep.model                # each prompt prefilled at once, apart from the others
         share = self._share(r)
         step = tp.step_s(model.weight_bytes, model.gpu_count, r.running) * share
         prefill = tp.prefill_s(model.parameters_b * 1e9, model.gpu_count, req.prompt_tokens) * share
-        first = tp.request_overhead_s + prefill + step
+        first = self._to_replica() + prefill + step
         self.tally.answered(self.loop.now + first - req.at_s, r.dep.size_class, tier)
         self.tally.output_tokens += req.output_tokens
         self.loop.after(first + max(0, req.output_tokens - 1) * step, self._done, r)
+
+    def _to_replica(self) -> float:
+        """How long a request served now takes to reach its replica: the gateway's work for
+        it, one request at a time after those before it, then the hop."""
+        tp = self.shape.gpu.throughput
+        if tp.gateway_s:
+            self._gateway_free_at = max(self.loop.now, self._gateway_free_at) + tp.gateway_s
+            return self._gateway_free_at - self.loop.now + tp.request_overhead_s
+        return tp.request_overhead_s
 
     def _reach(self, r: Replica, prompt: Prompt) -> None:
         """At the replica, a prompt waits for the prefill steps before it."""

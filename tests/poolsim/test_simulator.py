@@ -226,3 +226,17 @@ def test_a_prompt_past_the_step_budget_is_finished_in_the_next_step():
 
 def test_without_a_step_budget_each_prompt_is_prefilled_apart():
     assert ttfts(trace([req(10.0)] * 3), fixed()) == [EXACT(5.0 + PREFILL_100 + STEP)] * 3
+
+
+def test_the_gateway_works_one_request_at_a_time():
+    tp = Throughput(hbm_gbps=1000.0, per_seq_s=0.0, prefill_tflops=1000.0, request_overhead_s=0.01,
+                    gateway_s=0.02, prefill_step_tokens=2048)
+    kind = GpuKind("gw", memory_gb=80, price_per_hour=0.0, gpus_per_node=2, cold_starts=KIND.cold_starts,
+                   throughput=tp)
+    reqs = [req(10.0), req(10.0), req(30.0)]
+    sim = Simulation(trace(reqs), ClusterShape(1, kind), fixed(), SimSettings(warm_caches=False))
+    sim.run()
+    alone = 0.02 + 0.01 + PREFILL_100 + STEP
+    # the two of the cold start pass the gateway in turn, each then prefilled in its own step;
+    # the third comes when the gateway is idle again
+    assert list(sim.tally.ttft) == [EXACT(5.0 + alone), EXACT(5.0 + alone + 0.02), EXACT(alone)]
