@@ -6,7 +6,11 @@ first start downloads), and every request a streamed completion timed by the cli
 
   s3       each deployment's first request: the download, then a standby's load
   warm     a ready replica's TTFT at batch 1 over prompt lengths, one request at a time,
-           the lengths taken in turn so that a drift of the machine's load spreads evenly
+           each after a pause and answered in full (ANSWER_TOKENS): trace requests come
+           after gaps and are answered at length, and both cost the first token a few
+           ms against back-to-back calls of 2 tokens; the lengths taken in turn so that
+           a drift of the machine's load spreads evenly
+  bursts   k requests sent at once, BURST_PROMPT tokens each: their last first token
   decode   b requests at once of DECODE_TOKENS tokens each: (total - TTFT) / (tokens - 1)
   standby  a request to a deployment scaled to zero, its weights cached, a standby ready
   cache    a request straight after another deployment's start took the standby: a fresh
@@ -38,6 +42,10 @@ IDLE_S = 4.0
 COLD_PROMPT = 32
 WARM_PROMPTS = (8, 64, 128, 256, 512)
 WARM_REPEATS = 7
+PAUSE_S = 0.3
+ANSWER_TOKENS = 32
+BURSTS = (1, 2, 4, 8, 16)
+BURST_PROMPT = 8
 BATCHES = (1, 2, 4, 8, 16)
 DECODE_TOKENS = 48
 ROUNDS = 3                           # of each cold start
@@ -63,7 +71,7 @@ class Probe:
         """One cold request, once everything has scaled to zero and a standby is up."""
         await until(lambda: self.all_stopped(), "calibration replicas scaled to zero")
         await until(lambda: asyncio.to_thread(standby_ready, self.stack), "a standby ready")
-        return ttft(await self.ask(http, name, COLD_PROMPT, 2))
+        return ttft(await self.ask(http, name, COLD_PROMPT, ANSWER_TOKENS))
 
     async def all_stopped(self) -> bool:
         return not await open_replicas(self.stack, [TENANT])
@@ -86,7 +94,19 @@ async def warm_ttfts(probe: Probe, http: httpx.AsyncClient, name: str) -> dict[i
     found: dict[int, list[float]] = {p: [] for p in WARM_PROMPTS}
     for _ in range(WARM_REPEATS):
         for p in WARM_PROMPTS:
-            found[p].append(ttft(await probe.ask(http, name, p, 2)))
+            await asyncio.sleep(PAUSE_S)
+            found[p].append(ttft(await probe.ask(http, name, p, ANSWER_TOKENS)))
+    return found
+
+
+async def bursts(probe: Probe, http: httpx.AsyncClient, name: str) -> dict[int, list[float]]:
+    await asyncio.gather(*[probe.ask(http, name, BURST_PROMPT, 2) for _ in range(max(BURSTS))])  # connections
+    found: dict[int, list[float]] = {k: [] for k in BURSTS}
+    for _ in range(ROUNDS + 2):
+        for k in BURSTS:
+            await asyncio.sleep(PAUSE_S)
+            answers = await asyncio.gather(*[probe.ask(http, name, BURST_PROMPT, ANSWER_TOKENS) for _ in range(k)])
+            found[k].append(max(ttft(a) for a in answers))
     return found
 
 
@@ -110,13 +130,15 @@ async def measure(stack: FaultStack, uris: Sequence[str], model: Path, vocab: in
             cold["s3"].append(await probe.cold(http, name))
         await probe.ask(http, first, 8, 2)           # its start: the warm requests find it up
         warm = await warm_ttfts(probe, http, first)
+        burst = await bursts(probe, http, first)
         step = await steps(probe, http, first)
         for _ in range(ROUNDS):
             cold["standby"].append(await probe.cold(http, second))
-            cold["cache"].append(ttft(await probe.ask(http, third, COLD_PROMPT, 2)))
+            cold["cache"].append(ttft(await probe.ask(http, third, COLD_PROMPT, ANSWER_TOKENS)))
     weights = sorted(model.glob("*.safetensors"))
     return Timings(weight_bytes=sum(p.stat().st_size for p in weights), parameters=parameters,
-                   step_s=step, warm_ttft_s=warm, cold_ttft_s=cold, cold_prompt_tokens=COLD_PROMPT,
+                   step_s=step, warm_ttft_s=warm, burst_last_ttft_s=burst, burst_prompt_tokens=BURST_PROMPT,
+                   cold_ttft_s=cold, cold_prompt_tokens=COLD_PROMPT,
                    s3_gbps=s3_gbps(stack, uris[0], weights), read_gbps=read_gbps(weights),
                    refill_delay_s=refill_delay_s)
 
@@ -149,6 +171,7 @@ def summary(t: Timings) -> dict[str, str]:
     def ms(samples: Mapping[Any, Sequence[float]]) -> str:
         return ", ".join(f"{k}: {statistics.median(v) * 1000:.1f}" for k, v in samples.items())
     return {"decode step by batch (ms)": ms(t.step_s), "warm TTFT by prompt tokens (ms)": ms(t.warm_ttft_s),
+            f"a burst's last TTFT by burst size, prompt {t.burst_prompt_tokens} (ms)": ms(t.burst_last_ttft_s),
             f"cold TTFT by tier, prompt {t.cold_prompt_tokens} (ms)": ms(t.cold_ttft_s),
             "every cold TTFT (ms)": "; ".join(f"{k}: {[round(x * 1000) for x in v]}" for k, v in t.cold_ttft_s.items()),
             "bulk rates": f"S3 GET {t.s3_gbps:.3f} GB/s, page-cache read {t.read_gbps:.2f} GB/s"}

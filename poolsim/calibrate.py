@@ -8,9 +8,12 @@ through `thawpool up`). Every figure is the median of its repeats, then:
   decode    step(b) = base + b * per_seq, least squares over batch sizes; base stands
             for weight_bytes / hbm_gbps, an effective rate (on a CPU with a tiny model
             the step is mostly the engine's own work, not memory)
-  prefill   a warm TTFT at batch 1 is overhead + p * c + step(1), least squares over
-            prompt lengths p: c gives prefill_tflops (c = 2 * parameters / FLOPS) and
-            the intercept less step(1) is request_overhead_s
+  prefill   a warm TTFT at batch 1 is gateway + overhead + p * c + step(1), least
+            squares over prompt lengths p: c gives prefill_tflops (c = 2 * parameters /
+            FLOPS); the intercept less step(1) and the gateway is request_overhead_s
+  gateway   a burst of k requests sent at once passes the gateway one at a time: the
+            first token of its last request comes k * (gateway + p * c) after a fixed
+            part (each prompt prefilled in turn behind it), least squares over k
   cold      a tier's cold start is a cold request's TTFT less a warm one's at the same
             prompt length: what the simulator adds before prefill. s3 is a first start
             (the download, then a standby's load) less a standby's load
@@ -58,6 +61,8 @@ class Timings:
     parameters: float
     step_s: Mapping[int, Sequence[float]]          # batch -> seconds a decode step
     warm_ttft_s: Mapping[int, Sequence[float]]     # prompt tokens -> a warm TTFT at batch 1
+    burst_last_ttft_s: Mapping[int, Sequence[float]]   # k -> a burst of k's last first token
+    burst_prompt_tokens: int                       # the prompt of every request of a burst
     cold_ttft_s: Mapping[str, Sequence[float]]     # tier (TIERS) -> a cold request's TTFT
     cold_prompt_tokens: int                        # the prompt of every cold request
     s3_gbps: float                                 # bulk rates (the module's "bytes")
@@ -98,10 +103,12 @@ def throughput(t: Timings, machine: Machine) -> tuple[Throughput, Line]:
     warm = fit_line(medians(t.warm_ttft_s))
     base, per_seq = max(step.intercept, 1e-6), max(step.slope, 0.0)
     per_token = max(warm.slope, 1e-9)        # noise must not make prefill free or negative
+    burst = fit_line(medians(t.burst_last_ttft_s))
+    gateway = max(0.0, burst.slope - t.burst_prompt_tokens * per_token)
     tp = Throughput(hbm_gbps=t.weight_bytes / base / GB, per_seq_s=per_seq,
                     prefill_tflops=2.0 * t.parameters / per_token / 1e12, max_batch=machine.max_batch,
-                    node_cores=machine.cores, request_overhead_s=max(0.0, warm.intercept - step.at(1)),
-                    prefill_step_tokens=machine.prefill_step_tokens)
+                    node_cores=machine.cores, request_overhead_s=max(0.0, warm.intercept - gateway - step.at(1)),
+                    gateway_s=gateway, prefill_step_tokens=machine.prefill_step_tokens)
     return tp, warm
 
 

@@ -11,6 +11,7 @@ MB = 10 ** 6
 WEIGHTS, PARAMETERS = 20 * MB, 5e6
 BASE, PER_SEQ = 0.002, 0.0001           # step(b) = 2 ms + b * 0.1 ms
 OVERHEAD, PER_TOKEN = 0.030, 0.0001     # warm TTFT(p) = 30 ms + p * 0.1 ms + step(1)
+GATEWAY = 0.008                         # of the 30 ms, the gateway's work: bursts queue for it
 MACHINE = Machine("cpu-test", slots=4, slot_memory_gb=2.0, cores=2, prefill_step_tokens=2048)
 
 
@@ -24,6 +25,8 @@ def timings(**changes):
         weight_bytes=WEIGHTS, parameters=PARAMETERS,
         step_s={b: [BASE + b * PER_SEQ] * 2 + [9.0] for b in (1, 2, 4, 8)},
         warm_ttft_s={p: [warm(p)] * 2 + [0.0] for p in (8, 64, 256)},
+        burst_last_ttft_s={k: [warm(8) + (k - 1) * (GATEWAY + 8 * PER_TOKEN)] * 3 for k in (1, 2, 4, 8)},
+        burst_prompt_tokens=8,
         cold_ttft_s={"standby": [warm(32) + 0.2] * 2 + [5.0], "cache": [warm(32) + 4.0] * 3,
                      "s3": [warm(32) + 0.2 + 0.5] * 3},
         cold_prompt_tokens=32, s3_gbps=0.1, read_gbps=1.0, refill_delay_s=1.0)
@@ -44,7 +47,8 @@ def test_decode_and_prefill_are_recovered():
     assert tp.step_s(WEIGHTS, 1, 4) == EXACT(BASE + 4 * PER_SEQ)
     assert tp.per_seq_s == EXACT(PER_SEQ)
     assert tp.prefill_s(PARAMETERS, 1, 100) == EXACT(100 * PER_TOKEN)
-    assert tp.request_overhead_s == EXACT(OVERHEAD)
+    assert tp.gateway_s == EXACT(GATEWAY)
+    assert tp.request_overhead_s == EXACT(OVERHEAD - GATEWAY)
     assert (tp.node_cores, tp.prefill_step_tokens) == (2, 2048)
 
 
