@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import httpx
 
@@ -43,9 +43,17 @@ class Scaling:
 @dataclass(frozen=True)
 class RealRun:
     sent: list[Sent]
-    starts: dict[str, int]           # replicas placed in the window, per deployment
+    replicas: list[dict[str, Any]]   # placed in the window: deployment, placed/ready/stopped s from its start
     gpu_seconds: dict[str, float]    # billed in the window, per deployment
     cpu: dict[str, float]            # CPU seconds over the replay, per part (cpu_use)
+
+    @property
+    def starts(self) -> dict[str, int]:
+        """Replicas placed in the window, per deployment."""
+        found: dict[str, int] = {}
+        for r in self.replicas:
+            found[r["deployment"]] = found.get(r["deployment"], 0) + 1
+        return found
 
 
 def deployer(stack: FaultStack, scaling: Scaling) -> Deploy:
@@ -74,7 +82,7 @@ async def run(stack: FaultStack, trace: Trace, uris: Mapping[str, str], scaling:
     end = start + timedelta(seconds=trace.duration_s)
     await asyncio.sleep(max(0.0, (end - datetime.now(timezone.utc)).total_seconds()) + 2 * HEARTBEAT_S)
     billed = {dep: s for key in keys.values() for dep, s in gpu_seconds(stack, key, start, end).items()}
-    return RealRun(sent, await replica_starts(stack, list(keys), start, end), billed, cpu)
+    return RealRun(sent, await replicas(stack, list(keys), start, end), billed, cpu)
 
 
 async def open_replicas(stack: FaultStack, tenants: Sequence[str]) -> int:
@@ -90,19 +98,25 @@ async def open_replicas(stack: FaultStack, tenants: Sequence[str]) -> int:
         await conn.close()
 
 
-async def replica_starts(stack: FaultStack, tenants: Sequence[str], start: datetime, end: datetime) -> dict[str, int]:
-    """Replicas placed in the window, per deployment: the platform's own lifetimes."""
+async def replicas(stack: FaultStack, tenants: Sequence[str], start: datetime, end: datetime) -> list[dict[str, Any]]:
+    """Replicas placed in the window, from the platform's own lifetimes: each one's
+    deployment, its placement, readiness and stop in seconds from `start`, and why it stopped."""
     import asyncpg
 
     conn = await asyncpg.connect(stack.pg.libpq_uri)
     try:
         rows = await conn.fetch(
-            "SELECT d.name, count(*) AS n FROM replica_lifetimes l JOIN deployments d ON d.id = l.deployment_id "
-            "JOIN tenants t ON t.id = l.tenant_id WHERE t.name = ANY($1::text[]) AND l.placed_at >= $2 "
-            "AND l.placed_at < $3 GROUP BY d.name", list(tenants), start, end)
+            "SELECT d.name, l.placed_at, l.ready_at, l.stopped_at, l.reason FROM replica_lifetimes l "
+            "JOIN deployments d ON d.id = l.deployment_id JOIN tenants t ON t.id = l.tenant_id "
+            "WHERE t.name = ANY($1::text[]) AND l.placed_at >= $2 AND l.placed_at < $3 ORDER BY l.placed_at",
+            list(tenants), start, end)
     finally:
         await conn.close()
-    return {row["name"]: int(row["n"]) for row in rows}
+
+    def since(when: Optional[datetime]) -> Optional[float]:
+        return None if when is None else round((when - start).total_seconds(), 3)
+    return [{"deployment": row["name"], "placed_s": since(row["placed_at"]), "ready_s": since(row["ready_at"]),
+             "stopped_s": since(row["stopped_at"]), "reason": row["reason"]} for row in rows]
 
 
 def gpu_seconds(stack: FaultStack, key: str, start: datetime, end: datetime) -> dict[str, float]:
@@ -122,10 +136,11 @@ def cpu_use(stack: FaultStack) -> dict[str, float]:
             "this client": own.user + own.system, "machine busy": machine.busy_s, "machine": machine.total_s}
 
 
-def write_answers(sent: Sequence[Sent], path: Path) -> None:
-    """Every real request as the client saw it, one JSON line each, for a closer look."""
-    with open(path, "w") as out:
-        for s in sent:
+def write_run(run: RealRun, requests_path: Path, replicas_path: Path) -> None:
+    """Every real request as the client saw it and every replica, one JSON line each."""
+    replicas_path.write_text("".join(json.dumps(r) + "\n" for r in run.replicas))
+    with open(requests_path, "w") as out:
+        for s in run.sent:
             r, a = s.request, s.answer
             out.write(json.dumps({"at_s": r.at_s, "deployment": r.deployment, "prompt_tokens": r.prompt_tokens,
                                   "output_tokens": r.output_tokens, "late_s": round(s.late_s, 4),

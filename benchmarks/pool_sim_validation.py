@@ -23,7 +23,7 @@ and through poolsim, with the replica model calibrated on the same machine (issu
 6. Prints each pair, real against simulated, and whether it agrees within 15%: TTFT p50
    and p99 (the client's, answered requests), cold starts, GPU-seconds; then each
    deployment's, and the slowest first tokens of each, to tell which formula is off.
-   Every real request is kept in real_requests.jsonl beside the trace.
+   Every real request and replica is kept in real_requests.jsonl and real_replicas.jsonl.
 
 The report is also written to benchmarks/results/pool_sim_validation.txt. The machine's
 other work moves every timing: the report says how busy it was during the replay.
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import calibration_probes  # noqa: E402
-from benchmarks.pool_run import RealRun, Scaling, deployer, open_replicas, run, write_answers  # noqa: E402
+from benchmarks.pool_run import RealRun, Scaling, deployer, open_replicas, run, write_run  # noqa: E402
 from benchmarks.results import RESULTS  # noqa: E402
 from benchmarks.standby import standby_ready  # noqa: E402
 from pool.autoscaler import ScalingConfig  # noqa: E402
@@ -175,6 +175,11 @@ def show_runs(real: RealRun, sim: Simulation, answered: int) -> None:
     print(f"real, CPU over the replay: the machine busy {cpu['machine busy']:.0f} of {cpu['machine']:.0f} "
           "core-seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items() if not k.startswith("machine"))
           + f", other work {cpu['machine busy'] - ours:.0f}")
+    reasons: dict[str, int] = {}
+    for replica in real.replicas:
+        why = str(replica["reason"] or "running at the end").split(":")[0]
+        reasons[why] = reasons.get(why, 0) + 1
+    print(f"real replicas by why they stopped: {dict(sorted(reasons.items()))}")
     out = sim.tally
     print(f"sim:  {sum(d.requests for d in out.deployments.values())} requests, {len(out.ttft)} answered, "
           f"{out.timed_out} timed out, {out.rejected} refused; cold starts by tier {out.cold_starts}; "
@@ -223,7 +228,7 @@ async def validate(args: argparse.Namespace, root: Path) -> int:
     print(f"\ntrace: {args.deployments} deployments over {args.tenants} tenants, {args.duration:g} s, seed "
           f"{args.seed}, rate scale {args.rate_scale:g}; idle timeout {args.idle_timeout:g} s, {args.slots} CPU "
           f"slots, one standby, no sleep tier, caches cold; files in {OUT.relative_to(ROOT)}/")
-    write_answers(real.sent, OUT / "real_requests.jsonl")
+    write_run(real, OUT / "real_requests.jsonl", OUT / "real_replicas.jsonl")
     return report(trace, real, run_sim(trace, gpu, settings))
 
 
