@@ -15,9 +15,17 @@ the machine at hand).
               weight_bytes / g / hbm_gbps + b * per_seq_s (bandwidth-bound,
               plus what each sequence adds: its KV reads and sampling)
   prefill     p prompt tokens: p * 2 * parameters / (g * prefill_tflops)
+  overhead    what every first token waits for in front of the replica: the hops
+              (request_overhead_s) and the control plane's own work for the request
+              (gateway_s), one request at a time (its event loop), after the work of
+              the requests before it
+  queueing    with prefill_step_tokens, a replica's prompts wait for its engine's
+              prefill steps of that many tokens (poolsim/simulator.py); without, none
 
 A GPU that several busy replicas share runs their steps in turn: each step takes
-as long as the sum (poolsim/simulator.py counts them).
+as long as the sum (poolsim/simulator.py counts them). CPU slots are no such
+GPUs: every busy replica of a node shares its `node_cores` cores (one thread
+each), so a step takes busy / node_cores times longer once they outnumber them.
 """
 from __future__ import annotations
 
@@ -55,6 +63,10 @@ class Throughput:
     per_seq_s: float
     prefill_tflops: float
     max_batch: int = 256             # sequences one replica runs at once (the engine's max_num_seqs)
+    node_cores: int = 0              # CPU slots: the cores a node's busy replicas share; 0: GPUs, per slot
+    request_overhead_s: float = 0.0  # before prefill: the hops from the client to the replica
+    gateway_s: float = 0.0           # and the gateway's work, one request at a time; 0: none that queues
+    prefill_step_tokens: int = 0     # the engine's max_num_batched_tokens: prompts queue for steps; 0: never
 
     def step_s(self, weight_bytes: float, gpu_count: int, batch: int) -> float:
         return weight_bytes / gpu_count / (self.hbm_gbps * GB) + batch * self.per_seq_s
@@ -106,4 +118,7 @@ def to_json(kind: GpuKind) -> dict[str, Any]:
                             "standby_refill_s": c.standby_refill_s},
             "throughput": {"hbm_gbps": kind.throughput.hbm_gbps, "per_seq_s": kind.throughput.per_seq_s,
                            "prefill_tflops": kind.throughput.prefill_tflops,
-                           "max_batch": kind.throughput.max_batch}}
+                           "max_batch": kind.throughput.max_batch, "node_cores": kind.throughput.node_cores,
+                           "request_overhead_s": kind.throughput.request_overhead_s,
+                           "gateway_s": kind.throughput.gateway_s,
+                           "prefill_step_tokens": kind.throughput.prefill_step_tokens}}

@@ -19,7 +19,13 @@ snapshot, so the ticks in between would decide the same.
 
 A request's decode runs at the batch its replica has when it starts, on a GPU that
 runs its busy replicas' steps in turn (the step takes as many times longer as there
-are busy replicas on the slot); prefill goes first, at the same share.
+are busy replicas on the slot); prefill goes first, at the same share. On CPU slots
+(`Throughput.node_cores`) the share is the node's busy replicas over its cores. With
+`Throughput.prefill_step_tokens` a replica prefills the prompts that reach it in steps,
+as its engine schedules them: in arrival order up to that many tokens a step, one step
+after another, so a prompt that arrives during a step waits for it, and a burst's first
+tokens come together; without it (the GPU kinds) each prompt is prefilled at once,
+apart from the others.
 """
 from __future__ import annotations
 
@@ -99,6 +105,15 @@ class Waiting:
 
 
 @dataclass(eq=False)
+class Prompt:
+    """A request at its replica (Throughput.prefill_step_tokens) with `left` prompt tokens
+    still to prefill."""
+    req: Request
+    tier: str
+    left: int
+
+
+@dataclass(eq=False)
 class Replica:
     rid: str
     dep: "DeploymentState"
@@ -109,6 +124,8 @@ class Replica:
     in_flight: int = 0
     running: int = 0
     backlog: deque[tuple[Request, str]] = field(default_factory=deque)   # past max_batch: (request, tier)
+    prefills: deque[Prompt] = field(default_factory=deque)    # at the replica, in arrival order
+    prefilling: bool = False
     timer: Optional[Timer] = None
     tier: str = "s3"
     to_sleep: bool = False
@@ -157,6 +174,7 @@ class Simulation:
         self._ids = 0
         self._requests = 0
         self._holding_gpus = 0
+        self._gateway_free_at = 0.0               # Throughput.gateway_s: when its last request's work ends
 
     # ------------------------------------------------------------------ running
 
@@ -260,13 +278,71 @@ class Simulation:
         r.running += 1
         if r.running == 1:
             self._busy(r, +1)
-        model, tp = r.dep.dep.model, self.shape.gpu.throughput
-        share = max(self.cluster.busy[s] for s in r.placed.slot_ids) if r.placed else 1
+        tp = self.shape.gpu.throughput
+        if tp.prefill_step_tokens:
+            self.loop.after(self._to_replica(), self._reach, r, Prompt(req, tier, req.prompt_tokens))
+            return
+        model = r.dep.dep.model                # each prompt prefilled at once, apart from the others
+        share = self._share(r)
         step = tp.step_s(model.weight_bytes, model.gpu_count, r.running) * share
-        first = tp.prefill_s(model.parameters_b * 1e9, model.gpu_count, req.prompt_tokens) * share + step
+        prefill = tp.prefill_s(model.parameters_b * 1e9, model.gpu_count, req.prompt_tokens) * share
+        first = self._to_replica() + prefill + step
         self.tally.answered(self.loop.now + first - req.at_s, r.dep.size_class, tier, r.dep.slo_s)
         self.tally.output_tokens += req.output_tokens
         self.loop.after(first + max(0, req.output_tokens - 1) * step, self._done, r)
+
+    def _to_replica(self) -> float:
+        """How long a request served now takes to reach its replica: the gateway's work for
+        it, one request at a time after those before it, then the hop."""
+        tp = self.shape.gpu.throughput
+        if tp.gateway_s:
+            self._gateway_free_at = max(self.loop.now, self._gateway_free_at) + tp.gateway_s
+            return self._gateway_free_at - self.loop.now + tp.request_overhead_s
+        return tp.request_overhead_s
+
+    def _reach(self, r: Replica, prompt: Prompt) -> None:
+        """At the replica, a prompt waits for the prefill steps before it."""
+        r.prefills.append(prompt)
+        if not r.prefilling:
+            self._prefill(r)
+
+    def _prefill(self, r: Replica) -> None:
+        """One step of the engine's: prompts in arrival order, up to its token budget (the
+        last one cut short, finished in the next); their first tokens come at its end."""
+        model, tp = r.dep.dep.model, self.shape.gpu.throughput
+        finished, tokens = [], 0
+        while r.prefills and tokens < tp.prefill_step_tokens:
+            head = r.prefills[0]
+            taken = min(head.left, tp.prefill_step_tokens - tokens)
+            head.left, tokens = head.left - taken, tokens + taken
+            if head.left:
+                break
+            finished.append(r.prefills.popleft())
+        share = self._share(r)
+        step = tp.step_s(model.weight_bytes, model.gpu_count, r.running) * share
+        took = tp.prefill_s(model.parameters_b * 1e9, model.gpu_count, tokens) * share + step
+        r.prefilling = True
+        self.loop.after(took, self._first_tokens, r, finished, step)
+
+    def _first_tokens(self, r: Replica, finished: list[Prompt], step: float) -> None:
+        for prompt in finished:
+            self.tally.answered(self.loop.now - prompt.req.at_s, r.dep.size_class, prompt.tier, r.dep.slo_s)
+            self.tally.output_tokens += prompt.req.output_tokens
+            self.loop.after(max(0, prompt.req.output_tokens - 1) * step, self._done, r)
+        r.prefilling = False
+        if r.prefills:
+            self._prefill(r)
+
+    def _share(self, r: Replica) -> float:
+        """How many times longer its steps take for the replicas it shares compute with."""
+        if r.placed is None:
+            return 1.0
+        cores = self.shape.gpu.throughput.node_cores
+        if cores:                               # CPU slots: one node's cores, whatever the slot
+            node = r.placed.node
+            busy = sum(n for slot, n in self.cluster.busy.items() if self.cluster.node_of[slot] == node)
+            return max(1.0, busy / cores)
+        return max(self.cluster.busy[s] for s in r.placed.slot_ids)
 
     def _done(self, r: Replica) -> None:
         r.running -= 1

@@ -8,7 +8,7 @@ import pytest
 from pool.autoscaler import ScalingConfig
 from poolsim.cluster import ClusterShape
 from poolsim.policies import StaticPolicy, always_warm, knative, thawpool
-from poolsim.replica_model import ColdStarts, GpuKind, Throughput, Transfer
+from poolsim.replica_model import ColdStarts, GpuKind, Throughput, Transfer, from_json, to_json
 from poolsim.simulator import SimSettings, Simulation, simulate
 from poolsim.workload import Deployment, ModelShape, Request, Trace
 
@@ -208,3 +208,77 @@ def test_slo_attainment_counts_answers_within_the_target_of_all_requests():
     out = run(trace([req(10.0), req(20.0)]), fixed())
     assert out.within_slo == 1 and out.slo_attainment == 0.5
     assert out.cold_share == 0.5 and 0.0 < out.idle_share < 1.0
+
+def cpu_kind(node_cores, overhead_s=0.0):
+    tp = Throughput(hbm_gbps=1000.0, per_seq_s=0.0, prefill_tflops=1000.0, node_cores=node_cores,
+                    request_overhead_s=overhead_s)
+    return GpuKind("cpu", memory_gb=80, price_per_hour=0.0, gpus_per_node=2, cold_starts=KIND.cold_starts,
+                   throughput=tp)
+
+
+def first_tokens(kind):
+    """Two deployments' replicas, ready at the same moment, each given one request then."""
+    deps = (Deployment("a", "t1", SMALL), Deployment("b", "t1", SMALL))
+    sim = Simulation(trace([req(10.0, "a"), req(10.0, "b")], deps), ClusterShape(1, kind), fixed(),
+                     SimSettings(warm_caches=False))
+    sim.run()
+    return [t - 5.0 for t in sim.tally.ttft]           # less the cold start from S3
+
+
+def test_replicas_packed_on_one_gpu_take_turns():
+    assert first_tokens(KIND) == [EXACT(PREFILL_100 + STEP), EXACT(2 * (PREFILL_100 + STEP))]
+
+
+def test_cpu_slots_share_the_node_cores_not_the_slot():
+    assert first_tokens(cpu_kind(node_cores=2)) == [EXACT(PREFILL_100 + STEP)] * 2
+    assert first_tokens(cpu_kind(node_cores=1)) == [EXACT(PREFILL_100 + STEP), EXACT(2 * (PREFILL_100 + STEP))]
+
+
+def test_the_request_overhead_comes_before_every_first_token():
+    assert first_tokens(cpu_kind(node_cores=2, overhead_s=0.03)) == [EXACT(0.03 + PREFILL_100 + STEP)] * 2
+
+
+def test_a_kind_round_trips_through_json_with_its_cpu_fields():
+    kind = cpu_kind(node_cores=2, overhead_s=0.03)
+    assert from_json(to_json(kind)) == kind
+
+
+def queued_ttfts(requests, budget):
+    """TTFTs less the 5 s cold start, on a kind whose prompts queue for prefill steps."""
+    tp = Throughput(hbm_gbps=1000.0, per_seq_s=0.0, prefill_tflops=1000.0, prefill_step_tokens=budget)
+    kind = GpuKind("queued", memory_gb=80, price_per_hour=0.0, gpus_per_node=2, cold_starts=KIND.cold_starts,
+                   throughput=tp)
+    sim = Simulation(trace(requests), ClusterShape(1, kind), fixed(), SimSettings(warm_caches=False))
+    sim.run()
+    return [t - 5.0 for t in sim.tally.ttft]
+
+
+def test_prompts_that_wait_for_a_prefill_step_are_prefilled_together_in_the_next():
+    first = PREFILL_100 + STEP                           # alone in the first step, after the cold start
+    together = first + 2 * PREFILL_100 + STEP            # the other two, in one step after it
+    assert queued_ttfts([req(10.0)] * 3, budget=2048) == [EXACT(first), EXACT(together), EXACT(together)]
+
+
+def test_a_prompt_past_the_step_budget_is_finished_in_the_next_step():
+    first = PREFILL_100 + STEP
+    second = first + 1.5 * PREFILL_100 + STEP            # the second whole and half the third
+    third = second + 0.5 * PREFILL_100 + STEP
+    assert queued_ttfts([req(10.0)] * 3, budget=150) == [EXACT(first), EXACT(second), EXACT(third)]
+
+
+def test_without_a_step_budget_each_prompt_is_prefilled_apart():
+    assert ttfts(trace([req(10.0)] * 3), fixed()) == [EXACT(5.0 + PREFILL_100 + STEP)] * 3
+
+
+def test_the_gateway_works_one_request_at_a_time():
+    tp = Throughput(hbm_gbps=1000.0, per_seq_s=0.0, prefill_tflops=1000.0, request_overhead_s=0.01,
+                    gateway_s=0.02, prefill_step_tokens=2048)
+    kind = GpuKind("gw", memory_gb=80, price_per_hour=0.0, gpus_per_node=2, cold_starts=KIND.cold_starts,
+                   throughput=tp)
+    reqs = [req(10.0), req(10.0), req(30.0)]
+    sim = Simulation(trace(reqs), ClusterShape(1, kind), fixed(), SimSettings(warm_caches=False))
+    sim.run()
+    alone = 0.02 + 0.01 + PREFILL_100 + STEP
+    # the two of the cold start pass the gateway in turn, each then prefilled in its own step;
+    # the third comes when the gateway is idle again
+    assert list(sim.tally.ttft) == [EXACT(5.0 + alone), EXACT(5.0 + alone + 0.02), EXACT(alone)]
