@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import uuid
 from datetime import datetime, timezone
-from typing import AbstractSet, Any, Optional
+from typing import AbstractSet, Any, Mapping, Optional
 
 from controlplane.store.errors import InvalidField
 
@@ -97,6 +97,17 @@ def timestamp(name: str, value: Any) -> datetime:
             timezone.utc)
     except (ValueError, OverflowError):
         raise InvalidField(name, "must be an ISO 8601 time") from None
+
+
+def effective_from(body: Mapping[str, Any], now: datetime, why: str) -> datetime:
+    """A book's new row takes effect at `effective_from`, now when absent, never in the
+    past (`why`: what a row in the past would rewrite)."""
+    if body.get("effective_from") is None:
+        return now
+    when = timestamp("effective_from", body["effective_from"])
+    if when < now:
+        raise InvalidField("effective_from", f"must not be in the past: {why}")
+    return when
 
 
 def _encodes(value: str) -> bool:

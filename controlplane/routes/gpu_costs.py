@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from controlplane.billing.costs import cost_at, for_kind
 from controlplane.billing.pricing import PRICE_QUANTUM, parse_price
-from controlplane.fields import obj, text, timestamp
+from controlplane.fields import effective_from, obj, text
 from controlplane.routes.api import ADMIN, ApiRoute, Operation, data_of, string_schema
 from controlplane.routes.context import app_state, read_json, require_admin
 from controlplane.store import gpu_costs
@@ -33,15 +33,9 @@ async def add(request: Request) -> Response:
     require_admin(request)
     body = obj("body", await read_json(request), {"gpu_kind", "per_gpu_second", "effective_from"})
     kind, per_second = _kind(body.get("gpu_kind")), _cost(body)
-    now = datetime.now(timezone.utc)
-    effective_from = now
-    if body.get("effective_from") is not None:
-        effective_from = timestamp("effective_from", body["effective_from"])
-        if effective_from < now:
-            raise InvalidField("effective_from", "must not be in the past: a margin already "
-                                                 "reported is never recomputed")
+    starts = effective_from(body, datetime.now(timezone.utc), "a margin already reported is never recomputed")
     async with app_state(request).sessions.begin() as session:
-        row = await gpu_costs.add(session, kind, per_second, effective_from)
+        row = await gpu_costs.add(session, kind, per_second, starts)
     return JSONResponse(row_view(row), status_code=201)
 
 

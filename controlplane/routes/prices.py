@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from controlplane.errors import ApiError
-from controlplane.fields import obj, text, timestamp
+from controlplane.fields import effective_from, obj, text
 from controlplane.lookups.service import Change
 from controlplane.billing.pricing import PRICE_FIELDS, PRICE_QUANTUM, PriceRow, Pricing, parse_price, price_at
 from controlplane.routes.api import ADMIN, ApiRoute, Operation, Param, data_of, scope, string_schema
@@ -37,23 +37,18 @@ async def add(request: Request) -> Response:
     require_admin(request)
     body = obj("body", await read_json(request), {*PRICE_FIELDS, "tenant", "deployment",
                                                   "adapter", "effective_from"})
-    pricing, now = parse_pricing(body), datetime.now(timezone.utc)
-    effective_from = now
-    if body.get("effective_from") is not None:
-        effective_from = timestamp("effective_from", body["effective_from"])
-        if effective_from < now:
-            raise InvalidField("effective_from", "must not be in the past: usage already "
-                                                 "priced is never repriced")
+    pricing = parse_pricing(body)
+    starts = effective_from(body, datetime.now(timezone.utc), "usage already priced is never repriced")
     async with app_state(request).sessions.begin() as session:
         tenant = None
         if body.get("tenant") is not None:
             tenant = await tenants.find_tenant(session, text("tenant", body["tenant"]))
         if body.get("adapter") is not None:
             adapter = await _adapter(session, tenant, body)
-            row = await prices.add(session, pricing, effective_from, tenant, adapter=adapter)
+            row = await prices.add(session, pricing, starts, tenant, adapter=adapter)
         else:
             deployment = await _deployment(session, tenant, body)
-            row = await prices.add(session, pricing, effective_from, tenant, deployment)
+            row = await prices.add(session, pricing, starts, tenant, deployment)
     await app_state(request).lookups.changed(Change("prices", row.row.id))
     return JSONResponse(book_view(row), status_code=201)
 
