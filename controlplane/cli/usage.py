@@ -58,11 +58,7 @@ def _report(ctx: Context) -> int:
             sys.stdout.write(client.report({**params, "format": "csv"}))
             return 0
         report = client.report(params)
-    ctx.out.result(report, lambda: ctx.out.table(
-        [group_by, *(title for _, title in SHOWN)],
-        [*([row["key"], *(row[c] for c, _ in SHOWN)] for row in report["rows"]),
-         ["TOTAL", *(report["totals"][c] for c, _ in SHOWN)]],
-        title=f"usage by {group_by}"))
+    _show(ctx, report, group_by, SHOWN, "usage")
     return 0
 
 
@@ -78,12 +74,18 @@ def _margin(ctx: Context) -> int:
             sys.stdout.write(client.margin({**params, "format": "csv"}))
             return 0
         report = client.margin(params)
-    ctx.out.result(report, lambda: ctx.out.table(
-        [group_by, *(title for _, title in MARGIN_SHOWN)],
-        [*([row["key"], *(_cell(row[c]) for c, _ in MARGIN_SHOWN)] for row in report["rows"]),
-         ["TOTAL", *(_cell(report["totals"][c]) for c, _ in MARGIN_SHOWN)]],
-        title=f"margin by {group_by}"))
+    _show(ctx, report, group_by, MARGIN_SHOWN, "margin")
     return 0
+
+
+def _show(ctx: Context, report: dict[str, Any], group_by: str,
+          shown: tuple[tuple[str, str], ...], what: str) -> None:
+    """A report's rows and its TOTAL, the columns `shown` (field, title)."""
+    ctx.out.result(report, lambda: ctx.out.table(
+        [group_by, *(title for _, title in shown)],
+        [*([row["key"], *(_cell(row[c]) for c, _ in shown)] for row in report["rows"]),
+         ["TOTAL", *(_cell(report["totals"][c]) for c, _ in shown)]],
+        title=f"{what} by {group_by}"))
 
 
 def _group(chosen: str | None, groups: tuple[str, ...], default: str) -> str:

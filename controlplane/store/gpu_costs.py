@@ -18,8 +18,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.billing.costs import CostRow
-from controlplane.fields import is_uuid
-from controlplane.store.errors import AlreadyExists, Conflict, NotFound
+from controlplane.store.book_rows import withdraw_scheduled
+from controlplane.store.errors import AlreadyExists
 from controlplane.store.prices import EPOCH
 from controlplane.store.tables import GpuCost, new_id, utcnow
 
@@ -63,9 +63,4 @@ async def cost_rows(session: AsyncSession) -> list[CostRow]:
 
 
 async def delete_scheduled(session: AsyncSession, cost_id: str, now: datetime) -> None:
-    row = await session.get(GpuCost, cost_id) if is_uuid(cost_id) else None
-    if row is None:
-        raise NotFound("gpu cost", cost_id)
-    if row.effective_from <= now:
-        raise Conflict("cost_in_effect", "a cost in effect is history: add a new row instead")
-    await session.delete(row)
+    await withdraw_scheduled(session, GpuCost, cost_id, now, noun="gpu cost", code="cost_in_effect")

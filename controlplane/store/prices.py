@@ -22,10 +22,10 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.fields import is_uuid
 from controlplane.store.tables import Adapter, Deployment, Price, Tenant, new_id
 from controlplane.billing.pricing import PriceRow, PriceScope, Pricing
-from controlplane.store.errors import AlreadyExists, Conflict, NotFound
+from controlplane.store.book_rows import withdraw_scheduled
+from controlplane.store.errors import AlreadyExists
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -99,12 +99,7 @@ async def book(session: AsyncSession, tenant: Optional[Tenant] = None) -> list[B
 
 
 async def delete_scheduled(session: AsyncSession, price_id: str, now: datetime) -> None:
-    row = await session.get(Price, price_id) if is_uuid(price_id) else None
-    if row is None:
-        raise NotFound("price", price_id)
-    if row.effective_from <= now:
-        raise Conflict("price_in_effect", "a price in effect is history: add a new row instead")
-    await session.delete(row)
+    await withdraw_scheduled(session, Price, price_id, now, noun="price", code="price_in_effect")
 
 
 async def rows_for_tenant(session: AsyncSession, tenant_id: str) -> list[Price]:
