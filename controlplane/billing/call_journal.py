@@ -9,8 +9,9 @@ lost machine loses the page cache, as the usage journal does):
   open      once a call's request is on its way to its replica (written while the
             replica works; nothing of the answer can have reached the client yet): the
             usage row it would get if it delivered nothing, and its admitted price
-  progress  after each chunk of a stream was handed to the client's connection: the
-            cumulative usage delivered, the time, and whether it was the final [DONE]
+  progress  after each chunk of a stream was handed to the client's connection (one
+            loop turn after its send, once the event loop has put it into the kernel):
+            the cumulative usage delivered, the time, and whether it was the final [DONE]
   close     once the call is metered (its real row is in the usage journal)
 
 At the next start `recover` turns every call opened and never closed into a `partial`
@@ -23,6 +24,7 @@ opened in it is closed, so the journal holds about one segment plus long calls.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -93,6 +95,13 @@ class CallJournal:
             invocation_id.encode(), delivered.prompt_tokens, delivered.cached_tokens,
             delivered.completion_tokens, ttft.encode(), delivered.at,
             b"true" if delivered.done else b"false"))
+
+    def progress_after_flush(self, invocation_id: str, delivered: Delivered) -> None:
+        """`progress`, one turn of the event loop later: uvloop queues a small write and
+        hands it to the kernel only at the end of the loop's turn, so a frame written at
+        once could bill a chunk that a kill left inside the process. A frame landing after
+        the call's close is harmless: recovery skips closed calls."""
+        asyncio.get_running_loop().call_soon(self.progress, invocation_id, delivered)
 
     def close(self, invocation_id: str) -> None:
         self._write(b'{"close":"%s"}' % invocation_id.encode())

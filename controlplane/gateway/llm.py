@@ -405,7 +405,7 @@ class Gateway:
 
     def _delivered(self, call: ReplicaCall) -> None:
         usage = call.usage
-        self.writer.calls.progress(call.invocation_id, Delivered(
+        self.writer.calls.progress_after_flush(call.invocation_id, Delivered(
             usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, call.ttft_s, time.time(),
             done=call.saw_done))
 

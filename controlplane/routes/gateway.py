@@ -2,6 +2,7 @@
 /v1/embeddings (a deployment with engine task "embed"; billed per input token)."""
 from __future__ import annotations
 
+import asyncio
 from typing import Awaitable, Callable, Union
 
 from starlette.requests import Request
@@ -53,6 +54,7 @@ class MeteredResponse:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await self.response(scope, receive, send)
+            await asyncio.sleep(0)    # uvloop puts the queued answer into the kernel at the turn's end
         finally:
             await self.meter()
 

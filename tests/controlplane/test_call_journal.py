@@ -2,10 +2,14 @@
 the next start for what their clients were delivered, and nothing else is."""
 from __future__ import annotations
 
+import asyncio
+import socket
 import time
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
+
+import uvloop
 
 from controlplane.billing.call_journal import CallJournal, Delivered, recover
 from controlplane.billing.pricing import Pricing, invocation_cost
@@ -100,3 +104,45 @@ def test_this_process_segments_are_not_leftovers(tmp_path):
     now = CallJournal(tmp_path)
     opened(now)
     assert len(now.leftovers()) == 1 and len(list(tmp_path.glob(CallJournal.PATTERN))) == 2
+
+
+def test_a_progress_frame_is_written_once_its_chunk_is_in_the_kernel(tmp_path):
+    """uvloop (what `thawpool up` runs) queues a small write until the end of the loop's
+    turn: a frame written right after the send would bill a chunk that a kill leaves in
+    the process. The frame is written when the client's socket can already read it."""
+    journal = CallJournal(tmp_path)
+    call = opened(journal)
+    seen_at_frame: list[bytes] = []
+
+    async def main() -> None:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"data: chunk\n\n")          # the gateway's send of one chunk
+            journal.progress_after_flush(call.invocation_id, delivered(1))
+            await reader.read()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        client = socket.create_connection(server.sockets[0].getsockname()[:2])
+        client.setblocking(False)
+        write_frame = journal.progress
+
+        def progress(invocation_id: str, seen: Delivered) -> None:
+            try:
+                seen_at_frame.append(client.recv(64, socket.MSG_PEEK))
+            except BlockingIOError:
+                seen_at_frame.append(b"")
+            write_frame(invocation_id, seen)
+
+        journal.progress = progress  # type: ignore[method-assign]
+        try:
+            while not seen_at_frame:
+                await asyncio.sleep(0.01)
+        finally:
+            client.close()
+            server.close()
+            await server.wait_closed()
+
+    uvloop.run(main())
+    assert seen_at_frame == [b"data: chunk\n\n"], "the frame was written before its chunk left the process"
+    rows, _ = left_by(journal, tmp_path)
+    assert [r.completion_tokens for r in rows] == [1]
