@@ -42,12 +42,11 @@ class ResponseHead:
     id: str = field(default_factory=lambda: new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
 
-    def body(self, status: str, output: list[Item], usage: Optional[dict[str, Any]] = None,
-             finish_reason: Optional[str] = None) -> dict[str, Any]:
+    def body(self, status: str, output: list[Item], usage: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return {"id": self.id, "object": "response", "created_at": self.created_at, "model": self.model,
-                "status": status, "incomplete_details": incomplete, "output": output, "usage": usage,
-                **self.echo}
+                "status": status, "error": None, "incomplete_details": incomplete, "output": output,
+                "usage": usage, **self.echo}
 
 
 def status_of(finish_reason: Optional[str]) -> str:

@@ -251,4 +251,4 @@ def _echo(body: dict[str, Any]) -> dict[str, Any]:
             "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
             "metadata": _metadata(body.get("metadata")), "store": body.get("store") is not False,
             "previous_response_id": body.get("previous_response_id"), "truncation": "disabled",
-            "user": body.get("user"), "error": None}
+            "user": body.get("user")}

@@ -8,7 +8,7 @@ from openai._types import omit
 from wire.responses_output import ResponseEvents, ResponseHead, conversation_of, output_of, status_of, usage_of
 
 ECHO = {"instructions": None, "tools": [], "tool_choice": "auto", "parallel_tool_calls": True,
-        "text": {"format": {"type": "text"}}, "metadata": {}, "store": True, "error": None}
+        "text": {"format": {"type": "text"}}, "metadata": {}, "store": True}
 CALL = {"index": 0, "id": "call_1", "type": "function",
         "function": {"name": "get", "arguments": "{\"city\": \"Paris\"}"}}
 
