@@ -19,6 +19,8 @@ from controlplane.errors import (DATABASE_ERRORS, REFUSALS, database_error_handl
                                  refusal_handler, unhandled_error_handler)
 from controlplane.gateway.llm import Gateway
 from controlplane.gateway.functions import FunctionGateway
+from controlplane.gateway.response_retention import Retention
+from controlplane.gateway.responses import Responses
 from controlplane.lookups.listener import libpq_dsn
 from controlplane.lookups.service import Lookups
 from controlplane.billing.metering import UsageWriter
@@ -28,7 +30,7 @@ from controlplane.billing.outbox import DeadLetters, Outbox
 from controlplane.periodic import Periodic
 from controlplane.routes import (adapters, billing, deployments, functions, gateway, gpu_costs,
                                  health, margin, model_sources, models_list, openapi, prices, quotas,
-                                 tenants, uploads)
+                                 responses, tenants, uploads)
 from controlplane.billing.refusals import DeadLetteringSink
 from controlplane.sealing import load_sealer
 from controlplane.settings import Settings
@@ -44,7 +46,7 @@ from wire.request_id import RequestIdMiddleware
 PoolFactory = Callable[[PostgresDesiredState, ReplicaEventSink], Pool]
 # The invocation routes first: Starlette tries each route's pattern in order, and these
 # take nearly every request (no other pattern matches their paths, so the order is free).
-ROUTES = [*gateway.routes, *functions.routes, *health.routes, *openapi.routes, *tenants.routes,
+ROUTES = [*gateway.routes, *responses.routes, *functions.routes, *health.routes, *openapi.routes, *tenants.routes,
           *quotas.routes, *model_sources.routes, *uploads.routes, *prices.routes, *gpu_costs.routes,
           *deployments.routes, *adapters.routes, *models_list.routes, *billing.routes, *margin.routes,
           *console.routes]
@@ -110,6 +112,9 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
                                lambda: state.uploads.abort_expired(utcnow()))
             sweeper.start()
             stack.push_async_callback(sweeper.stop)
+            expiry = Periodic("delete expired responses", settings.response_sweep_s, state.responses.sweep)
+            expiry.start()
+            stack.push_async_callback(expiry.stop)
             yield
 
     app = Starlette(
@@ -142,6 +147,7 @@ def _workers(state: AppState, s3: S3Client, http: Upstream) -> None:
     state.gateway = Gateway(lookups=state.lookups, pool=state.pool, http=http,
                             writer=state.writer, metrics=state.metrics, settings=settings)
     state.functions = FunctionGateway(state.gateway)
+    state.responses = Responses(state.gateway, sessions, Retention(settings.response_retention_s))
 
 
 def create_metrics_app(metrics: Metrics) -> Starlette:

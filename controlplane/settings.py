@@ -34,6 +34,10 @@ class Settings:
     upstream_max_answer_bytes: int = 32 * 1024 ** 2
     upstream_max_line_bytes: int = 8 * 1024 ** 2
     function_call_retention_s: float = 3600.0   # an async function call's result, after it ends
+    # A stored Responses API answer (`store`, the default) is readable and continuable this
+    # long after it was made (OpenAI keeps them 30 days); the sweep deletes it after.
+    response_retention_s: float = 30 * 86_400.0
+    response_sweep_s: float = 600.0              # how often expired responses are deleted
     default_requests_per_min: int = 600
     default_tokens_per_min: int = 1_000_000
     usage_batch_size: int = 1000
@@ -150,6 +154,8 @@ _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
     ("upstream_max_answer_bytes", "THAWPOOL_UPSTREAM_MAX_ANSWER_BYTES", int),
     ("upstream_max_line_bytes", "THAWPOOL_UPSTREAM_MAX_LINE_BYTES", int),
     ("function_call_retention_s", "THAWPOOL_FUNCTION_CALL_RETENTION_S", float),
+    ("response_retention_s", "THAWPOOL_RESPONSE_RETENTION_S", float),
+    ("response_sweep_s", "THAWPOOL_RESPONSE_SWEEP_S", float),
     ("default_requests_per_min", "THAWPOOL_REQUESTS_PER_MIN", int),
     ("default_tokens_per_min", "THAWPOOL_TOKENS_PER_MIN", int),
     ("log_level", "THAWPOOL_LOG_LEVEL", str),

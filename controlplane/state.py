@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from controlplane.deploy.deployer import Deployer
     from controlplane.gateway.llm import Gateway
     from controlplane.gateway.functions import FunctionGateway
+    from controlplane.gateway.responses import Responses
     from controlplane.lookups.service import Lookups
     from controlplane.billing.metering import UsageWriter
     from controlplane.metrics import Metrics
@@ -36,6 +37,7 @@ class AppState(Protocol):
     attacher: Attacher
     gateway: Gateway
     functions: FunctionGateway
+    responses: Responses
     async_calls: AsyncCalls
     uploads: Uploads
     sealer: Sealer

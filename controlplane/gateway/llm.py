@@ -21,7 +21,8 @@ from starlette.responses import JSONResponse, Response
 
 from controlplane.billing.call_journal import CUT_HTTP_STATUS, Delivered
 from controlplane.errors import ApiError
-from controlplane.gateway.openai_wire import (MAX_TOKENS, UsageSeen, client_chunk, client_response,
+from controlplane.gateway.answer_shape import AnswerShape
+from controlplane.gateway.openai_wire import (MAX_TOKENS, UsageSeen,
                                        estimate_completion_tokens, estimate_prompt_tokens,
                                        has_content, prefix_key, prompt_text, upstream_body)
 from controlplane.lookups.service import Lookups
@@ -41,9 +42,9 @@ from pool.api import AdapterRef, Lease, PinnedObject, Pool, RevisionSpec
 from spec.engine_options import EngineOptions
 from wire.disconnect import Receive, until_disconnect
 from wire.errors import ProtocolError, error_body, message_of
-from wire.requests import GenerationRequest, StreamOptions, check_sampling_params, parse_request
+from wire.requests import GenerationRequest, check_sampling_params, parse_request
 from wire.sampling import validate_prompt_ids
-from wire.sse import DONE_LINE, SSE_DONE, EventStreamResponse, data_of, sse
+from wire.sse import DONE_LINE, EventStreamResponse, data_of
 
 log = logging.getLogger("thawpool.gateway")
 
@@ -124,6 +125,7 @@ class ReplicaCall:
     released: bool = False          # the lease was given back
     invocation_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     log_fields: dict[str, Any] = field(default_factory=dict)   # its request's access log line
+    replica_endpoint: Optional[str] = None  # what the replica serves it as, when not `endpoint`
 
 
 class Gateway:
@@ -216,13 +218,15 @@ class Gateway:
 
     async def acquire(self, principal: Principal, target: RouteTarget, invocation: Invocation,
                       request_id: str, endpoint: str, admission: RateReservation,
-                      log_fields: dict[str, Any]) -> ReplicaCall:
+                      log_fields: dict[str, Any], replica_endpoint: Optional[str] = None) -> ReplicaCall:
         """A lease on a ready replica (a cold start when there is none); the pool's
-        refusals (PoolError) become 429/503 with Retry-After, and give the reservation back."""
+        refusals (PoolError) become 429/503 with Retry-After, and give the reservation back.
+        `endpoint` is what the usage row names; `replica_endpoint` the replica's path for
+        it when that differs (the Responses API is served as a chat completion)."""
         lease, t0 = await self.lease(target, request_id, admission, prefix_key(invocation.prompt_text),
                                      invocation.prompt_tokens, adapter_ref(target.adapter))
         return ReplicaCall(principal, target, request_id, endpoint, lease, target.at, t0, admission,
-                    usage=invocation.usage(), log_fields=log_fields)
+                    usage=invocation.usage(), log_fields=log_fields, replica_endpoint=replica_endpoint)
 
     async def lease(self, target: RouteTarget, request_id: str, admission: RateReservation,
                     prefix: Optional[str], prompt_tokens: int,
@@ -257,7 +261,7 @@ class Gateway:
         call's latency, and before any of the answer can reach the client."""
         try:
             pending = await self.http.request(
-                f"{call.lease.base_url.rstrip('/')}/v1/{call.endpoint}",
+                f"{call.lease.base_url.rstrip('/')}/v1/{call.replica_endpoint or call.endpoint}",
                 upstream_body(body, call.target.adapter.id if call.target.adapter is not None else None),
                 {**call.lease.headers, "x-request-id": call.request_id})
             self.writer.calls.open(self._record(call, Outcome("error", CUT_HTTP_STATUS)),
@@ -270,10 +274,10 @@ class Gateway:
                            code="replica_unreachable", retry_after_s=1) from None
 
     async def relay_unary(self, call: ReplicaCall, upstream: UpstreamResponse,
-                          receive: Receive) -> tuple[Response, Outcome]:
-        """The replica's whole answer for the client; 499 (billed as partial) if the client
-        left first; 502 (an `error` row, nothing delivered) if the replica failed: a 5xx,
-        or an answer that broke off."""
+                          receive: Receive, shape: AnswerShape) -> tuple[Response, Outcome]:
+        """The replica's whole answer for the client, in `shape`; 499 (billed as partial)
+        if the client left first; 502 (an `error` row, nothing delivered) if the replica
+        failed: a 5xx, or an answer that broke off."""
         try:
             raw = upstream.whole_body()          # a short answer is usually whole by now
             if raw is None:
@@ -302,13 +306,24 @@ class Gateway:
                 call.usage.counted_completion = estimate_completion_tokens(payload)
                 call.usage.fall_back()
                 payload["usage"] = call.usage.as_openai()
-            payload = client_response(payload, call.target.model_name)
+            payload = await self._shaped(call, payload, shape)
         try:
             response = JSONResponse(payload, status_code=upstream.status_code,
                                     headers=self._headers(call))
         except ValueError:                    # NaN or Infinity: not JSON a client can read
             return self._upstream_failed(call, "the replica's answer holds numbers JSON cannot carry")
         return response, Outcome("ok" if ok else "error", upstream.status_code)
+
+    async def _shaped(self, call: ReplicaCall, payload: dict[str, Any], shape: AnswerShape) -> dict[str, Any]:
+        """The answer in the client's shape; the replica is given back first (the shape may
+        write to Postgres). A shape that fails leaves the client nothing: nothing billed."""
+        self.release(call)
+        try:
+            return await shape.whole(payload, call.usage)
+        except BaseException:
+            call.usage = UsageSeen()
+            await self.meter(call, Outcome("error", 503))
+            raise
 
     def _upstream_failed(self, call: ReplicaCall, message: str) -> tuple[Response, Outcome]:
         """The replica failed: the pool checks it before it takes another request."""
@@ -324,9 +339,9 @@ class Gateway:
         return response, Outcome("error", 502)
 
     def relay_stream(self, call: ReplicaCall, upstream: UpstreamResponse,
-                     options: StreamOptions) -> EventStreamResponse:
-        """The replica's chunks as the client asked for them; metered when the stream
-        closes: done, the client gone (partial, 499) or cut upstream (502)."""
+                     shape: AnswerShape) -> EventStreamResponse:
+        """The replica's chunks as the client asked for them (`shape`); metered when the
+        stream closes: done, the client gone (partial, 499) or cut upstream (502)."""
         async def on_close(completed: bool) -> None:
             await _quietly_close(upstream)
             # [DONE] went out after the whole answer: a client that hangs up then (the
@@ -342,22 +357,27 @@ class Gateway:
             await self.meter(call, outcome)
 
         headers = [(k.encode(), v.encode()) for k, v in self._headers(call).items()]
-        return EventStreamResponse(self._events(call, upstream, options), on_close, headers)
+        return EventStreamResponse(self._events(call, upstream, shape), on_close, headers)
 
     async def _events(self, call: ReplicaCall, upstream: UpstreamResponse,
-                      options: StreamOptions) -> AsyncGenerator[bytes, None]:
+                      shape: AnswerShape) -> AsyncGenerator[bytes, None]:
         try:
+            for event in shape.opening():
+                yield event
             async for line in upstream.aiter_lines():
                 if line == DONE_LINE:
                     call.saw_done = True
-                    yield SSE_DONE
+                    if call.usage.malformed or not call.usage.reported:
+                        call.usage.fall_back()        # the client sees what is billed
+                    for event in await shape.closing(call.usage):
+                        yield event
                     self._delivered(call)
                     continue
                 payload = data_of(line)
                 if payload is None:
                     continue
-                if "error" in payload:        # the replica's own: relayed as it is, and
-                    yield sse(payload)        # no [DONE] follows (the answer is cut)
+                if "error" in payload:        # the replica's own: relayed, and no
+                    yield shape.failure(payload)   # [DONE] follows (the answer is cut)
                     continue
                 call.usage.observe(payload)
                 if call.usage.malformed:      # the client sees what is billed
@@ -365,20 +385,21 @@ class Gateway:
                     payload["usage"] = call.usage.as_openai()
                 if call.ttft_s is None and has_content(payload):
                     call.ttft_s = time.perf_counter() - call.t0
-                chunk = client_chunk(payload, call.target.model_name, options)
-                if chunk is not None:
-                    yield sse(chunk)
+                frames = shape.frames(payload)
+                if frames:
+                    for event in frames:
+                        yield event
                     call.usage.counted_completion += 1
                     self._delivered(call)     # the chunk is in the client's connection
         except ValueError:                    # a line that is not JSON: the answer is cut
             log.warning("replica stream malformed", extra={"request_id": call.request_id})
-            yield sse(error_body("the replica sent a malformed event", 502, code="upstream_error"))
+            yield shape.failure(error_body("the replica sent a malformed event", 502, code="upstream_error"))
         except AnswerTooLarge as exc:
             log.warning("replica stream refused", extra={"error": exc.message})
-            yield sse(error_body(exc.message, 502, code="answer_too_large"))
+            yield shape.failure(error_body(exc.message, 502, code="answer_too_large"))
         except UpstreamError as exc:
             log.warning("replica stream cut", extra={"error": repr(exc)})
-            yield sse(error_body("the replica stream ended early", 502))
+            yield shape.failure(error_body("the replica stream ended early", 502))
 
     async def meter(self, call: ReplicaCall, outcome: Outcome) -> None:
         """Record the call once and give the replica back."""

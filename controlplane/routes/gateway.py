@@ -8,6 +8,7 @@ from typing import Awaitable, Callable, Union
 from starlette.requests import Request
 from starlette.responses import Response
 
+from controlplane.gateway.answer_shape import ChatShape
 from controlplane.routes.api import OBJECT, ApiRoute, Operation, scope
 from controlplane.routes.context import app_state, read_json, request_id, require
 from wire.request_id import Receive, Scope, Send, access_fields
@@ -34,8 +35,8 @@ async def invoke(request: Request, endpoint: str) -> GatewayResponse:
     upstream = await gateway.send(call, body)                                 # relay
     if invocation.request.stream and upstream.status_code == 200:
         # relay and meter: the stream meters itself when it closes (done, client gone, cut)
-        return gateway.relay_stream(call, upstream, invocation.request.stream_options)
-    response, outcome = await gateway.relay_unary(call, upstream, request.receive)
+        return gateway.relay_stream(call, upstream, ChatShape(target.model_name, invocation.request.stream_options))
+    response, outcome = await gateway.relay_unary(call, upstream, request.receive, ChatShape(target.model_name))
     gateway.release(call)        # the replica is done: a slow reader does not hold it
     return MeteredResponse(response, lambda: gateway.meter(call, outcome))   # meter
 

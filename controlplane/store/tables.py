@@ -194,6 +194,22 @@ class FunctionCall(Base):
     finished_at: Mapped[Optional[datetime]]
 
 
+class StoredResponse(Base):
+    """A Responses API answer kept for `GET /v1/responses/{id}` and `previous_response_id`
+    (controlplane.gateway.responses) until `settings.response_retention_s` after it was made.
+    `conversation` is the chat messages its turn answered (the earlier turns and its input,
+    not its instructions), `response` the response object; both JSON text, ASCII-escaped
+    (jsonb refuses a \\u0000 a model may write)."""
+    __tablename__ = "stored_responses"
+    __table_args__ = (Index("ix_stored_responses_created_at", "created_at"),)
+    id: Mapped[str] = mapped_column(primary_key=True)          # resp_<32 hex>
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    model: Mapped[str]
+    conversation: Mapped[str]
+    response: Mapped[str]
+    created_at: Mapped[datetime]
+
+
 class ReplicaLifetime(Base):
     """One replica's life, for GPU-second billing: billed from `placed_at` (the first
     event that carried slot ids) to `stopped_at`, or to `last_seen_at` (the latest event

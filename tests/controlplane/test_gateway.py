@@ -455,6 +455,13 @@ REFUSED_AT_THE_EDGE = [
     ("chat/completions", {"messages": [*MESSAGES, {"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[" * 60_000}}]}]},
      "messages"),
+    # the Responses API: its own fields, and the chat rules' refusals under the client's names
+    ("responses", {"input": "Hi", "max_output_tokens": 0}, "max_output_tokens"),
+    ("responses", {"input": "Hi", "top_p": 2}, "top_p"),
+    ("responses", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+     "input"),
+    ("responses", {"input": "Hi", "text": {"format": {"type": "json_schema", "name": "s",
+                                                      "schema": "[" * 60_000}}}, "text.format"),
 ]
 
 

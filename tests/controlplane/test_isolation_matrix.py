@@ -98,6 +98,7 @@ def completion(world: World) -> tuple[str, dict]:
 
 
 CHAT = {"model": "iso-dep", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+RESPONSE = {"model": "iso-dep", "input": "Hi", "max_output_tokens": 1}
 
 ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/healthz"): Case("public", fixed("/healthz")),
@@ -163,6 +164,11 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/completions"): Case("invoke", fixed("/v1/completions", {
         "model": "iso-dep", "prompt": "Hi", "max_tokens": 1})),
     ("POST", "/v1/chat/completions"): Case("invoke", fixed("/v1/chat/completions", CHAT)),
+    # A's stored responses: another tenant's id reads as an unknown one (404)
+    ("POST", "/v1/responses"): Case("invoke", fixed("/v1/responses", RESPONSE)),
+    ("GET", "/v1/responses/{response_id}"): Case("invoke", path_with("/v1/responses/{}", "response")),
+    ("DELETE", "/v1/responses/{response_id}"): Case(
+        "invoke", path_with("/v1/responses/{}", "doomed_response")),
     # A's deployment generates: embeddings from it are a 400, nobody else's at all (404)
     ("POST", "/v1/embeddings"): Case("invoke", fixed("/v1/embeddings", {
         "model": "iso-dep", "input": "Hi"}), own=400),
@@ -236,6 +242,10 @@ async def make_deployments(plane, world: World) -> None:
     await plane.set_price(tenant="iso-a", input_per_mtok=A_PRICE, output_per_mtok=A_PRICE)
     served = await a.post("/v1/chat/completions", json=CHAT)      # A's bill is not empty
     assert served.status_code == 200, served.text
+    for name in ("response", "doomed_response"):
+        stored = await a.post("/v1/responses", json=RESPONSE)
+        assert stored.status_code == 200, stored.text
+        world.ids[name] = stored.json()["id"]
     await plane.flush_usage()
 
 

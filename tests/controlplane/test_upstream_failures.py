@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from controlplane.gateway.llm import context_length
-from controlplane.store.tables import Revision, UsageEvent
+from controlplane.store.tables import Revision, StoredResponse, UsageEvent
 from tests.controlplane.conftest import make_settings, running_control_plane
 from tests.controlplane.support.servers import serve
 from tests.functions.test_function_deploy import upload
@@ -77,6 +77,31 @@ async def broken_replica(request: Request):
     return StreamingResponse(events(), media_type="text/event-stream" if stream else "application/json")
 
 
+def chat_chunk(tokens: int) -> dict:
+    return {"id": "chatcmpl-x", "object": "chat.completion.chunk", "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens}}
+
+
+async def broken_chat(request: Request):
+    """The last message says how it fails, as `broken_replica`'s prompt does (`die`, `cut`):
+    what a Responses API call is served by."""
+    body = await request.json()
+    how = body["messages"][-1]["content"]
+    if not body.get("stream"):
+        return JSONResponse(error_body("the engine died: illegal memory access", 500), 500)
+
+    async def events():
+        yield sse(chat_chunk(1))
+        yield sse(chat_chunk(2))
+        if how == "die":
+            yield sse(error_body("the engine died: illegal memory access", 500))
+            return
+        raise RuntimeError("the replica process is gone")
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
 ANSWER_CAP = 1 << 20
 PROBE = Path(__file__).resolve().parents[1] / "functions" / "packages" / "probe"
 
@@ -120,6 +145,7 @@ async def huge_answer(stream: bool):
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def plane(db_url, s3_server, tmp_path_factory):
     app = Starlette(routes=[Route("/v1/completions", broken_replica, methods=["POST"]),
+                            Route("/v1/chat/completions", broken_chat, methods=["POST"]),
                             Route("/invoke", hostile_function, methods=["POST"])])
     async with serve(app) as replica_url:
         settings = make_settings(db_url, s3_server, tmp_path_factory.mktemp("cp-up"),
@@ -183,6 +209,34 @@ async def test_a_stream_cut_upstream_ends_with_an_error_event_and_bills_partial(
     row = await usage_row(plane, request_id)
     assert (row.status, row.http_status, row.completion_tokens) == ("partial", 502, 2)
     assert lease_of(plane, request_id).failed
+
+
+async def test_a_failed_response_is_a_502_stored_nowhere_and_billed_nothing(plane, client):
+    response = await client.post("/v1/responses", headers={"x-request-id": "responses-die"},
+                                 json={"model": "chat", "input": "die", "max_output_tokens": 5})
+    assert response.status_code == 502 and response.json()["error"]["code"] == "upstream_error"
+    row = await usage_row(plane, "responses-die")
+    assert (row.endpoint, row.status, row.completion_tokens, row.cost) == ("responses", "error", 0, 0)
+
+
+@pytest.mark.parametrize("how, last_error", [
+    ("die", "the engine died: illegal memory access"), ("cut", "the replica stream ended early")])
+async def test_a_response_stream_cut_upstream_ends_with_an_error_event_and_bills_partial(
+        plane, client, how, last_error):
+    request_id = f"responses-stream-{how}"
+    async with client.stream("POST", "/v1/responses", headers={"x-request-id": request_id},
+                             json={"model": "chat", "input": how, "max_output_tokens": 5,
+                                   "stream": True}) as response:
+        assert response.status_code == 200
+        events = [json.loads(line[6:]) async for line in response.aiter_lines() if line.startswith("data: ")]
+    kinds = [event["type"] for event in events]
+    assert kinds[-1] == "error" and events[-1]["message"] == last_error
+    assert "response.completed" not in kinds and kinds.count("response.output_text.delta") == 2
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    row = await usage_row(plane, request_id)
+    assert (row.endpoint, row.status, row.http_status, row.completion_tokens) == ("responses", "partial", 502, 2)
+    async with plane.app.state.sessions() as session:
+        assert await session.get(StoredResponse, events[0]["response"]["id"]) is None, "a cut answer is not kept"
 
 
 async def test_a_client_that_hangs_up_right_after_done_is_billed_ok(plane, client):
