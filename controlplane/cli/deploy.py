@@ -30,6 +30,11 @@ def register(commands: Subcommands, flags: argparse.ArgumentParser) -> None:
                         help="pull the weights into the node cache on deploy and scale-up")
     deploy.add_argument("--engine", nargs="*", default=[], metavar="KEY=VALUE",
                         help="engine options, values as JSON (kv_cache_tokens=4096)")
+    deploy.add_argument("--fallback", action="append", default=None, metavar="NAME[:ON[:WAIT_S]]",
+                        help="another deployment of yours that answers when this one cannot, "
+                             "repeated in order: small, small:cold,error, small:cold:2 "
+                             "(conditions cold, rate_limited, error; docs/fallbacks.md); "
+                             "--fallback '' clears them")
     deploy.add_argument("--no-promote", action="store_true",
                         help="a new revision takes no traffic until `thawpool traffic`")
     deploy.set_defaults(func=command(cmd_deploy))
@@ -68,7 +73,24 @@ def _body(args: argparse.Namespace, client: Client) -> JSON:
     engine = {k: _json_value(v) for k, v in parse_pairs(args.engine, "--engine").items()}
     body.update({k: v for k, v in (("resources", resources), ("scaling", scaling),
                                    ("engine", engine)) if v})
+    if args.fallback is not None:
+        body["fallbacks"] = [fallback_entry(text) for text in args.fallback if text]
     return body
+
+
+def fallback_entry(text: str) -> JSON:
+    """NAME[:ON[:WAIT_S]] as one `fallbacks` entry; the server checks the rest."""
+    name, _, rest = text.partition(":")
+    conditions, _, wait = rest.partition(":")
+    entry: JSON = {"deployment": name}
+    if conditions:
+        entry["on"] = conditions.split(",")
+    if wait:
+        try:
+            entry["cold_wait_s"] = float(wait)
+        except ValueError:
+            raise UsageError(f"--fallback {text}: the wait is seconds, a number") from None
+    return entry
 
 
 def model_uri(client: Client, model: str) -> str:

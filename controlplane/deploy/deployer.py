@@ -20,13 +20,14 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane.deploy.deployment_spec import (DRAFT_MODEL, DeploymentPatch, DeploymentSpec,
                                           Resources, RevisionConfig, check_model,
                                           parse_scaling, patched_config)
+from controlplane.deploy.fallback_spec import Fallback, Serves, mismatch
 from controlplane.deploy.function_spec import check_function
 from controlplane.lookups.service import Change, Lookups
 from controlplane.deploy.model_sources import check_source
 from controlplane.store.tables import Deployment, Revision, Tenant
 from controlplane.quotas import DeploymentShape, Quota, check_deployment
 from controlplane.store import adapters, deployments, model_sources, quotas
-from controlplane.store.errors import InvalidField, Unavailable
+from controlplane.store.errors import InvalidField, NotFound, Unavailable
 from controlplane.deploy.traffic import parse_split, rollback_target
 from pool.api import ModelInfo, ModelUnavailable, NeverFits, Pins, Pool, ReplicaShape
 from spec.engine_options import ChosenOptions
@@ -54,6 +55,7 @@ class Deployer:
                                     (spec.revision.resources.gpu_count,))
             await self._check_quota(session, tenant_id, shape, None, None)
             model, pins = await self._check(session, tenant, spec.revision)
+            await _check_fallbacks(session, tenant_id, spec.name, _serves(spec.revision), spec.fallbacks)
             created = await deployments.create(session, tenant_id, spec, model, pins)
         await self._changed(created[0].id)
         return created
@@ -73,8 +75,10 @@ class Deployer:
                 session, tenant_id, DeploymentShape(scaling.min_replicas, scaling.max_replicas, gpus),
                 deployment, revisions)
             new_revision = (config, *await self._check(session, tenant, config)) if new else None
+            if change.fallbacks is not None:
+                await _check_fallbacks(session, tenant_id, name, _serves(config), change.fallbacks)
             changed = await deployments.change(session, deployment, revisions, scaling,
-                                               new_revision, change.promote)
+                                               new_revision, change.promote, change.fallbacks)
         await self._changed(deployment.id)
         return changed
 
@@ -186,6 +190,32 @@ async def read_or_refuse(read: Awaitable[T], refusal: Callable[[str], Exception]
         if is_transient(exc):
             raise Unavailable(f"object storage did not answer ({type(exc).__name__})") from exc
         raise
+
+
+async def _check_fallbacks(session: AsyncSession, tenant_id: str, name: str, primary: Serves,
+                           fallbacks: tuple[Fallback, ...]) -> None:
+    """Each fallback another live deployment of the same tenant (another tenant's name is
+    not found, as everywhere), answering what `name` answers; InvalidField (422) naming
+    the entry. Their own fallbacks are never followed (fallback_spec), so no cycle check."""
+    if fallbacks and primary.kind != "model":
+        raise InvalidField("fallbacks", "only a model deployment takes fallbacks")
+    for i, fallback in enumerate(fallbacks):
+        where = f"fallbacks[{i}].deployment"
+        if fallback.deployment == name:
+            raise InvalidField(where, "a deployment is not its own fallback")
+        try:
+            other = await deployments.find(session, tenant_id, fallback.deployment)
+        except NotFound:
+            raise InvalidField(where, f"no deployment named {fallback.deployment!r} "
+                                      "(a fallback is one of your own deployments)") from None
+        revisions = await deployments.revisions_of(session, other)
+        why = mismatch(primary, deployments.serves(revisions[-1]))
+        if why is not None:
+            raise InvalidField(where, f"{fallback.deployment!r} {why}")
+
+
+def _serves(config: RevisionConfig) -> Serves:
+    return Serves(config.kind, str(config.engine.get("task", "generate")))
 
 
 def _traffic_gpus(traffic: dict[str, int], revisions: list[Revision]) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from controlplane.fields import boolean, integer, number, obj, storable_json
+from controlplane.deploy.fallback_spec import Fallback, parse_fallbacks
 from controlplane.deploy.model_sources import parse_s3_uri
 from controlplane.store.errors import Forbidden, InvalidField
 from pool.api import FUNCTION_ARCHITECTURE, ModelInfo, ReplicaKind
@@ -22,9 +23,11 @@ from spec.tensor_parallel import kv_heads_refusal
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 SPECULATIVE_FIELDS = frozenset({"method", "k", "n", "model", "max_batch", "min_acceptance"})
-CREATE_FIELDS = frozenset({"name", "kind", "model_uri", "resources", "scaling", "engine", "pricing"})
+CREATE_FIELDS = frozenset({"name", "kind", "model_uri", "resources", "scaling", "engine", "pricing",
+                           "fallbacks"})
 KINDS = ("model", "function")
-PATCH_FIELDS = frozenset({"model_uri", "resources", "scaling", "engine", "pricing", "promote"})
+PATCH_FIELDS = frozenset({"model_uri", "resources", "scaling", "engine", "pricing", "promote",
+                          "fallbacks"})
 PRICING_IS_THE_OPERATORS = ("prices are set by the operator in the price book, not by a "
                             "deployment (GET /v1/billing/prices shows yours)")
 DRAFT_MODEL = "engine.speculative.model"
@@ -77,6 +80,7 @@ class DeploymentSpec:
     name: str
     revision: RevisionConfig
     scaling: Scaling = Scaling()
+    fallbacks: tuple[Fallback, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class DeploymentPatch:
     scaling: Optional[dict[str, Any]] = None
     engine: Optional[dict[str, Any]] = None
     promote: bool = True
+    fallbacks: Optional[tuple[Fallback, ...]] = None   # the whole list, replaced ([] clears it)
 
 
 def parse_create(body: Any) -> DeploymentSpec:
@@ -105,7 +110,8 @@ def parse_create(body: Any) -> DeploymentSpec:
         resources=parse_resources(body.get("resources", {}), Resources()),
         engine=parse_engine(body.get("engine", {}), kind), kind=kind))
     return DeploymentSpec(name=name, revision=revision,
-                          scaling=parse_scaling(body.get("scaling", {}), Scaling()))
+                          scaling=parse_scaling(body.get("scaling", {}), Scaling()),
+                          fallbacks=parse_fallbacks(body.get("fallbacks", []), name))
 
 
 def parse_patch(body: Any) -> DeploymentPatch:
@@ -120,9 +126,11 @@ def parse_patch(body: Any) -> DeploymentPatch:
     for name in ("resources", "scaling", "engine"):
         if name in body:
             obj(name, body[name], None)
+    # the deployment's own name is checked against the list by the deployer, which knows it
+    fallbacks = parse_fallbacks(body["fallbacks"], None) if "fallbacks" in body else None
     return DeploymentPatch(model_uri=body.get("model_uri"), resources=body.get("resources"),
                            scaling=body.get("scaling"), engine=body.get("engine"),
-                           promote=promote)
+                           promote=promote, fallbacks=fallbacks)
 
 
 def _body(value: Any, allowed: frozenset[str]) -> dict[str, Any]:

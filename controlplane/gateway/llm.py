@@ -107,6 +107,10 @@ class Outcome:
 CLIENT_GONE = Outcome("partial", 499)
 
 
+class ReplicaUnreachable(ApiError):
+    """The request never reached the replica, or no answer came back (502)."""
+
+
 @dataclass
 class ReplicaCall:
     """One invocation holding a replica: where it went and what it has used so far."""
@@ -126,6 +130,9 @@ class ReplicaCall:
     invocation_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     log_fields: dict[str, Any] = field(default_factory=dict)   # its request's access log line
     replica_endpoint: Optional[str] = None  # what the replica serves it as, when not `endpoint`
+    # why the call was moved to this deployment, a fallback of the one it named (None: it
+    # is the one it named): controlplane.gateway.fallbacks
+    fallback_reason: Optional[str] = None
 
 
 class Gateway:
@@ -218,26 +225,30 @@ class Gateway:
 
     async def acquire(self, principal: Principal, target: RouteTarget, invocation: Invocation,
                       request_id: str, endpoint: str, admission: RateReservation,
-                      log_fields: dict[str, Any], replica_endpoint: Optional[str] = None) -> ReplicaCall:
-        """A lease on a ready replica (a cold start when there is none); the pool's
-        refusals (PoolError) become 429/503 with Retry-After, and give the reservation back.
-        `endpoint` is what the usage row names; `replica_endpoint` the replica's path for
-        it when that differs (the Responses API is served as a chat completion)."""
+                      log_fields: dict[str, Any], replica_endpoint: Optional[str] = None,
+                      timeout_s: Optional[float] = None) -> ReplicaCall:
+        """A lease on a ready replica (a cold start when there is none), waited for
+        `timeout_s` (None: the settings' acquire timeout); the pool's refusals (PoolError)
+        become 429/503 with Retry-After, and give the reservation back. `endpoint` is what
+        the usage row names; `replica_endpoint` the replica's path for it when that differs
+        (the Responses API is served as a chat completion)."""
         lease, t0 = await self.lease(target, request_id, admission, prefix_key(invocation.prompt_text),
-                                     invocation.prompt_tokens, adapter_ref(target.adapter))
+                                     invocation.prompt_tokens, adapter_ref(target.adapter), timeout_s)
         return ReplicaCall(principal, target, request_id, endpoint, lease, target.at, t0, admission,
                     usage=invocation.usage(), log_fields=log_fields, replica_endpoint=replica_endpoint)
 
     async def lease(self, target: RouteTarget, request_id: str, admission: RateReservation,
                     prefix: Optional[str], prompt_tokens: int,
-                    adapter: Optional[AdapterRef] = None) -> tuple[Lease, float]:
+                    adapter: Optional[AdapterRef] = None,
+                    timeout_s: Optional[float] = None) -> tuple[Lease, float]:
         """The pool's lease (and when the wait for it began); a refusal gives the rate
         limiter's reservation back."""
         t0 = time.perf_counter()
+        wait_s = self.settings.acquire_timeout_s if timeout_s is None else timeout_s
         try:
             lease = await self.pool.acquire(
                 self._spec(target), request_id=request_id, prefix_key=prefix,
-                prompt_tokens=prompt_tokens, timeout_s=self.settings.acquire_timeout_s, adapter=adapter)
+                prompt_tokens=prompt_tokens, timeout_s=wait_s, adapter=adapter)
         except BaseException:
             self.limiter.settle(admission, 0, self.clock())
             raise
@@ -270,8 +281,21 @@ class Gateway:
         except UpstreamError as exc:
             call.lease.mark_failed()
             await self.meter(call, Outcome("error", 502))
-            raise ApiError(502, f"replica unreachable: {exc.kind}",
-                           code="replica_unreachable", retry_after_s=1) from None
+            raise ReplicaUnreachable(502, f"replica unreachable: {exc.kind}",
+                                     code="replica_unreachable", retry_after_s=1) from None
+
+    def ready(self, target: RouteTarget) -> bool:
+        """The pool has a ready replica of the target's revision now."""
+        return self.pool.revision_status(target.revision.id).state == "ready"
+
+    async def drop(self, call: ReplicaCall, upstream: UpstreamResponse) -> None:
+        """An answer that failed before any of it was relayed (a 5xx), which another
+        deployment will answer instead: the replica is checked before its next request,
+        and the call is recorded as an `error` that bills nothing."""
+        await _quietly_close(upstream)
+        call.lease.mark_failed()
+        call.usage = UsageSeen()
+        await self.meter(call, Outcome("error", upstream.status_code))
 
     async def relay_unary(self, call: ReplicaCall, upstream: UpstreamResponse,
                           receive: Receive, shape: AnswerShape) -> tuple[Response, Outcome]:
@@ -431,8 +455,11 @@ class Gateway:
             done=call.saw_done))
 
     def _headers(self, call: ReplicaCall) -> dict[str, str]:
-        headers = {"x-thawpool-revision": call.target.revision.name,
+        headers = {"x-thawpool-served-by": call.target.model_name,
+                   "x-thawpool-revision": call.target.revision.name,
                    "x-thawpool-replica": call.lease.replica_id}
+        if call.fallback_reason is not None:         # a fallback answered: why
+            headers["x-thawpool-fallback-reason"] = call.fallback_reason
         if call.lease.adapter_load is not None:      # the call waited for its adapter's load
             headers["x-thawpool-adapter-load-s"] = f"{call.lease.adapter_load.total_s:.3f}"
         return headers

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from controlplane.deploy.deployment_spec import (MAX_TARGET_CONCURRENCY, NAME, parse_create,
                                          parse_patch)
+from controlplane.deploy.fallback_spec import CONDITIONS, MAX_COLD_WAIT_S, MAX_FALLBACKS
 from controlplane.store.tables import Deployment, Revision
 from controlplane.fields import boolean, obj
 from controlplane.routes.api import ADMIN, ApiRoute, Operation, data_of, scope, string_schema
@@ -95,6 +96,7 @@ def view(deployment: Deployment, revisions: list[Revision]) -> dict[str, Any]:
         "kind": deployments.kind_of(revisions[-1]) if revisions else "model",
         "scaling": asdict(deployments.scaling_of(deployment)),
         "traffic": dict(deployment.traffic),
+        "fallbacks": [f.as_json() for f in deployments.fallbacks_of(deployment)],
         "revisions": [revision_view(r) for r in revisions],
         "created_at": deployment.created_at.isoformat(),
         "updated_at": deployment.updated_at.isoformat(),
@@ -135,20 +137,36 @@ SCALING = {"type": "object", "additionalProperties": False, "properties": {
                  "request needs them (status: weights_cached)"}}}
 ENGINE = {"type": "object", "description": "runtime engine options; speculative.model is a "
                                            "model URI under the same sources"}
+FALLBACKS = {"type": "array", "maxItems": MAX_FALLBACKS, "description":
+             "other deployments of yours, in order, that take a call this one cannot answer "
+             "(docs/fallbacks.md); a fallback's own fallbacks are not followed",
+             "items": {"type": "object", "required": ["deployment"], "additionalProperties": False,
+                       "properties": {
+                           "deployment": {"type": "string", "description": "a deployment of yours"},
+                           "on": {"type": "array", "minItems": 1,
+                                  "items": {"enum": list(CONDITIONS)}, "description":
+                                  "cold: no ready replica within cold_wait_s; rate_limited: the "
+                                  "pool's 429 (GPU quota, queue); error: the replica's 5xx or "
+                                  "unreachable (default: all three)"},
+                           "cold_wait_s": {"type": "number", "minimum": 0,
+                                           "maximum": MAX_COLD_WAIT_S}}}}
 CREATE_BODY = {"type": "object", "required": ["name", "model_uri"], "additionalProperties": False,
                "properties": {"name": string_schema(NAME.pattern), "model_uri": MODEL_URI,
                               "kind": {"enum": ["model", "function"], "description":
                                        "function: model_uri is a package with thawpool.toml"},
-                              "resources": RESOURCES, "scaling": SCALING, "engine": ENGINE}}
+                              "resources": RESOURCES, "scaling": SCALING, "engine": ENGINE,
+                              "fallbacks": FALLBACKS}}
 PATCH_BODY = {"type": "object", "additionalProperties": False, "minProperties": 1,
               "properties": {"model_uri": MODEL_URI, "resources": RESOURCES, "scaling": SCALING,
-                             "engine": ENGINE, "promote": {"type": "boolean"}}}
+                             "engine": ENGINE, "promote": {"type": "boolean"},
+                             "fallbacks": FALLBACKS}}
 DEPLOYMENT = {"type": "object", "required": ["id", "name", "shared", "scaling", "traffic", "revisions"],
               "properties": {"id": {"type": "string"}, "name": {"type": "string"},
                              "shared": {"type": "boolean", "description":
                                         "in the operator's catalogue: every tenant may call it "
                                         "and attach adapters to it"},
                              "scaling": SCALING, "traffic": {"type": "object"},
+                             "fallbacks": FALLBACKS,
                              "revisions": {"type": "array", "items": {"type": "object"}}}}
 SPLIT = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0,
                                                     "maximum": 100},

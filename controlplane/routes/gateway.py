@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from controlplane.gateway.answer_shape import ChatShape
+from controlplane.gateway.fallbacks import ClientRequest, first_answer
 from controlplane.routes.api import OBJECT, ApiRoute, Operation, scope
 from controlplane.routes.context import app_state, read_json, request_id, require
 from wire.request_id import Receive, Scope, Send, access_fields
@@ -22,21 +23,22 @@ async def invoke(request: Request, endpoint: str) -> GatewayResponse:
 
     Everything that can refuse the request (auth, an unknown deployment, a bad field,
     the rate limit) does so before a replica is acquired, so a refused request wakes
-    nothing and writes no usage row."""
+    nothing and writes no usage row. Acquire and send go to the deployment's fallbacks
+    in turn when it cannot answer (controlplane.gateway.fallbacks)."""
     gateway = app_state(request).gateway
     principal = require(request, "invoke")                                    # auth
     body = await read_json(request)
     target = await gateway.resolve(principal, body, request_id(request))      # resolve
     invocation = gateway.validate(endpoint, body, target)                     # validate
     admission = gateway.admit(principal, target, invocation)                  # rate limits
-    call = await gateway.acquire(principal, target, invocation,               # acquire
-                                 request_id(request), endpoint, admission,
-                                 access_fields(request.scope))
-    upstream = await gateway.send(call, body)                                 # relay
+    client = ClientRequest(principal, body, request_id(request), endpoint, access_fields(request.scope))
+    answer = await first_answer(gateway, client, target, invocation, admission)   # acquire, send
+    call, upstream, invocation = answer.call, answer.upstream, answer.invocation      # relay
     if invocation.request.stream and upstream.status_code == 200:
         # relay and meter: the stream meters itself when it closes (done, client gone, cut)
-        return gateway.relay_stream(call, upstream, ChatShape(target.model_name, invocation.request.stream_options))
-    response, outcome = await gateway.relay_unary(call, upstream, request.receive, ChatShape(target.model_name))
+        return gateway.relay_stream(call, upstream,
+                                    ChatShape(call.target.model_name, invocation.request.stream_options))
+    response, outcome = await gateway.relay_unary(call, upstream, request.receive, ChatShape(call.target.model_name))
     gateway.release(call)        # the replica is done: a slow reader does not hold it
     return MeteredResponse(response, lambda: gateway.meter(call, outcome))   # meter
 

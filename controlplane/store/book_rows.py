@@ -4,7 +4,7 @@ history: a new row replaces it from a later time)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Union
+from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -12,10 +12,10 @@ from controlplane.fields import is_uuid
 from controlplane.store.errors import Conflict, NotFound
 from controlplane.store.tables import GpuCost, Price
 
-BookTable = Union[type[Price], type[GpuCost]]
+BookRow = TypeVar("BookRow", Price, GpuCost)
 
 
-async def withdraw_scheduled(session: AsyncSession, table: BookTable, row_id: str, now: datetime,
+async def withdraw_scheduled(session: AsyncSession, table: type[BookRow], row_id: str, now: datetime,
                              *, noun: str, code: str) -> None:
     """Delete the row `row_id` of `table` if it takes effect after `now`; 404 for no such
     row, 409 `code` for one already in effect."""

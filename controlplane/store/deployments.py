@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.deploy.deployment_spec import NAME, DeploymentSpec, Resources, RevisionConfig, Scaling
+from controlplane.deploy.fallback_spec import Fallback, Serves, from_stored
 from controlplane.store.tables import Deployment, Revision, utcnow
 from controlplane.store import names
 from controlplane.store.errors import AlreadyExists, Conflict, NotFound
@@ -28,7 +29,7 @@ async def create(session: AsyncSession, tenant_id: str, spec: DeploymentSpec,
                  model: ModelInfo, pins: Pins) -> tuple[Deployment, list[Revision]]:
     await names.check_free(session, tenant_id, spec.name, "deployment")     # not an adapter's
     deployment = Deployment(tenant_id=tenant_id, name=spec.name, traffic={"r1": 100},
-                            **asdict(spec.scaling))
+                            fallbacks=[f.as_json() for f in spec.fallbacks], **asdict(spec.scaling))
     session.add(deployment)
     try:
         await session.flush()
@@ -77,12 +78,15 @@ async def list_for(session: AsyncSession,
 
 async def change(session: AsyncSession, deployment: Deployment, revisions: list[Revision],
                  scaling: Scaling, new_revision: Optional[tuple[RevisionConfig, ModelInfo, Pins]],
-                 promote: bool) -> tuple[Deployment, list[Revision]]:
+                 promote: bool, fallbacks: Optional[tuple[Fallback, ...]] = None
+                 ) -> tuple[Deployment, list[Revision]]:
     """A PATCH of a deployment the caller has locked (`find(..., for_update=True)`) and
-    read `revisions` of: scaling in place; a changed config makes a revision (taking
-    all traffic when `promote`)."""
+    read `revisions` of: scaling and fallbacks (None: unchanged) in place; a changed
+    config makes a revision (taking all traffic when `promote`)."""
     for field_name, value in asdict(scaling).items():
         setattr(deployment, field_name, value)
+    if fallbacks is not None:
+        deployment.fallbacks = [f.as_json() for f in fallbacks]
     if new_revision is not None:
         config, model, pins = new_revision
         revision = _new_revision(deployment, revisions[-1].number + 1, config, model, pins)
@@ -155,6 +159,15 @@ def revision_config(revision: Revision) -> RevisionConfig:
 def kind_of(revision: Revision) -> ReplicaKind:
     """A revision's kind is what its deploy found under model_uri (no column of its own)."""
     return "function" if revision.architecture == FUNCTION_ARCHITECTURE else "model"
+
+
+def fallbacks_of(deployment: Deployment) -> tuple[Fallback, ...]:
+    return from_stored(deployment.fallbacks or [])
+
+
+def serves(revision: Revision) -> Serves:
+    """What a deployment whose newest revision is `revision` answers."""
+    return Serves(kind_of(revision), str(revision.engine.get("task", "generate")))
 
 
 def scaling_of(deployment: Deployment) -> Scaling:

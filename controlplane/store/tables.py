@@ -76,6 +76,10 @@ class Deployment(Base):
     # the operator's catalogue base (0016): every tenant may call it and attach adapters
     shared: Mapped[bool] = mapped_column(Boolean, server_default=text("false"), default=False)
     traffic: Mapped[dict[str, Any]] = mapped_column(JSONB)   # {"r1": 90, "r2": 10}
+    # where its calls go when it cannot answer (0024): [{"deployment", "on", "cold_wait_s"}],
+    # controlplane.deploy.fallback_spec
+    fallbacks: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSONB, server_default=text("'[]'::jsonb"), default=list)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[Optional[datetime]]

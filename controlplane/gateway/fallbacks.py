@@ -1,0 +1,145 @@
+"""A call's first answer, from the deployment it named or from one of that deployment's
+fallbacks (controlplane.deploy.fallback_spec), as controlplane.gateway.fallback_policy
+decides: the acquire and send steps of `routes/gateway.invoke`, repeated per attempt.
+
+A call moves on only before any byte reached the client: when its deployment stayed
+cold past the wait, the pool refused it with a 429, its cold start failed, its replica
+could not be reached, or the replica's answer began with a 5xx. A streamed answer that
+breaks later is the stream's to report, as without fallbacks.
+
+The call holds one rate-limit reservation throughout (the key's and tenant's, made at
+admission for the deployment it named): attempts hold none of their own, the one that
+answers is given it, and it is given back when none answers. Only the deployment that
+answered bills the call, at its own price; an attempt whose replica answered 5xx leaves
+an `error` row that bills nothing. Calls on an adapter or on another tenant's shared base
+take no fallbacks: the list is the owner's, of the owner's deployments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from controlplane.deploy.fallback_spec import Condition, Fallback
+from controlplane.errors import ApiError
+from controlplane.gateway.fallback_policy import (PRIMARY, answer_condition, next_attempt,
+                                                  pool_condition, replica_wait_s)
+from controlplane.gateway.llm import Gateway, Invocation, ReplicaCall, ReplicaUnreachable, RouteTarget
+from controlplane.gateway.ratelimit import RateReservation
+from controlplane.gateway.upstream import UpstreamResponse
+from controlplane.store import deployments
+from controlplane.store.errors import NotFound
+from controlplane.store.tenants import Principal
+from pool.api import PoolError
+from wire.errors import ProtocolError
+
+
+@dataclass(frozen=True)
+class ClientRequest:
+    """One request as the gateway steps see it, the same for every attempt."""
+    principal: Principal
+    body: dict[str, Any]
+    request_id: str
+    endpoint: str
+    log_fields: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The attempt that answered: its call (holding the reservation), the replica's
+    response, still streaming, and the request as validated for its deployment."""
+    call: ReplicaCall
+    upstream: UpstreamResponse
+    invocation: Invocation
+
+
+@dataclass(frozen=True)
+class Attempt:
+    number: int                 # 0: the deployment the call named; k: fallbacks[k - 1]
+    target: RouteTarget
+    invocation: Invocation
+    reason: Optional[Condition] = None     # why the call came to it
+
+
+@dataclass(frozen=True)
+class Failed:
+    """An attempt that failed with a condition some later fallback lists, and the refusal
+    the client gets if none of them takes the call."""
+    condition: Condition
+    refusal: Exception
+
+
+async def first_answer(gateway: Gateway, client: ClientRequest, primary: RouteTarget,
+                       invocation: Invocation, admission: RateReservation) -> Answer:
+    """The first attempt that answers; the last failure's refusal when none does (the
+    reservation given back)."""
+    fallbacks = fallbacks_for(primary)
+    attempt = Attempt(PRIMARY, primary, invocation)
+    try:
+        while True:
+            result = await _try(gateway, client, fallbacks, attempt)
+            if isinstance(result, Answer):
+                result.call.admission = admission      # the one that answers settles it
+                return result
+            following = await _next(gateway, client, fallbacks, attempt.number, result.condition)
+            if following is None:
+                raise result.refusal
+            attempt = following
+    except BaseException:
+        gateway.limiter.settle(admission, 0, gateway.clock())
+        raise
+
+
+async def _try(gateway: Gateway, client: ClientRequest, fallbacks: tuple[Fallback, ...],
+               attempt: Attempt) -> Union[Answer, Failed]:
+    """One attempt, holding no reservation of its own. A failure that no later fallback
+    lists is raised as it is; a 5xx no fallback lists is the Answer (relayed as a 502)."""
+    target = attempt.target
+    wait_s = replica_wait_s(fallbacks, attempt.number, gateway.ready(target),
+                            gateway.settings.acquire_timeout_s)
+    try:
+        replica = await gateway.acquire(client.principal, target, attempt.invocation, client.request_id,
+                                        client.endpoint, RateReservation(), client.log_fields, timeout_s=wait_s)
+        replica.fallback_reason = attempt.reason
+        upstream = await gateway.send(replica, client.body)
+    except PoolError as refusal:
+        return _failed(fallbacks, attempt, pool_condition(refusal), refusal)
+    except ReplicaUnreachable as refusal:
+        return _failed(fallbacks, attempt, "error", refusal)
+    condition = answer_condition(upstream.status_code)
+    if condition is None or next_attempt(fallbacks, attempt.number, condition) is None:
+        return Answer(replica, upstream, attempt.invocation)
+    await gateway.drop(replica, upstream)
+    return Failed(condition, ApiError(502, f"the replica failed ({upstream.status_code})",
+                                      code="upstream_error"))
+
+
+def _failed(fallbacks: tuple[Fallback, ...], attempt: Attempt, condition: Optional[Condition],
+            refusal: Exception) -> Failed:
+    if condition is None or next_attempt(fallbacks, attempt.number, condition) is None:
+        raise refusal
+    return Failed(condition, refusal)
+
+
+async def _next(gateway: Gateway, client: ClientRequest, fallbacks: tuple[Fallback, ...], after: int,
+                condition: Condition) -> Optional[Attempt]:
+    """The next fallback listing `condition` that can take the call: one deleted since,
+    no longer a model, or refusing the request (its vocabulary, its context) is passed over."""
+    number = next_attempt(fallbacks, after, condition)
+    while number is not None:
+        try:
+            target = await gateway.target(client.principal, fallbacks[number - 1].deployment,
+                                          client.request_id)
+            if deployments.kind_of(target.revision) == "model":
+                return Attempt(number, target, gateway.validate(client.endpoint, client.body, target),
+                               condition)
+        except (NotFound, ProtocolError, ApiError):
+            pass
+        number = next_attempt(fallbacks, number, condition)
+    return None
+
+
+def fallbacks_for(target: RouteTarget) -> tuple[Fallback, ...]:
+    """The named deployment's fallbacks, where the caller owns it and calls it bare."""
+    if target.adapter is not None or target.owner_quota is not None:
+        return ()
+    return deployments.fallbacks_of(target.deployment)
