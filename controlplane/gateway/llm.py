@@ -391,8 +391,7 @@ class Gateway:
             async for line in upstream.aiter_lines():
                 if line == DONE_LINE:
                     call.saw_done = True
-                    if call.usage.malformed or not call.usage.reported:
-                        call.usage.fall_back()        # the client sees what is billed
+                    call.usage.fall_back()    # without a usage it could take: the counts billed
                     for event in await shape.closing(call.usage):
                         yield event
                     self._delivered(call)

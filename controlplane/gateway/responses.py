@@ -89,14 +89,16 @@ class Responses:
             found = await store.find(session, principal.tenant_id, response_id,
                                      self.retention.cutoff(self.clock()))
         if found is None:
-            where = f"{param}: " if param else ""
-            raise ApiError(404, f"{where}no response {response_id!r}", code="response_not_found", param=param)
+            raise not_found(response_id, param)
         return found
 
     async def delete(self, principal: Principal, response_id: str) -> None:
-        await self.find(principal, response_id)       # expired or another tenant's: 404
+        """Deletes the caller tenant's unexpired response; 404 for any other."""
         async with self.sessions.begin() as session:
-            await store.remove(session, principal.tenant_id, response_id)
+            deleted = await store.remove(session, principal.tenant_id, response_id,
+                                         self.retention.cutoff(self.clock()))
+        if not deleted:
+            raise not_found(response_id)
 
     async def sweep(self) -> int:
         """Deletes every expired response, a batch per transaction; how many."""
@@ -138,6 +140,12 @@ class ResponseShape:
 
     def failure(self, body: dict[str, Any]) -> bytes:
         return event_frame(self.events.error(body))
+
+
+def not_found(response_id: str, param: Optional[str] = None) -> ApiError:
+    """The same answer for an unknown, expired or another tenant's id."""
+    where = f"{param}: " if param else ""
+    return ApiError(404, f"{where}no response {response_id!r}", code="response_not_found", param=param)
 
 
 def event_frame(event: dict[str, Any]) -> bytes:

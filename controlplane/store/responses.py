@@ -50,10 +50,11 @@ async def find(session: AsyncSession, tenant_id: str, response_id: str,
                   row.created_at)
 
 
-async def remove(session: AsyncSession, tenant_id: str, response_id: str) -> bool:
-    """Deletes the tenant's response; False when it has none of that id."""
+async def remove(session: AsyncSession, tenant_id: str, response_id: str, cutoff: datetime) -> bool:
+    """Deletes the tenant's response made after `cutoff`; False when it has no such one."""
     deleted = await session.execute(
-        delete(StoredResponse).where(StoredResponse.id == response_id, StoredResponse.tenant_id == tenant_id)
+        delete(StoredResponse).where(StoredResponse.id == response_id, StoredResponse.tenant_id == tenant_id,
+                                     StoredResponse.created_at > cutoff)
         .returning(StoredResponse.id))
     return deleted.first() is not None
 
