@@ -17,7 +17,7 @@ take no fallbacks: the list is the owner's, of the owner's deployments.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from controlplane.deploy.fallback_spec import Condition, Fallback
 from controlplane.errors import ApiError
@@ -35,12 +35,17 @@ from wire.errors import ProtocolError
 
 @dataclass(frozen=True)
 class ClientRequest:
-    """One request as the gateway steps see it, the same for every attempt."""
+    """One request as the gateway steps see it, the same for every attempt: `body` is what
+    the replica is sent, `validate` checks it against each deployment tried, `endpoint`
+    names the usage row and `replica_endpoint` the replica's path when that differs (a
+    Responses API call is served as a chat completion)."""
     principal: Principal
     body: dict[str, Any]
     request_id: str
     endpoint: str
     log_fields: dict[str, Any]
+    validate: Callable[[RouteTarget], Invocation]
+    replica_endpoint: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,8 @@ async def _try(gateway: Gateway, client: ClientRequest, fallbacks: tuple[Fallbac
                             gateway.settings.acquire_timeout_s)
     try:
         replica = await gateway.acquire(client.principal, target, attempt.invocation, client.request_id,
-                                        client.endpoint, RateReservation(), client.log_fields, timeout_s=wait_s)
+                                        client.endpoint, RateReservation(), client.log_fields,
+                                        replica_endpoint=client.replica_endpoint, timeout_s=wait_s)
         replica.fallback_reason = attempt.reason
         upstream = await gateway.send(replica, client.body)
     except PoolError as refusal:
@@ -130,7 +136,7 @@ async def _next(gateway: Gateway, client: ClientRequest, fallbacks: tuple[Fallba
             target = await gateway.target(client.principal, fallbacks[number - 1].deployment,
                                           client.request_id)
             if deployments.kind_of(target.revision) == "model":
-                return Attempt(number, target, gateway.validate(client.endpoint, client.body, target),
+                return Attempt(number, target, client.validate(target),
                                condition)
         except (NotFound, ProtocolError, ApiError):
             pass

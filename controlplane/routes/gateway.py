@@ -31,7 +31,8 @@ async def invoke(request: Request, endpoint: str) -> GatewayResponse:
     target = await gateway.resolve(principal, body, request_id(request))      # resolve
     invocation = gateway.validate(endpoint, body, target)                     # validate
     admission = gateway.admit(principal, target, invocation)                  # rate limits
-    client = ClientRequest(principal, body, request_id(request), endpoint, access_fields(request.scope))
+    client = ClientRequest(principal, body, request_id(request), endpoint, access_fields(request.scope),
+                           lambda other: gateway.validate(endpoint, body, other))
     answer = await first_answer(gateway, client, target, invocation, admission)   # acquire, send
     call, upstream, invocation = answer.call, answer.upstream, answer.invocation      # relay
     if invocation.request.stream and upstream.status_code == 200:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from controlplane.gateway.fallbacks import ClientRequest, first_answer
 from controlplane.routes.api import OBJECT, ApiRoute, Operation, scope
 from controlplane.routes.context import app_state, read_json, request_id, require
 from controlplane.routes.gateway import GatewayResponse, MeteredResponse
@@ -21,10 +22,11 @@ async def create(request: Request) -> GatewayResponse:
     target = await gateway.resolve(principal, turn.chat, request_id(request))   # resolve
     invocation = responses.validate(turn, target)                              # validate
     admission = gateway.admit(principal, target, invocation)                   # rate limits
-    call = await gateway.acquire(principal, target, invocation, request_id(request), "responses",
-                                 admission, access_fields(request.scope), replica_endpoint="chat/completions")
-    upstream = await gateway.send(call, turn.chat)                             # relay
-    shape = responses.shape(principal, target, turn)
+    client = ClientRequest(principal, turn.chat, request_id(request), "responses", access_fields(request.scope),
+                           lambda other: responses.validate(turn, other), replica_endpoint="chat/completions")
+    answer = await first_answer(gateway, client, target, invocation, admission)   # acquire, send
+    call, upstream = answer.call, answer.upstream                              # relay
+    shape = responses.shape(principal, call.target, turn)
     if turn.request.stream and upstream.status_code == 200:
         return gateway.relay_stream(call, upstream, shape)     # stored and metered as it closes
     response, outcome = await gateway.relay_unary(call, upstream, request.receive, shape)

@@ -219,3 +219,23 @@ async def test_fallbacks_are_checked_at_deploy_naming_the_field(setup, deployed,
     assert mutual.status_code == 200, mutual.text
     cleared = await client.patch("/v1/deployments/backup", json={"fallbacks": []})
     assert cleared.status_code == 200 and cleared.json()["fallbacks"] == []
+
+
+async def test_a_responses_api_call_falls_back_too_and_names_who_answered(setup, deployed):
+    """/v1/responses runs the same attempts as chat: the primary's 5xx goes to the fallback,
+    the response object and the stored response name it, and it bills the call."""
+    plane, pool, _ = setup
+    key, ids = deployed
+    before = len(pool.calls)
+    answer = await plane.client(key).post("/v1/responses", headers={"x-request-id": "fb-resp"}, json={
+        "model": "primary", "input": "Hello", "max_output_tokens": 4})
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-thawpool-served-by"] == "backup"
+    assert answer.json()["model"] == "backup"
+    assert [c.spec.deployment_id for c in pool.calls[before:]] == [ids["primary"], ids["backup"]]
+    stored = await plane.client(key).get(f"/v1/responses/{answer.json()['id']}")
+    assert stored.status_code == 200 and stored.json()["model"] == "backup", stored.text
+
+    failed, served = await usage_rows(plane, "fb-resp", 2)
+    assert (failed.deployment_name, failed.status, failed.cost) == ("primary", "error", 0)
+    assert (served.deployment_name, served.status, served.endpoint) == ("backup", "ok", "responses")
