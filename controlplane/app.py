@@ -9,6 +9,9 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from controlplane.gateway.async_calls import AsyncCalls
+from controlplane.batch.files import BatchFiles
+from controlplane.batch.runner import BatchRunner, RunnerConfig
+from controlplane.batch.service import Batches
 from controlplane.auth.middleware import AuthMiddleware
 from controlplane.console import ConsoleFiles
 from controlplane.routes import console
@@ -26,9 +29,9 @@ from controlplane.metrics import Metrics, MetricsMiddleware
 from controlplane.store.tables import utcnow
 from controlplane.billing.outbox import DeadLetters, Outbox
 from controlplane.periodic import Periodic
-from controlplane.routes import (adapters, billing, deployments, functions, gateway, gpu_costs,
-                                 health, margin, model_sources, models_list, openapi, prices, quotas,
-                                 tenants, uploads)
+from controlplane.routes import (adapters, batches, billing, deployments, files, functions, gateway,
+                                 gpu_costs, health, margin, model_sources, models_list, openapi, prices,
+                                 quotas, tenants, uploads)
 from controlplane.billing.refusals import DeadLetteringSink
 from controlplane.sealing import load_sealer
 from controlplane.settings import Settings
@@ -47,7 +50,7 @@ PoolFactory = Callable[[PostgresDesiredState, ReplicaEventSink], Pool]
 ROUTES = [*gateway.routes, *functions.routes, *health.routes, *openapi.routes, *tenants.routes,
           *quotas.routes, *model_sources.routes, *uploads.routes, *prices.routes, *gpu_costs.routes,
           *deployments.routes, *adapters.routes, *models_list.routes, *billing.routes, *margin.routes,
-          *console.routes]
+          *files.routes, *batches.routes, *console.routes]
 
 
 def create_app(settings: Settings, pool: Optional[Pool] = None, *,
@@ -110,6 +113,8 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
                                lambda: state.uploads.abort_expired(utcnow()))
             sweeper.start()
             stack.push_async_callback(sweeper.stop)
+            await state.batch_runner.start()
+            stack.push_async_callback(state.batch_runner.stop)
             yield
 
     app = Starlette(
@@ -142,6 +147,12 @@ def _workers(state: AppState, s3: S3Client, http: Upstream) -> None:
     state.gateway = Gateway(lookups=state.lookups, pool=state.pool, http=http,
                             writer=state.writer, metrics=state.metrics, settings=settings)
     state.functions = FunctionGateway(state.gateway)
+    state.batch_files = BatchFiles(sessions, s3, settings.models_bucket, settings.batch_file_max_bytes)
+    state.batches = Batches(sessions, state.batch_files, state.gateway, settings.batch_max_lines)
+    state.batch_runner = BatchRunner(sessions, state.gateway, state.lookups, state.pool, state.batch_files,
+                                     RunnerConfig(settings.batch_poll_s, settings.batch_max_in_flight,
+                                                  settings.batch_max_attempts, settings.batch_retry_s,
+                                                  settings.batch_price_discount))
 
 
 def create_metrics_app(metrics: Metrics) -> Starlette:

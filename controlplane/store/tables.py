@@ -327,3 +327,74 @@ class ModelUpload(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime]
     completed_at: Mapped[Optional[datetime]]
+
+
+class BatchFile(Base):
+    """A tenant's file of the OpenAI Files API (migration 0023): its bytes in the models
+    bucket under the tenant's own prefix (`object_key`, never shown), its metadata here.
+    Purposes: `batch` (uploaded input), `batch_output` (a batch's output or error file)."""
+    __tablename__ = "batch_files"
+    __table_args__ = (Index("ix_batch_files_tenant_created", "tenant_id", "created_at"),)
+    id: Mapped[str] = mapped_column(primary_key=True)          # file-<hex>
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    purpose: Mapped[str]
+    filename: Mapped[str]
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    object_key: Mapped[str]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Batch(Base):
+    """A tenant's batch (OpenAI's Batch API): its lines are `batch_lines`. The price is
+    the one in effect at `created_at` (controlplane.batch.pricing); `api_key_id` is the
+    key that created it, whose limits and usage rows its lines carry."""
+    __tablename__ = "batches"
+    __table_args__ = (
+        CheckConstraint("status IN ('in_progress', 'finalizing', 'completed', 'failed', "
+                        "'expired', 'cancelling', 'cancelled')", name="ck_batches_status"),
+        Index("ix_batches_tenant_created", "tenant_id", "created_at"),
+        Index("ix_batches_open", "status",
+              postgresql_where=text("status IN ('in_progress', 'finalizing', 'cancelling')")),
+    )
+    id: Mapped[str] = mapped_column(primary_key=True)          # batch_<hex>
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    api_key_id: Mapped[str] = _id_column()
+    endpoint: Mapped[str]                    # /v1/chat/completions | /v1/completions | /v1/embeddings
+    input_file_id: Mapped[str]
+    completion_window: Mapped[str]
+    status: Mapped[str]
+    batch_metadata: Mapped[Optional[dict[str, Any]]] = mapped_column("metadata", JSONB)
+    output_file_id: Mapped[Optional[str]]
+    error_file_id: Mapped[Optional[str]]
+    total: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    finalizing_at: Mapped[Optional[datetime]]
+    completed_at: Mapped[Optional[datetime]]
+    expired_at: Mapped[Optional[datetime]]
+    cancelling_at: Mapped[Optional[datetime]]
+    cancelled_at: Mapped[Optional[datetime]]
+
+
+class BatchLine(Base):
+    """One request of a batch, from its validation to its answer. `result` is its whole
+    line of the output file (`status` succeeded) or of the error file (failed, expired,
+    cancelled), written in the same statement that ends the line; `body` is the request
+    as text (jsonb refuses a \\u0000). Its invocation id is derived from (batch, line)."""
+    __tablename__ = "batch_lines"
+    __table_args__ = (
+        CheckConstraint("status IN ('pending', 'running', 'succeeded', 'failed', 'expired', "
+                        "'cancelled')", name="ck_batch_lines_status"),
+        Index("ix_batch_lines_pending", "batch_id", "model",
+              postgresql_where=text("status = 'pending'")),
+    )
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"),
+                                          primary_key=True)
+    line: Mapped[int] = mapped_column(Integer, primary_key=True)      # 0-based, input order
+    custom_id: Mapped[Optional[str]]
+    model: Mapped[Optional[str]]             # the deployment the body names; None for a bad line
+    body: Mapped[Optional[str]]
+    status: Mapped[str]
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    not_before: Mapped[Optional[datetime]]   # a retried line waits until then
+    result: Mapped[Optional[str]]
