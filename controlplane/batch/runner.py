@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import uuid
@@ -33,7 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.batch.files import OUTPUT_PURPOSE, BatchFiles
 from controlplane.batch.input_lines import gateway_path
-from controlplane.batch.pricing import batch_pricing
+from controlplane.batch.pricing import line_pricing
 from controlplane.batch.results import (CANCELLED, EXPIRED, FAILED, IN_ERROR_FILE, SUCCEEDED,
                                         error_line, invocation_id, output_line, request_id)
 from controlplane.batch.rules import BatchState, Capacity, Fail, after_refusal, next_step, spare_slots
@@ -42,6 +43,7 @@ from controlplane.gateway.llm import Gateway, RouteTarget
 from controlplane.lookups.service import Lookups
 from controlplane.store import batches as store
 from controlplane.store.errors import NotFound
+from controlplane.store.failures import is_outage
 from controlplane.store.tables import Batch, utcnow
 from controlplane.store.tenants import Principal
 from pool.api import Pool
@@ -162,11 +164,11 @@ class BatchRunner:
             claimed = await store.claim(session, group[0], group[1], budget, now)
         for line in claimed:
             self._in_flight[group] += 1
-            task = asyncio.create_task(self._run_line(group, line))
+            task = asyncio.create_task(self._run_line(line))
             self._tasks.add(task)
-            task.add_done_callback(lambda t, g=group: self._line_done(t, g))
+            task.add_done_callback(functools.partial(self._line_done, group))
 
-    def _line_done(self, task: asyncio.Task[None], group: Group) -> None:
+    def _line_done(self, group: Group, task: "asyncio.Task[None]") -> None:
         self._tasks.discard(task)
         self._in_flight[group] -= 1
         if self._in_flight[group] <= 0:
@@ -185,13 +187,14 @@ class BatchRunner:
         return Capacity(len(replicas), sum(r.in_flight for r in replicas),
                         resolved.deployment.target_concurrency, self._in_flight[group])
 
-    async def _run_line(self, group: Group, line: store.Claimed) -> None:
+    async def _run_line(self, line: store.Claimed) -> None:
         async with self.sessions() as session:
             batch = await store.find_open(session, line.batch_id)
-            principal = await store.principal_of(session, batch) if batch is not None else None
-        if batch is None or principal is None:
+        if batch is None:            # gone with its tenant
             return
         try:
+            async with self.sessions() as session:
+                principal = await store.principal_of(session, batch)
             status, payload = await self._call(batch, principal, line)
         except REFUSALS as exc:
             refused = api_error_for(exc)
@@ -222,12 +225,26 @@ class BatchRunner:
 
     def _priced(self, target: RouteTarget, batch: Batch) -> RouteTarget:
         """The batch price in effect when the batch was created."""
-        adapter_id = target.adapter.id if target.adapter is not None else None
-        interactive = self.lookups.pricing(batch.tenant_id, target.deployment.id, batch.created_at,
-                                           adapter_id)
-        return dataclasses.replace(target, pricing=batch_pricing(interactive, self.config.price_discount))
+        where = (batch.tenant_id, target.deployment.id, batch.created_at,
+                 target.adapter.id if target.adapter is not None else None)
+        return dataclasses.replace(target, pricing=line_pricing(
+            self.lookups.batch_pricing(*where), self.lookups.pricing(*where), self.config.price_discount))
 
     async def _record(self, batch: Batch, line: store.Claimed, status: int, payload: Any) -> None:
+        """Written again every retry_s while Postgres is away (the line stays running
+        meanwhile; a restart runs it again, billed once)."""
+        while True:
+            try:
+                await self._store(batch, line, status, payload)
+                return
+            except Exception as exc:  # noqa: BLE001 - an outage is retried, the rest logged
+                if not is_outage(exc):
+                    log.error("batch %s line %d: its answer was not stored", batch.id, line.line,
+                              exc_info=exc)
+                    return
+            await asyncio.sleep(self.config.retry_s)
+
+    async def _store(self, batch: Batch, line: store.Claimed, status: int, payload: Any) -> None:
         """The line's answer and its end in one statement; a transient refusal puts it back."""
         now = self.clock()
         async with self.sessions.begin() as session:

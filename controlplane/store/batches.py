@@ -118,7 +118,7 @@ async def reset_running(session: AsyncSession) -> int:
 def _due(now: datetime) -> Any:
     return and_(BatchLine.status == "pending",
                 or_(BatchLine.not_before.is_(None), BatchLine.not_before <= now),
-                Batch.status == "in_progress")
+                Batch.status == "in_progress", Batch.expires_at > now)
 
 
 async def pending_models(session: AsyncSession, now: datetime) -> list[tuple[str, str]]:
@@ -126,7 +126,7 @@ async def pending_models(session: AsyncSession, now: datetime) -> list[tuple[str
     rows = await session.execute(
         select(Batch.tenant_id, BatchLine.model).join(Batch, Batch.id == BatchLine.batch_id)
         .where(_due(now)).distinct())
-    return [(tenant, model) for tenant, model in rows]
+    return [(tenant, model) for tenant, model in rows if model is not None]
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,9 @@ async def claim(session: AsyncSession, tenant_id: str, model: str, limit: int,
         .values(status="running", attempts=BatchLine.attempts + 1)
         .returning(BatchLine.batch_id, BatchLine.line, BatchLine.custom_id, BatchLine.body,
                    BatchLine.attempts))
-    return sorted((Claimed(*row) for row in rows), key=lambda c: (c.batch_id, c.line))
+    # a pending line has a custom_id and a body (only a line refused at create lacks them)
+    return sorted((Claimed(b, n, custom_id or "", body or "{}", attempts)
+                   for b, n, custom_id, body, attempts in rows), key=lambda c: (c.batch_id, c.line))
 
 
 async def finish_line(session: AsyncSession, batch_id: str, line: int, status: str,

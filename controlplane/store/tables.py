@@ -254,15 +254,17 @@ class ModelSource(Base):
 class Price(Base):
     """One row of the operator's price book, in effect from `effective_from` on:
     the default (no tenant), a tenant's plan (tenant only), a deployment's override or an
-    adapter's (its owner's tenant, its base deployment and the adapter: migration 0016)."""
+    adapter's (its owner's tenant, its base deployment and the adapter: migration 0016),
+    for interactive calls or for batch lines (`tier`: migration 0023)."""
     __tablename__ = "prices"
     __table_args__ = (
         CheckConstraint("deployment_id IS NULL OR tenant_id IS NOT NULL",
                         name="ck_prices_deployment_has_tenant"),
         CheckConstraint("adapter_id IS NULL OR deployment_id IS NOT NULL",
                         name="ck_prices_adapter_has_deployment"),
+        CheckConstraint("tier IN ('interactive', 'batch')", name="ck_prices_tier"),
         Index("uq_prices_scope_effective_from", "tenant_id", "deployment_id", "adapter_id",
-              "effective_from", unique=True, postgresql_nulls_not_distinct=True),
+              "tier", "effective_from", unique=True, postgresql_nulls_not_distinct=True),
     )
     id: Mapped[str] = _id_column(primary_key=True, default=new_id)
     tenant_id: Mapped[Optional[str]] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"),
@@ -276,6 +278,7 @@ class Price(Base):
     output_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
     gpu_second: Mapped[Decimal] = mapped_column(PRICE)
     per_call: Mapped[Decimal] = mapped_column(PRICE)
+    tier: Mapped[str] = mapped_column(server_default=text("'interactive'"), default="interactive")
     effective_from: Mapped[datetime]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

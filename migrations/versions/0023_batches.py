@@ -3,7 +3,9 @@
 `batch_files` holds the metadata of a tenant's files (bytes in the models bucket under
 its own prefix); `batches` one row per batch; `batch_lines` one row per request of a
 batch, with its status, attempts and its line of the output or error file, so a
-control plane killed mid-batch loses nothing and runs no line twice.
+control plane killed mid-batch loses nothing and runs no line twice. The price book
+gains a `tier` (interactive, the rows so far; or batch): a batch line is priced from the
+batch rows, else from the interactive ones times the settings' discount.
 
 Revision ID: 0023
 Revises: 0018
@@ -22,6 +24,13 @@ TZ = sa.DateTime(timezone=True)
 
 
 def upgrade() -> None:
+    op.add_column('prices', sa.Column('tier', sa.Text(), nullable=False,
+                                      server_default=sa.text("'interactive'")))
+    op.create_check_constraint('ck_prices_tier', 'prices', "tier IN ('interactive', 'batch')")
+    op.drop_index('uq_prices_scope_effective_from', table_name='prices')
+    op.create_index('uq_prices_scope_effective_from', 'prices',
+                    ['tenant_id', 'deployment_id', 'adapter_id', 'tier', 'effective_from'],
+                    unique=True, postgresql_nulls_not_distinct=True)
     op.create_table(
         'batch_files',
         sa.Column('id', sa.Text(), nullable=False),
@@ -88,3 +97,10 @@ def downgrade() -> None:
     op.drop_table('batches')
     op.drop_index('ix_batch_files_tenant_created', table_name='batch_files')
     op.drop_table('batch_files')
+    op.execute("DELETE FROM prices WHERE tier = 'batch'")
+    op.drop_index('uq_prices_scope_effective_from', table_name='prices')
+    op.create_index('uq_prices_scope_effective_from', 'prices',
+                    ['tenant_id', 'deployment_id', 'adapter_id', 'effective_from'],
+                    unique=True, postgresql_nulls_not_distinct=True)
+    op.drop_constraint('ck_prices_tier', 'prices', type_='check')
+    op.drop_column('prices', 'tier')

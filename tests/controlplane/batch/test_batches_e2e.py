@@ -15,7 +15,7 @@ import pytest_asyncio
 from sqlalchemy import select
 
 from controlplane.batch.results import invocation_id
-from controlplane.store.tables import UsageEvent
+from controlplane.store.tables import Batch, UsageEvent
 from tests.controlplane.conftest import pooled_control_plane
 from tests.support.waiting import eventually
 
@@ -138,7 +138,11 @@ async def test_a_file_that_is_not_jsonl_and_bad_fields_are_400(plane):
 
 
 async def test_cancel_keeps_finished_lines_and_never_runs_the_rest(plane, model_uri):
+    """...and a batch row of the price book prices its lines (over the discount)."""
     key = await plane.tenant_key("canceller")
+    await plane.set_price(tenant="canceller", input_per_mtok="1000", output_per_mtok="3000")
+    await plane.set_price(tenant="canceller", tier="batch", input_per_mtok="100",
+                          output_per_mtok="200")
     client = plane.client(key)
     created = await client.post("/v1/deployments", json={
         "name": "gen", "model_uri": model_uri, "resources": {"gpu_memory_gb": 0.5},
@@ -160,6 +164,36 @@ async def test_cancel_keeps_finished_lines_and_never_runs_the_rest(plane, model_
     assert done.request_counts.completed == len(answered) and done.request_counts.failed == 0
     await plane.flush_usage()
     async with plane.app.state.sessions() as session:
-        billed = list(await session.scalars(select(UsageEvent.request_id).where(
+        billed = list(await session.scalars(select(UsageEvent).where(
             UsageEvent.request_id.like(f"{batch.id}-%"))))
     assert len(billed) == len(answered), "a line that never ran is never billed"
+    for row in billed:
+        assert row.cost == (row.prompt_tokens * 100 + row.completion_tokens * 200) / Decimal(1_000_000)
+
+
+async def test_a_batch_past_its_window_expires_its_unrun_lines(plane, model_uri):
+    """The window is moved into the past while the deployment's first replica is still
+    cold: the lines not started go to the error file as batch_expired, any line already
+    running keeps its answer, and the batch ends expired."""
+    key = await plane.tenant_key("latecomer")
+    client = plane.client(key)
+    created = await client.post("/v1/deployments", json={
+        "name": "gen", "model_uri": model_uri, "resources": {"gpu_memory_gb": 0.5},
+        "engine": {"kv_cache_tokens": 512}})
+    assert created.status_code == 201, created.text
+    oa = openai.AsyncOpenAI(base_url=f"{plane.base_url}/v1", api_key=key, max_retries=0, timeout=60)
+    source = await oa.files.create(file=("in.jsonl", io.BytesIO(jsonl(
+        [chat_line(f"l-{n}") for n in range(20)]))), purpose="batch")
+    batch = await oa.batches.create(input_file_id=source.id, endpoint=CHAT, completion_window="24h")
+    async with plane.app.state.sessions.begin() as session:
+        found = await session.get(Batch, batch.id)
+        found.expires_at = found.created_at
+    plane.app.state.batch_runner.wake()
+    done = await eventually(lambda: _done(oa, batch.id, "expired"), timeout_s=300,
+                            what="the batch expired", every_s=0.5)
+    answered = await _lines(oa, done.output_file_id) if done.output_file_id else []
+    expired = await _lines(oa, done.error_file_id)
+    assert expired and {x["error"]["code"] for x in expired} == {"batch_expired"}
+    assert sorted([x["custom_id"] for x in answered + expired], key=lambda c: int(c[2:])) == \
+        [f"l-{n}" for n in range(20)]
+    assert done.request_counts.failed == len(expired) and done.expired_at is not None

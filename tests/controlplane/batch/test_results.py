@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 
-from controlplane.batch.pricing import batch_pricing
+from controlplane.batch.pricing import batch_pricing, line_pricing
 from controlplane.batch.results import (error_line, invocation_id, output_line, request_counts,
                                         request_id)
 from controlplane.billing.pricing import Pricing
@@ -36,6 +36,10 @@ def test_the_batch_price_is_the_interactive_one_discounted():
                           Decimal("0.01"))
     assert batch_pricing(interactive, Decimal("0.5")) == Pricing(
         Decimal("500"), Decimal("50"), Decimal("1500"), Decimal("0.000000002"), Decimal("0.005"))
+
+    batch_row = Pricing(Decimal("1"), Decimal("1"), Decimal("2"))
+    assert line_pricing(batch_row, interactive, Decimal("0.5")) == batch_row, "the book's batch row wins"
+    assert line_pricing(None, interactive, Decimal("0.5")) == batch_pricing(interactive, Decimal("0.5"))
 
 
 def test_a_multipart_form_gives_each_part_its_bytes():
