@@ -116,7 +116,10 @@ class BatchRunner:
             open_batches = await store.open_batches(session)
             groups = await store.pending_models(session, now)
         for entry in open_batches:
-            await self._advance(entry, now)
+            try:
+                await self._advance(entry, now)
+            except Exception as exc:  # noqa: BLE001 - S3 away: the next round finalizes it
+                log.warning("batch %s not advanced: %r", entry.batch.id, exc)
         for group in groups:
             await self._fill(group, now)
 
@@ -189,7 +192,7 @@ class BatchRunner:
 
     async def _run_line(self, line: store.Claimed) -> None:
         async with self.sessions() as session:
-            batch = await store.find_open(session, line.batch_id)
+            batch = await store.find_by_id(session, line.batch_id)
         if batch is None:            # gone with its tenant
             return
         try:

@@ -193,7 +193,8 @@ async def principal_of(session: AsyncSession, batch: Batch) -> Principal:
                      key.requests_per_min, key.tokens_per_min)
 
 
-async def find_open(session: AsyncSession, batch_id: str) -> Optional[Batch]:
+async def find_by_id(session: AsyncSession, batch_id: str) -> Optional[Batch]:
+    """Any tenant's batch: for the runner, never for a route."""
     return await session.scalar(select(Batch).where(Batch.id == batch_id))
 
 

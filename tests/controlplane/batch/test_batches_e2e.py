@@ -40,6 +40,15 @@ def jsonl(lines: list) -> bytes:
     return "".join((json.dumps(x) if isinstance(x, dict) else x) + "\n" for x in lines).encode()
 
 
+async def _deploy(client, model_uri: str) -> None:
+    """Each test's tenant has a deployment of its own; the plane has one CPU slot, so each
+    replica gives it back soon after its test's last line."""
+    created = await client.post("/v1/deployments", json={
+        "name": "gen", "model_uri": model_uri, "resources": {"gpu_memory_gb": 0.5},
+        "scaling": {"idle_timeout_s": 2}, "engine": {"kv_cache_tokens": 512}})
+    assert created.status_code == 201, created.text
+
+
 async def _done(oa: openai.AsyncOpenAI, batch_id: str, *statuses: str):
     batch = await oa.batches.retrieve(batch_id)
     return batch if batch.status in statuses else None
@@ -55,10 +64,7 @@ async def test_a_batch_runs_in_order_billed_once_at_the_batch_price(plane, model
     await plane.set_price(tenant="batcher", input_per_mtok=str(INPUT), output_per_mtok=str(OUTPUT),
                           cached_input_per_mtok=str(INPUT))
     client = plane.client(key)
-    created = await client.post("/v1/deployments", json={
-        "name": "gen", "model_uri": model_uri, "resources": {"gpu_memory_gb": 0.5},
-        "engine": {"kv_cache_tokens": 512}})
-    assert created.status_code == 201, created.text
+    await _deploy(client, model_uri)
     oa = openai.AsyncOpenAI(base_url=f"{plane.base_url}/v1", api_key=key, max_retries=0, timeout=60)
     theirs = openai.AsyncOpenAI(base_url=f"{plane.base_url}/v1", api_key=other, max_retries=0)
     lines = [chat_line("c-0"), chat_line("c-1"), chat_line("nowhere", model="not-deployed"),
@@ -144,10 +150,7 @@ async def test_cancel_keeps_finished_lines_and_never_runs_the_rest(plane, model_
     await plane.set_price(tenant="canceller", tier="batch", input_per_mtok="100",
                           output_per_mtok="200")
     client = plane.client(key)
-    created = await client.post("/v1/deployments", json={
-        "name": "gen", "model_uri": model_uri, "resources": {"gpu_memory_gb": 0.5},
-        "engine": {"kv_cache_tokens": 512}})
-    assert created.status_code == 201, created.text
+    await _deploy(client, model_uri)
     oa = openai.AsyncOpenAI(base_url=f"{plane.base_url}/v1", api_key=key, max_retries=0, timeout=60)
     lines = [chat_line(f"l-{n}") for n in range(40)]
     source = await oa.files.create(file=("in.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
@@ -177,10 +180,7 @@ async def test_a_batch_past_its_window_expires_its_unrun_lines(plane, model_uri)
     running keeps its answer, and the batch ends expired."""
     key = await plane.tenant_key("latecomer")
     client = plane.client(key)
-    created = await client.post("/v1/deployments", json={
-        "name": "gen", "model_uri": model_uri, "resources": {"gpu_memory_gb": 0.5},
-        "engine": {"kv_cache_tokens": 512}})
-    assert created.status_code == 201, created.text
+    await _deploy(client, model_uri)
     oa = openai.AsyncOpenAI(base_url=f"{plane.base_url}/v1", api_key=key, max_retries=0, timeout=60)
     source = await oa.files.create(file=("in.jsonl", io.BytesIO(jsonl(
         [chat_line(f"l-{n}") for n in range(20)]))), purpose="batch")
