@@ -9,6 +9,9 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from controlplane.gateway.async_calls import AsyncCalls
+from controlplane.batch.files import BatchFiles
+from controlplane.batch.runner import BatchRunner, RunnerConfig
+from controlplane.batch.service import Batches
 from controlplane.auth.middleware import AuthMiddleware
 from controlplane.console import ConsoleFiles
 from controlplane.routes import console
@@ -28,9 +31,9 @@ from controlplane.metrics import Metrics, MetricsMiddleware
 from controlplane.store.tables import utcnow
 from controlplane.billing.outbox import DeadLetters, Outbox
 from controlplane.periodic import Periodic
-from controlplane.routes import (adapters, billing, deployments, functions, gateway, gpu_costs,
-                                 health, margin, model_sources, models_list, openapi, prices, quotas,
-                                 responses, tenants, uploads)
+from controlplane.routes import (adapters, batches, billing, deployments, files, functions, gateway,
+                                 gpu_costs, health, margin, model_sources, models_list, openapi, prices,
+                                 quotas, responses, tenants, uploads)
 from controlplane.billing.refusals import DeadLetteringSink
 from controlplane.sealing import load_sealer
 from controlplane.settings import Settings
@@ -49,7 +52,7 @@ PoolFactory = Callable[[PostgresDesiredState, ReplicaEventSink], Pool]
 ROUTES = [*gateway.routes, *responses.routes, *functions.routes, *health.routes, *openapi.routes, *tenants.routes,
           *quotas.routes, *model_sources.routes, *uploads.routes, *prices.routes, *gpu_costs.routes,
           *deployments.routes, *adapters.routes, *models_list.routes, *billing.routes, *margin.routes,
-          *console.routes]
+          *files.routes, *batches.routes, *console.routes]
 
 
 def create_app(settings: Settings, pool: Optional[Pool] = None, *,
@@ -115,6 +118,8 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
             expiry = Periodic("delete expired responses", settings.response_sweep_s, state.responses.sweep)
             expiry.start()
             stack.push_async_callback(expiry.stop)
+            await state.batch_runner.start()
+            stack.push_async_callback(state.batch_runner.stop)
             yield
 
     app = Starlette(
@@ -148,6 +153,12 @@ def _workers(state: AppState, s3: S3Client, http: Upstream) -> None:
                             writer=state.writer, metrics=state.metrics, settings=settings)
     state.functions = FunctionGateway(state.gateway)
     state.responses = Responses(state.gateway, sessions, Retention(settings.response_retention_s))
+    state.batch_files = BatchFiles(sessions, s3, settings.models_bucket, settings.batch_file_max_bytes)
+    state.batches = Batches(sessions, state.batch_files, state.gateway, settings.batch_max_lines)
+    state.batch_runner = BatchRunner(sessions, state.gateway, state.lookups, state.pool, state.batch_files,
+                                     RunnerConfig(settings.batch_poll_s, settings.batch_max_in_flight,
+                                                  settings.batch_max_attempts, settings.batch_retry_s,
+                                                  settings.batch_price_discount))
 
 
 def create_metrics_app(metrics: Metrics) -> Starlette:

@@ -93,6 +93,16 @@ class Settings:
     quota_requests_per_min: Optional[int] = None      # tenant-wide, over all its keys
     quota_tokens_per_min: Optional[int] = None
     quota_max_async_calls: Optional[int] = 64         # /invoke?async=true calls in flight
+    # The Batch API (controlplane.batch): an input file's size and lines, the runner's
+    # round, lines in flight and retries, and the batch price as a fraction of the
+    # interactive one in effect when the batch was created.
+    batch_file_max_bytes: int = 100 * 1024 ** 2
+    batch_max_lines: int = 50_000
+    batch_poll_s: float = 1.0
+    batch_max_in_flight: int = 64
+    batch_max_attempts: int = 5
+    batch_retry_s: float = 2.0
+    batch_price_discount: Decimal = Decimal("0.5")
 
     @property
     def outbox_path(self) -> Path:
@@ -177,6 +187,13 @@ _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
       for name in ("input_per_mtok", "cached_input_per_mtok", "output_per_mtok", "gpu_second",
                    "per_call")],
     ("gpu_cost_per_second", "THAWPOOL_GPU_COST_PER_SECOND", Decimal),
+    ("batch_file_max_bytes", "THAWPOOL_BATCH_FILE_MAX_BYTES", int),
+    ("batch_max_lines", "THAWPOOL_BATCH_MAX_LINES", int),
+    ("batch_poll_s", "THAWPOOL_BATCH_POLL_S", float),
+    ("batch_max_in_flight", "THAWPOOL_BATCH_MAX_IN_FLIGHT", int),
+    ("batch_max_attempts", "THAWPOOL_BATCH_MAX_ATTEMPTS", int),
+    ("batch_retry_s", "THAWPOOL_BATCH_RETRY_S", float),
+    ("batch_price_discount", "THAWPOOL_BATCH_PRICE_DISCOUNT", Decimal),
     *[(f"quota_{name}", f"THAWPOOL_QUOTA_{name.upper()}", _limit)
       for name in ("max_gpus", "max_replicas_per_deployment", "max_deployments",
                    "max_queued_requests", "max_upload_bytes", "requests_per_min",

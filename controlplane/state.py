@@ -11,6 +11,9 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
     from controlplane.gateway.async_calls import AsyncCalls
+    from controlplane.batch.files import BatchFiles
+    from controlplane.batch.runner import BatchRunner
+    from controlplane.batch.service import Batches
     from controlplane.deploy.adapters import Attacher
     from controlplane.deploy.deployer import Deployer
     from controlplane.gateway.llm import Gateway
@@ -41,6 +44,9 @@ class AppState(Protocol):
     async_calls: AsyncCalls
     uploads: Uploads
     sealer: Sealer
+    batch_files: BatchFiles
+    batches: Batches
+    batch_runner: BatchRunner
 
 
 def state_of(app: Any) -> AppState:

@@ -31,6 +31,11 @@ class Pricing:
 
 
 PRICE_FIELDS = tuple(Pricing.__dataclass_fields__)
+# The price book's tiers (migration 0023): a call is priced from the interactive rows; a
+# batch line from the batch rows, else from the interactive ones discounted
+# (controlplane.batch.pricing).
+INTERACTIVE, BATCH = "interactive", "batch"
+TIERS = (INTERACTIVE, BATCH)
 
 
 class PriceScope(enum.IntEnum):

@@ -133,6 +133,10 @@ class ReplicaCall:
     # why the call was moved to this deployment, a fallback of the one it named (None: it
     # is the one it named): controlplane.gateway.fallbacks
     fallback_reason: Optional[str] = None
+    # a client that runs a cut call again itself, under the same invocation id (the batch
+    # runner), is not journaled: a recovered row of the cut attempt would take the id
+    # that the answer it keeps must bill
+    journaled: bool = True
 
 
 class Gateway:
@@ -275,8 +279,9 @@ class Gateway:
                 f"{call.lease.base_url.rstrip('/')}/v1/{call.replica_endpoint or call.endpoint}",
                 upstream_body(body, call.target.adapter.id if call.target.adapter is not None else None),
                 {**call.lease.headers, "x-request-id": call.request_id})
-            self.writer.calls.open(self._record(call, Outcome("error", CUT_HTTP_STATUS)),
-                                   call.target.pricing)
+            if call.journaled:
+                self.writer.calls.open(self._record(call, Outcome("error", CUT_HTTP_STATUS)),
+                                       call.target.pricing)
             return await pending.answer()
         except UpstreamError as exc:
             call.lease.mark_failed()

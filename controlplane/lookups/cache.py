@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Optional
 
 from controlplane.store.tables import Adapter, Price
-from controlplane.billing.pricing import PriceRow, Pricing, price_at
+from controlplane.billing.pricing import INTERACTIVE, PriceRow, Pricing, price_at
 from controlplane.quotas import Quota
 from controlplane.store.prices import applicable
 from controlplane.store.snapshot import Deployed, KeyEntry, Overrides, CacheSnapshot
@@ -47,7 +47,7 @@ class Cache:
     # what every call would otherwise rebuild, dropped whenever what they derive from changes
     _quota_of: dict[str, Quota] = field(default_factory=dict)             # tenant -> quota
     # applicable rows by (tenant, deployment, adapter)
-    _price_rows: dict[tuple[str, str, Optional[str]], list[PriceRow]] = field(default_factory=dict)
+    _price_rows: dict[tuple[str, str, Optional[str], str], list[PriceRow]] = field(default_factory=dict)
 
     # ---------------------------------------------------------- reads
 
@@ -84,14 +84,19 @@ class Cache:
         model: None) at `at`: the adapter's row, else the deployment's override, else the
         caller's plan, else the default, each the latest row in effect then; zero while the
         book has no row."""
-        where = (tenant_id, deployment_id, adapter_id)
+        return self.tier_pricing(tenant_id, deployment_id, at, adapter_id, INTERACTIVE) or Pricing()
+
+    def tier_pricing(self, tenant_id: str, deployment_id: str, at: datetime,
+                     adapter_id: Optional[str], tier: str) -> Optional[Pricing]:
+        """`pricing` from the rows of one tier; None while the book has none in effect."""
+        where = (tenant_id, deployment_id, adapter_id, tier)
         rows = self._price_rows.get(where)
         if rows is None:
             rows = self._price_rows[where] = applicable(
                 [*self.prices.get(None, []), *self.prices.get(tenant_id, []),
-                 *self.overrides.get(deployment_id, [])], deployment_id, adapter_id)
+                 *self.overrides.get(deployment_id, [])], deployment_id, adapter_id, tier)
         row = price_at(rows, at)
-        return row.pricing if row is not None else Pricing()
+        return row.pricing if row is not None else None
 
     # ---------------------------------------------------------- changes
 

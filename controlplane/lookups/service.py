@@ -35,7 +35,7 @@ from controlplane.auth.keys import hash_key, is_key_shaped
 from controlplane.lookups.listener import Listener
 from controlplane.lookups.model_names import ModelName, Resolved
 from controlplane.store.tables import Adapter, utcnow
-from controlplane.billing.pricing import Pricing
+from controlplane.billing.pricing import BATCH, Pricing
 from controlplane.quotas import Quota
 from controlplane.store import adapters, deployments, snapshot
 from controlplane.store.errors import DatabaseUnavailable, NotFound
@@ -204,6 +204,11 @@ class Lookups:
     def pricing(self, tenant_id: str, deployment_id: str, at: datetime,
                 adapter_id: Optional[str] = None) -> Pricing:
         return self.cache.pricing(tenant_id, deployment_id, at, adapter_id)
+
+    def batch_pricing(self, tenant_id: str, deployment_id: str, at: datetime,
+                      adapter_id: Optional[str] = None) -> Optional[Pricing]:
+        """The price book's batch rows for such a call; None where it has none."""
+        return self.cache.tier_pricing(tenant_id, deployment_id, at, adapter_id, BATCH)
 
     def quota(self, tenant_id: str) -> Quota:
         return self.cache.quota(tenant_id, self.default_quota)

@@ -49,6 +49,7 @@ class Operation:
     query: tuple[Param, ...] = ()
     response: Optional[JsonSchema] = None      # the success body (None: no body)
     media_type: str = "application/json"
+    body_media_type: str = "application/json"     # multipart/form-data for a file upload
 
 
 class ApiRoute(Route):

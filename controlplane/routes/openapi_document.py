@@ -56,7 +56,7 @@ def _operation(route: ApiRoute) -> dict[str, Any]:
         doc["security"] = [{"metricsToken": []}]
     if op.body is not None:
         doc["requestBody"] = {"required": True,
-                              "content": {"application/json": {"schema": op.body}}}
+                              "content": {op.body_media_type: {"schema": op.body}}}
     return doc
 
 

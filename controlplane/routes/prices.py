@@ -5,7 +5,8 @@ default, a tenant's plan (`tenant`), a deployment's override (`tenant` and
 `deployment`) or an adapter's price (`tenant` and `adapter`: the row names the
 adapter's base too, which `deployment` may repeat), each in effect from
 `effective_from` (now when absent; never in the past), and may delete a row only
-before it takes effect. Deploy bodies carry no prices (403 `pricing`).
+before it takes effect. A row's `tier` says what it prices: interactive calls (the
+default) or batch lines (controlplane.batch.pricing). Deploy bodies carry no prices (403 `pricing`).
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from starlette.responses import JSONResponse, Response
 from controlplane.errors import ApiError
 from controlplane.fields import effective_from, obj, text
 from controlplane.lookups.service import Change
-from controlplane.billing.pricing import PRICE_FIELDS, PRICE_QUANTUM, PriceRow, Pricing, parse_price, price_at
+from controlplane.billing.pricing import (INTERACTIVE, PRICE_FIELDS, PRICE_QUANTUM, TIERS, PriceRow, Pricing,
+                                         parse_price, price_at)
 from controlplane.routes.api import ADMIN, ApiRoute, Operation, Param, data_of, scope, string_schema
 from controlplane.routes.context import (app_state, read_json, require, require_admin,
                                          tenant_in_query)
@@ -36,8 +38,8 @@ SCOPE_NAMES = ("default", "plan", "deployment", "adapter")     # by PriceScope
 async def add(request: Request) -> Response:
     require_admin(request)
     body = obj("body", await read_json(request), {*PRICE_FIELDS, "tenant", "deployment",
-                                                  "adapter", "effective_from"})
-    pricing = parse_pricing(body)
+                                                  "adapter", "effective_from", "tier"})
+    pricing, tier = parse_pricing(body), _tier(body)
     starts = effective_from(body, datetime.now(timezone.utc), "usage already priced is never repriced")
     async with app_state(request).sessions.begin() as session:
         tenant = None
@@ -45,12 +47,20 @@ async def add(request: Request) -> Response:
             tenant = await tenants.find_tenant(session, text("tenant", body["tenant"]))
         if body.get("adapter") is not None:
             adapter = await _adapter(session, tenant, body)
-            row = await prices.add(session, pricing, starts, tenant, adapter=adapter)
+            row = await prices.add(session, pricing, starts, tenant, adapter=adapter, tier=tier)
         else:
             deployment = await _deployment(session, tenant, body)
-            row = await prices.add(session, pricing, starts, tenant, deployment)
+            row = await prices.add(session, pricing, starts, tenant, deployment, tier=tier)
     await app_state(request).lookups.changed(Change("prices", row.row.id))
     return JSONResponse(book_view(row), status_code=201)
+
+
+def _tier(body: dict[str, Any]) -> str:
+    """Which calls the row prices: interactive ones (the default) or batch lines."""
+    tier = body.get("tier", INTERACTIVE)
+    if tier not in TIERS:
+        raise InvalidField("tier", f"must be one of {', '.join(TIERS)}")
+    return str(tier)
 
 
 async def _deployment(session: AsyncSession, tenant: Optional[Tenant],
@@ -106,7 +116,7 @@ async def mine(request: Request) -> Response:
     adapter_names = {a.id: a.name for a, _ in attached}
     mine_rows = [r for r in rows if (r.deployment_id is None or r.deployment_id in bases)
                  and (r.adapter_id is None or r.adapter_id in adapter_names)]
-    plan = [prices.price_row(r) for r in mine_rows if r.deployment_id is None]
+    plan = [prices.price_row(r) for r in mine_rows if r.deployment_id is None and r.tier == INTERACTIVE]
 
     def now_of(deployment_id: str, adapter_id: Optional[str] = None) -> dict[str, Any]:
         return _in_effect(price_at(prices.applicable(rows, deployment_id, adapter_id), now))
@@ -116,7 +126,7 @@ async def mine(request: Request) -> Response:
                         for d, name in sorted(names.items(), key=lambda item: item[1])],
         "adapters": [{"name": a.name, "deployment": base.name,
                       **now_of(base.id, a.id)} for a, base in attached],
-        "scheduled": [{**_in_effect(prices.price_row(r)), "deployment": bases.get(
+        "scheduled": [{**_in_effect(prices.price_row(r)), "tier": r.tier, "deployment": bases.get(
             r.deployment_id or ""), "adapter": adapter_names.get(r.adapter_id or "")}
             for r in mine_rows if r.effective_from > now]})
 
@@ -139,7 +149,7 @@ def parse_pricing(body: dict[str, Any]) -> Pricing:
 
 def book_view(book_row: BookRow) -> dict[str, Any]:
     row = book_row.row
-    return {"id": row.id, **_in_effect(book_row.price), "tenant": book_row.tenant_name,
+    return {"id": row.id, **_in_effect(book_row.price), "tier": row.tier, "tenant": book_row.tenant_name,
             "deployment": book_row.deployment_name, "adapter": book_row.adapter_name,
             "created_at": row.created_at.isoformat()}
 
@@ -160,7 +170,7 @@ PRICE = {"anyOf": [{"type": "string", "pattern": r"^\d{1,9}(\.\d{1,9})?$"},
 ROW_BODY = {"type": "object", "required": list(REQUIRED_PRICES), "additionalProperties": False,
             "properties": {**{name: PRICE for name in PRICE_FIELDS},
                            "tenant": {"type": "string"}, "deployment": {"type": "string"},
-                           "adapter": {"type": "string"},
+                           "adapter": {"type": "string"}, "tier": {"enum": list(TIERS)},
                            "effective_from": string_schema(format="date-time")}}
 IN_EFFECT = {"type": "object", "required": ["scope", "effective_from", "prices"],
              "properties": {"scope": {"enum": [*SCOPE_NAMES, None]},

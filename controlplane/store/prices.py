@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.store.tables import Adapter, Deployment, Price, Tenant, new_id
-from controlplane.billing.pricing import PriceRow, PriceScope, Pricing
+from controlplane.billing.pricing import INTERACTIVE, PriceRow, PriceScope, Pricing
 from controlplane.store.book_rows import withdraw_scheduled
 from controlplane.store.errors import AlreadyExists
 
@@ -59,7 +59,7 @@ async def seed_default(session: AsyncSession, pricing: Pricing) -> None:
     """The settings' price as the default from the epoch on, when the book has none (two
     control planes starting at once both insert the same row; one wins)."""
     has_default = await session.scalar(select(Price.id).where(
-        Price.tenant_id.is_(None), Price.deployment_id.is_(None)).limit(1))
+        Price.tenant_id.is_(None), Price.deployment_id.is_(None), Price.tier == INTERACTIVE).limit(1))
     if has_default is None:
         await session.execute(insert(Price).values(
             id=new_id(), effective_from=EPOCH, created_at=datetime.now(timezone.utc),
@@ -68,19 +68,20 @@ async def seed_default(session: AsyncSession, pricing: Pricing) -> None:
 
 async def add(session: AsyncSession, pricing: Pricing, effective_from: datetime,
               tenant: Optional[Tenant] = None, deployment: Optional[Deployment] = None,
-              adapter: Optional[tuple[Adapter, Deployment]] = None) -> BookRow:
+              adapter: Optional[tuple[Adapter, Deployment]] = None,
+              tier: str = INTERACTIVE) -> BookRow:
     """With an adapter (the tenant's, and its base), the row names the adapter's base as
-    its deployment."""
+    its deployment; `tier` (pricing.TIERS): which calls it prices."""
     if adapter is not None:
         deployment = adapter[1]
     row = Price(tenant_id=tenant.id if tenant else None, deployment_id=deployment.id if deployment else None,
                 adapter_id=adapter[0].id if adapter else None,
-                effective_from=effective_from, **asdict(pricing))
+                tier=tier, effective_from=effective_from, **asdict(pricing))
     try:
         async with session.begin_nested():
             session.add(row)
     except IntegrityError:
-        raise AlreadyExists("price", f"effective from {effective_from.isoformat()}") from None
+        raise AlreadyExists(f"{tier} price", f"effective from {effective_from.isoformat()}") from None
     return BookRow(row, tenant.name if tenant else None, deployment.name if deployment else None,
                    adapter[0].name if adapter else None)
 
@@ -113,9 +114,9 @@ async def rows_for_tenant(session: AsyncSession, tenant_id: str) -> list[Price]:
 
 
 def applicable(rows: list[Price], deployment_id: str,
-               adapter_id: Optional[str] = None) -> list[PriceRow]:
-    """Of the rows that can price a caller (the default, its plan, overrides), those that
-    price a call of `deployment_id`, with `adapter_id` or the base model (None)."""
+               adapter_id: Optional[str] = None, tier: str = INTERACTIVE) -> list[PriceRow]:
+    """Of the rows that can price a caller (the default, its plan, overrides), those of
+    `tier` that price a call of `deployment_id`, with `adapter_id` or the base model (None)."""
     return [price_row(r) for r in rows
-            if r.deployment_id in (None, deployment_id)
+            if r.deployment_id in (None, deployment_id) and r.tier == tier
             and (r.adapter_id is None or r.adapter_id == adapter_id)]

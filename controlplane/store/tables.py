@@ -274,15 +274,17 @@ class ModelSource(Base):
 class Price(Base):
     """One row of the operator's price book, in effect from `effective_from` on:
     the default (no tenant), a tenant's plan (tenant only), a deployment's override or an
-    adapter's (its owner's tenant, its base deployment and the adapter: migration 0016)."""
+    adapter's (its owner's tenant, its base deployment and the adapter: migration 0016),
+    for interactive calls or for batch lines (`tier`: migration 0023)."""
     __tablename__ = "prices"
     __table_args__ = (
         CheckConstraint("deployment_id IS NULL OR tenant_id IS NOT NULL",
                         name="ck_prices_deployment_has_tenant"),
         CheckConstraint("adapter_id IS NULL OR deployment_id IS NOT NULL",
                         name="ck_prices_adapter_has_deployment"),
+        CheckConstraint("tier IN ('interactive', 'batch')", name="ck_prices_tier"),
         Index("uq_prices_scope_effective_from", "tenant_id", "deployment_id", "adapter_id",
-              "effective_from", unique=True, postgresql_nulls_not_distinct=True),
+              "tier", "effective_from", unique=True, postgresql_nulls_not_distinct=True),
     )
     id: Mapped[str] = _id_column(primary_key=True, default=new_id)
     tenant_id: Mapped[Optional[str]] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"),
@@ -296,6 +298,7 @@ class Price(Base):
     output_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
     gpu_second: Mapped[Decimal] = mapped_column(PRICE)
     per_call: Mapped[Decimal] = mapped_column(PRICE)
+    tier: Mapped[str] = mapped_column(server_default=text("'interactive'"), default="interactive")
     effective_from: Mapped[datetime]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -347,3 +350,74 @@ class ModelUpload(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime]
     completed_at: Mapped[Optional[datetime]]
+
+
+class BatchFile(Base):
+    """A tenant's file of the OpenAI Files API (migration 0023): its bytes in the models
+    bucket under the tenant's own prefix (`object_key`, never shown), its metadata here.
+    Purposes: `batch` (uploaded input), `batch_output` (a batch's output or error file)."""
+    __tablename__ = "batch_files"
+    __table_args__ = (Index("ix_batch_files_tenant_created", "tenant_id", "created_at"),)
+    id: Mapped[str] = mapped_column(primary_key=True)          # file-<hex>
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    purpose: Mapped[str]
+    filename: Mapped[str]
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    object_key: Mapped[str]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Batch(Base):
+    """A tenant's batch (OpenAI's Batch API): its lines are `batch_lines`. The price is
+    the one in effect at `created_at` (controlplane.batch.pricing); `api_key_id` is the
+    key that created it, whose limits and usage rows its lines carry."""
+    __tablename__ = "batches"
+    __table_args__ = (
+        CheckConstraint("status IN ('in_progress', 'finalizing', 'completed', 'failed', "
+                        "'expired', 'cancelling', 'cancelled')", name="ck_batches_status"),
+        Index("ix_batches_tenant_created", "tenant_id", "created_at"),
+        Index("ix_batches_open", "status",
+              postgresql_where=text("status IN ('in_progress', 'finalizing', 'cancelling')")),
+    )
+    id: Mapped[str] = mapped_column(primary_key=True)          # batch_<hex>
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    api_key_id: Mapped[str] = _id_column()
+    endpoint: Mapped[str]                    # /v1/chat/completions | /v1/completions | /v1/embeddings
+    input_file_id: Mapped[str]
+    completion_window: Mapped[str]
+    status: Mapped[str]
+    batch_metadata: Mapped[Optional[dict[str, Any]]] = mapped_column("metadata", JSONB)
+    output_file_id: Mapped[Optional[str]]
+    error_file_id: Mapped[Optional[str]]
+    total: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    finalizing_at: Mapped[Optional[datetime]]
+    completed_at: Mapped[Optional[datetime]]
+    expired_at: Mapped[Optional[datetime]]
+    cancelling_at: Mapped[Optional[datetime]]
+    cancelled_at: Mapped[Optional[datetime]]
+
+
+class BatchLine(Base):
+    """One request of a batch, from its validation to its answer. `result` is its whole
+    line of the output file (`status` succeeded) or of the error file (failed, expired,
+    cancelled), written in the same statement that ends the line; `body` is the request
+    as text (jsonb refuses a \\u0000). Its invocation id is derived from (batch, line)."""
+    __tablename__ = "batch_lines"
+    __table_args__ = (
+        CheckConstraint("status IN ('pending', 'running', 'succeeded', 'failed', 'expired', "
+                        "'cancelled')", name="ck_batch_lines_status"),
+        Index("ix_batch_lines_pending", "batch_id", "model",
+              postgresql_where=text("status = 'pending'")),
+    )
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"),
+                                          primary_key=True)
+    line: Mapped[int] = mapped_column(Integer, primary_key=True)      # 0-based, input order
+    custom_id: Mapped[Optional[str]]
+    model: Mapped[Optional[str]]             # the deployment the body names; None for a bad line
+    body: Mapped[Optional[str]]
+    status: Mapped[str]
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    not_before: Mapped[Optional[datetime]]   # a retried line waits until then
+    result: Mapped[Optional[str]]

@@ -5,7 +5,7 @@ cold beyond a wait, rate-limited or failing: a JSON list of {deployment, on,
 cold_wait_s} (controlplane.deploy.fallback_spec); empty for every deployment so far.
 
 Revision ID: 0024
-Revises: 0021
+Revises: 0023
 Create Date: 2027-06-20
 """
 from alembic import op
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
 revision = '0024'
-down_revision = '0021'
+down_revision = '0023'
 branch_labels = None
 depends_on = None
 

@@ -25,9 +25,10 @@ def deployed(deployment_id="d1", name="chat", tenant="t1", traffic=None):
     return deployment, [Revision(id=f"{deployment_id}-r1", deployment_id=deployment_id, number=1)]
 
 
-def price(per_mtok: str, since=EPOCH, tenant=None, deployment=None, adapter=None) -> Price:
+def price(per_mtok: str, since=EPOCH, tenant=None, deployment=None, adapter=None,
+          tier="interactive") -> Price:
     return Price(tenant_id=tenant, deployment_id=deployment, adapter_id=adapter,
-                 effective_from=since,
+                 effective_from=since, tier=tier,
                  input_per_mtok=Decimal(per_mtok), cached_input_per_mtok=Decimal(0),
                  output_per_mtok=Decimal(0), gpu_second=Decimal(0), per_call=Decimal(0))
 
@@ -81,6 +82,18 @@ def test_the_price_in_effect_is_the_most_specific_row_of_the_caller():
     assert cache.pricing("t3", "d3", NOW).input_per_mtok == 1, "the default, never t2's plan"
     assert cache.pricing("t3", "d3", NOW + timedelta(days=2)).input_per_mtok == 4
     assert Cache().pricing("t1", "d1", NOW) == Pricing(), "an empty book prices nothing"
+
+
+def test_batch_rows_price_batch_lines_only_and_by_the_same_scopes():
+    cache = Cache()
+    cache.set_prices([price("10"), price("1", tier="batch"), price("20", tenant="t1"),
+                      price("2", tenant="t1", deployment="d1", tier="batch")])
+    assert cache.pricing("t1", "d1", NOW).input_per_mtok == 20, "interactive: never a batch row"
+    assert cache.tier_pricing("t1", "d1", NOW, None, "batch").input_per_mtok == 2
+    assert cache.tier_pricing("t1", "d2", NOW, None, "batch").input_per_mtok == 1, "the default batch row"
+    only_interactive = Cache()
+    only_interactive.set_prices([price("10")])
+    assert only_interactive.tier_pricing("t1", "d1", NOW, None, "batch") is None
 
 
 def test_an_adapter_is_priced_by_its_row_else_as_its_base():

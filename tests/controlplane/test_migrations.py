@@ -14,7 +14,8 @@ from tests.controlplane.conftest import create_database, drop_database
 
 TABLES = {"tenants", "api_keys", "deployments", "revisions", "usage_events",
           "replica_lifetimes", "model_sources", "prices", "tenant_quotas", "model_uploads",
-          "function_calls", "adapters", "gpu_costs", "stored_responses", "alembic_version"}
+          "function_calls", "adapters", "gpu_costs", "stored_responses", "batch_files", "batches",
+          "batch_lines", "alembic_version"}
 T0 = datetime(2026, 5, 1, tzinfo=timezone.utc)
 IDS = ("'00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-000000000002', "
        "'00000000-0000-0000-0000-000000000003'")
@@ -103,6 +104,37 @@ async def test_0018_keeps_one_cost_per_kind_and_time_and_0017_0018_go_down_again
                 "table_name = 'replica_lifetimes' AND column_name = 'gpu_kind'") == 0
             await asyncio.to_thread(migrate, url)
             assert await conn.fetchval("SELECT count(*) FROM gpu_costs") == 0
+        finally:
+            await conn.close()
+    finally:
+        await drop_database(pg_server, url)
+
+
+async def test_0023_prices_have_a_tier_and_batches_go_down_again(pg_server):
+    """A batch row may share a scope and time with the interactive one, not another batch
+    row; rows written before 0023 are interactive; down to 0018 the batch rows and the
+    batch tables go, and come back empty."""
+    url = await create_database(pg_server)
+    try:
+        await migrate_async(url)
+        conn = await asyncpg.connect(libpq(url))
+        try:
+            insert = ("INSERT INTO prices (id, input_per_mtok, cached_input_per_mtok, output_per_mtok, "
+                      "gpu_second, per_call, effective_from, created_at{}) VALUES (gen_random_uuid(), "
+                      "1, 1, 1, 0, 0, $1, now(){})")
+            await conn.execute(insert.format("", ""), T0)
+            await conn.execute(insert.format(", tier", ", 'batch'"), T0)
+            with pytest.raises(asyncpg.UniqueViolationError):
+                await conn.execute(insert.format(", tier", ", 'batch'"), T0)
+            with pytest.raises(asyncpg.CheckViolationError):
+                await conn.execute(insert.format(", tier", ", 'bulk'"), T0 + timedelta(days=1))
+            assert sorted(await conn.fetch("SELECT tier FROM prices")) == [("batch",), ("interactive",)]
+            await asyncio.to_thread(command.downgrade, alembic_config(url), "0018")
+            assert await conn.fetchval("SELECT to_regclass('batch_lines')") is None
+            assert await conn.fetchval("SELECT count(*) FROM prices") == 1
+            await asyncio.to_thread(migrate, url)
+            assert await conn.fetchval("SELECT tier FROM prices") == "interactive"
+            assert await conn.fetchval("SELECT count(*) FROM batches") == 0
         finally:
             await conn.close()
     finally:
