@@ -41,6 +41,7 @@ from pool.api import AdapterRef, Lease, PinnedObject, Pool, RevisionSpec
 from spec.engine_options import EngineOptions
 from wire.disconnect import Receive, until_disconnect
 from wire.errors import ProtocolError, error_body, message_of
+from wire.priority import INTERACTIVE_PRIORITY
 from wire.requests import GenerationRequest, StreamOptions, check_sampling_params, parse_request
 from wire.sampling import validate_prompt_ids
 from wire.sse import DONE_LINE, SSE_DONE, EventStreamResponse, data_of, sse
@@ -124,6 +125,7 @@ class ReplicaCall:
     released: bool = False          # the lease was given back
     invocation_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     log_fields: dict[str, Any] = field(default_factory=dict)   # its request's access log line
+    priority: int = INTERACTIVE_PRIORITY   # what it waits and runs at (wire/priority.py)
 
 
 class Gateway:
@@ -195,6 +197,11 @@ class Gateway:
         return Invocation(request, text, prompt_tokens, max_tokens * choices,
                           min(MAX_TOKENS, context * prompts), min(MAX_TOKENS, context * choices))
 
+    def priority(self, principal: Principal, invocation: Invocation) -> int:
+        """The priority the call waits and runs at: what it asked for within its key's range,
+        else the key's default; Forbidden (403) naming `priority` outside the range."""
+        return principal.priorities.resolve(invocation.request.priority)
+
     def admit(self, principal: Principal, target: RouteTarget, invocation: Invocation) -> RateReservation:
         """The key's and its tenant's request and token buckets (429 with Retry-After); the
         tokens reserved are the estimate, corrected by the real usage in `meter`."""
@@ -216,24 +223,28 @@ class Gateway:
 
     async def acquire(self, principal: Principal, target: RouteTarget, invocation: Invocation,
                       request_id: str, endpoint: str, admission: RateReservation,
-                      log_fields: dict[str, Any]) -> ReplicaCall:
-        """A lease on a ready replica (a cold start when there is none); the pool's
-        refusals (PoolError) become 429/503 with Retry-After, and give the reservation back."""
+                      log_fields: dict[str, Any], priority: int = INTERACTIVE_PRIORITY) -> ReplicaCall:
+        """A lease on a ready replica (a cold start when there is none), waited for at
+        `priority` (`priority()` for a client's call; the Batch API's BATCH_PRIORITY); the
+        pool's refusals (PoolError) become 429/503 with Retry-After, and give the
+        reservation back."""
         lease, t0 = await self.lease(target, request_id, admission, prefix_key(invocation.prompt_text),
-                                     invocation.prompt_tokens, adapter_ref(target.adapter))
+                                     invocation.prompt_tokens, adapter_ref(target.adapter), priority)
         return ReplicaCall(principal, target, request_id, endpoint, lease, target.at, t0, admission,
-                    usage=invocation.usage(), log_fields=log_fields)
+                    usage=invocation.usage(), log_fields=log_fields, priority=priority)
 
     async def lease(self, target: RouteTarget, request_id: str, admission: RateReservation,
                     prefix: Optional[str], prompt_tokens: int,
-                    adapter: Optional[AdapterRef] = None) -> tuple[Lease, float]:
-        """The pool's lease (and when the wait for it began); a refusal gives the rate
-        limiter's reservation back."""
+                    adapter: Optional[AdapterRef] = None,
+                    priority: int = INTERACTIVE_PRIORITY) -> tuple[Lease, float]:
+        """The pool's lease (and when the wait for it began), waited for at `priority`; a
+        refusal gives the rate limiter's reservation back."""
         t0 = time.perf_counter()
         try:
             lease = await self.pool.acquire(
                 self._spec(target), request_id=request_id, prefix_key=prefix,
-                prompt_tokens=prompt_tokens, timeout_s=self.settings.acquire_timeout_s, adapter=adapter)
+                prompt_tokens=prompt_tokens, timeout_s=self.settings.acquire_timeout_s, adapter=adapter,
+                priority=priority)
         except BaseException:
             self.limiter.settle(admission, 0, self.clock())
             raise
@@ -258,7 +269,8 @@ class Gateway:
         try:
             pending = await self.http.request(
                 f"{call.lease.base_url.rstrip('/')}/v1/{call.endpoint}",
-                upstream_body(body, call.target.adapter.id if call.target.adapter is not None else None),
+                upstream_body(body, call.target.adapter.id if call.target.adapter is not None else None,
+                              call.priority),
                 {**call.lease.headers, "x-request-id": call.request_id})
             self.writer.calls.open(self._record(call, Outcome("error", CUT_HTTP_STATUS)),
                                    call.target.pricing)
