@@ -4,9 +4,13 @@ within the key's range, and one outside it is refused (403 naming `priority`) be
 pool is asked for a replica."""
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
 import pytest_asyncio
 
+from controlplane.cli.main import main
 from tests.controlplane.conftest import make_settings, running_control_plane, static_pool
 from wire.priority import BATCH_PRIORITY, HIGHEST, INTERACTIVE_PRIORITY
 
@@ -94,3 +98,14 @@ async def test_a_call_outside_its_range_is_refused_before_any_replica(plane, poo
         error = response.json()["error"]
         assert (error["param"], error["code"]) == ("priority", code)
     assert len(pool.calls) == acquired
+
+
+async def test_the_cli_makes_a_batch_key(plane, capsys):
+    auth = ["--url", plane.base_url, "--key", plane.admin_key, "--json"]
+    code = await asyncio.to_thread(main, ["keys", "create", "--tenant", "prio", "--priority-min", "100",
+                                          "--priority-default", "150", *auth])
+    made = json.loads(capsys.readouterr().out)
+    assert code == 0 and (made["priority_min"], made["priority_effective_default"]) == (100, 150)
+    code = await asyncio.to_thread(main, ["keys", "create", "--tenant", "prio", "--priority-min", "5",
+                                          "--priority-max", "1", *auth])
+    assert code == 1 and "priority_max" in capsys.readouterr().err
