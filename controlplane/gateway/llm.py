@@ -465,7 +465,7 @@ class Gateway:
         call.log_fields.update(
             deployment=name, revision=call.target.revision.name, outcome=status,
             invocation_id=call.invocation_id, prompt_tokens=call.usage.prompt_tokens,
-            completion_tokens=call.usage.completion_tokens)
+            completion_tokens=call.usage.completion_tokens, priority=call.priority)
 
 
 def _check_adapter_slots(target: RouteTarget, adapter: Adapter) -> None:
