@@ -1,18 +1,22 @@
-"""The activator: a bounded FIFO of requests per revision while no replica is ready.
+"""The activator: a bounded queue of requests per revision while no replica is ready.
 
-A waiter is resolved with the id of the replica it was dispatched to (the
-manager counts it in flight at that moment), or with the exception that ends
-its wait. Nothing leaves the queue silently: it is dispatched, failed, times
-out (ColdStartTimeout) or was refused at the door (QueueFull).
+Waiters are dispatched by priority, then arrival, and a full queue sheds its worst
+waiter for a newcomer of a better priority (pool/queue_order.py decides both); with one
+priority for all it is a FIFO. A waiter is resolved with the id of the replica it was
+dispatched to (the manager counts it in flight at that moment), or with the exception
+that ends its wait. Nothing leaves the queue silently: it is dispatched, failed, times
+out (ColdStartTimeout), was refused at the door or shed for a better one (QueueFull).
 """
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+import bisect
+import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
 from pool.api import ColdStartTimeout, QueueFull
+from pool.queue_order import Rank, admit
 
 
 @dataclass
@@ -21,7 +25,9 @@ class Waiter:
     prompt_tokens: int
     prefix_key: Optional[str]
     enqueued_mono: float
+    priority: int = 0                          # lower is served first (wire/priority.py)
     future: asyncio.Future[str] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    rank: Rank = Rank(0, 0)                    # set by the queue it joins
 
     @property
     def open(self) -> bool:
@@ -32,7 +38,8 @@ class RevisionQueue:
     def __init__(self, revision_id: str, limit: int):
         self.revision_id = revision_id
         self.limit = limit
-        self._waiters: deque[Waiter] = deque()
+        self._waiters: list[Waiter] = []       # by rank: the next to dispatch first
+        self._arrivals = itertools.count()
 
     def __len__(self) -> int:
         return sum(1 for w in self._waiters if w.open)
@@ -48,11 +55,25 @@ class RevisionQueue:
         return next((w.enqueued_mono for w in self), None)
 
     def push(self, waiter: Waiter, retry_after_s: float = 1.0) -> None:
+        """Join in rank order; QueueFull when the queue is full of waiters at least as good,
+        else the worst waiter gets QueueFull in its place."""
         self._drop_closed()
-        if len(self._waiters) >= self.limit:
+        waiter.rank = Rank(waiter.priority, next(self._arrivals))
+        decision = admit([w.rank for w in self._waiters], waiter.rank, self.limit)
+        if not decision.admitted:
             raise QueueFull(f"revision {self.revision_id}: {self.limit} requests already wait "
                             f"for a replica", retry_after_s=retry_after_s)
-        self._waiters.append(waiter)
+        if decision.shed is not None:
+            self._shed(decision.shed, waiter.priority, retry_after_s)
+        bisect.insort(self._waiters, waiter, key=_rank)
+
+    def _shed(self, rank: Rank, newcomer: int, retry_after_s: float) -> None:
+        shed = next(w for w in self._waiters if w.rank == rank)
+        self._waiters.remove(shed)
+        shed.future.set_exception(QueueFull(
+            f"revision {self.revision_id}: shed from a full queue of {self.limit} for a request "
+            f"of priority {newcomer} (this one's: {rank.priority}; lower runs first)",
+            retry_after_s=retry_after_s))
 
     def remove(self, waiter: Waiter) -> None:
         try:
@@ -61,17 +82,17 @@ class RevisionQueue:
             pass
 
     def dispatch(self, pick: Callable[[Waiter], Optional[str]]) -> int:
-        """Hand waiters, oldest first, to the replica `pick` names; stop at the first None."""
+        """Hand waiters, best rank first, to the replica `pick` names; stop at the first None."""
         sent = 0
         while self._waiters:
             waiter = self._waiters[0]
             if not waiter.open:
-                self._waiters.popleft()
+                self._waiters.pop(0)
                 continue
             replica_id = pick(waiter)
             if replica_id is None:
                 break
-            self._waiters.popleft()
+            self._waiters.pop(0)
             waiter.future.set_result(replica_id)
             sent += 1
         return sent
@@ -79,14 +100,14 @@ class RevisionQueue:
     def fail_all(self, error: Exception) -> int:
         failed = 0
         while self._waiters:
-            waiter = self._waiters.popleft()
+            waiter = self._waiters.pop(0)
             if waiter.open:
                 waiter.future.set_exception(error)
                 failed += 1
         return failed
 
     def _drop_closed(self) -> None:
-        self._waiters = deque(w for w in self._waiters if w.open)
+        self._waiters = [w for w in self._waiters if w.open]
 
 
 async def wait_for_replica(queue: RevisionQueue, waiter: Waiter, timeout_s: float,
@@ -113,6 +134,10 @@ async def wait_for_replica(queue: RevisionQueue, waiter: Waiter, timeout_s: floa
             waiter.future.cancel()
         queue.remove(waiter)
         raise
+
+
+def _rank(waiter: Waiter) -> Rank:
+    return waiter.rank
 
 
 def _assigned(waiter: Waiter) -> bool:

@@ -403,10 +403,13 @@ class Pool(Protocol):
         ...
 
     async def acquire(self, spec: RevisionSpec, *, request_id: str, prefix_key: Optional[str],
-                      prompt_tokens: int, timeout_s: float, adapter: Optional[AdapterRef] = None) -> Lease:
+                      prompt_tokens: int, timeout_s: float, adapter: Optional[AdapterRef] = None,
+                      priority: int = 0) -> Lease:
         """A lease on a ready replica (one holding `adapter`, loaded into it first when it
         lacks it); QueueFull or QuotaExceeded (429), ColdStartTimeout, ColdStartFailed or
-        AdapterLoadFailed (503), each with retry_after_s; AdapterRefused (422)."""
+        AdapterLoadFailed (503), each with retry_after_s; AdapterRefused (422). While no
+        replica is ready, requests wait by `priority` (wire/priority.py: lower first), then
+        arrival; a full queue sheds its worst waiter (QueueFull) for a better newcomer."""
         ...
 
     def revision_status(self, revision_id: str) -> RevisionStatus: ...

@@ -215,14 +215,16 @@ class PoolManager:
             raise NeverFits(f"{info.model_uri} can never be placed: {reason}")
 
     async def acquire(self, spec: RevisionSpec, *, request_id: str, prefix_key: Optional[str],
-                      prompt_tokens: int, timeout_s: float, adapter: Optional[AdapterRef] = None) -> ReplicaLease:
-        lease = await self._acquire(spec, request_id, prefix_key, prompt_tokens, timeout_s, adapter)
+                      prompt_tokens: int, timeout_s: float, adapter: Optional[AdapterRef] = None,
+                      priority: int = 0) -> ReplicaLease:
+        lease = await self._acquire(spec, request_id, prefix_key, prompt_tokens, timeout_s, adapter, priority)
         if adapter is not None:
             await self._with_adapter(lease, adapter)
         return lease
 
     async def _acquire(self, spec: RevisionSpec, request_id: str, prefix_key: Optional[str],
-                       prompt_tokens: int, timeout_s: float, adapter: Optional[AdapterRef]) -> ReplicaLease:
+                       prompt_tokens: int, timeout_s: float, adapter: Optional[AdapterRef],
+                       priority: int) -> ReplicaLease:
         rev = await self._revision_for(spec)
         start = self.clock.mono()
         rev.arrived(start)
@@ -233,7 +235,7 @@ class PoolManager:
         refused = backoff_refusal(rev, self.clock.mono()) or queue_refusal_for(self._registry, rev)
         if refused is not None:
             raise refused
-        waiter = Waiter(request_id, prompt_tokens, prefix_key, start)
+        waiter = Waiter(request_id, prompt_tokens, prefix_key, start, priority)
         rev.queue.push(waiter)
         self._reconcile(rev)                     # the first request starts the cold start now
         try:

@@ -23,6 +23,9 @@ QUANTIZATIONS = (None, "int8")              # int8: weight-only, runtime/load/qu
 KV_CACHE_DTYPES = ("auto", "bfloat16")
 TASKS = ("generate", "embed")
 POOLINGS = ("last", "mean")
+# the order a replica serves requests in (runtime/engine/serve_order.py): by arrival, or
+# by the call's `priority` (wire/priority.py) then arrival, as vLLM's --scheduling-policy
+SCHEDULING_POLICIES = ("fcfs", "priority")
 POSITIVE = ("kv_cache_tokens", "block_size", "max_num_seqs", "max_num_batched_tokens",
             "max_model_len", "tensor_parallel_size", "max_lora_rank")
 
@@ -64,6 +67,9 @@ class EngineOptions:
     cpu_replay: bool = True                      # CPU decode steps replayed (runtime/engine/cpu_replay.py)
     max_loras: int = 0                           # LoRA adapter slots (runtime/lora/); 0: no adapters
     max_lora_rank: int = 16                      # the highest adapter rank the slots hold
+    # "priority": interactive calls before batch ones; requests of one priority are
+    # served exactly as "fcfs" serves them, so it is the default
+    scheduling_policy: str = "priority"
 
     def validate(self) -> None:
         """InvalidOption for the first option of the wrong type or value, or that the others
@@ -71,7 +77,8 @@ class EngineOptions:
         for name, kind in KINDS.items():
             _check_kind(name, getattr(self, name), kind)
         for name, allowed in (("dtype", DTYPES), ("quantization", QUANTIZATIONS), ("task", TASKS),
-                              ("pooling", POOLINGS), ("kv_cache_dtype", KV_CACHE_DTYPES)):
+                              ("pooling", POOLINGS), ("kv_cache_dtype", KV_CACHE_DTYPES),
+                              ("scheduling_policy", SCHEDULING_POLICIES)):
             if getattr(self, name) not in allowed:
                 raise InvalidOption(name, f"{getattr(self, name)!r} is not one of "
                                           f"{', '.join(map(repr, allowed))}")
@@ -117,7 +124,7 @@ TENANT_OPTIONS = frozenset({"dtype", "kv_cache_tokens", "enable_prefix_caching",
                             "quantization", "tensor_parallel_size", "max_num_seqs",
                             "max_num_batched_tokens", "max_model_len", "block_size", "seed",
                             "task", "pooling", "kv_cache_dtype", "batch_invariant", "cpu_low_precision",
-                            "max_loras", "max_lora_rank"})
+                            "max_loras", "max_lora_rank", "scheduling_policy"})
 _TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
                dict: "a JSON object"}
 

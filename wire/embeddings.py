@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from wire.errors import ProtocolError
+from wire.priority import FIELD as PRIORITY_FIELD
+from wire.priority import parse_priority
 from wire.requests import GenerationRequest, Prompt, parse_prompts
 from wire.responses import usage_dict
 from wire.sampling import SamplingParams
 
-EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
+EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user", PRIORITY_FIELD})
 ENCODINGS = ("float", "base64")
 
 
@@ -28,12 +30,13 @@ class EmbeddingRequest:
     inputs: list[Prompt]
     model: Optional[str] = None
     encoding_format: str = "float"
+    priority: Optional[int] = None             # wire/priority.py; None: the caller's default
 
     def as_generation(self) -> GenerationRequest:
         return GenerationRequest(kind="embedding", params=SamplingParams(max_tokens=1),
                                  prompt=self.inputs[0],
                                  batch=self.inputs if len(self.inputs) > 1 else [],
-                                 model=self.model)
+                                 model=self.model, priority=self.priority)
 
 
 def parse_embedding_request(body: Any) -> EmbeddingRequest:
@@ -52,7 +55,7 @@ def parse_embedding_request(body: Any) -> EmbeddingRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ProtocolError("model: must be a string", param="model")
-    return EmbeddingRequest(_parse_inputs(body.get("input")), model, encoding)
+    return EmbeddingRequest(_parse_inputs(body.get("input")), model, encoding, parse_priority(body))
 
 
 def _parse_inputs(value: Any) -> list[Prompt]:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Union
 
 from wire.errors import ProtocolError
+from wire.priority import FIELD as PRIORITY_FIELD
+from wire.priority import parse_priority
 from wire.response_format import FIELDS as STRUCTURED_OUTPUT_FIELDS
 from wire.response_format import parse_structured_output
 from wire.sampling import PROCESSOR_FIELDS, SamplingParams, processor_values
@@ -27,7 +29,8 @@ MAX_LOGPROBS = 20
 # Fields each endpoint understands; anything else is refused by name.
 _SAMPLING_FIELDS = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
                     "stop_token_ids", "ignore_eos"} | PROCESSOR_FIELDS
-_COMMON_FIELDS = _SAMPLING_FIELDS | {"model", "stream", "stream_options", "user"} | STRUCTURED_OUTPUT_FIELDS
+_COMMON_FIELDS = (_SAMPLING_FIELDS | {"model", "stream", "stream_options", "user", PRIORITY_FIELD}
+                  | STRUCTURED_OUTPUT_FIELDS)
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "logprobs", "echo"}
 CHAT_FIELDS = _COMMON_FIELDS | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"} | TOOL_FIELDS
 CHAT_ROLES = {"system", "user", "assistant", "tool", "developer"}
@@ -56,6 +59,7 @@ class GenerationRequest:
     batch: list[Prompt] = field(default_factory=list)   # completions: every prompt when several
     echo: bool = False                         # completions: the prompt leads each choice's text
     tools: Optional[Tools] = None              # chat: tools and tool_choice (wire/tools.py)
+    priority: Optional[int] = None             # wire/priority.py; None: the caller's default
 
     @property
     def prompts(self) -> list[Prompt]:
@@ -98,6 +102,7 @@ def parse_completion_request(body: Any) -> GenerationRequest:
         batch=prompts if len(prompts) > 1 else [],
         model=_optional_str(body, "model"), stream=_optional_bool(body, "stream"),
         stream_options=_parse_stream_options(body), logprobs=logprobs, echo=echo,
+        priority=parse_priority(body),
     )
 
 
@@ -117,7 +122,7 @@ def parse_chat_request(body: Any) -> GenerationRequest:
         kind="chat", params=params, messages=_parse_messages(body.get("messages")),
         model=_optional_str(body, "model"), stream=_optional_bool(body, "stream"),
         stream_options=_parse_stream_options(body), max_tokens_given=max_tokens is not None,
-        logprobs=logprobs, tools=tools,
+        logprobs=logprobs, tools=tools, priority=parse_priority(body),
     )
 
 

@@ -49,13 +49,10 @@ from controlplane.store.tables import Batch, utcnow
 from controlplane.store.tenants import Principal
 from pool.api import Pool
 from wire.errors import message_of
+from wire.priority import BATCH_PRIORITY
 from wire.request_id import Message
 
 log = logging.getLogger("thawpool.batch")
-# The priority class of every batch line, below "interactive": the one place it is named.
-# The gateway, the pool's admission and the engine take it once they have priorities;
-# until then it rides in each line's log fields.
-BATCH_PRIORITY = "batch"
 Group = tuple[str, str]                  # (tenant id, model)
 FILES_NAMESPACE = uuid.UUID("0b5a3f8e-93c4-4c5e-bb1e-2f6f8d1c7a40")
 
@@ -217,7 +214,7 @@ class BatchRunner:
         invocation = gateway.validate(endpoint, body, target)
         admission = gateway.admit(principal, target, invocation)
         call = await gateway.acquire(principal, target, invocation, rid, endpoint, admission,
-                                     {"priority": BATCH_PRIORITY, "batch_id": batch.id})
+                                     {"batch_id": batch.id}, priority=BATCH_PRIORITY)
         call.invocation_id = invocation_id(batch.id, line.line)
         call.journaled = False       # a line cut by a kill runs again, billed by its answer
         upstream = await gateway.send(call, body)

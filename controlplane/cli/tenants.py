@@ -41,6 +41,12 @@ def _register_keys(commands: Subcommands, flags: argparse.ArgumentParser) -> Non
     create.add_argument("--expires", default=None, help="ISO 8601 expiry time")
     create.add_argument("--requests-per-min", type=int, default=None)
     create.add_argument("--tokens-per-min", type=int, default=None)
+    create.add_argument("--priority-min", type=int, default=None,
+                        help="the most urgent priority its calls may ask for (lower runs first; default 0)")
+    create.add_argument("--priority-max", type=int, default=None,
+                        help="the least urgent priority its calls may ask for (default: any)")
+    create.add_argument("--priority-default", type=int, default=None,
+                        help="the priority of a call that names none (default 0)")
     create.set_defaults(func=command(cmd_key_create))
     add_command(actions, flags, "ls", cmd_key_ls, "keys (never their secrets)").add_argument(
         "--tenant", default=None, help="admin: this tenant's (default: your own tenant's)")
@@ -93,7 +99,8 @@ def cmd_key_create(ctx: Context) -> int:
     args = ctx.args
     body: JSON = {"scopes": [s for s in args.scopes.split(",") if s], "name": args.name,
                   "expires_at": args.expires, "requests_per_min": args.requests_per_min,
-                  "tokens_per_min": args.tokens_per_min}
+                  "tokens_per_min": args.tokens_per_min, "priority_min": args.priority_min,
+                  "priority_max": args.priority_max, "priority_default": args.priority_default}
     with admin_client(ctx) as client:
         key = client.create_key(args.tenant, {k: v for k, v in body.items() if v is not None})
     ctx.out.result(key, lambda: ctx.out.say(

@@ -31,6 +31,7 @@ from controlplane.store.errors import NotFound
 from controlplane.store.tenants import Principal
 from pool.api import PoolError
 from wire.errors import ProtocolError
+from wire.priority import INTERACTIVE_PRIORITY
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class ClientRequest:
     log_fields: dict[str, Any]
     validate: Callable[[RouteTarget], Invocation]
     replica_endpoint: Optional[str] = None
+    priority: int = INTERACTIVE_PRIORITY      # the same for every attempt: the key's, resolved once
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,8 @@ async def _try(gateway: Gateway, client: ClientRequest, fallbacks: tuple[Fallbac
     try:
         replica = await gateway.acquire(client.principal, target, attempt.invocation, client.request_id,
                                         client.endpoint, RateReservation(), client.log_fields,
-                                        replica_endpoint=client.replica_endpoint, timeout_s=wait_s)
+                                        replica_endpoint=client.replica_endpoint, timeout_s=wait_s,
+                                        priority=client.priority)
         replica.fallback_reason = attempt.reason
         upstream = await gateway.send(replica, client.body)
     except PoolError as refusal:

@@ -42,6 +42,7 @@ from pool.api import AdapterRef, Lease, PinnedObject, Pool, RevisionSpec
 from spec.engine_options import EngineOptions
 from wire.disconnect import Receive, until_disconnect
 from wire.errors import ProtocolError, error_body, message_of
+from wire.priority import INTERACTIVE_PRIORITY
 from wire.requests import GenerationRequest, check_sampling_params, parse_request
 from wire.sampling import validate_prompt_ids
 from wire.sse import DONE_LINE, EventStreamResponse, data_of
@@ -137,6 +138,7 @@ class ReplicaCall:
     # runner), is not journaled: a recovered row of the cut attempt would take the id
     # that the answer it keeps must bill
     journaled: bool = True
+    priority: int = INTERACTIVE_PRIORITY   # what it waits and runs at (wire/priority.py)
 
 
 class Gateway:
@@ -208,6 +210,11 @@ class Gateway:
         return Invocation(request, text, prompt_tokens, max_tokens * choices,
                           min(MAX_TOKENS, context * prompts), min(MAX_TOKENS, context * choices))
 
+    def priority(self, principal: Principal, invocation: Invocation) -> int:
+        """The priority the call waits and runs at: what it asked for within its key's range,
+        else the key's default; Forbidden (403) naming `priority` outside the range."""
+        return principal.priorities.resolve(invocation.request.priority)
+
     def admit(self, principal: Principal, target: RouteTarget, invocation: Invocation) -> RateReservation:
         """The key's and its tenant's request and token buckets (429 with Retry-After); the
         tokens reserved are the estimate, corrected by the real usage in `meter`."""
@@ -230,29 +237,33 @@ class Gateway:
     async def acquire(self, principal: Principal, target: RouteTarget, invocation: Invocation,
                       request_id: str, endpoint: str, admission: RateReservation,
                       log_fields: dict[str, Any], replica_endpoint: Optional[str] = None,
-                      timeout_s: Optional[float] = None) -> ReplicaCall:
+                      timeout_s: Optional[float] = None, priority: int = INTERACTIVE_PRIORITY) -> ReplicaCall:
         """A lease on a ready replica (a cold start when there is none), waited for
-        `timeout_s` (None: the settings' acquire timeout); the pool's refusals (PoolError)
+        `timeout_s` (None: the settings' acquire timeout) at `priority` (`priority()` for a
+        client's call; the Batch API's BATCH_PRIORITY); the pool's refusals (PoolError)
         become 429/503 with Retry-After, and give the reservation back. `endpoint` is what
         the usage row names; `replica_endpoint` the replica's path for it when that differs
         (the Responses API is served as a chat completion)."""
         lease, t0 = await self.lease(target, request_id, admission, prefix_key(invocation.prompt_text),
-                                     invocation.prompt_tokens, adapter_ref(target.adapter), timeout_s)
+                                     invocation.prompt_tokens, adapter_ref(target.adapter), timeout_s,
+                                     priority)
         return ReplicaCall(principal, target, request_id, endpoint, lease, target.at, t0, admission,
-                    usage=invocation.usage(), log_fields=log_fields, replica_endpoint=replica_endpoint)
+                    usage=invocation.usage(), log_fields=log_fields, replica_endpoint=replica_endpoint,
+                    priority=priority)
 
     async def lease(self, target: RouteTarget, request_id: str, admission: RateReservation,
                     prefix: Optional[str], prompt_tokens: int,
                     adapter: Optional[AdapterRef] = None,
-                    timeout_s: Optional[float] = None) -> tuple[Lease, float]:
-        """The pool's lease (and when the wait for it began); a refusal gives the rate
-        limiter's reservation back."""
+                    timeout_s: Optional[float] = None,
+                    priority: int = INTERACTIVE_PRIORITY) -> tuple[Lease, float]:
+        """The pool's lease (and when the wait for it began), waited for at `priority`; a
+        refusal gives the rate limiter's reservation back."""
         t0 = time.perf_counter()
         wait_s = self.settings.acquire_timeout_s if timeout_s is None else timeout_s
         try:
             lease = await self.pool.acquire(
                 self._spec(target), request_id=request_id, prefix_key=prefix,
-                prompt_tokens=prompt_tokens, timeout_s=wait_s, adapter=adapter)
+                prompt_tokens=prompt_tokens, timeout_s=wait_s, adapter=adapter, priority=priority)
         except BaseException:
             self.limiter.settle(admission, 0, self.clock())
             raise
@@ -277,7 +288,8 @@ class Gateway:
         try:
             pending = await self.http.request(
                 f"{call.lease.base_url.rstrip('/')}/v1/{call.replica_endpoint or call.endpoint}",
-                upstream_body(body, call.target.adapter.id if call.target.adapter is not None else None),
+                upstream_body(body, call.target.adapter.id if call.target.adapter is not None else None,
+                              call.priority),
                 {**call.lease.headers, "x-request-id": call.request_id})
             if call.journaled:
                 self.writer.calls.open(self._record(call, Outcome("error", CUT_HTTP_STATUS)),
@@ -505,7 +517,7 @@ class Gateway:
         call.log_fields.update(
             deployment=name, revision=call.target.revision.name, outcome=status,
             invocation_id=call.invocation_id, prompt_tokens=call.usage.prompt_tokens,
-            completion_tokens=call.usage.completion_tokens)
+            completion_tokens=call.usage.completion_tokens, priority=call.priority)
 
 
 def _check_adapter_slots(target: RouteTarget, adapter: Adapter) -> None:

@@ -12,6 +12,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from wire.priority import FIELD as PRIORITY_FIELD
+from wire.priority import INTERACTIVE_PRIORITY
 from wire.requests import GenerationRequest, StreamOptions
 
 PREFIX_CHARS = 512
@@ -36,11 +38,14 @@ def estimate_prompt_tokens(request: GenerationRequest, text: str) -> int:
     return len(text) // 4 + 1
 
 
-def upstream_body(body: dict[str, Any], adapter: Optional[str] = None) -> dict[str, Any]:
+def upstream_body(body: dict[str, Any], adapter: Optional[str] = None,
+                  priority: int = INTERACTIVE_PRIORITY) -> dict[str, Any]:
     """The client's body for the replica: no `model` (the replica serves one) but the
-    replica's name of the adapter it runs with, and always cumulative usage in every
-    chunk when streaming, so a cut stream is billable."""
+    replica's name of the adapter it runs with, the priority the call was resolved to
+    (its key's default when it named none), and always cumulative usage in every chunk
+    when streaming, so a cut stream is billable."""
     out = {k: v for k, v in body.items() if k != "model"}
+    out[PRIORITY_FIELD] = priority
     if adapter is not None:
         out["model"] = adapter
     if out.get("stream"):

@@ -13,6 +13,7 @@ from controlplane.gateway.fallbacks import ClientRequest, first_answer
 from controlplane.routes.api import OBJECT, ApiRoute, Operation, scope
 from controlplane.routes.context import app_state, read_json, request_id, require
 from wire.request_id import Receive, Scope, Send, access_fields
+from wire.priority import HIGHEST, LOWEST
 from wire.sse import EventStreamResponse
 
 GatewayResponse = Union[Response, EventStreamResponse, "MeteredResponse"]
@@ -30,9 +31,10 @@ async def invoke(request: Request, endpoint: str) -> GatewayResponse:
     body = await read_json(request)
     target = await gateway.resolve(principal, body, request_id(request))      # resolve
     invocation = gateway.validate(endpoint, body, target)                     # validate
+    priority = gateway.priority(principal, invocation)                        # the key's range
     admission = gateway.admit(principal, target, invocation)                  # rate limits
     client = ClientRequest(principal, body, request_id(request), endpoint, access_fields(request.scope),
-                           lambda other: gateway.validate(endpoint, body, other))
+                           lambda other: gateway.validate(endpoint, body, other), priority=priority)
     answer = await first_answer(gateway, client, target, invocation, admission)   # acquire, send
     call, upstream, invocation = answer.call, answer.upstream, answer.invocation      # relay
     if invocation.request.stream and upstream.status_code == 200:
@@ -76,10 +78,14 @@ async def embeddings(request: Request) -> GatewayResponse:
 
 
 MODEL = {"type": "string", "description": "the deployment name"}
+PRIORITY = {"type": "integer", "minimum": LOWEST, "maximum": HIGHEST,
+            "description": "lower runs first (0: interactive, the default; 100: batch); within "
+                           "the range the API key allows"}
 COMPLETION_BODY = {"type": "object", "required": ["model", "prompt"], "properties": {
     "model": MODEL, "prompt": {"anyOf": [{"type": "string"},
                                          {"type": "array", "items": {"type": "integer"}}]},
-    "max_tokens": {"type": "integer", "minimum": 1}, "stream": {"type": "boolean"}}}
+    "max_tokens": {"type": "integer", "minimum": 1}, "stream": {"type": "boolean"},
+    "priority": PRIORITY}}
 CHAT_BODY = {"type": "object", "required": ["model", "messages"], "properties": {
     "model": MODEL, "messages": {"type": "array", "items": {
         "type": "object", "required": ["role"],
@@ -88,13 +94,13 @@ CHAT_BODY = {"type": "object", "required": ["model", "messages"], "properties": 
     "max_tokens": {"type": "integer", "minimum": 1}, "stream": {"type": "boolean"},
     "tools": {"type": "array", "items": {"type": "object"}},
     "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]},
-                              {"type": "object"}]}}}
+                              {"type": "object"}]}, "priority": PRIORITY}}
 EMBEDDING_BODY = {"type": "object", "required": ["model", "input"], "properties": {
     "model": MODEL, "input": {"anyOf": [
         {"type": "string"}, {"type": "array", "items": {"type": "string"}},
         {"type": "array", "items": {"type": "integer"}},
         {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}]},
-    "encoding_format": {"type": "string", "enum": ["float", "base64"]}}}
+    "encoding_format": {"type": "string", "enum": ["float", "base64"]}, "priority": PRIORITY}}
 INVOKE = scope("invoke")
 
 routes = [

@@ -21,9 +21,11 @@ async def create(request: Request) -> GatewayResponse:
     turn = await responses.prepare(principal, await read_json(request))       # parse, earlier turns
     target = await gateway.resolve(principal, turn.chat, request_id(request))   # resolve
     invocation = responses.validate(turn, target)                              # validate
+    priority = gateway.priority(principal, invocation)                         # the key's range
     admission = gateway.admit(principal, target, invocation)                   # rate limits
     client = ClientRequest(principal, turn.chat, request_id(request), "responses", access_fields(request.scope),
-                           lambda other: responses.validate(turn, other), replica_endpoint="chat/completions")
+                           lambda other: responses.validate(turn, other), replica_endpoint="chat/completions",
+                           priority=priority)
     answer = await first_answer(gateway, client, target, invocation, admission)   # acquire, send
     call, upstream = answer.call, answer.upstream                              # relay
     shape = responses.shape(principal, call.target, turn)

@@ -10,14 +10,22 @@ from starlette.responses import JSONResponse, Response
 from controlplane.deploy.deployment_spec import NAME
 from controlplane.fields import obj, optional_integer, text, timestamp
 from controlplane.auth.keys import SCOPES, parse_scopes
+from controlplane.auth.priorities import FIELDS as PRIORITY_FIELDS
+from controlplane.auth.priorities import KeyPriorities
 from controlplane.lookups.service import Change
 from controlplane.store.tables import ApiKey, Tenant
 from controlplane.routes.api import ADMIN, ApiRoute, Operation, data_of, scope, string_schema
 from controlplane.routes.context import app_state, read_json, require, require_admin
 from controlplane.store import tenants
 from controlplane.store.errors import InvalidField
+from wire.priority import HIGHEST, LOWEST
 
-KEY_FIELDS = {"scopes", "name", "expires_at", "requests_per_min", "tokens_per_min"}
+PRIORITY_DOCS = {
+    "priority_min": "the most urgent priority the key's calls may ask for (lower runs first; default 0)",
+    "priority_max": "the least urgent priority they may ask for (default: any)",
+    "priority_default": "the priority of a call that names none (default 0, within the range)"}
+
+KEY_FIELDS = {"scopes", "name", "expires_at", "requests_per_min", "tokens_per_min", *PRIORITY_FIELDS}
 
 
 async def create_tenant(request: Request) -> Response:
@@ -54,12 +62,14 @@ async def create_key(request: Request) -> Response:
                   if body.get("expires_at") is not None else None)
     requests_per_min = optional_integer("requests_per_min", body.get("requests_per_min"), 1)
     tokens_per_min = optional_integer("tokens_per_min", body.get("tokens_per_min"), 1)
+    priorities = KeyPriorities(*(optional_integer(name, body.get(name), LOWEST, HIGHEST)
+                                 for name in PRIORITY_FIELDS))
     async with state.sessions.begin() as session:
         tenant = await tenants.find_tenant(session, request.path_params["tenant"])
         key, new = await tenants.create_key(session, tenant, scopes, name=name,
                                             expires_at=expires_at,
                                             requests_per_min=requests_per_min,
-                                            tokens_per_min=tokens_per_min)
+                                            tokens_per_min=tokens_per_min, priorities=priorities)
     await state.lookups.changed(Change("api_keys", key.id))
     return JSONResponse({**_key_view(key), "key": new.secret}, status_code=201)
 
@@ -101,6 +111,7 @@ def _key_view(key: ApiKey) -> dict[str, Any]:
     return {"id": key.id, "prefix": key.prefix, "tenant_id": key.tenant_id,
             "scopes": list(key.scopes), "name": key.name,
             "requests_per_min": key.requests_per_min, "tokens_per_min": key.tokens_per_min,
+            **tenants.key_priorities(key).view(),
             "expires_at": key.expires_at.isoformat() if key.expires_at else None,
             "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
             "created_at": key.created_at.isoformat()}
@@ -118,7 +129,9 @@ KEY_BODY = {"type": "object", "additionalProperties": False, "properties": {
     "scopes": {"type": "array", "items": {"enum": sorted(SCOPES)}},
     "name": {"type": "string"}, "expires_at": string_schema(format="date-time"),
     "requests_per_min": {"type": "integer", "minimum": 1},
-    "tokens_per_min": {"type": "integer", "minimum": 1}}}
+    "tokens_per_min": {"type": "integer", "minimum": 1},
+    **{name: {"type": "integer", "minimum": LOWEST, "maximum": HIGHEST,
+              "description": PRIORITY_DOCS[name]} for name in PRIORITY_FIELDS}}}
 
 routes = [
     ApiRoute("/v1/tenants", create_tenant, "POST", Operation(

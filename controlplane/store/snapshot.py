@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from controlplane.store import deployments
 from controlplane.store.tables import Adapter, ApiKey, Deployment, Price, QuotaOverride, Revision, Tenant
 from controlplane.quotas import LIMITS
-from controlplane.store.tenants import Principal
+from controlplane.store.tenants import Principal, key_priorities
 
 Deployed = tuple[Deployment, list[Revision]]
 Overrides = dict[str, Any]   # a limit (int) or a grant (list of "host:port")
@@ -110,7 +110,7 @@ def _entry(key: ApiKey, tenant_name: str) -> KeyEntry:
     principal = Principal(key_id=key.id, key_prefix=key.prefix, tenant_id=key.tenant_id,
                           tenant_name=tenant_name, scopes=frozenset(key.scopes),
                           requests_per_min=key.requests_per_min,
-                          tokens_per_min=key.tokens_per_min)
+                          tokens_per_min=key.tokens_per_min, priorities=key_priorities(key))
     return KeyEntry(key.id, key.key_hash, principal, key.revoked_at is not None, key.expires_at)
 
 

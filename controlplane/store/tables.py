@@ -52,6 +52,10 @@ class ApiKey(Base):
     name: Mapped[Optional[str]]
     requests_per_min: Mapped[Optional[int]]
     tokens_per_min: Mapped[Optional[int]]
+    # the priorities its calls may ask for and run at (0022; controlplane/auth/priorities.py)
+    priority_min: Mapped[Optional[int]] = mapped_column(Integer)
+    priority_max: Mapped[Optional[int]] = mapped_column(Integer)
+    priority_default: Mapped[Optional[int]] = mapped_column(Integer)
     expires_at: Mapped[Optional[datetime]]
     revoked_at: Mapped[Optional[datetime]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

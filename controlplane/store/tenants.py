@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from controlplane.deploy.deployment_spec import NAME
 from controlplane.fields import is_uuid
 from controlplane.auth.keys import KEY_PREFIX_SHAPE, NewKey, generate_key
+from controlplane.auth.priorities import KeyPriorities
 from controlplane.store.tables import ApiKey, Tenant, utcnow
 from controlplane.store.errors import AlreadyExists, InvalidField, NotFound
 
@@ -29,6 +30,7 @@ class Principal:
     scopes: frozenset[str]
     requests_per_min: Optional[int]
     tokens_per_min: Optional[int]
+    priorities: KeyPriorities = KeyPriorities()
 
     @property
     def is_admin(self) -> bool:
@@ -64,8 +66,12 @@ async def list_tenants(session: AsyncSession) -> list[Tenant]:
 async def create_key(session: AsyncSession, tenant: Tenant, scopes: list[str], *,
                      name: Optional[str] = None, expires_at: Optional[datetime] = None,
                      requests_per_min: Optional[int] = None,
-                     tokens_per_min: Optional[int] = None) -> tuple[ApiKey, NewKey]:
-    """A new key; its visible prefix is short, so a taken one means another secret."""
+                     tokens_per_min: Optional[int] = None,
+                     priorities: Optional[KeyPriorities] = None) -> tuple[ApiKey, NewKey]:
+    """A new key; its visible prefix is short, so a taken one means another secret.
+    `priorities` (None: the platform's defaults) is checked first (InvalidField)."""
+    priorities = priorities or KeyPriorities()
+    priorities.check()
     if "admin" in scopes and tenant.name != ADMIN_TENANT:
         raise InvalidField("scopes", f"the admin scope exists only on the operator's tenant "
                                      f"{ADMIN_TENANT!r}")
@@ -73,7 +79,9 @@ async def create_key(session: AsyncSession, tenant: Tenant, scopes: list[str], *
         new = generate_key()
         key = ApiKey(tenant_id=tenant.id, prefix=new.prefix, key_hash=new.key_hash,
                      scopes=scopes, name=name, expires_at=expires_at,
-                     requests_per_min=requests_per_min, tokens_per_min=tokens_per_min)
+                     requests_per_min=requests_per_min, tokens_per_min=tokens_per_min,
+                     priority_min=priorities.priority_min, priority_max=priorities.priority_max,
+                     priority_default=priorities.priority_default)
         try:
             async with session.begin_nested():
                 session.add(key)
@@ -81,6 +89,10 @@ async def create_key(session: AsyncSession, tenant: Tenant, scopes: list[str], *
             continue
         return key, new
     raise RuntimeError(f"no free key prefix in {KEY_ATTEMPTS} attempts")
+
+
+def key_priorities(key: ApiKey) -> KeyPriorities:
+    return KeyPriorities(key.priority_min, key.priority_max, key.priority_default)
 
 
 async def list_keys(session: AsyncSession, tenant_id: str) -> list[ApiKey]:

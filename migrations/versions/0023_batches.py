@@ -8,7 +8,7 @@ gains a `tier` (interactive, the rows so far; or batch): a batch line is priced 
 batch rows, else from the interactive ones times the settings' discount.
 
 Revision ID: 0023
-Revises: 0021
+Revises: 0022
 Create Date: 2027-07-01
 """
 from alembic import op
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 revision = '0023'
-down_revision = '0021'
+down_revision = '0022'
 branch_labels = None
 depends_on = None
 

@@ -92,7 +92,8 @@ class LLMEngine:
             max_num_seqs=self.config.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
-            num_lookahead_slots=self._lookahead(), max_loras=self.config.max_loras), self.block_manager)
+            num_lookahead_slots=self._lookahead(), max_loras=self.config.max_loras,
+            policy=self.config.scheduling_policy), self.block_manager)
         self.speculator: Optional[Speculator] = None
         if self.config.speculative is not None:
             self.speculator = make_speculator(self.config.speculative, self.config,
@@ -113,11 +114,13 @@ class LLMEngine:
     # the engine core's CoreLoop). The requests it holds are the scheduler's `requests`.
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    cache_salt: Optional[str] = None, lora: Optional[str] = None) -> None:
+                    cache_salt: Optional[str] = None, lora: Optional[str] = None,
+                    priority: int = 0) -> None:
         """The one check of a request against the model; ValueError naming the field for
         token ids outside the vocabulary, bad parameters, a duplicate id, a prompt that
         could never run or an adapter the engine does not hold. The request joins the
-        batch at the next step; `lora` names the adapter (add_lora) it runs with."""
+        batch at the next step; `lora` names the adapter (add_lora) it runs with; `priority`
+        orders it under the "priority" scheduling policy (lower first)."""
         validate_prompt_ids(prompt_token_ids, self.model_config.vocab_size)
         params.validate(self.model_config.vocab_size)
         self.structured.check(params)   # the grammar compiles for this tokenizer
@@ -130,7 +133,7 @@ class LLMEngine:
             salt = f"{salt or ''}\x00lora:{lora}"
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids),
                           params=params, arrival_time=time.monotonic(),
-                          eos_token_ids=self._eos, cache_salt=salt, lora=lora)
+                          eos_token_ids=self._eos, cache_salt=salt, lora=lora, priority=priority)
         request.samples = sample_requests(request)   # n > 1: ids request_id/1 .. /n-1
         self.scheduler.add(request)
 

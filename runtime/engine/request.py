@@ -25,6 +25,7 @@ class Request:
     eos_token_ids: tuple[int, ...] = ()
     cache_salt: Optional[str] = None
     lora: Optional[str] = None                            # the adapter it runs with; None: the base
+    priority: int = 0                                     # lower runs first (wire/priority.py)
     token_ids: list[int] = field(default_factory=list)   # prompt + output, grows by one per step
     num_computed_tokens: int = 0                          # tokens whose k/v are in the cache
     num_cached_tokens: Optional[int] = None               # prefix-cache hit at first admission
@@ -36,6 +37,8 @@ class Request:
     finish_time: Optional[float] = None
     # n > 1: the other samples of this prompt, made (forked) once the prompt is computed
     samples: list["Request"] = field(default_factory=list)
+    # its place in the scheduler's waiting or running list (runtime/engine/serve_order.py)
+    order: tuple[int, int] = (0, 0)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -95,7 +98,7 @@ def sample_requests(leader: Request) -> list[Request]:
     return [Request(request_id=ids[j], prompt_token_ids=leader.prompt_token_ids,
                     params=replace(leader.params, n=1, seed=sample_seed(leader.params.seed, j)),
                     arrival_time=leader.arrival_time, eos_token_ids=leader.eos_token_ids,
-                    cache_salt=leader.cache_salt, lora=leader.lora)
+                    cache_salt=leader.cache_salt, lora=leader.lora, priority=leader.priority)
             for j in range(1, len(ids))]
 
 

@@ -1,12 +1,14 @@
 """Continuous batching over the paged KV cache (pure Python, no torch, no clock).
 
-Every step: running requests first (oldest first), each gets the tokens it still
-needs (1 when decoding, a chunk when its prefill is split), within a per-step token
-budget; if blocks run out, the newest running request is preempted (its blocks
-freed, recomputed later). Then, if nothing was preempted, waiting requests are
-admitted in arrival order, reusing cached prefix blocks, while budget, sequence
-slots and blocks last. The scheduler and the model runner exchange the plain
-dataclasses below.
+Every step: running requests first (best first: oldest first under `fcfs`), each
+gets the tokens it still needs (1 when decoding, a chunk when its prefill is split),
+within a per-step token budget; if blocks run out, the worst running request is
+preempted (its blocks freed, recomputed later). Then, if nothing was preempted,
+waiting requests are admitted in order, reusing cached prefix blocks, while budget,
+sequence slots and blocks last. The order is the policy's (runtime/engine/serve_order.py:
+arrival, or priority then arrival); under `priority` a waiting request that finds no
+room first preempts a running one of a strictly worse class. The scheduler and the
+model runner exchange the plain dataclasses below.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any, Optional
 from runtime.engine.block_manager import BlockManager
 from runtime.engine.outputs import RequestOutput
 from runtime.engine.request import History, Request, RequestStatus
+from runtime.engine.serve_order import ServeOrder
 from runtime.lora.slots import AdapterSlots
 from wire.responses import TokenLogprobs
 from wire.sampling import SamplingParams
@@ -29,6 +32,7 @@ class SchedulerConfig:
     max_model_len: int = 2048          # prompt + output tokens of one request
     num_lookahead_slots: int = 0       # extra slots a decoding sequence holds (speculative proposals)
     max_loras: int = 0                 # adapter slots: distinct adapters among the running requests
+    policy: str = "fcfs"               # or "priority": runtime/engine/serve_order.py
 
 
 @dataclass
@@ -89,6 +93,7 @@ class Scheduler:
         self._pending: dict[str, Request] = {}    # sample id -> its leader, until forked
         self._copies: list[tuple[int, int]] = []
         self.adapters = AdapterSlots(config.max_loras)
+        self.order = ServeOrder(config.policy)
 
     # ---- admission and cancellation
     def check_fits(self, num_prompt_tokens: int) -> None:
@@ -107,7 +112,7 @@ class Scheduler:
         self.check_fits(request.num_prompt_tokens)
         self.requests[request.request_id] = request
         self._pending.update((sample.request_id, request) for sample in request.samples)
-        self.waiting.append(request)
+        self.order.arrive(self.waiting, request)
 
     def holds(self, request_id: str) -> bool:
         return request_id in self.requests or request_id in self._pending
@@ -139,22 +144,60 @@ class Scheduler:
     def schedule(self, now: float) -> SchedulerOutput:
         out = SchedulerOutput(finished=self._gone, copies=self._copies)
         self._gone, self._copies = [], []
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
-        if not out.preempted:
+        budget = self.config.max_num_batched_tokens
+        ahead, behind = self._split_running()
+        budget, starved = self._schedule_running(out, budget, ahead)
+        if behind and not starved:
+            budget, starved = self._serve_better_class(out, budget, behind, now)
+        if not starved:                          # blocks ran out for running requests: admit none
             self._schedule_waiting(out, budget, now)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
+    def _split_running(self) -> tuple[list[Request], list[Request]]:
+        """The running requests ranked at or above the first waiting one, and those of a
+        strictly worse class after them (none under `fcfs`, or when all rank alike)."""
+        cut = self.order.ahead_of(self.running, self.waiting[0]) if self.waiting else len(self.running)
+        return self.running[:cut], self.running[cut:]
+
+    def _serve_better_class(self, out: SchedulerOutput, budget: int, behind: list[Request],
+                            now: float) -> tuple[int, bool]:
+        """`priority`: the waiting requests of a better class than `behind` are admitted
+        before it, the worst of `behind` preempted while the first finds no room; then
+        what is left of `behind` runs."""
+        worse = self.order.rank(behind[0])
+        while behind and not self._room_for(self.waiting[0]):
+            victim = behind.pop()                # the running list's last: its worst
+            self.running.remove(victim)
+            self._preempt(victim)
+            out.preempted.append(victim.request_id)
+        budget = self._schedule_waiting(out, budget, now, better_than=worse)
+        return self._schedule_running(out, budget, behind)
+
+    def _room_for(self, request: Request) -> bool:
+        """Whether a sequence slot and the blocks of its first chunk are free for `request`."""
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        cached = self.blocks.cached_prefix(request.token_ids, request.cache_salt)
+        num_cached = len(cached) * self.blocks.block_size
+        n = min(request.num_tokens - num_cached, self.config.max_num_batched_tokens)
+        return self.blocks.can_allocate(cached, num_cached + n)
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int,
+                          requests: list[Request]) -> tuple[int, bool]:
+        """A chunk for each of `requests` (running, best first) within the budget; True
+        with the budget left when blocks ran out and running requests were preempted."""
+        preempted = len(out.preempted)
+        for request in requests:
+            if budget <= 0:
+                break
+            if request.status is not RequestStatus.RUNNING:   # preempted for an earlier one
+                continue
             n = min(request.num_tokens - request.num_computed_tokens, budget)
             if not self._make_room(request, self._slots_needed(request, n), out):
                 break
             out.chunks.append(self._chunk(request, n))
             budget -= n
-            i += 1
-        return budget
+        return budget, len(out.preempted) > preempted
 
     def _slots_needed(self, request: Request, n: int) -> int:
         """The chunk's slots, plus the lookahead slots when it ends the sequence (decoding)."""
@@ -164,7 +207,8 @@ class Scheduler:
         return min(end + self.config.num_lookahead_slots, self.config.max_model_len)
 
     def _make_room(self, request: Request, num_tokens: int, out: SchedulerOutput) -> bool:
-        """Preempt newest running requests until `request` can hold num_tokens tokens."""
+        """Preempt the worst running requests (the list's last: newest under `fcfs`) until
+        `request` can hold num_tokens tokens."""
         while not self.blocks.can_append(request.request_id, num_tokens):
             victim = self.running.pop()
             self._preempt(victim)
@@ -174,12 +218,17 @@ class Scheduler:
         self.blocks.append_slot(request.request_id, num_tokens)
         return True
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
-        """Admit in arrival order; a request whose adapter finds no slot (every one held by
-        running requests of other adapters) is passed over, and keeps its place."""
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float,
+                          better_than: Optional[int] = None) -> int:
+        """Admit in the policy's order (only those ranked better than `better_than` when it
+        is given), while budget, slots and blocks last; the budget left. A request whose
+        adapter finds no slot (every one held by running requests of other adapters) is
+        passed over, and keeps its place."""
         passed: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if better_than is not None and self.order.rank(request) >= better_than:
+                break
             if not self._place_adapter(request, out):
                 passed.append(self.waiting.popleft())
                 continue
@@ -194,6 +243,7 @@ class Scheduler:
             out.chunks.append(self._chunk(request, n))
             budget -= n
         self.waiting.extendleft(reversed(passed))
+        return budget
 
     def _place_adapter(self, request: Request, out: SchedulerOutput) -> bool:
         if request.lora is None:
@@ -222,7 +272,7 @@ class Scheduler:
             request.first_scheduled_time = now
             self.stats.prefix_cache_queries += request.num_prompt_tokens
             self.stats.prefix_cache_hits += num_cached
-        self.running.append(request)
+        self.order.admit(self.running, request)
         self._pin(request)
 
     def _preempt(self, request: Request) -> None:
@@ -232,7 +282,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.stats.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self.order.requeue(self.waiting, request)
 
     def _chunk(self, request: Request, n: int) -> ScheduledChunk:
         start = request.num_computed_tokens
@@ -295,14 +345,14 @@ class Scheduler:
     def _place_fork(self, leader: Request, sample: Request) -> None:
         computed = leader.num_computed_tokens
         if not self.blocks.can_fork(computed):
-            self.waiting.appendleft(sample)
+            self.order.requeue(self.waiting, sample)
             return
         copy = self.blocks.fork(leader.request_id, sample.request_id, computed)
         if copy is not None:
             self._copies.append(copy)
         sample.status = RequestStatus.RUNNING
         sample.num_computed_tokens = computed
-        self.running.append(sample)
+        self.order.admit(self.running, sample)
         self._pin(sample)
 
     def _drop_sample(self, sample_id: str, now: float) -> Request:

@@ -44,6 +44,7 @@ from runtime.serve.tool_calls import ToolCallParser, finish_reason, parse_tool_c
 from runtime.serve.tool_prompt import encode_chat
 from wire.disconnect import until_disconnect
 from wire.errors import ProtocolError, error_body
+from wire.priority import replica_priority
 from wire.request_id import Receive
 from wire.requests import GenerationRequest
 from wire.responses import (ResponseHeader, TokenLogprobs, chat_delta_choice, chat_logprobs,
@@ -124,7 +125,8 @@ class OpenAIServing:
     async def _start(self, request: GenerationRequest, request_id: str, prompt_ids: list[int],
                      lora: Optional[str]) -> list["Generation"]:
         try:
-            streams = await self.engine.add_samples(request_id, prompt_ids, request.params, lora)
+            streams = await self.engine.add_samples(request_id, prompt_ids, request.params, lora,
+                                                    priority=replica_priority(request.priority))
         except ValueError as exc:   # the engine's refusal names the field
             raise ProtocolError.from_value_error(exc) from None
         # samples after the first share the prompt's blocks: its tokens are counted once

@@ -21,6 +21,7 @@ from runtime.core.tokenizer import Tokenizer
 from wire.disconnect import until_disconnect
 from wire.embeddings import EmbeddingRequest, embedding_response
 from wire.errors import ProtocolError, error_body
+from wire.priority import replica_priority
 from wire.request_id import Receive
 from wire.sampling import SamplingParams
 
@@ -44,7 +45,7 @@ class EmbeddingServing:
                                 code="model_not_found")
         inputs = [self.tokenizer.encode(p) if isinstance(p, str) else list(p)
                   for p in request.inputs]
-        streams = await self._start(request_id, inputs)
+        streams = await self._start(request_id, inputs, replica_priority(request.priority))
         try:
             vectors = await until_disconnect(receive, asyncio.gather(
                 *(self._vector(s, len(ids)) for s, ids in zip(streams, inputs))))
@@ -59,11 +60,11 @@ class EmbeddingServing:
                                                request.encoding_format,
                                                sum(len(ids) for ids in inputs)))
 
-    async def _start(self, request_id: str, inputs: list[list[int]]) -> list[RequestStream]:
+    async def _start(self, request_id: str, inputs: list[list[int]], priority: int) -> list[RequestStream]:
         streams: list[RequestStream] = []
         try:
             for ids in inputs:
-                streams.append(await self.engine.add(request_id, ids, PREFILL_ONLY))
+                streams.append(await self.engine.add(request_id, ids, PREFILL_ONLY, priority))
         except ValueError as exc:   # the engine's refusal names the field
             for stream in streams:
                 stream.close()

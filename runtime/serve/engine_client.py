@@ -149,20 +149,20 @@ class EngineClient:
     # ---------------------------------------------------------- requests (the serving code)
 
     async def add(self, request_id: str, prompt_token_ids: list[int],
-                  params: SamplingParams) -> RequestStream:
+                  params: SamplingParams, priority: int = 0) -> RequestStream:
         """Queue a request; raises the core's ValueError (too long, bad ids) if it refuses."""
-        return (await self.add_samples(request_id, prompt_token_ids, params))[0]
+        return (await self.add_samples(request_id, prompt_token_ids, params, priority=priority))[0]
 
     async def add_samples(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                          lora: Optional[str] = None) -> list[RequestStream]:
-        """One stream per sample, run with the adapter `lora` (None: the base); the core's
-        ValueError if it refuses the request."""
+                          lora: Optional[str] = None, priority: int = 0) -> list[RequestStream]:
+        """One stream per sample, run with the adapter `lora` (None: the base) at
+        `priority` (lower first); the core's ValueError if it refuses the request."""
         if self.error is not None:
             raise EngineDead(str(self.error))
         streams = self._requests.open(request_id, params.n)
         done: asyncio.Future[None] = self._loop.create_future()
         self._adds[streams[0].request_id] = (done, params.n)
-        self._send(AddOp(streams[0].request_id, prompt_token_ids, params, lora))
+        self._send(AddOp(streams[0].request_id, prompt_token_ids, params, lora, priority))
         await added(done, streams)
         return streams
 

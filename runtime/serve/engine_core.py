@@ -52,7 +52,7 @@ class Engine(Protocol):
     """What the step loop drives: runtime.engine.llm_engine.LLMEngine (or a test's stand-in)."""
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, cache_salt: Optional[str] = None,
-                    lora: Optional[str] = None) -> None: ...
+                    lora: Optional[str] = None, priority: int = 0) -> None: ...
     def abort_request(self, request_id: str) -> None: ...
     def step(self) -> list[RequestOutput]: ...
     def has_unfinished_requests(self) -> bool: ...
@@ -77,6 +77,7 @@ class AddOp:
     prompt_token_ids: list[int]
     params: SamplingParams
     lora: Optional[str] = None       # the adapter it runs with; None: the base
+    priority: int = 0                # lower runs first (wire/priority.py)
 
 
 @dataclass
@@ -262,7 +263,8 @@ class CoreLoop:
 
     def _add(self, op: AddOp) -> Optional[str]:
         try:
-            self.engine.add_request(op.request_id, op.prompt_token_ids, op.params, lora=op.lora)
+            self.engine.add_request(op.request_id, op.prompt_token_ids, op.params, lora=op.lora,
+                                    priority=op.priority)
         except ValueError as exc:   # the refusal names the field: the client gets a 400
             return str(exc)
         return None

@@ -38,12 +38,13 @@ class RoutedPool(StaticPool):
 
     async def acquire(self, spec: RevisionSpec, *, request_id: str, prefix_key: Optional[str],
                       prompt_tokens: int, timeout_s: float,
-                      adapter: Optional[AdapterRef] = None) -> StaticLease:
+                      adapter: Optional[AdapterRef] = None, priority: int = 0) -> StaticLease:
         if spec.deployment_id in self.refusals:
             raise self.refusals[spec.deployment_id]
         lease = StaticLease(self.routes[spec.deployment_id], f"routed-{len(self.calls)}",
                             spec.revision_id, queue_s=0.001)
-        self.calls.append(Acquired(spec, request_id, prefix_key, prompt_tokens, timeout_s, lease, adapter))
+        self.calls.append(Acquired(spec, request_id, prefix_key, prompt_tokens, timeout_s, lease, adapter,
+                                   priority))
         return lease
 
 

@@ -107,6 +107,7 @@ async def test_an_invocation_is_one_access_log_line_with_its_deployment_and_toke
         200, "/v1/completions", "chat", "r1", "ok")
     assert line.completion_tokens == 3 and line.prompt_tokens == response.json()["usage"]["prompt_tokens"]
     assert line.invocation_id == (await usage_row(plane, "req-log-1")).invocation_id
+    assert line.priority == 0                          # the key's default: interactive
 
 
 async def test_stream_without_usage_strips_it_and_still_bills(plane, tenant):

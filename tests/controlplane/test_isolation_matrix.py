@@ -9,6 +9,7 @@ real S3 (A's model and an upload), a real runtime replica for the invocations.
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional
@@ -21,6 +22,7 @@ from tests.controlplane.conftest import make_settings, running_control_plane
 from tests.controlplane.support.routes import every_route
 from tests.support.peft_adapters import make_adapter
 from tests.support.model_factory import upload_model
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
 TENANT_SCOPES = ("deploy", "invoke", "billing:read")
@@ -97,6 +99,11 @@ def completion(world: World) -> tuple[str, dict]:
     return f"/v1/models/uploads/{world.ids['upload']}/complete", world.completion
 
 
+def batch_of_a(world: World) -> tuple[str, dict]:
+    return "/v1/batches", {"input_file_id": world.ids["file"], "endpoint": "/v1/chat/completions",
+                           "completion_window": "24h"}
+
+
 CHAT = {"model": "iso-dep", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 RESPONSE = {"model": "iso-dep", "input": "Hi", "max_output_tokens": 1}
 
@@ -169,6 +176,19 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/responses/{response_id}"): Case("invoke", path_with("/v1/responses/{}", "response")),
     ("DELETE", "/v1/responses/{response_id}"): Case(
         "invoke", path_with("/v1/responses/{}", "doomed_response")),
+    # A's batch files and batches: another tenant's id reads as an unknown one (404); an
+    # upload is multipart, so this JSON body is a 400 for anyone allowed to try
+    ("POST", "/v1/files"): Case("invoke", fixed("/v1/files", {"purpose": "batch"}), 400, 400, 400),
+    ("GET", "/v1/files"): Case("invoke", fixed("/v1/files"), 200, 200, 200),    # each its own
+    ("GET", "/v1/files/{id}"): Case("invoke", path_with("/v1/files/{}", "file")),
+    ("GET", "/v1/files/{id}/content"): Case("invoke", path_with("/v1/files/{}/content", "file")),
+    ("DELETE", "/v1/files/{id}"): Case("invoke", path_with("/v1/files/{}", "doomed_file")),
+    ("POST", "/v1/batches"): Case("invoke", batch_of_a),
+    ("GET", "/v1/batches"): Case("invoke", fixed("/v1/batches"), 200, 200, 200),  # each its own
+    ("GET", "/v1/batches/{id}"): Case("invoke", path_with("/v1/batches/{}", "batch")),
+    # A's batch has completed: cancelling it is a 409, and nobody else finds it
+    ("POST", "/v1/batches/{id}/cancel"): Case(
+        "invoke", path_with("/v1/batches/{}/cancel", "batch"), own=409),
     # A's deployment generates: embeddings from it are a 400, nobody else's at all (404)
     ("POST", "/v1/embeddings"): Case("invoke", fixed("/v1/embeddings", {
         "model": "iso-dep", "input": "Hi"}), own=400),
@@ -246,7 +266,28 @@ async def make_deployments(plane, world: World) -> None:
         stored = await a.post("/v1/responses", json=RESPONSE)
         assert stored.status_code == 200, stored.text
         world.ids[name] = stored.json()["id"]
+    await make_batch(a, world)
     await plane.flush_usage()
+
+
+async def make_batch(a: httpx.AsyncClient, world: World) -> None:
+    """Two files of A's (one to delete) and a batch of one line, run to its end."""
+    line = json.dumps({"custom_id": "iso-1", "method": "POST", "url": "/v1/chat/completions", "body": CHAT})
+    for name in ("file", "doomed_file"):
+        made = await a.post("/v1/files", data={"purpose": "batch"},
+                            files={"file": ("iso.jsonl", line.encode() + b"\n", "application/jsonl")})
+        assert made.status_code == 200, made.text
+        world.ids[name] = made.json()["id"]
+    batch = await a.post("/v1/batches", json=batch_of_a(world)[1])
+    assert batch.status_code == 200, batch.text
+    world.ids["batch"] = batch.json()["id"]
+
+    async def ended():
+        got = (await a.get(f"/v1/batches/{world.ids['batch']}")).json()
+        return got if got["status"] in ("completed", "failed") else None
+    done = await eventually(ended, timeout_s=120, what="A's batch at its end")
+    world.markers |= {world.ids["file"], world.ids["doomed_file"], world.ids["batch"],
+                      done["output_file_id"]}
 
 
 async def make_adapters(plane, world: World) -> None:

@@ -80,3 +80,30 @@ async def test_cancelled_before_assignment_leaves_the_queue():
     with pytest.raises(asyncio.CancelledError):
         await task
     assert len(q) == 0 and q.dispatch(lambda _: "r1") == 0
+
+
+async def test_waiters_are_dispatched_by_priority_then_arrival():
+    q = RevisionQueue("rev", limit=8)
+    for rid, priority in [("b1", 100), ("i1", 0), ("b2", 100), ("i2", 0), ("x", -1)]:
+        q.push(Waiter(rid, 1, None, 0.0, priority))
+    served: list[str] = []
+    q.dispatch(lambda w: served.append(w.request_id) or "r1")
+    assert served == ["x", "i1", "i2", "b1", "b2"]
+
+
+async def test_a_full_queue_sheds_its_worst_waiter_for_a_better_newcomer():
+    q = RevisionQueue("rev", limit=3)
+    b1, b2, i1 = Waiter("b1", 1, None, 0.0, 100), Waiter("b2", 1, None, 0.0, 100), Waiter("i1", 1, None, 0.0, 0)
+    for w in (b1, b2, i1):
+        q.push(w)
+    i2 = Waiter("i2", 1, None, 0.0, 0)
+    q.push(i2, retry_after_s=3.0)                  # b2: the worst class, the later of it
+    with pytest.raises(QueueFull, match="shed from a full queue") as err:
+        await wait_for_replica(q, b2, 5, on_lost=lambda rid: None)
+    assert err.value.status == 429 and err.value.retry_after_s == 3.0
+    assert [w.request_id for w in q] == ["i1", "i2", "b1"]
+    with pytest.raises(QueueFull, match="3 requests already wait"):
+        q.push(Waiter("b3", 1, None, 0.0, 100))    # outranks nobody: refused itself
+    q.push(Waiter("i3", 1, None, 0.0, 0))          # b1 is shed for it
+    assert isinstance(b1.future.exception(), QueueFull)
+    assert [w.request_id for w in q] == ["i1", "i2", "i3"]

@@ -29,7 +29,8 @@ class DyingEngine:
         self.requests: dict[str, int] = {}
         self.steps = 0
 
-    def add_request(self, request_id, prompt_token_ids, params, cache_salt=None, lora=None) -> None:
+    def add_request(self, request_id, prompt_token_ids, params, cache_salt=None, lora=None,
+                    priority=0) -> None:
         self.requests[request_id] = len(prompt_token_ids)
 
     def abort_request(self, request_id) -> None:

@@ -46,7 +46,8 @@ def test_every_engine_option_round_trips_through_the_pools_flags():
                "max_num_batched_tokens": 512, "max_model_len": 1024, "seed": 7, "task": "embed",
                "pooling": "mean", "kv_cache_dtype": "bfloat16", "batch_invariant": True,
                "packed_cache_dir": "/cache/packed", "packed_cache_gb": 2.5, "cuda_graphs": True,
-               "cpu_low_precision": True, "cpu_replay": False, "max_loras": 3, "max_lora_rank": 64}
+               "cpu_low_precision": True, "cpu_replay": False, "max_loras": 3, "max_lora_rank": 64,
+               "scheduling_policy": "fcfs"}
     assert set(options) == engine_options.OPTIONS
     settings = parse_settings(["--model", "/m", *engine_options.to_flags(options)])
     assert settings.engine_kwargs == options

@@ -51,6 +51,7 @@ class Acquired:
     timeout_s: float
     lease: StaticLease
     adapter: Optional[AdapterRef] = None
+    priority: int = 0
 
 
 @dataclass
@@ -115,7 +116,7 @@ class StaticPool:
 
     async def acquire(self, spec: RevisionSpec, *, request_id: str, prefix_key: Optional[str],
                       prompt_tokens: int, timeout_s: float,
-                      adapter: Optional[AdapterRef] = None) -> StaticLease:
+                      adapter: Optional[AdapterRef] = None, priority: int = 0) -> StaticLease:
         if self.hold is not None:
             self.waiting += 1
             try:
@@ -127,7 +128,8 @@ class StaticPool:
         index = next(self._next)
         lease = StaticLease(self.base_urls[index], f"static-{index}", spec.revision_id,
                             queue_s=0.001, cold_start=self.cold_start, headers=self.lease_headers)
-        self.calls.append(Acquired(spec, request_id, prefix_key, prompt_tokens, timeout_s, lease, adapter))
+        self.calls.append(Acquired(spec, request_id, prefix_key, prompt_tokens, timeout_s, lease, adapter,
+                                   priority))
         return lease
 
     def revision_status(self, revision_id: str) -> RevisionStatus:
