@@ -8,6 +8,8 @@ from typing import AsyncIterator, Callable, Optional
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
+from controlplane.budgets.alerts import BudgetAlertSink, LoggingAlertSink
+from controlplane.budgets.ledger import Ledger
 from controlplane.gateway.async_calls import AsyncCalls
 from controlplane.auth.middleware import AuthMiddleware
 from controlplane.console import ConsoleFiles
@@ -26,7 +28,7 @@ from controlplane.metrics import Metrics, MetricsMiddleware
 from controlplane.store.tables import utcnow
 from controlplane.billing.outbox import DeadLetters, Outbox
 from controlplane.periodic import Periodic
-from controlplane.routes import (adapters, billing, deployments, functions, gateway, gpu_costs,
+from controlplane.routes import (adapters, billing, budgets, deployments, functions, gateway, gpu_costs,
                                  health, margin, model_sources, models_list, openapi, prices, quotas,
                                  tenants, uploads)
 from controlplane.billing.refusals import DeadLetteringSink
@@ -47,15 +49,18 @@ PoolFactory = Callable[[PostgresDesiredState, ReplicaEventSink], Pool]
 ROUTES = [*gateway.routes, *functions.routes, *health.routes, *openapi.routes, *tenants.routes,
           *quotas.routes, *model_sources.routes, *uploads.routes, *prices.routes, *gpu_costs.routes,
           *deployments.routes, *adapters.routes, *models_list.routes, *billing.routes, *margin.routes,
-          *console.routes]
+          *budgets.routes, *console.routes]
 
 
 def create_app(settings: Settings, pool: Optional[Pool] = None, *,
-               pool_factory: Optional[PoolFactory] = None) -> Starlette:
+               pool_factory: Optional[PoolFactory] = None,
+               alert_sink: Optional[BudgetAlertSink] = None) -> Starlette:
     """Exactly one of `pool` (used as given: its owner starts and stops it) and
     `pool_factory` (given the app's DesiredStateSource and ReplicaEventSink; its pool is
-    started and stopped with the app)."""
+    started and stopped with the app). Budget threshold crossings go to `alert_sink`
+    (default: a log line each)."""
     make_pool, owns_pool = _pool_maker(pool, pool_factory)
+    alerts = alert_sink or LoggingAlertSink()
     metrics = Metrics()
 
     @contextlib.asynccontextmanager
@@ -81,7 +86,7 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
                                  flush_interval_s=settings.usage_flush_interval_s,
                                  retry_s=settings.outbox_retry_s,
                                  buffer_max=settings.usage_buffer_max,
-                                 dead_letters=DeadLetters(settings.dead_letter_path))
+                                 dead_letters=DeadLetters(settings.dead_letter_path), alerts=alerts)
             await writer.start()
             stack.push_async_callback(writer.stop)
             http = await stack.enter_async_context(Upstream(
@@ -105,11 +110,15 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
             state.settings, state.db_engine, state.sessions = settings, db_engine, sessions
             state.lookups, state.async_calls = lookups, calls
             state.writer, state.pool, state.sealer = writer, the_pool, sealer
+            state.budgets = Ledger(db_engine, alerts, reservation_ttl_s=settings.budget_reservation_ttl_s,
+                                   retention_s=settings.budget_reservation_retention_s)
             _workers(state, s3, http)
-            sweeper = Periodic("abort expired uploads", settings.upload_sweep_s,
-                               lambda: state.uploads.abort_expired(utcnow()))
-            sweeper.start()
-            stack.push_async_callback(sweeper.stop)
+            for sweeper in (Periodic("abort expired uploads", settings.upload_sweep_s,
+                                     lambda: state.uploads.abort_expired(utcnow())),
+                            Periodic("expire budget reservations", settings.budget_sweep_s,
+                                     lambda: state.budgets.expire(utcnow()))):
+                sweeper.start()
+                stack.push_async_callback(sweeper.stop)
             yield
 
     app = Starlette(
@@ -140,7 +149,8 @@ def _workers(state: AppState, s3: S3Client, http: Upstream) -> None:
         settings.models_bucket, settings.upload_part_bytes, settings.upload_url_ttl_s,
         settings.upload_ttl_s, settings.default_quota))
     state.gateway = Gateway(lookups=state.lookups, pool=state.pool, http=http,
-                            writer=state.writer, metrics=state.metrics, settings=settings)
+                            writer=state.writer, metrics=state.metrics, settings=settings,
+                            budgets=state.budgets)
     state.functions = FunctionGateway(state.gateway)
 
 

@@ -34,6 +34,13 @@ class Settings:
     upstream_max_answer_bytes: int = 32 * 1024 ** 2
     upstream_max_line_bytes: int = 8 * 1024 ** 2
     function_call_retention_s: float = 3600.0   # an async function call's result, after it ends
+    # Spend budgets: a call's reservation holds money back until its usage row settles it,
+    # or until this deadline (its control plane died, or the call outlived it); an expired
+    # one still tells a late usage row (a recovered call) where it belongs, for the
+    # retention. The sweeper runs this often.
+    budget_reservation_ttl_s: float = 3600.0
+    budget_reservation_retention_s: float = 7 * 86_400.0
+    budget_sweep_s: float = 60.0
     default_requests_per_min: int = 600
     default_tokens_per_min: int = 1_000_000
     usage_batch_size: int = 1000
@@ -150,6 +157,9 @@ _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
     ("upstream_max_answer_bytes", "THAWPOOL_UPSTREAM_MAX_ANSWER_BYTES", int),
     ("upstream_max_line_bytes", "THAWPOOL_UPSTREAM_MAX_LINE_BYTES", int),
     ("function_call_retention_s", "THAWPOOL_FUNCTION_CALL_RETENTION_S", float),
+    ("budget_reservation_ttl_s", "THAWPOOL_BUDGET_RESERVATION_TTL_S", float),
+    ("budget_reservation_retention_s", "THAWPOOL_BUDGET_RESERVATION_RETENTION_S", float),
+    ("budget_sweep_s", "THAWPOOL_BUDGET_SWEEP_S", float),
     ("default_requests_per_min", "THAWPOOL_REQUESTS_PER_MIN", int),
     ("default_tokens_per_min", "THAWPOOL_TOKENS_PER_MIN", int),
     ("log_level", "THAWPOOL_LOG_LEVEL", str),

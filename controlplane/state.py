@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+    from controlplane.budgets.ledger import Ledger
     from controlplane.gateway.async_calls import AsyncCalls
     from controlplane.deploy.adapters import Attacher
     from controlplane.deploy.deployer import Deployer
@@ -31,6 +32,7 @@ class AppState(Protocol):
     sessions: async_sessionmaker[AsyncSession]
     lookups: Lookups
     writer: UsageWriter
+    budgets: Ledger
     pool: Pool
     deployer: Deployer
     attacher: Attacher

@@ -1,5 +1,6 @@
 """The OpenAI-compatible gateway's steps, each a method: resolve, validate, admit,
-acquire, send, relay (unary or stream) and meter. `routes/gateway.invoke` runs them
+reserve (the call's worst case against its spend budgets), acquire, send, relay (unary
+or stream) and meter. `routes/gateway.invoke` runs them
 in that order; this module never sees the Request.
 
 A call is metered exactly once, however it ends: ok (the replica answered),
@@ -15,15 +16,19 @@ import uuid
 import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from decimal import Decimal
 from typing import Any, AsyncGenerator, Callable, Optional
 
 from starlette.responses import JSONResponse, Response
 
 from controlplane.billing.call_journal import CUT_HTTP_STATUS, Delivered
+from controlplane.budgets.ledger import BudgetExceeded, Charge, Hold, Ledger
+from controlplane.budgets.policy import worst_case
 from controlplane.errors import ApiError
 from controlplane.gateway.openai_wire import (MAX_TOKENS, UsageSeen, client_chunk, client_response,
                                        estimate_completion_tokens, estimate_prompt_tokens,
-                                       has_content, prefix_key, prompt_text, upstream_body)
+                                       has_content, prefix_key, prompt_text, prompt_token_bound,
+                                       upstream_body)
 from controlplane.lookups.service import Lookups
 from controlplane.billing.metering import UsageWriter
 from controlplane.metrics import Metrics
@@ -33,6 +38,7 @@ from controlplane.quotas import Quota
 from controlplane.gateway.ratelimit import RateReservation, Limited, RateLimits, RateLimiter
 from controlplane.settings import Settings
 from controlplane.store import deployments
+from controlplane.store.failures import is_outage
 from controlplane.store.tenants import Principal
 from controlplane.deploy.traffic import choose
 from controlplane.gateway.upstream import AnswerTooLarge, Upstream, UpstreamError, UpstreamResponse
@@ -90,6 +96,13 @@ class Invocation:
     max_tokens: int                 # wire.requests' rule over the context, times the choices
     prompt_limit: int = MAX_TOKENS      # the most prompt tokens a replica may bill
     completion_limit: int = MAX_TOKENS  # the most completion tokens it may bill
+    prompt_bound: int = 0               # what the prompt may count at most, as its text says
+
+    @property
+    def reserved_tokens(self) -> tuple[int, int]:
+        """(prompt, completion) tokens a budget holds for the call: every token it may
+        bill, as far as the request says."""
+        return min(self.prompt_bound, self.prompt_limit), min(self.max_tokens, self.completion_limit)
 
     def usage(self) -> UsageSeen:
         """What the call's replica reports, bounded by what the request could use."""
@@ -128,7 +141,7 @@ class ReplicaCall:
 
 class Gateway:
     def __init__(self, *, lookups: Lookups, pool: Pool, http: Upstream,
-                 writer: UsageWriter, metrics: Metrics, settings: Settings,
+                 writer: UsageWriter, metrics: Metrics, settings: Settings, budgets: Ledger,
                  limiter: Optional[RateLimiter] = None,
                  clock: Callable[[], float] = time.monotonic):
         self.lookups = lookups
@@ -137,6 +150,7 @@ class Gateway:
         self.writer = writer
         self.metrics = metrics
         self.settings = settings
+        self.budgets = budgets
         self.limiter = limiter or RateLimiter()
         self.clock = clock
         # the pool's spec of each revision, built once per (deployment, quota) it was
@@ -193,7 +207,8 @@ class Gateway:
         # the revision recorded it; the fallback context may be below the model's)
         context = context_length(target.revision) if target.revision.context_length else MAX_TOKENS
         return Invocation(request, text, prompt_tokens, max_tokens * choices,
-                          min(MAX_TOKENS, context * prompts), min(MAX_TOKENS, context * choices))
+                          min(MAX_TOKENS, context * prompts), min(MAX_TOKENS, context * choices),
+                          max(prompt_tokens, prompt_token_bound(request, body)))
 
     def admit(self, principal: Principal, target: RouteTarget, invocation: Invocation) -> RateReservation:
         """The key's and its tenant's request and token buckets (429 with Retry-After); the
@@ -214,21 +229,55 @@ class Gateway:
                            retry_after_s=admitted.retry_after_s)
         return admitted
 
+    async def reserve(self, principal: Principal, target: RouteTarget, invocation: Invocation,
+                      admission: RateReservation) -> Hold:
+        """The prompt's bound plus every token the request may write, at the price in
+        effect, held against the call's budgets (`reserve_amount`)."""
+        prompt, completion = invocation.reserved_tokens
+        return await self.reserve_amount(principal, target, admission,
+                                         worst_case(target.pricing, prompt, completion))
+
+    async def reserve_amount(self, principal: Principal, target: RouteTarget, admission: RateReservation,
+                             amount: Decimal) -> Hold:
+        """`amount` held against the tenant's, the key's and the deployment's budgets in
+        Postgres (controlplane.budgets.ledger), settled when the call is metered. A call
+        past a budget is 429 budget_exceeded naming it, before any replica is acquired,
+        and gives the rate limiter's reservation back. While Postgres is away no budget
+        can be checked: the call is served as everything memory holds keeps serving, and
+        billed, but holds nothing."""
+        charge = Charge(str(uuid.uuid4()), principal.tenant_id, principal.key_id, target.deployment.id,
+                        amount, target.at)
+        try:
+            return await self.budgets.reserve(charge)
+        except BudgetExceeded as exc:
+            self.limiter.settle(admission, 0, self.clock())
+            raise ApiError(429, budget_message(exc), code="budget_exceeded",
+                           retry_after_s=exc.retry_after_s) from None
+        except Exception as exc:
+            if not is_outage(exc):
+                self.limiter.settle(admission, 0, self.clock())
+                raise
+            log.warning("budgets not checked: postgres unreachable", extra={"error": repr(exc)[:300]})
+            return Hold(charge.invocation_id)
+        except BaseException:
+            self.limiter.settle(admission, 0, self.clock())
+            raise
+
     async def acquire(self, principal: Principal, target: RouteTarget, invocation: Invocation,
                       request_id: str, endpoint: str, admission: RateReservation,
-                      log_fields: dict[str, Any]) -> ReplicaCall:
+                      log_fields: dict[str, Any], hold: Hold) -> ReplicaCall:
         """A lease on a ready replica (a cold start when there is none); the pool's
-        refusals (PoolError) become 429/503 with Retry-After, and give the reservation back."""
+        refusals (PoolError) become 429/503 with Retry-After, and give the reservations back."""
         lease, t0 = await self.lease(target, request_id, admission, prefix_key(invocation.prompt_text),
-                                     invocation.prompt_tokens, adapter_ref(target.adapter))
+                                     invocation.prompt_tokens, adapter_ref(target.adapter), hold=hold)
         return ReplicaCall(principal, target, request_id, endpoint, lease, target.at, t0, admission,
-                    usage=invocation.usage(), log_fields=log_fields)
+                           usage=invocation.usage(), invocation_id=hold.invocation_id, log_fields=log_fields)
 
     async def lease(self, target: RouteTarget, request_id: str, admission: RateReservation,
                     prefix: Optional[str], prompt_tokens: int,
-                    adapter: Optional[AdapterRef] = None) -> tuple[Lease, float]:
+                    adapter: Optional[AdapterRef] = None, *, hold: Hold) -> tuple[Lease, float]:
         """The pool's lease (and when the wait for it began); a refusal gives the rate
-        limiter's reservation back."""
+        limiter's reservation and the budgets' back."""
         t0 = time.perf_counter()
         try:
             lease = await self.pool.acquire(
@@ -236,8 +285,17 @@ class Gateway:
                 prompt_tokens=prompt_tokens, timeout_s=self.settings.acquire_timeout_s, adapter=adapter)
         except BaseException:
             self.limiter.settle(admission, 0, self.clock())
+            await self.release_budgets(hold)
             raise
         return lease, t0
+
+    async def release_budgets(self, hold: Hold) -> None:
+        """A call that never reached a replica holds no budget; one the database cannot
+        release now is released by its deadline (settings.budget_reservation_ttl_s)."""
+        try:
+            await self.budgets.release(hold)
+        except Exception as exc:  # noqa: BLE001 - the reservation's deadline frees it
+            log.warning("budget reservation not released; it expires", extra={"error": repr(exc)[:300]})
 
     def _spec(self, target: RouteTarget) -> RevisionSpec:
         quota = target.owner_quota or target.quota       # the replicas are the owner's
@@ -454,6 +512,19 @@ class Gateway:
             deployment=name, revision=call.target.revision.name, outcome=status,
             invocation_id=call.invocation_id, prompt_tokens=call.usage.prompt_tokens,
             completion_tokens=call.usage.completion_tokens)
+
+
+def budget_message(exc: BudgetExceeded) -> str:
+    """Which budget, and by how much the call would pass it."""
+    s = exc.standing
+    per = "in total" if s.period == "none" else f"per {s.period}"
+    return (f"budget exceeded: the {s.scope} budget {s.budget_id} ({s.scope} {s.scope_id}) allows "
+            f"{_money(s.limit)} {per}; {_money(s.spent)} spent and {_money(s.reserved)} held by calls "
+            f"in flight, and this call may cost up to {_money(exc.amount)}")
+
+
+def _money(amount: Decimal) -> str:
+    return f"{amount.normalize():f}"
 
 
 def _check_adapter_slots(target: RouteTarget, adapter: Adapter) -> None:

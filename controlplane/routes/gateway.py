@@ -16,10 +16,11 @@ GatewayResponse = Union[Response, EventStreamResponse, "MeteredResponse"]
 
 
 async def invoke(request: Request, endpoint: str) -> GatewayResponse:
-    """One invocation, in order: auth → resolve → validate → acquire → relay → meter.
+    """One invocation, in order: auth → resolve → validate → admit → reserve → acquire →
+    relay → meter.
 
     Everything that can refuse the request (auth, an unknown deployment, a bad field,
-    the rate limit) does so before a replica is acquired, so a refused request wakes
+    the rate limit, a spend budget) does so before a replica is acquired, so a refused request wakes
     nothing and writes no usage row."""
     gateway = app_state(request).gateway
     principal = require(request, "invoke")                                    # auth
@@ -27,9 +28,10 @@ async def invoke(request: Request, endpoint: str) -> GatewayResponse:
     target = await gateway.resolve(principal, body, request_id(request))      # resolve
     invocation = gateway.validate(endpoint, body, target)                     # validate
     admission = gateway.admit(principal, target, invocation)                  # rate limits
+    hold = await gateway.reserve(principal, target, invocation, admission)    # budgets
     call = await gateway.acquire(principal, target, invocation,               # acquire
                                  request_id(request), endpoint, admission,
-                                 access_fields(request.scope))
+                                 access_fields(request.scope), hold)
     upstream = await gateway.send(call, body)                                 # relay
     if invocation.request.stream and upstream.status_code == 200:
         # relay and meter: the stream meters itself when it closes (done, client gone, cut)
