@@ -240,13 +240,16 @@ class Gateway:
     async def reserve_amount(self, principal: Principal, target: RouteTarget, admission: RateReservation,
                              amount: Decimal) -> Hold:
         """`amount` held against the tenant's, the key's and the deployment's budgets in
-        Postgres (controlplane.budgets.ledger), settled when the call is metered. A call
+        Postgres (controlplane.budgets.ledger), settled when the call is metered; a tenant
+        without budgets (known from memory) holds nothing. A call
         past a budget is 429 budget_exceeded naming it, before any replica is acquired,
         and gives the rate limiter's reservation back. While Postgres is away no budget
         can be checked: the call is served as everything memory holds keeps serving, and
         billed, but holds nothing."""
         charge = Charge(str(uuid.uuid4()), principal.tenant_id, principal.key_id, target.deployment.id,
                         amount, target.at)
+        if not self.lookups.has_budgets(principal.tenant_id):     # from memory: no read
+            return Hold(charge.invocation_id)
         try:
             return await self.budgets.reserve(charge)
         except BudgetExceeded as exc:

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from controlplane.budgets.spec import parse_budget
 from controlplane.errors import ApiError
+from controlplane.lookups.service import Change
 from controlplane.routes.api import ApiRoute, Operation, Param, data_of, scope
 from controlplane.routes.context import app_state, read_json, require, tenant_in_query
 from controlplane.store import budgets, tenants
@@ -50,6 +51,7 @@ async def set_budget(request: Request) -> Response:
         target = await budgets.scope_id(session, tenant_id, spec)
         budget, created = await budgets.set_budget(session, tenant_id, spec, target, now)
         view = budgets.view(await budgets.standing(session, budget, now))
+    await state.lookups.changed(Change("budgets", tenant_id))     # its calls read budgets now
     return JSONResponse(view, status_code=201 if created else 200)
 
 
@@ -74,11 +76,13 @@ async def get_budget(request: Request) -> Response:
 
 async def delete_budget(request: Request) -> Response:
     principal = require(request, "deploy")
-    async with app_state(request).sessions.begin() as session:
+    state = app_state(request)
+    async with state.sessions.begin() as session:
         budget = await budgets.find_budget(session, request.path_params["id"], _visible_to(principal))
         if budget.scope == "tenant" and not principal.is_admin:
             raise ApiError(403, OPERATOR_ONLY, code="operator_only")
         await budgets.delete_budget(session, budget)
+    await state.lookups.changed(Change("budgets", budget.tenant_id))
     return Response(status_code=204)
 
 

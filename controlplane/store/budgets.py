@@ -86,6 +86,15 @@ def _scope_filter(budget: Budget) -> ColumnElement[bool]:
     return UsageEvent.tenant_id == budget.scope_id
 
 
+async def budgeted_tenants(session: AsyncSession) -> set[str]:
+    """Every tenant with a budget (the others' calls need no budget read)."""
+    return set(await session.scalars(select(Budget.tenant_id).distinct()))
+
+
+async def has_budgets(session: AsyncSession, tenant_id: str) -> bool:
+    return await session.scalar(select(Budget.id).where(Budget.tenant_id == tenant_id).limit(1)) is not None
+
+
 async def list_budgets(session: AsyncSession, tenant_id: Optional[str]) -> list[Budget]:
     """A tenant's budgets (None: every tenant's), broadest scope first."""
     query = select(Budget).order_by(Budget.tenant_id, Budget.scope.desc(), Budget.created_at)

@@ -13,6 +13,10 @@ its usage row, and carries a deadline after which it stops holding money back
 (`expired`) but still tells the settlement where the call belongs. budget_alerts records
 each threshold crossed, once per budget, period and kind.
 
+A change of a budget notifies 'budgets:<tenant id>' on the lookups' channel (0004's
+function), so every control plane knows within a second which tenants have budgets and
+skips the budget read for the others.
+
 Revision ID: 0019
 Revises: 0018
 Create Date: 2027-07-01
@@ -48,6 +52,8 @@ def upgrade() -> None:
         sa.CheckConstraint("period IN ('day', 'month', 'none')", name='ck_budgets_period'),
         sa.CheckConstraint('limit_amount >= 0', name='ck_budgets_limit'))
     op.create_index('ix_budgets_tenant', 'budgets', ['tenant_id'])
+    op.execute("CREATE TRIGGER budgets_notify AFTER INSERT OR UPDATE OR DELETE ON budgets "
+               "FOR EACH ROW EXECUTE FUNCTION thawpool_notify_change('tenant_id')")
     op.create_table(
         'budget_periods',
         sa.Column('budget_id', sa.Uuid(as_uuid=False), sa.ForeignKey('budgets.id', ondelete='CASCADE'), nullable=False),
@@ -94,5 +100,6 @@ def downgrade() -> None:
     op.drop_index('ix_budget_reservations_live', table_name='budget_reservations')
     op.drop_table('budget_reservations')
     op.drop_table('budget_periods')
+    op.execute("DROP TRIGGER budgets_notify ON budgets")
     op.drop_index('ix_budgets_tenant', table_name='budgets')
     op.drop_table('budgets')

@@ -18,6 +18,7 @@ from controlplane.store.tables import BudgetAlertRow, BudgetPeriod, BudgetReserv
 from pool.api import QueueFull
 from tests.controlplane.conftest import make_settings, running_control_plane, static_pool
 from tests.controlplane.support.usage import make_record
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 # dear enough that a budget of cents admits a handful of calls
@@ -103,6 +104,11 @@ async def test_operators_set_tenant_budgets_and_tenants_their_keys_and_deploymen
     assert (await other.put("/v1/budgets", json={"scope": "key", "key": key_id, "limit": 1})).status_code == 404
     assert (await tenant.delete(f"/v1/budgets/{on_chat['id']}")).status_code == 204
     assert (await tenant.get(f"/v1/budgets/{on_chat['id']}")).status_code == 404
+    lookups = plane.app.state.lookups
+    assert lookups.has_budgets(budget["tenant_id"])
+    for rest in (budget, on_key):
+        assert (await plane.admin.delete(f"/v1/budgets/{rest['id']}")).status_code == 204
+    assert not lookups.has_budgets(budget["tenant_id"]), "a tenant without budgets reads none"
 
 
 async def test_a_call_past_a_budget_is_429_naming_it_before_any_replica(plane, pool, model_uri):
@@ -230,12 +236,16 @@ async def test_200_concurrent_calls_on_two_control_planes_never_overshoot(plane,
                                                                           tmp_path):
     """Two control planes on one database, 100 calls each at once, against one budget:
     what is billed never passes the limit by more than one call's reservation, nothing
-    stays reserved, and the budget's spend is exactly the billed usage."""
+    stays reserved, and the budget's spend is exactly the billed usage. The budget is set
+    on one; the other hears of it through Postgres."""
     key, _ = await new_tenant(plane, model_uri, "bud-race")
     client = plane.client(key)
-    budget = await set_budget(client, scope="deployment", deployment="chat", limit="0.2")
     second_settings = replace(settings, data_dir=tmp_path / "cp2")
     async with running_control_plane(second_settings, pool=pool) as second:
+        budget = await set_budget(client, scope="deployment", deployment="chat", limit="0.2")
+        assert plane.app.state.lookups.has_budgets(budget["tenant_id"]), "known at once where it was set"
+        await eventually(lambda: second.app.state.lookups.has_budgets(budget["tenant_id"]), timeout_s=30,
+                         what="the second control plane hears of the new budget")
         clients = [client, second.client(key)]
         answers = await asyncio.gather(*[clients[i % 2].post("/v1/chat/completions", json=CHAT)
                                          for i in range(200)])
