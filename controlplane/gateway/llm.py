@@ -38,6 +38,7 @@ from controlplane.quotas import Quota
 from controlplane.gateway.ratelimit import RateReservation, Limited, RateLimits, RateLimiter
 from controlplane.settings import Settings
 from controlplane.store import deployments
+from controlplane.store.budgets import money
 from controlplane.store.failures import is_outage
 from controlplane.store.tenants import Principal
 from controlplane.deploy.traffic import choose
@@ -522,12 +523,8 @@ def budget_message(exc: BudgetExceeded) -> str:
     s = exc.standing
     per = "in total" if s.period == "none" else f"per {s.period}"
     return (f"budget exceeded: the {s.scope} budget {s.budget_id} ({s.scope} {s.scope_id}) allows "
-            f"{_money(s.limit)} {per}; {_money(s.spent)} spent and {_money(s.reserved)} held by calls "
-            f"in flight, and this call may cost up to {_money(exc.amount)}")
-
-
-def _money(amount: Decimal) -> str:
-    return f"{amount.normalize():f}"
+            f"{money(s.limit)} {per}; {money(s.spent)} spent and {money(s.reserved)} held by calls "
+            f"in flight, and this call may cost up to {money(exc.amount)}")
 
 
 def _check_adapter_slots(target: RouteTarget, adapter: Adapter) -> None:

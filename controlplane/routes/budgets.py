@@ -104,7 +104,8 @@ BUDGET_BODY = {"type": "object", "required": ["scope", "limit"], "additionalProp
 BUDGET = {"type": "object", "required": ["id", "scope", "scope_id", "limit", "period", "spent", "reserved",
                                          "remaining", "current_period"], "properties": {
     "id": {"type": "string"}, "tenant_id": {"type": "string"}, "scope": {"type": "string"},
-    "scope_id": {"type": "string"}, "limit": MONEY, "period": {"type": "string"},
+    "scope_id": {"type": "string"}, "scope_name": {"type": ["string", "null"]}, "limit": MONEY,
+    "period": {"type": "string"},
     "time_zone": {"type": "string"}, "soft_fraction": {"type": ["string", "null"]},
     "soft_amount": {"type": ["string", "null"]}, "spent": MONEY, "reserved": MONEY, "remaining": MONEY,
     "current_period": {"type": "object", "properties": {"start": {"type": "string"},

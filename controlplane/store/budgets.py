@@ -18,7 +18,8 @@ from controlplane.budgets.spec import BudgetSpec
 from controlplane.fields import is_uuid
 from controlplane.store import deployments
 from controlplane.store.errors import NotFound
-from controlplane.store.tables import (ApiKey, Budget, BudgetAlertRow, BudgetPeriod, UsageEvent, new_id)
+from controlplane.store.tables import (ApiKey, Budget, BudgetAlertRow, BudgetPeriod, Deployment, Tenant,
+                                       UsageEvent, new_id)
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class BudgetStanding:
     spent: Decimal
     reserved: Decimal
     alerts: list[BudgetAlertRow]
+    scope_name: Optional[str]       # the tenant's or deployment's name, the key's prefix
 
     @property
     def remaining(self) -> Decimal:
@@ -123,21 +125,36 @@ async def standing(session: AsyncSession, budget: Budget, now: datetime) -> Budg
     alerts = list(await session.scalars(select(BudgetAlertRow).where(
         BudgetAlertRow.budget_id == budget.id, BudgetAlertRow.period_start == period.start)
         .order_by(BudgetAlertRow.created_at)))
+    name = await _scope_name(session, budget)
     if row is None:
-        return BudgetStanding(budget, period, Decimal(0), Decimal(0), alerts)
-    return BudgetStanding(budget, period, row.spent, row.reserved, alerts)
+        return BudgetStanding(budget, period, Decimal(0), Decimal(0), alerts, name)
+    return BudgetStanding(budget, period, row.spent, row.reserved, alerts, name)
+
+
+async def _scope_name(session: AsyncSession, budget: Budget) -> Optional[str]:
+    column = {"tenant": (Tenant.name, Tenant.id), "key": (ApiKey.prefix, ApiKey.id),
+              "deployment": (Deployment.name, Deployment.id)}[budget.scope]
+    name: Optional[str] = await session.scalar(select(column[0]).where(column[1] == budget.scope_id))
+    return name
 
 
 def view(entry: BudgetStanding) -> dict[str, Any]:
     budget, period = entry.budget, entry.period
     return {
         "id": budget.id, "tenant_id": budget.tenant_id, "scope": budget.scope, "scope_id": budget.scope_id,
-        "limit": str(budget.limit_amount), "period": budget.period, "time_zone": budget.time_zone,
-        "soft_fraction": None if budget.soft_fraction is None else str(budget.soft_fraction),
-        "soft_amount": None if budget.soft_amount is None else str(budget.soft_amount),
-        "spent": str(entry.spent), "reserved": str(entry.reserved), "remaining": str(entry.remaining),
+        "scope_name": entry.scope_name,
+        "limit": money(budget.limit_amount), "period": budget.period, "time_zone": budget.time_zone,
+        "soft_fraction": None if budget.soft_fraction is None else money(budget.soft_fraction),
+        "soft_amount": None if budget.soft_amount is None else money(budget.soft_amount),
+        "spent": money(entry.spent), "reserved": money(entry.reserved), "remaining": money(entry.remaining),
         "current_period": {"start": period.start.isoformat(),
                            "end": None if period.end is None else period.end.isoformat()},
-        "alerts": [{"kind": a.kind, "spent": str(a.spent), "limit": str(a.limit_amount),
+        "alerts": [{"kind": a.kind, "spent": money(a.spent), "limit": money(a.limit_amount),
                     "at": a.created_at.isoformat()} for a in entry.alerts],
         "created_at": budget.created_at.isoformat(), "updated_at": budget.updated_at.isoformat()}
+
+
+def money(amount: Decimal) -> str:
+    """Plain decimal notation without trailing zeros: "12.5", "0", never "0E-15"."""
+    text = f"{amount.normalize():f}"
+    return "0" if text == "-0" else text

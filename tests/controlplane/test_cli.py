@@ -66,7 +66,7 @@ async def test_budgets_are_set_listed_and_removed_from_the_cli(plane, capsys):
     assert code == 0, err
     made = json.loads(out)
     assert (made["scope"], made["period"], made["time_zone"], made["soft_fraction"]) == (
-        "tenant", "day", "Asia/Tokyo", "0.90000")
+        "tenant", "day", "Asia/Tokyo", "0.9")
     code, out, _ = await run_cli(capsys, "budgets", "ls", "--tenant", "cli-budget", *auth)
     assert code == 0 and [b["id"] for b in json.loads(out)] == [made["id"]]
     code, _, err = await run_cli(capsys, "budgets", "set", "key", "--limit", "1", *auth)
