@@ -51,11 +51,20 @@ def _unnest_insert() -> str:
 
 
 UNNEST_INSERT = _unnest_insert()
-# The rows inserted (not those already there) take their budget reservations with them:
-# what comes back is what `settle` adds to the budgets' spend.
-INSERT_AND_SETTLE = (f"WITH inserted AS ({UNNEST_INSERT} RETURNING invocation_id, cost) "
-                     "DELETE FROM budget_reservations r USING inserted i WHERE r.invocation_id = i.invocation_id "
-                     "RETURNING r.budget_id, r.period_start, r.amount, r.expired, i.cost")
+# The rows inserted (not those already there) take their budget reservations with them,
+# and the paid rows of a budgeted tenant that had none (served while Postgres was away,
+# admitted before its budget existed, recovered after the reservation was forgotten) come
+# back whole: what `settle` adds to the budgets' spend.
+INSERT_AND_SETTLE = (
+    f"WITH inserted AS ({UNNEST_INSERT} RETURNING invocation_id, tenant_id, api_key_id, deployment_id, "
+    "started_at, cost), "
+    "settled AS (DELETE FROM budget_reservations r USING inserted i WHERE r.invocation_id = i.invocation_id "
+    "RETURNING r.invocation_id, r.budget_id, r.period_start, r.amount, r.expired, i.cost) "
+    "SELECT budget_id, period_start, amount, expired, cost, NULL::uuid AS tenant_id, NULL::uuid AS api_key_id, "
+    "NULL::uuid AS deployment_id, NULL::timestamptz AS started_at FROM settled "
+    "UNION ALL SELECT NULL, NULL, NULL, NULL, i.cost, i.tenant_id, i.api_key_id, i.deployment_id, i.started_at "
+    "FROM inserted i WHERE i.cost > 0 AND EXISTS (SELECT 1 FROM budgets b WHERE b.tenant_id = i.tenant_id) "
+    "AND NOT EXISTS (SELECT 1 FROM settled s WHERE s.invocation_id = i.invocation_id)")
 
 
 async def insert_usage(db_engine: AsyncEngine, records: list[UsageRecord]) -> list[BudgetAlert]:

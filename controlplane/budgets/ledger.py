@@ -14,7 +14,9 @@ Spend comes only from usage rows: the statement that inserts a batch of them
 (ON CONFLICT DO NOTHING leaves a replayed row out), and `settle` adds their billed cost
 to the period each reservation was made in, in the same transaction. A row written twice,
 or a call recovered from the call journal after its reservation expired, is therefore
-counted once. Period rows are locked in (budget, period start) order everywhere, so the
+counted once. A paid row of a budgeted tenant that had no reservation (served while
+Postgres was away, admitted before the budget existed) counts in the budgets that apply
+to it, in the period of its start. Period rows are locked in (budget, period start) order everywhere, so the
 writers, the gateway and the sweeper never deadlock on them.
 """
 from __future__ import annotations
@@ -72,6 +74,8 @@ UPDATE budget_reservations r SET expired = true FROM due
 WHERE r.invocation_id = due.invocation_id AND r.budget_id = due.budget_id
 RETURNING r.budget_id, r.period_start, r.amount, false AS expired, 0::numeric AS cost"""
 FORGET = "DELETE FROM budget_reservations WHERE expired AND expires_at <= $1"
+BUDGETS_OF_TENANTS = """
+SELECT id, tenant_id, scope, scope_id, period, time_zone FROM budgets WHERE tenant_id = ANY($1::uuid[])"""
 THRESHOLDS = """
 SELECT id, tenant_id, scope, scope_id, limit_amount, soft_fraction, soft_amount FROM budgets
 WHERE id = ANY($1::uuid[])"""
@@ -192,11 +196,14 @@ async def _standings(conn: Row, budgets: Sequence[Row], periods: dict[str, Perio
 
 async def settle(conn: Row, settled: Sequence[Row], now: datetime) -> list[BudgetAlert]:
     """Inside the usage rows' transaction: each deleted reservation's call cost added to
-    its period, its hold taken off; the thresholds this spend crossed, recorded (and
-    returned, for the sink once the transaction commits)."""
+    its period, its hold taken off, and each unreserved row's cost to the periods of the
+    budgets that apply to it; the thresholds this spend crossed, recorded (and returned,
+    for the sink once the transaction commits)."""
     if not settled:
         return []
-    spent = await apply(conn, settled)
+    reserved = [row for row in settled if row["budget_id"] is not None]
+    unreserved = [row for row in settled if row["budget_id"] is None]
+    spent = await apply(conn, reserved + await _unreserved(conn, unreserved))
     thresholds = {str(t["id"]): t for t in await conn.fetch(THRESHOLDS, sorted({str(r["budget_id"]) for r in spent}))}
     crossed = []
     for row in spent:
@@ -207,6 +214,32 @@ async def settle(conn: Row, settled: Sequence[Row], now: datetime) -> list[Budge
         threshold = Threshold(limit, soft_threshold(limit, budget["soft_fraction"], budget["soft_amount"]))
         crossed += [(budget, row["period_start"], kind, row["spent"]) for kind in crossings(threshold, row["spent"])]
     return await _record(conn, crossed, now)
+
+
+async def _unreserved(conn: Row, rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """Usage rows that held no reservation, as entries for `apply` (nothing held) in the
+    periods of the budgets that apply to them, those period rows opened (in order)."""
+    if not rows:
+        return []
+    budgets = await conn.fetch(BUDGETS_OF_TENANTS, sorted({str(r["tenant_id"]) for r in rows}))
+    entries, periods = [], {}
+    for row in rows:
+        for budget in budgets:
+            if applies(budget, row):
+                period = period_of(budget["period"], budget["time_zone"], row["started_at"])
+                periods[(str(budget["id"]), period.start)] = period.end
+                entries.append({"budget_id": budget["id"], "period_start": period.start,
+                                "amount": Decimal(0), "expired": True, "cost": row["cost"]})
+    keys = sorted(periods)
+    if keys:
+        await conn.execute(OPEN_PERIODS, [k[0] for k in keys], [k[1] for k in keys], [periods[k] for k in keys])
+    return entries
+
+
+def applies(budget: Row, row: Row) -> bool:
+    """Whether a usage row (tenant, key, deployment) counts in the budget."""
+    scope_of_row = {"tenant": row["tenant_id"], "key": row["api_key_id"], "deployment": row["deployment_id"]}
+    return bool(budget["tenant_id"] == row["tenant_id"] and budget["scope_id"] == scope_of_row[budget["scope"]])
 
 
 async def apply(conn: Row, rows: Sequence[Row]) -> list[Row]:

@@ -179,7 +179,8 @@ class Recorder:
 async def test_reservations_belong_to_their_period_expire_and_settle_once(plane, model_uri):
     """A call admitted on the last evening of a month (in Berlin) settles into that month
     even when its row lands in the next; a reservation its control plane never settled
-    expires and frees the money, and the recovered row still counts, once."""
+    expires and frees the money, and the recovered row still counts, once; a row that
+    held no reservation counts too."""
     key, key_id = await new_tenant(plane, model_uri, "bud-ledger")
     budget = await set_budget(plane.client(key), scope="key", key=key_id, limit="1", period="month",
                               time_zone="Europe/Berlin", soft_fraction=0.5)
@@ -230,6 +231,17 @@ async def test_reservations_belong_to_their_period_expire_and_settle_once(plane,
             BudgetAlertRow.budget_id == budget["id"])))
     assert [(a.kind, a.period_start, a.spent) for a in crossed] == [("soft", jan_start, Decimal("0.6"))]
     assert kinds == ["soft"]
+    # a row that held no reservation (served while Postgres was away) counts in the budgets
+    # that apply to it, in the period of its start; another key's row does not
+    unchecked = make_record(tenant_id=tenant_id, api_key_id=key_id, deployment_id=deployment_id,
+                            cost=Decimal("0.25"), started_at=december - timedelta(days=3))
+    others = make_record(tenant_id=tenant_id, api_key_id=str(uuid.uuid4()), deployment_id=deployment_id,
+                         cost=Decimal("0.5"), started_at=december)
+    await insert_usage(plane.app.state.db_engine, [unchecked, others])
+    await insert_usage(plane.app.state.db_engine, [unchecked])
+    async with plane.app.state.sessions() as session:
+        dec = await session.get(BudgetPeriod, (budget["id"], dec_start), populate_existing=True)
+    assert (dec.spent, dec.reserved) == (Decimal("0.55"), 0)
 
 
 async def test_200_concurrent_calls_on_two_control_planes_never_overshoot(plane, pool, settings, model_uri,
