@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any, AsyncGenerator, Callable, Optional
 
+from sqlalchemy import exc as sa_exc
 from starlette.responses import JSONResponse, Response
 
 from controlplane.billing.call_journal import CUT_HTTP_STATUS, Delivered
@@ -246,7 +247,9 @@ class Gateway:
         past a budget is 429 budget_exceeded naming it, before any replica is acquired,
         and gives the rate limiter's reservation back. While Postgres is away no budget
         can be checked: the call is served as everything memory holds keeps serving, and
-        billed, but holds nothing."""
+        billed (its row counts in its budgets once written), but holds nothing. A database
+        that answers too slowly for a free connection is no outage: 503, so a flood of
+        calls cannot pass a budget by waiting for the pool."""
         charge = Charge(str(uuid.uuid4()), principal.tenant_id, principal.key_id, target.deployment.id,
                         amount, target.at)
         if not self.lookups.has_budgets(principal.tenant_id):     # from memory: no read
@@ -258,7 +261,7 @@ class Gateway:
             raise ApiError(429, budget_message(exc), code="budget_exceeded",
                            retry_after_s=exc.retry_after_s) from None
         except Exception as exc:
-            if not is_outage(exc):
+            if not unreachable(exc):
                 self.limiter.settle(admission, 0, self.clock())
                 raise
             log.warning("budgets not checked: postgres unreachable", extra={"error": repr(exc)[:300]})
@@ -516,6 +519,12 @@ class Gateway:
             deployment=name, revision=call.target.revision.name, outcome=status,
             invocation_id=call.invocation_id, prompt_tokens=call.usage.prompt_tokens,
             completion_tokens=call.usage.completion_tokens)
+
+
+def unreachable(exc: Exception) -> bool:
+    """Postgres is away (controlplane.store.failures), not this process's pool of
+    connections all busy (SQLAlchemy's TimeoutError: the caller gets 503)."""
+    return is_outage(exc) and not isinstance(exc, sa_exc.TimeoutError)
 
 
 def budget_message(exc: BudgetExceeded) -> str:

@@ -95,3 +95,14 @@ def test_bad_bodies_are_422_naming_the_field(body, field):
         parse_budget(body)
     refusal_ = api_error_for(caught.value)
     assert refusal_.status == 422 and refusal_.param == field
+
+
+def test_budgets_go_unchecked_only_while_postgres_is_away_not_when_the_pool_is_busy():
+    from sqlalchemy import exc as sa_exc
+
+    from controlplane.gateway.llm import unreachable
+
+    assert unreachable(ConnectionRefusedError(111, "refused"))
+    assert unreachable(sa_exc.OperationalError("SELECT 1", {}, OSError("gone")))
+    assert not unreachable(sa_exc.TimeoutError("QueuePool limit of size 10 overflow 10 reached"))
+    assert not unreachable(ValueError("a bug"))
