@@ -32,7 +32,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from controlplane.budgets.alerts import BudgetAlert, BudgetAlertSink, hand_over
 from controlplane.budgets.periods import Period, period_of
-from controlplane.budgets.policy import Standing, Threshold, crossings, refusal, retry_after_s, soft_threshold
+from controlplane.budgets.policy import (Standing, Threshold, crossings, limit_reached, refusal, retry_after_s,
+                                         soft_threshold)
 
 log = logging.getLogger("thawpool.budgets")
 Row = Any          # an asyncpg Record
@@ -141,11 +142,10 @@ class Ledger:
                     await conn.execute(HOLD, charge.invocation_id, ids, [periods[i].start for i in ids],
                                        charge.amount, charge.at + timedelta(seconds=self.reservation_ttl_s))
                     return Hold(charge.invocation_id, len(ids))
-            wait = retry_after_s(refused, charge.amount, charge.at)
-            if wait != 1.0:          # the limit itself is in the way, not calls in flight
+            if limit_reached(refused, charge.amount):     # not only calls in flight: a hard alert
                 await self._alert(conn, [(refused, "hard")], charge)
         assert refused is not None
-        raise BudgetExceeded(refused, charge.amount, wait)
+        raise BudgetExceeded(refused, charge.amount, retry_after_s(refused, charge.amount, charge.at))
 
     async def _alert(self, conn: Row, crossed: list[tuple[Standing, str]], charge: Charge) -> None:
         thresholds = await conn.fetch(THRESHOLDS, [s.budget_id for s, _ in crossed])

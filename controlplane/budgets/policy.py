@@ -59,10 +59,16 @@ def refusal(standings: Sequence[Standing], amount: Decimal) -> Optional[Standing
     return None
 
 
+def limit_reached(standing: Standing, amount: Decimal) -> bool:
+    """Whether the limit itself leaves no room for `amount` (a hard alert), not only
+    what calls in flight hold."""
+    return standing.spent >= standing.limit or standing.spent + amount > standing.limit
+
+
 def retry_after_s(standing: Standing, amount: Decimal, now: datetime) -> Optional[float]:
     """When to try again: soon when only calls in flight hold the money (they settle
     below their worst case or not at all), else when the period ends (None: never)."""
-    if standing.spent + amount <= standing.limit and standing.spent < standing.limit:
+    if not limit_reached(standing, amount):
         return 1.0
     if standing.period_end is None:
         return None

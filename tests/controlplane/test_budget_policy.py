@@ -6,8 +6,8 @@ from decimal import Decimal
 import pytest
 
 from controlplane.billing.pricing import Pricing
-from controlplane.budgets.policy import (Standing, Threshold, crossings, refusal, retry_after_s,
-                                         soft_threshold, worst_case)
+from controlplane.budgets.policy import (Standing, Threshold, crossings, limit_reached, refusal,
+                                         retry_after_s, soft_threshold, worst_case)
 from controlplane.budgets.spec import parse_budget
 from controlplane.errors import api_error_for
 from controlplane.store.errors import InvalidField
@@ -47,6 +47,7 @@ def test_the_broadest_budget_that_refuses_is_named():
 
 def test_retry_after_is_soon_when_calls_in_flight_hold_the_room_else_the_period_end():
     held = standing(spent="2", reserved="8")
+    assert not limit_reached(held, Decimal(1)) and limit_reached(held, Decimal(9))
     assert retry_after_s(held, Decimal(1), NOW) == 1.0
     spent = standing(spent="9.5")
     assert retry_after_s(spent, Decimal(1), NOW) == 3600.0
