@@ -89,6 +89,16 @@ async def test_operators_set_tenant_budgets_and_tenants_their_keys_and_deploymen
     assert again.status_code == 200 and again.json()["id"] == budget["id"]
     assert Decimal(again.json()["limit"]) == 50 and again.json()["period"] == "month"
     on_key = await set_budget(tenant, scope="key", key=key_id, limit="1", period="day")
+    by_operator = await plane.admin.put("/v1/budgets", json={"scope": "deployment", "tenant": "bud-api",
+                                                             "deployment": "chat", "limit": "3"})
+    assert by_operator.status_code == 201 and by_operator.json()["scope_name"] == "chat"
+    assert (await plane.admin.put("/v1/budgets", json={"scope": "deployment", "deployment": "chat",
+                                                       "limit": "3"})).json()["error"]["param"] == "tenant"
+    assert (await tenant.put("/v1/budgets", json={"scope": "key", "tenant": "bud-other", "key": key_id,
+                                                  "limit": "1"})).status_code == 403
+    listed = (await plane.admin.get("/v1/budgets", params={"tenant": "bud-api"})).json()["data"]
+    assert {b["id"] for b in listed} == {budget["id"], on_key["id"], by_operator.json()["id"]}
+    assert (await plane.admin.delete(f"/v1/budgets/{by_operator.json()['id']}")).status_code == 204
     on_chat = await set_budget(tenant, scope="deployment", deployment="chat", limit="2")
     listed = (await tenant.get("/v1/budgets")).json()["data"]
     assert {b["id"] for b in listed} == {budget["id"], on_key["id"], on_chat["id"]}
