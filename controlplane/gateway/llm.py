@@ -243,9 +243,9 @@ class Gateway:
                              amount: Decimal) -> Hold:
         """`amount` held against the tenant's, the key's and the deployment's budgets in
         Postgres (controlplane.budgets.ledger), settled when the call is metered; a tenant
-        without budgets (known from memory) holds nothing. A call
-        past a budget is 429 budget_exceeded naming it, before any replica is acquired,
-        and gives the rate limiter's reservation back. While Postgres is away no budget
+        without budgets (known from memory) holds nothing. A call past a budget is 429
+        budget_exceeded naming it, before any replica is acquired, and gives the rate
+        limiter's reservation back. While Postgres is away no budget
         can be checked: the call is served as everything memory holds keeps serving, and
         billed (its row counts in its budgets once written), but holds nothing. A database
         that answers too slowly for a free connection is no outage: 503, so a flood of
