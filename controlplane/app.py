@@ -8,6 +8,8 @@ from typing import AsyncIterator, Callable, Optional
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
+from controlplane.budgets.alerts import BudgetAlertSink, LoggingAlertSink
+from controlplane.budgets.ledger import Ledger
 from controlplane.gateway.async_calls import AsyncCalls
 from controlplane.batch.files import BatchFiles
 from controlplane.batch.runner import BatchRunner, RunnerConfig
@@ -31,9 +33,9 @@ from controlplane.metrics import Metrics, MetricsMiddleware
 from controlplane.store.tables import utcnow
 from controlplane.billing.outbox import DeadLetters, Outbox
 from controlplane.periodic import Periodic
-from controlplane.routes import (adapters, batches, billing, deployments, files, functions, gateway,
-                                 gpu_costs, health, margin, model_sources, models_list, openapi, prices,
-                                 quotas, responses, tenants, uploads)
+from controlplane.routes import (adapters, batches, billing, budgets, deployments, files, functions,
+                                 gateway, gpu_costs, health, margin, model_sources, models_list, openapi,
+                                 prices, quotas, responses, tenants, uploads)
 from controlplane.billing.refusals import DeadLetteringSink
 from controlplane.sealing import load_sealer
 from controlplane.settings import Settings
@@ -52,15 +54,18 @@ PoolFactory = Callable[[PostgresDesiredState, ReplicaEventSink], Pool]
 ROUTES = [*gateway.routes, *responses.routes, *functions.routes, *health.routes, *openapi.routes, *tenants.routes,
           *quotas.routes, *model_sources.routes, *uploads.routes, *prices.routes, *gpu_costs.routes,
           *deployments.routes, *adapters.routes, *models_list.routes, *billing.routes, *margin.routes,
-          *files.routes, *batches.routes, *console.routes]
+          *files.routes, *batches.routes, *budgets.routes, *console.routes]
 
 
 def create_app(settings: Settings, pool: Optional[Pool] = None, *,
-               pool_factory: Optional[PoolFactory] = None) -> Starlette:
+               pool_factory: Optional[PoolFactory] = None,
+               alert_sink: Optional[BudgetAlertSink] = None) -> Starlette:
     """Exactly one of `pool` (used as given: its owner starts and stops it) and
     `pool_factory` (given the app's DesiredStateSource and ReplicaEventSink; its pool is
-    started and stopped with the app)."""
+    started and stopped with the app). Budget threshold crossings go to `alert_sink`
+    (default: a log line each)."""
     make_pool, owns_pool = _pool_maker(pool, pool_factory)
+    alerts = alert_sink or LoggingAlertSink()
     metrics = Metrics()
 
     @contextlib.asynccontextmanager
@@ -86,7 +91,7 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
                                  flush_interval_s=settings.usage_flush_interval_s,
                                  retry_s=settings.outbox_retry_s,
                                  buffer_max=settings.usage_buffer_max,
-                                 dead_letters=DeadLetters(settings.dead_letter_path))
+                                 dead_letters=DeadLetters(settings.dead_letter_path), alerts=alerts)
             await writer.start()
             stack.push_async_callback(writer.stop)
             http = await stack.enter_async_context(Upstream(
@@ -110,14 +115,17 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
             state.settings, state.db_engine, state.sessions = settings, db_engine, sessions
             state.lookups, state.async_calls = lookups, calls
             state.writer, state.pool, state.sealer = writer, the_pool, sealer
+            state.budgets = Ledger(db_engine, alerts, reservation_ttl_s=settings.budget_reservation_ttl_s,
+                                   retention_s=settings.budget_reservation_retention_s)
             _workers(state, s3, http)
-            sweeper = Periodic("abort expired uploads", settings.upload_sweep_s,
-                               lambda: state.uploads.abort_expired(utcnow()))
-            sweeper.start()
-            stack.push_async_callback(sweeper.stop)
-            expiry = Periodic("delete expired responses", settings.response_sweep_s, state.responses.sweep)
-            expiry.start()
-            stack.push_async_callback(expiry.stop)
+            for sweeper in (Periodic("abort expired uploads", settings.upload_sweep_s,
+                                     lambda: state.uploads.abort_expired(utcnow())),
+                            Periodic("expire budget reservations", settings.budget_sweep_s,
+                                     lambda: state.budgets.expire(utcnow())),
+                            Periodic("delete expired responses", settings.response_sweep_s,
+                                     state.responses.sweep)):
+                sweeper.start()
+                stack.push_async_callback(sweeper.stop)
             await state.batch_runner.start()
             stack.push_async_callback(state.batch_runner.stop)
             yield
@@ -150,7 +158,8 @@ def _workers(state: AppState, s3: S3Client, http: Upstream) -> None:
         settings.models_bucket, settings.upload_part_bytes, settings.upload_url_ttl_s,
         settings.upload_ttl_s, settings.default_quota))
     state.gateway = Gateway(lookups=state.lookups, pool=state.pool, http=http,
-                            writer=state.writer, metrics=state.metrics, settings=settings)
+                            writer=state.writer, metrics=state.metrics, settings=settings,
+                            budgets=state.budgets)
     state.functions = FunctionGateway(state.gateway)
     state.responses = Responses(state.gateway, sessions, Retention(settings.response_retention_s))
     state.batch_files = BatchFiles(sessions, s3, settings.models_bucket, settings.batch_file_max_bytes)

@@ -38,6 +38,13 @@ class Settings:
     # long after it was made (OpenAI keeps them 30 days); the sweep deletes it after.
     response_retention_s: float = 30 * 86_400.0
     response_sweep_s: float = 600.0              # how often expired responses are deleted
+    # Spend budgets: a call's reservation holds money back until its usage row settles it,
+    # or until this deadline (its control plane died, or the call outlived it); an expired
+    # one still tells a late usage row (a recovered call) where it belongs, for the
+    # retention. The sweeper runs this often.
+    budget_reservation_ttl_s: float = 3600.0
+    budget_reservation_retention_s: float = 7 * 86_400.0
+    budget_sweep_s: float = 60.0
     default_requests_per_min: int = 600
     default_tokens_per_min: int = 1_000_000
     usage_batch_size: int = 1000
@@ -166,6 +173,9 @@ _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
     ("function_call_retention_s", "THAWPOOL_FUNCTION_CALL_RETENTION_S", float),
     ("response_retention_s", "THAWPOOL_RESPONSE_RETENTION_S", float),
     ("response_sweep_s", "THAWPOOL_RESPONSE_SWEEP_S", float),
+    ("budget_reservation_ttl_s", "THAWPOOL_BUDGET_RESERVATION_TTL_S", float),
+    ("budget_reservation_retention_s", "THAWPOOL_BUDGET_RESERVATION_RETENTION_S", float),
+    ("budget_sweep_s", "THAWPOOL_BUDGET_SWEEP_S", float),
     ("default_requests_per_min", "THAWPOOL_REQUESTS_PER_MIN", int),
     ("default_tokens_per_min", "THAWPOOL_TOKENS_PER_MIN", int),
     ("log_level", "THAWPOOL_LOG_LEVEL", str),

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+    from controlplane.budgets.ledger import Ledger
     from controlplane.gateway.async_calls import AsyncCalls
     from controlplane.batch.files import BatchFiles
     from controlplane.batch.runner import BatchRunner
@@ -35,6 +36,7 @@ class AppState(Protocol):
     sessions: async_sessionmaker[AsyncSession]
     lookups: Lookups
     writer: UsageWriter
+    budgets: Ledger
     pool: Pool
     deployer: Deployer
     attacher: Attacher

@@ -48,11 +48,14 @@ class Fail:
     message: str
 
 
+BUDGET_EXCEEDED = "budget_exceeded"      # a spend budget refused the line: it fails
+
+
 def after_refusal(status: int, code: Optional[str], message: str, attempts: int,
                   max_attempts: int, now: datetime, backoff_s: float) -> Union[Retry, Fail]:
     """A line refused with `status`: retried later when the refusal is transient (a
     throttle never uses up an attempt), else failed with the refusal's code."""
-    if status == THROTTLED:
+    if status == THROTTLED and code != BUDGET_EXCEEDED:     # money spent does not come back
         return Retry(now + timedelta(seconds=backoff_s), counts_as_attempt=False)
     if status in RETRYABLE and attempts < max_attempts:
         return Retry(now + timedelta(seconds=backoff_s * 2 ** (attempts - 1)), counts_as_attempt=True)

@@ -213,17 +213,31 @@ class BatchRunner:
         target = self._priced(await gateway.resolve(principal, body, rid), batch)
         invocation = gateway.validate(endpoint, body, target)
         admission = gateway.admit(principal, target, invocation)
-        call = await gateway.acquire(principal, target, invocation, rid, endpoint, admission,
-                                     {"batch_id": batch.id}, priority=BATCH_PRIORITY)
-        call.invocation_id = invocation_id(batch.id, line.line)
+        hold = await gateway.reserve(principal, target, invocation, admission,       # budgets
+                                     invocation_id(batch.id, line.line))
+        try:
+            call = await gateway.acquire(principal, target, invocation, rid, endpoint, admission,
+                                         {"batch_id": batch.id}, priority=BATCH_PRIORITY,
+                                         invocation_id=hold.invocation_id)
+        except BaseException:
+            await gateway.release_budgets(hold)
+            raise
         call.journaled = False       # a line cut by a kill runs again, billed by its answer
-        upstream = await gateway.send(call, body)
+        try:
+            upstream = await gateway.send(call, body)    # a failure is metered under an id of its own
+        except BaseException:
+            await gateway.release_budgets(hold)
+            raise
         try:
             response, outcome = await gateway.relay_unary(call, upstream, _never_disconnects,
                                                           ChatShape(target.model_name))
         finally:
             gateway.release(call)
+        if outcome.status != "ok":    # the line runs again or fails: the line's id is its answer's
+            gateway.give_back_id(call)
         await gateway.meter(call, outcome)
+        if outcome.status != "ok":
+            await gateway.release_budgets(hold)
         return response.status_code, json.loads(bytes(response.body))
 
     def _priced(self, target: RouteTarget, batch: Batch) -> RouteTarget:

@@ -10,6 +10,10 @@ statement timeout) is spilled to the outbox at once. The outbox is replayed when
 Postgres answers again and at every start. An event Postgres refuses for good (a
 data error, not an outage) goes to the dead-letter file with an alert, and the
 rest go on.
+
+The transaction that inserts a batch also settles the budget reservations of the rows
+it really inserted (controlplane.budgets.ledger); the thresholds that spend crossed go
+to the alert sink once it committed.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.billing.call_journal import CallJournal, recover
+from controlplane.budgets.alerts import BudgetAlert, BudgetAlertSink, LoggingAlertSink, hand_over
+from controlplane.budgets.ledger import settle
 from controlplane.metrics import Metrics
 from controlplane.store.tables import UsageEvent
 from controlplane.billing.outbox import DeadLetters, Journal, Outbox
@@ -45,14 +51,31 @@ def _unnest_insert() -> str:
 
 
 UNNEST_INSERT = _unnest_insert()
+# The rows inserted (not those already there) take their budget reservations with them,
+# and the paid rows of a budgeted tenant that had none (served while Postgres was away,
+# admitted before its budget existed, recovered after the reservation was forgotten) come
+# back whole: what `settle` adds to the budgets' spend.
+INSERT_AND_SETTLE = (
+    f"WITH inserted AS ({UNNEST_INSERT} RETURNING invocation_id, tenant_id, api_key_id, deployment_id, "
+    "started_at, cost), "
+    "settled AS (DELETE FROM budget_reservations r USING inserted i WHERE r.invocation_id = i.invocation_id "
+    "RETURNING r.invocation_id, r.budget_id, r.period_start, r.amount, r.expired, i.cost) "
+    "SELECT budget_id, period_start, amount, expired, cost, NULL::uuid AS tenant_id, NULL::uuid AS api_key_id, "
+    "NULL::uuid AS deployment_id, NULL::timestamptz AS started_at FROM settled "
+    "UNION ALL SELECT NULL, NULL, NULL, NULL, i.cost, i.tenant_id, i.api_key_id, i.deployment_id, i.started_at "
+    "FROM inserted i WHERE i.cost > 0 AND EXISTS (SELECT 1 FROM budgets b WHERE b.tenant_id = i.tenant_id) "
+    "AND NOT EXISTS (SELECT 1 FROM settled s WHERE s.invocation_id = i.invocation_id)")
 
 
-async def insert_usage(db_engine: AsyncEngine, records: list[UsageRecord]) -> None:
-    """One statement, hence one transaction, for the whole batch (asyncpg underneath)."""
+async def insert_usage(db_engine: AsyncEngine, records: list[UsageRecord]) -> list[BudgetAlert]:
+    """One transaction for the whole batch (asyncpg underneath): its rows, and the budget
+    spend they settle; the budget thresholds crossed by it."""
     columns = [[getattr(r, name) for r in records] for name in FIELD_NAMES]
     async with db_engine.connect() as conn:
         asyncpg_connection: Any = (await conn.get_raw_connection()).driver_connection
-        await asyncpg_connection.execute(UNNEST_INSERT, *columns)
+        async with asyncpg_connection.transaction():
+            settled = await asyncpg_connection.fetch(INSERT_AND_SETTLE, *columns)
+            return await settle(asyncpg_connection, settled, datetime.now(timezone.utc))
 
 
 class UsageWriter:
@@ -60,8 +83,9 @@ class UsageWriter:
                  *, batch_size: int = 1000, flush_interval_s: float = 0.05,
                  retry_s: float = 1.0, buffer_max: int = 10_000,
                  dead_letters: Optional[DeadLetters] = None, journal: Optional[Journal] = None,
-                 calls: Optional[CallJournal] = None):
+                 calls: Optional[CallJournal] = None, alerts: Optional[BudgetAlertSink] = None):
         self.db_engine = db_engine
+        self.alerts: BudgetAlertSink = alerts or LoggingAlertSink()
         self.outbox = outbox
         self.dead_letters = dead_letters or DeadLetters(outbox.path.parent / DEAD_LETTER_FILE)
         self.journal = journal or Journal(outbox.path.parent)
@@ -219,13 +243,14 @@ class UsageWriter:
             if not batch:
                 return True
         try:
-            await insert_usage(self.db_engine, batch)
+            crossed = await insert_usage(self.db_engine, batch)
         except Exception as exc:  # noqa: BLE001 - classified: refused, or away
             if is_refusal(exc):
                 return await self._write_apart(batch, exc)
             self._down(exc, len(batch))
             return False
         self._up(batch)
+        await hand_over(self.alerts, crossed)
         return True
 
     async def _write_apart(self, batch: list[UsageRecord], exc: Exception) -> bool:

@@ -2,7 +2,7 @@
 (`up`, `admin` and `models import` stay there)."""
 from __future__ import annotations
 
-from controlplane.cli import adapters, deploy, invoke, login, models, status, tenants, usage
+from controlplane.cli import adapters, budgets, deploy, invoke, login, models, status, tenants, usage
 from controlplane.cli.output import Subcommands, common_flags
 
 
@@ -17,3 +17,4 @@ def register_all(commands: Subcommands,
     invoke.register(commands, flags)
     usage.register(commands, flags)
     tenants.register(commands, flags)
+    budgets.register(commands, flags)

@@ -112,6 +112,7 @@ async function route() {
     else if (page === "adapters") await adaptersPage();
     else if (page === "usage") await usagePage();
     else if (page === "keys") await keysPage();
+    else if (page === "budgets") await budgetsPage();
     else if (page === "admin") await adminPage();
     else if (page === "margin") await marginPage();
     else await deploymentsPage();
@@ -486,6 +487,59 @@ function keysTable(keys, redraw) {
      k.scopes.join(","), k.expires_at, k.revoked_at, k.revoked_at ? "" :
       h("button", { type: "button", "data-revoke": k.prefix, on: { click: () => revoke(k.prefix) } }, "Revoke")]),
     { id: "keys-table" }), error);
+}
+
+// ------------------------------------------------------------------ budgets
+
+// The caller's budgets with this period's spend (an operator sees every tenant's), a form
+// that sets one (PUT /v1/budgets: the API checks every field) and a delete per row.
+async function budgetsPage() {
+  const admin = !!sessionStorage.getItem(ADMIN);
+  const budgets = (await api("/v1/budgets")).data;
+  const error = h("p", { class: "error", id: "budget-error" });
+  const remove = (id) => attempt(error, async () => {
+    await api("/v1/budgets/" + encodeURIComponent(id), { method: "DELETE" });
+    await route();
+  });
+  const rows = budgets.map((b) => [b.scope, b.scope_name || b.scope_id, b.limit, b.period, b.time_zone, b.spent, b.reserved,
+    b.remaining, b.current_period.start.slice(0, 16), b.alerts.map((a) => a.kind).join(","),
+    b.scope === "tenant" && !admin ? "set by the operator" :
+      h("button", { type: "button", "data-delete-budget": b.id, on: { click: () => remove(b.id) } }, "Delete")]);
+  main.replaceChildren(h("h1", {}, "Budgets"),
+    h("p", {}, "Money limits per period on your tenant (set by the operator), your keys and your deployments. " +
+      "A call past one is refused with 429 budget_exceeded before any replica starts."),
+    table(["scope", "on", "limit", "period", "time zone", "spent", "reserved", "remaining", "period start",
+           "alerts", ""], rows, { id: "budgets-table" }),
+    h("h3", {}, "Set a budget"), budgetForm(admin, error), error);
+  window.thawpoolConsole.data.budgets = budgets;
+}
+
+function budgetForm(admin, error) {
+  const scopes = (admin ? ["tenant", "key", "deployment"] : ["deployment", "key"]).map((s) => h("option", { value: s }, s));
+  const periods = ["month", "day", "none"].map((p) => h("option", { value: p }, p));
+  const field = (name, placeholder) => h("input", { name: name, id: "budget-" + name, placeholder: placeholder });
+  const inputs = { scope: h("select", { name: "scope", id: "budget-scope" }, scopes),
+    tenant: admin ? field("tenant", "tenant name") : null,
+    target: field("target", "deployment name or key prefix"),
+    limit: field("limit", "limit, e.g. 25.00"),
+    period: h("select", { name: "period", id: "budget-period" }, periods),
+    time_zone: field("time_zone", "UTC"), soft_fraction: field("soft_fraction", "soft share, e.g. 0.8") };
+  const body = () => {
+    const scope = inputs.scope.value;
+    const out = { scope: scope, limit: inputs.limit.value.trim(), period: inputs.period.value,
+                  time_zone: inputs.time_zone.value.trim() || "UTC" };
+    if (inputs.tenant) out.tenant = inputs.tenant.value.trim();
+    if (scope !== "tenant") out[scope] = inputs.target.value.trim();
+    if (inputs.soft_fraction.value.trim()) out.soft_fraction = inputs.soft_fraction.value.trim();
+    return out;
+  };
+  return h("form", { id: "budget-form", class: "inline", on: { submit: (event) => {
+    event.preventDefault();
+    attempt(error, async () => {
+      await api("/v1/budgets", { method: "PUT", body: body() });
+      await route();
+    });
+  } } }, Object.values(inputs).filter(Boolean), h("button", { type: "submit", id: "budget-save" }, "Save budget"));
 }
 
 document.getElementById("sign-out").addEventListener("click", signOut);

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
+from controlplane.budgets.ledger import Hold
 from controlplane.deploy.fallback_spec import Condition, Fallback
 from controlplane.errors import ApiError
 from controlplane.gateway.fallback_policy import (PRIMARY, answer_condition, next_attempt,
@@ -76,14 +77,16 @@ class Failed:
 
 
 async def first_answer(gateway: Gateway, client: ClientRequest, primary: RouteTarget,
-                       invocation: Invocation, admission: RateReservation) -> Answer:
-    """The first attempt that answers; the last failure's refusal when none does (the
-    reservation given back)."""
+                       invocation: Invocation, admission: RateReservation, hold: Hold) -> Answer:
+    """The first attempt that answers; the last failure's refusal when none does (the rate
+    reservation and the budgets' hold given back). Every attempt carries the hold's
+    invocation id; one that fails takes another for its own row (Gateway.give_back_id), so
+    the row of the one that answers settles the hold."""
     fallbacks = fallbacks_for(primary)
     attempt = Attempt(PRIMARY, primary, invocation)
     try:
         while True:
-            result = await _try(gateway, client, fallbacks, attempt)
+            result = await _try(gateway, client, fallbacks, attempt, hold)
             if isinstance(result, Answer):
                 result.call.admission = admission      # the one that answers settles it
                 return result
@@ -93,11 +96,12 @@ async def first_answer(gateway: Gateway, client: ClientRequest, primary: RouteTa
             attempt = following
     except BaseException:
         gateway.limiter.settle(admission, 0, gateway.clock())
+        await gateway.release_budgets(hold)
         raise
 
 
 async def _try(gateway: Gateway, client: ClientRequest, fallbacks: tuple[Fallback, ...],
-               attempt: Attempt) -> Union[Answer, Failed]:
+               attempt: Attempt, hold: Hold) -> Union[Answer, Failed]:
     """One attempt, holding no reservation of its own. A failure that no later fallback
     lists is raised as it is; a 5xx no fallback lists is the Answer (relayed as a 502)."""
     target = attempt.target
@@ -107,7 +111,7 @@ async def _try(gateway: Gateway, client: ClientRequest, fallbacks: tuple[Fallbac
         replica = await gateway.acquire(client.principal, target, attempt.invocation, client.request_id,
                                         client.endpoint, RateReservation(), client.log_fields,
                                         replica_endpoint=client.replica_endpoint, timeout_s=wait_s,
-                                        priority=client.priority)
+                                        priority=client.priority, invocation_id=hold.invocation_id)
         replica.fallback_reason = attempt.reason
         upstream = await gateway.send(replica, client.body)
     except PoolError as refusal:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Optional
@@ -29,6 +28,8 @@ from typing import Any, Optional
 from controlplane.errors import ApiError
 from controlplane.gateway.llm import Gateway, RouteTarget
 from controlplane.billing.pricing import invocation_cost
+from controlplane.budgets.ledger import Hold
+from controlplane.budgets.policy import worst_case
 from controlplane.gateway.ratelimit import RateReservation
 from controlplane.store.deployments import kind_of
 from controlplane.store.tenants import Principal
@@ -55,6 +56,7 @@ class FunctionReplicaCall:
     lease: Lease
     admission: RateReservation
     t0: float
+    invocation_id: str
     items: int = 0
     gpu_seconds: Optional[float] = None
 
@@ -76,11 +78,16 @@ class FunctionGateway:
     def admit(self, principal: Principal, target: RouteTarget) -> RateReservation:
         return self.gateway.admit_tokens(principal, target, 0)   # requests per minute only
 
+    async def reserve(self, principal: Principal, target: RouteTarget, admission: RateReservation) -> Hold:
+        """The per-call price (all a function call is billed) held against its budgets: 429
+        budget_exceeded before any replica is woken."""
+        return await self.gateway.reserve_amount(principal, target, admission, worst_case(target.pricing, 0, 0))
+
     async def call(self, principal: Principal, target: RouteTarget, request: FunctionRequest,
-                   request_id: str, admission: RateReservation) -> FunctionAnswer:
+                   request_id: str, admission: RateReservation, hold: Hold) -> FunctionAnswer:
         """Acquire a replica (a cold start when there is none), call it, meter the call."""
-        lease, t0 = await self.gateway.lease(target, request_id, admission, None, 0)
-        call = FunctionReplicaCall(principal, target, request_id, lease, admission, t0)
+        lease, t0 = await self.gateway.lease(target, request_id, admission, None, 0, hold=hold)
+        call = FunctionReplicaCall(principal, target, request_id, lease, admission, t0, hold.invocation_id)
         try:
             sent = time.perf_counter()
             upstream = await self.gateway.http.post(
@@ -144,7 +151,7 @@ class FunctionGateway:
     def _record(self, call: FunctionReplicaCall, status: str, http_status: int) -> UsageRecord:
         deployment, revision, cold = call.target.deployment, call.target.revision, call.lease.cold_start
         return UsageRecord(
-            invocation_id=str(uuid.uuid4()), request_id=call.request_id,
+            invocation_id=call.invocation_id, request_id=call.request_id,
             tenant_id=call.principal.tenant_id, api_key_id=call.principal.key_id,
             deployment_id=deployment.id, deployment_name=deployment.name,
             revision_id=revision.id, revision_name=revision.name, model=revision.model_uri,

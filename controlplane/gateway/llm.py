@@ -1,5 +1,6 @@
 """The OpenAI-compatible gateway's steps, each a method: resolve, validate, admit,
-acquire, send, relay (unary or stream) and meter. `routes/gateway.invoke` runs them
+reserve (the call's worst case against its spend budgets), acquire, send, relay (unary
+or stream) and meter. `routes/gateway.invoke` runs them
 in that order; this module never sees the Request.
 
 A call is metered exactly once, however it ends: ok (the replica answered),
@@ -15,16 +16,21 @@ import uuid
 import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from decimal import Decimal
 from typing import Any, AsyncGenerator, Callable, Optional
 
+from sqlalchemy import exc as sa_exc
 from starlette.responses import JSONResponse, Response
 
 from controlplane.billing.call_journal import CUT_HTTP_STATUS, Delivered
+from controlplane.budgets.ledger import BudgetExceeded, Charge, Hold, Ledger
+from controlplane.budgets.policy import worst_case
 from controlplane.errors import ApiError
 from controlplane.gateway.answer_shape import AnswerShape
 from controlplane.gateway.openai_wire import (MAX_TOKENS, UsageSeen,
                                        estimate_completion_tokens, estimate_prompt_tokens,
-                                       has_content, prefix_key, prompt_text, upstream_body)
+                                       has_content, prefix_key, prompt_text, prompt_token_bound,
+                                       upstream_body)
 from controlplane.lookups.service import Lookups
 from controlplane.billing.metering import UsageWriter
 from controlplane.metrics import Metrics
@@ -34,6 +40,8 @@ from controlplane.quotas import Quota
 from controlplane.gateway.ratelimit import RateReservation, Limited, RateLimits, RateLimiter
 from controlplane.settings import Settings
 from controlplane.store import deployments
+from controlplane.store.budgets import money
+from controlplane.store.failures import is_outage
 from controlplane.store.tenants import Principal
 from controlplane.deploy.traffic import choose
 from controlplane.gateway.upstream import AnswerTooLarge, Upstream, UpstreamError, UpstreamResponse
@@ -92,6 +100,13 @@ class Invocation:
     max_tokens: int                 # wire.requests' rule over the context, times the choices
     prompt_limit: int = MAX_TOKENS      # the most prompt tokens a replica may bill
     completion_limit: int = MAX_TOKENS  # the most completion tokens it may bill
+    prompt_bound: int = 0               # what the prompt may count at most, as its text says
+
+    @property
+    def reserved_tokens(self) -> tuple[int, int]:
+        """(prompt, completion) tokens a budget holds for the call: every token it may
+        bill, as far as the request says."""
+        return min(self.prompt_bound, self.prompt_limit), min(self.max_tokens, self.completion_limit)
 
     def usage(self) -> UsageSeen:
         """What the call's replica reports, bounded by what the request could use."""
@@ -143,7 +158,7 @@ class ReplicaCall:
 
 class Gateway:
     def __init__(self, *, lookups: Lookups, pool: Pool, http: Upstream,
-                 writer: UsageWriter, metrics: Metrics, settings: Settings,
+                 writer: UsageWriter, metrics: Metrics, settings: Settings, budgets: Ledger,
                  limiter: Optional[RateLimiter] = None,
                  clock: Callable[[], float] = time.monotonic):
         self.lookups = lookups
@@ -152,6 +167,7 @@ class Gateway:
         self.writer = writer
         self.metrics = metrics
         self.settings = settings
+        self.budgets = budgets
         self.limiter = limiter or RateLimiter()
         self.clock = clock
         # the pool's spec of each revision, built once per (deployment, quota) it was
@@ -208,7 +224,8 @@ class Gateway:
         # the revision recorded it; the fallback context may be below the model's)
         context = context_length(target.revision) if target.revision.context_length else MAX_TOKENS
         return Invocation(request, text, prompt_tokens, max_tokens * choices,
-                          min(MAX_TOKENS, context * prompts), min(MAX_TOKENS, context * choices))
+                          min(MAX_TOKENS, context * prompts), min(MAX_TOKENS, context * choices),
+                          max(prompt_tokens, prompt_token_bound(request, body)))
 
     def priority(self, principal: Principal, invocation: Invocation) -> int:
         """The priority the call waits and runs at: what it asked for within its key's range,
@@ -234,30 +251,73 @@ class Gateway:
                            retry_after_s=admitted.retry_after_s)
         return admitted
 
+    async def reserve(self, principal: Principal, target: RouteTarget, invocation: Invocation,
+                      admission: RateReservation, invocation_id: Optional[str] = None) -> Hold:
+        """The prompt's bound plus every token the request may write, at the price in
+        effect, held against the call's budgets (`reserve_amount`) under `invocation_id`
+        (a new one when None: a batch line brings its own)."""
+        prompt, completion = invocation.reserved_tokens
+        return await self.reserve_amount(principal, target, admission,
+                                         worst_case(target.pricing, prompt, completion), invocation_id)
+
+    async def reserve_amount(self, principal: Principal, target: RouteTarget, admission: RateReservation,
+                             amount: Decimal, invocation_id: Optional[str] = None) -> Hold:
+        """`amount` held against the tenant's, the key's and the deployment's budgets in
+        Postgres (controlplane.budgets.ledger), settled when the call is metered; a tenant
+        without budgets (known from memory) holds nothing. A call past a budget is 429
+        budget_exceeded naming it, before any replica is acquired, and gives the rate
+        limiter's reservation back. While Postgres is away no budget
+        can be checked: the call is served as everything memory holds keeps serving, and
+        billed (its row counts in its budgets once written), but holds nothing. A database
+        that answers too slowly for a free connection is no outage: 503, so a flood of
+        calls cannot pass a budget by waiting for the pool."""
+        charge = Charge(invocation_id or str(uuid.uuid4()), principal.tenant_id, principal.key_id, target.deployment.id,
+                        amount, target.at)
+        if not self.lookups.has_budgets(principal.tenant_id):     # from memory: no read
+            return Hold(charge.invocation_id)
+        try:
+            return await self.budgets.reserve(charge)
+        except BudgetExceeded as exc:
+            self.limiter.settle(admission, 0, self.clock())
+            raise ApiError(429, budget_message(exc), code="budget_exceeded",
+                           retry_after_s=exc.retry_after_s) from None
+        except Exception as exc:
+            if not unreachable(exc):
+                self.limiter.settle(admission, 0, self.clock())
+                raise
+            log.warning("budgets not checked: postgres unreachable", extra={"error": repr(exc)[:300]})
+            return Hold(charge.invocation_id)
+        except BaseException:
+            self.limiter.settle(admission, 0, self.clock())
+            raise
+
     async def acquire(self, principal: Principal, target: RouteTarget, invocation: Invocation,
                       request_id: str, endpoint: str, admission: RateReservation,
                       log_fields: dict[str, Any], replica_endpoint: Optional[str] = None,
-                      timeout_s: Optional[float] = None, priority: int = INTERACTIVE_PRIORITY) -> ReplicaCall:
+                      timeout_s: Optional[float] = None, priority: int = INTERACTIVE_PRIORITY,
+                      invocation_id: Optional[str] = None) -> ReplicaCall:
         """A lease on a ready replica (a cold start when there is none), waited for
         `timeout_s` (None: the settings' acquire timeout) at `priority` (`priority()` for a
         client's call; the Batch API's BATCH_PRIORITY); the pool's refusals (PoolError)
-        become 429/503 with Retry-After, and give the reservation back. `endpoint` is what
-        the usage row names; `replica_endpoint` the replica's path for it when that differs
-        (the Responses API is served as a chat completion)."""
+        become 429/503 with Retry-After, and give the rate reservation back (the budgets'
+        hold is its caller's to give back). `endpoint` is what the usage row names;
+        `replica_endpoint` the replica's path for it when that differs (the Responses API is
+        served as a chat completion); `invocation_id` the budget hold's, which the row that
+        bills the call must carry."""
         lease, t0 = await self.lease(target, request_id, admission, prefix_key(invocation.prompt_text),
                                      invocation.prompt_tokens, adapter_ref(target.adapter), timeout_s,
                                      priority)
         return ReplicaCall(principal, target, request_id, endpoint, lease, target.at, t0, admission,
-                    usage=invocation.usage(), log_fields=log_fields, replica_endpoint=replica_endpoint,
-                    priority=priority)
+                           usage=invocation.usage(), invocation_id=invocation_id or str(uuid.uuid4()),
+                           log_fields=log_fields, replica_endpoint=replica_endpoint, priority=priority)
 
     async def lease(self, target: RouteTarget, request_id: str, admission: RateReservation,
                     prefix: Optional[str], prompt_tokens: int,
                     adapter: Optional[AdapterRef] = None,
                     timeout_s: Optional[float] = None,
-                    priority: int = INTERACTIVE_PRIORITY) -> tuple[Lease, float]:
+                    priority: int = INTERACTIVE_PRIORITY, hold: Optional[Hold] = None) -> tuple[Lease, float]:
         """The pool's lease (and when the wait for it began), waited for at `priority`; a
-        refusal gives the rate limiter's reservation back."""
+        refusal gives the rate limiter's reservation back, and `hold`'s budgets when given."""
         t0 = time.perf_counter()
         wait_s = self.settings.acquire_timeout_s if timeout_s is None else timeout_s
         try:
@@ -266,8 +326,18 @@ class Gateway:
                 prompt_tokens=prompt_tokens, timeout_s=wait_s, adapter=adapter, priority=priority)
         except BaseException:
             self.limiter.settle(admission, 0, self.clock())
+            if hold is not None:
+                await self.release_budgets(hold)
             raise
         return lease, t0
+
+    async def release_budgets(self, hold: Hold) -> None:
+        """A call that never reached a replica holds no budget; one the database cannot
+        release now is released by its deadline (settings.budget_reservation_ttl_s)."""
+        try:
+            await self.budgets.release(hold)
+        except Exception as exc:  # noqa: BLE001 - the reservation's deadline frees it
+            log.warning("budget reservation not released; it expires", extra={"error": repr(exc)[:300]})
 
     def _spec(self, target: RouteTarget) -> RevisionSpec:
         quota = target.owner_quota or target.quota       # the replicas are the owner's
@@ -297,6 +367,7 @@ class Gateway:
             return await pending.answer()
         except UpstreamError as exc:
             call.lease.mark_failed()
+            self.give_back_id(call)
             await self.meter(call, Outcome("error", 502))
             raise ReplicaUnreachable(502, f"replica unreachable: {exc.kind}",
                                      code="replica_unreachable", retry_after_s=1) from None
@@ -312,7 +383,15 @@ class Gateway:
         await _quietly_close(upstream)
         call.lease.mark_failed()
         call.usage = UsageSeen()
+        self.give_back_id(call)
         await self.meter(call, Outcome("error", upstream.status_code))
+
+    def give_back_id(self, call: ReplicaCall) -> None:
+        """A failed attempt's row takes an id of its own: the call's (its budget hold's) is
+        for the row of the attempt that answers, or the hold is released unsettled. Its
+        journal frame, if the request went out, is closed under the old id first."""
+        self.writer.calls.close(call.invocation_id)
+        call.invocation_id = str(uuid.uuid4())
 
     async def relay_unary(self, call: ReplicaCall, upstream: UpstreamResponse,
                           receive: Receive, shape: AnswerShape) -> tuple[Response, Outcome]:
@@ -518,6 +597,21 @@ class Gateway:
             deployment=name, revision=call.target.revision.name, outcome=status,
             invocation_id=call.invocation_id, prompt_tokens=call.usage.prompt_tokens,
             completion_tokens=call.usage.completion_tokens, priority=call.priority)
+
+
+def unreachable(exc: Exception) -> bool:
+    """Postgres is away (controlplane.store.failures), not this process's pool of
+    connections all busy (SQLAlchemy's TimeoutError: the caller gets 503)."""
+    return is_outage(exc) and not isinstance(exc, sa_exc.TimeoutError)
+
+
+def budget_message(exc: BudgetExceeded) -> str:
+    """Which budget, and by how much the call would pass it."""
+    s = exc.standing
+    per = "in total" if s.period == "none" else f"per {s.period}"
+    return (f"budget exceeded: the {s.scope} budget {s.budget_id} ({s.scope} {s.scope_id}) allows "
+            f"{money(s.limit)} {per}; {money(s.spent)} spent and {money(s.reserved)} held by calls "
+            f"in flight, and this call may cost up to {money(exc.amount)}")
 
 
 def _check_adapter_slots(target: RouteTarget, adapter: Adapter) -> None:

@@ -9,6 +9,7 @@ replica has tokenized anything.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -17,6 +18,9 @@ from wire.priority import INTERACTIVE_PRIORITY
 from wire.requests import GenerationRequest, StreamOptions
 
 PREFIX_CHARS = 512
+# The special tokens a template may put around one prompt (BOS, the generation prompt),
+# beyond what its text accounts for: for the bound a budget reserves.
+SPECIAL_TOKENS_PER_PROMPT = 16
 
 
 def prompt_text(request: GenerationRequest) -> str:
@@ -36,6 +40,19 @@ def estimate_prompt_tokens(request: GenerationRequest, text: str) -> int:
     if request.prompts and all(isinstance(p, list) for p in request.prompts):
         return sum(len(p) for p in request.prompts)
     return len(text) // 4 + 1
+
+
+def prompt_token_bound(request: GenerationRequest, body: dict[str, Any]) -> int:
+    """At least the prompt tokens a replica will count, as far as text can say, for what a
+    budget reserves: exact for token ids; a text's UTF-8 bytes (a token of a byte-level or
+    byte-fallback vocabulary holds at least one byte); a chat's messages and tools as JSON
+    (its keys and quotes stand for the template's role markers); each with room for the
+    special tokens around a prompt."""
+    if request.messages is not None:
+        chat = json.dumps([body.get("messages"), body.get("tools")], ensure_ascii=False)
+        return len(chat.encode()) + SPECIAL_TOKENS_PER_PROMPT
+    return sum(len(p) if isinstance(p, list) else len(p.encode()) + SPECIAL_TOKENS_PER_PROMPT
+               for p in request.prompts)
 
 
 def upstream_body(body: dict[str, Any], adapter: Optional[str] = None,

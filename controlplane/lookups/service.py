@@ -1,7 +1,7 @@
 """What every request reads, from memory: the API key behind a bearer secret, the
 caller's deployment with its revisions and traffic (or the adapter its `model` names,
-with its base: controlplane.lookups.model_names), the price in effect and the
-tenant's quota (controlplane.lookups.cache). No database round trip on the hot path.
+with its base: controlplane.lookups.model_names), the price in effect, the
+tenant's quota (controlplane.lookups.cache) and whether it has spend budgets. No database round trip on the hot path.
 
 Kept current three ways: a change this control plane makes is applied before the call
 that made it returns (`changed`); a change made anywhere (another control plane, SQL by
@@ -37,7 +37,7 @@ from controlplane.lookups.model_names import ModelName, Resolved
 from controlplane.store.tables import Adapter, utcnow
 from controlplane.billing.pricing import BATCH, Pricing
 from controlplane.quotas import Quota
-from controlplane.store import adapters, deployments, snapshot
+from controlplane.store import adapters, budgets, deployments, snapshot
 from controlplane.store.errors import DatabaseUnavailable, NotFound
 from controlplane.store.failures import is_outage
 from controlplane.store.snapshot import Deployed, KeyEntry
@@ -79,6 +79,7 @@ class Lookups:
         self._queue: asyncio.Queue[tuple[Change, Waiter]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._key_reads: dict[str, asyncio.Task[Optional[KeyEntry]]] = {}   # by key hash
+        self._budgeted: set[str] = set()        # tenants with a spend budget
 
     async def start(self) -> None:
         """Everything read once (Postgres must answer now), then kept current."""
@@ -213,6 +214,12 @@ class Lookups:
     def quota(self, tenant_id: str) -> Quota:
         return self.cache.quota(tenant_id, self.default_quota)
 
+    def has_budgets(self, tenant_id: str) -> bool:
+        """Whether the tenant has a budget (on itself, a key or a deployment): a budget
+        set on another control plane counts here within a second (migration 0019's
+        notice), on this one before the call that set it returns."""
+        return tenant_id in self._budgeted
+
     # ---------------------------------------------------------- changes
 
     async def changed(self, *changes: Change) -> None:
@@ -260,6 +267,7 @@ class Lookups:
                   "deployments": self._reload_deployment, "revisions": self._reload_deployment,
                   "adapters": self._reload_adapter,
                   "tenant_quotas": self._reload_quota, "prices": self._reload_prices,
+                  "budgets": self._reload_budgets,
                   }.get(change.table)
         if reload is not None:
             async with self.sessions() as session:
@@ -267,6 +275,13 @@ class Lookups:
 
     async def _reload_all(self, session: AsyncSession, _: str) -> None:
         self.cache.replace(await snapshot.load_all(session))
+        self._budgeted = await budgets.budgeted_tenants(session)
+
+    async def _reload_budgets(self, session: AsyncSession, tenant_id: str) -> None:
+        if await budgets.has_budgets(session, tenant_id):
+            self._budgeted.add(tenant_id)
+        else:
+            self._budgeted.discard(tenant_id)
 
     async def _reload_key(self, session: AsyncSession, key_id: str) -> None:
         entry = await snapshot.load_key(session, key_id=key_id)

@@ -14,7 +14,7 @@ from pool.api import PoolError
 
 
 async def invoke(request: Request) -> Response:
-    """auth → resolve → validate → admit, then the call: now, or in the background with
+    """auth → resolve → validate → admit → reserve (budgets), then the call: now, or in the background with
     ?async=true (202 and a call id, once the call is in Postgres: controlplane.gateway.async_calls).
     Every refusal comes before a replica is woken."""
     state = app_state(request)
@@ -24,13 +24,14 @@ async def invoke(request: Request) -> Response:
     target = await functions.resolve(principal, request.path_params["name"], rid)
     parsed = functions.validate(body)
     admission = functions.admit(principal, target)
+    hold = await functions.reserve(principal, target, admission)
     if request.query_params.get("async") not in ("true", "1"):
-        answer = await functions.call(principal, target, parsed, rid, admission)
+        answer = await functions.call(principal, target, parsed, rid, admission, hold)
         return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
 
     async def run() -> tuple[int, dict[str, Any]]:
         try:
-            answer = await functions.call(principal, target, parsed, rid, admission)
+            answer = await functions.call(principal, target, parsed, rid, admission, hold)
             return answer.status, answer.body
         except (ApiError, PoolError) as exc:          # what a sync call would have answered
             refusal = api_error_for(exc)
@@ -40,8 +41,12 @@ async def invoke(request: Request) -> Response:
             principal.tenant_id, target.deployment.name, run,
             tenant_limit=state.lookups.quota(principal.tenant_id).max_async_calls)
     except TooManyInFlight as exc:
+        await state.gateway.release_budgets(hold)
         raise ApiError(429, str(exc), code="too_many_async_calls", param=exc.param,
                        retry_after_s=5) from None
+    except BaseException:
+        await state.gateway.release_budgets(hold)
+        raise
     return JSONResponse(stored.view(), status_code=202)
 
 

@@ -20,12 +20,13 @@ GatewayResponse = Union[Response, EventStreamResponse, "MeteredResponse"]
 
 
 async def invoke(request: Request, endpoint: str) -> GatewayResponse:
-    """One invocation, in order: auth → resolve → validate → acquire → relay → meter.
+    """One invocation, in order: auth → resolve → validate → admit → reserve → acquire →
+    relay → meter.
 
     Everything that can refuse the request (auth, an unknown deployment, a bad field,
-    the rate limit) does so before a replica is acquired, so a refused request wakes
-    nothing and writes no usage row. Acquire and send go to the deployment's fallbacks
-    in turn when it cannot answer (controlplane.gateway.fallbacks)."""
+    the rate limit, a spend budget) does so before a replica is acquired, so a refused
+    request wakes nothing and writes no usage row. Acquire and send go to the deployment's
+    fallbacks in turn when it cannot answer (controlplane.gateway.fallbacks)."""
     gateway = app_state(request).gateway
     principal = require(request, "invoke")                                    # auth
     body = await read_json(request)
@@ -33,9 +34,10 @@ async def invoke(request: Request, endpoint: str) -> GatewayResponse:
     invocation = gateway.validate(endpoint, body, target)                     # validate
     priority = gateway.priority(principal, invocation)                        # the key's range
     admission = gateway.admit(principal, target, invocation)                  # rate limits
+    hold = await gateway.reserve(principal, target, invocation, admission)    # budgets
     client = ClientRequest(principal, body, request_id(request), endpoint, access_fields(request.scope),
                            lambda other: gateway.validate(endpoint, body, other), priority=priority)
-    answer = await first_answer(gateway, client, target, invocation, admission)   # acquire, send
+    answer = await first_answer(gateway, client, target, invocation, admission, hold)   # acquire, send
     call, upstream, invocation = answer.call, answer.upstream, answer.invocation      # relay
     if invocation.request.stream and upstream.status_code == 200:
         # relay and meter: the stream meters itself when it closes (done, client gone, cut)

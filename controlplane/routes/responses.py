@@ -23,10 +23,11 @@ async def create(request: Request) -> GatewayResponse:
     invocation = responses.validate(turn, target)                              # validate
     priority = gateway.priority(principal, invocation)                         # the key's range
     admission = gateway.admit(principal, target, invocation)                   # rate limits
+    hold = await gateway.reserve(principal, target, invocation, admission)     # budgets
     client = ClientRequest(principal, turn.chat, request_id(request), "responses", access_fields(request.scope),
                            lambda other: responses.validate(turn, other), replica_endpoint="chat/completions",
                            priority=priority)
-    answer = await first_answer(gateway, client, target, invocation, admission)   # acquire, send
+    answer = await first_answer(gateway, client, target, invocation, admission, hold)   # acquire, send
     call, upstream = answer.call, answer.upstream                              # relay
     shape = responses.shape(principal, call.target, turn)
     if turn.request.stream and upstream.status_code == 200:

@@ -10,8 +10,9 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any, Optional
 
-from sqlalchemy import (ARRAY, BigInteger, Boolean, CheckConstraint, DateTime, Float, ForeignKey, Index,
-                        Integer, LargeBinary, Numeric, String, Text, Uuid, text)
+from sqlalchemy import (ARRAY, BigInteger, Boolean, CheckConstraint, DateTime, Float, ForeignKey,
+                        ForeignKeyConstraint, Index, Integer, LargeBinary, Numeric, String, Text,
+                        UniqueConstraint, Uuid, text)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -425,3 +426,69 @@ class BatchLine(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     not_before: Mapped[Optional[datetime]]   # a retried line waits until then
     result: Mapped[Optional[str]]
+
+
+class Budget(Base):
+    """A money limit (migration 0019) on a tenant, one of its keys or one of its
+    deployments (`scope`, `scope_id`), per calendar `period` in `time_zone`; the soft
+    threshold is a fraction of the limit or an amount (at most one is set)."""
+    __tablename__ = "budgets"
+    __table_args__ = (UniqueConstraint("scope", "scope_id", name="uq_budgets_scope"),
+                      Index("ix_budgets_tenant", "tenant_id"))
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    scope: Mapped[str]                           # tenant | key | deployment
+    scope_id: Mapped[str] = _id_column()
+    limit_amount: Mapped[Decimal] = mapped_column(MONEY)
+    period: Mapped[str]                          # day | month | none
+    time_zone: Mapped[str] = mapped_column(server_default=text("'UTC'"), default="UTC")
+    soft_fraction: Mapped[Optional[Decimal]] = mapped_column(Numeric(6, 5))
+    soft_amount: Mapped[Optional[Decimal]] = mapped_column(MONEY)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class BudgetPeriod(Base):
+    """One budget's standing in one period: billed spend, and the worst case of the calls
+    admitted and not yet metered (controlplane.budgets.ledger)."""
+    __tablename__ = "budget_periods"
+    budget_id: Mapped[str] = _id_column(ForeignKey("budgets.id", ondelete="CASCADE"), primary_key=True)
+    period_start: Mapped[datetime] = mapped_column(primary_key=True)
+    period_end: Mapped[Optional[datetime]]       # None: the period of a budget that never resets
+    spent: Mapped[Decimal] = mapped_column(MONEY, server_default=text("0"), default=Decimal(0))
+    reserved: Mapped[Decimal] = mapped_column(MONEY, server_default=text("0"), default=Decimal(0))
+
+
+class BudgetReservation(Base):
+    """A call's worst-case cost held against one budget in the period it was admitted in,
+    until its usage row settles it; past `expires_at` it holds nothing back (`expired`)
+    but still says where the call's billed cost belongs."""
+    __tablename__ = "budget_reservations"
+    __table_args__ = (ForeignKeyConstraint(["budget_id", "period_start"],
+                                           ["budget_periods.budget_id", "budget_periods.period_start"],
+                                           ondelete="CASCADE"),
+                      Index("ix_budget_reservations_live", "expires_at",
+                            postgresql_where=text("NOT expired")))
+    invocation_id: Mapped[str] = _id_column(primary_key=True)
+    budget_id: Mapped[str] = _id_column(primary_key=True)
+    period_start: Mapped[datetime]
+    amount: Mapped[Decimal] = mapped_column(MONEY)
+    expires_at: Mapped[datetime]
+    expired: Mapped[bool] = mapped_column(Boolean, server_default=text("false"), default=False)
+
+
+class BudgetAlertRow(Base):
+    """A threshold a budget crossed (soft or hard), once per budget, period and kind."""
+    __tablename__ = "budget_alerts"
+    __table_args__ = (UniqueConstraint("budget_id", "period_start", "kind", name="uq_budget_alerts_once"),
+                      Index("ix_budget_alerts_tenant", "tenant_id", "created_at"))
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    budget_id: Mapped[str] = _id_column(ForeignKey("budgets.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = _id_column()
+    scope: Mapped[str]
+    scope_id: Mapped[str] = _id_column()
+    period_start: Mapped[datetime]
+    kind: Mapped[str]                            # soft | hard
+    limit_amount: Mapped[Decimal] = mapped_column(MONEY)
+    spent: Mapped[Decimal] = mapped_column(MONEY)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -57,6 +57,27 @@ async def test_the_admin_manages_tenants_and_keys_from_one_command_tree(plane, c
     assert usage.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
 
+@in_session_loop
+async def test_budgets_are_set_listed_and_removed_from_the_cli(plane, capsys):
+    auth = ["--url", plane.base_url, "--key", plane.admin_key, "--json"]
+    assert (await run_cli(capsys, "tenants", "create", "cli-budget", *auth))[0] == 0
+    code, out, err = await run_cli(capsys, "budgets", "set", "tenant", "--tenant", "cli-budget", "--limit", "12.5",
+                                   "--period", "day", "--time-zone", "Asia/Tokyo", "--soft-fraction", "0.9", *auth)
+    assert code == 0, err
+    made = json.loads(out)
+    assert (made["scope"], made["period"], made["time_zone"], made["soft_fraction"]) == (
+        "tenant", "day", "Asia/Tokyo", "0.9")
+    code, out, _ = await run_cli(capsys, "budgets", "ls", "--tenant", "cli-budget", *auth)
+    assert code == 0 and [b["id"] for b in json.loads(out)] == [made["id"]]
+    code, _, err = await run_cli(capsys, "budgets", "set", "key", "--limit", "1", *auth)
+    assert code == 2 and "names its target" in err
+    code, _, err = await run_cli(capsys, "budgets", "set", "tenant", "--tenant", "cli-budget", "--limit", "x", *auth)
+    assert code == 1 and "422" in err and "limit" in err
+    assert (await run_cli(capsys, "budgets", "rm", made["id"], *auth))[0] == 0
+    code, out, _ = await run_cli(capsys, "budgets", "ls", "--tenant", "cli-budget", *auth)
+    assert json.loads(out) == []
+
+
 def start_up(data_dir: Path, port: int, log: Path, s3_server) -> subprocess.Popen:
     """Embedded Postgres; S3 is the session's server, because SeaweedFS binds fixed
     Lance/Iceberg ports (9101, 8181) and a second `weed server` on one host dies."""

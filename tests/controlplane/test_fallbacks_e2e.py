@@ -240,3 +240,27 @@ async def test_a_responses_api_call_falls_back_too_and_names_who_answered(setup,
     failed, served = await usage_rows(plane, "fb-resp", 2)
     assert (failed.deployment_name, failed.status, failed.cost) == ("primary", "error", 0)
     assert (served.deployment_name, served.status, served.endpoint) == ("backup", "ok", "responses")
+
+
+async def test_a_fallback_answer_settles_the_calls_budget_hold(setup, deployed):
+    """The hold made at admission goes with the call: the failed primary attempt's row
+    takes an id of its own, the fallback's row carries the hold's and settles it, so the
+    budget shows the fallback's cost spent and nothing left reserved."""
+    plane, _, _ = setup
+    key, _ = deployed
+    made = await plane.admin.put("/v1/budgets", json={"scope": "tenant", "tenant": TENANT, "limit": "100"})
+    assert made.status_code in (200, 201), made.text
+    try:
+        answer = await plane.client(key).post("/v1/completions", headers={"x-request-id": "fb-budget"}, json={
+            "model": "primary", "prompt": "Hello", "max_tokens": 4, "ignore_eos": True})
+        assert answer.status_code == 200 and answer.headers["x-thawpool-served-by"] == "backup", answer.text
+        failed, served = await usage_rows(plane, "fb-budget", 2)
+        assert failed.invocation_id != served.invocation_id and served.cost > 0
+
+        async def settled():
+            view = (await plane.admin.get(f"/v1/budgets/{made.json()['id']}")).json()
+            return view if Decimal(view["reserved"]) == 0 else None
+        view = await eventually(settled, timeout_s=30, what="the call's hold settled")
+        assert Decimal(view["spent"]) >= served.cost > 0
+    finally:
+        await plane.admin.delete(f"/v1/budgets/{made.json()['id']}")

@@ -39,6 +39,7 @@ class World:
     ids: dict[str, str] = field(default_factory=dict)
     completion: dict[str, Any] = field(default_factory=dict)
     markers: set[str] = field(default_factory=set)           # what only A and the admin may see
+    doomed_budgets: list[str] = field(default_factory=list)   # one for each cell to delete
 
 
 Request = Callable[[World], tuple[str, Optional[dict]]]
@@ -93,6 +94,11 @@ def unique_upload(world: World) -> tuple[str, dict]:
 
 def path_with(template: str, name: str) -> Request:
     return lambda world: (template.format(world.ids[name]), None)
+
+
+def doomed_budget(world: World) -> tuple[str, None]:
+    """A budget of A's not yet deleted: each cell's DELETE aims at its own."""
+    return f"/v1/budgets/{world.doomed_budgets.pop()}", None
 
 
 def completion(world: World) -> tuple[str, dict]:
@@ -208,6 +214,13 @@ ROUTES: dict[tuple[str, str], Case] = {
                                         200, 200, 200),
     # the platform's costs and margins: the operator's alone
     ("GET", "/v1/billing/margin"): Case("admin", fixed("/v1/billing/margin"), 403, 403, 200),
+    # budgets: each tenant reads its own (the admin every tenant's) and sets them on its own
+    # deployments and keys; the admin names the tenant (none named: 422)
+    ("GET", "/v1/budgets"): Case("billing:read", fixed("/v1/budgets"), 200, 200, 200),
+    ("PUT", "/v1/budgets"): Case("deploy", fixed("/v1/budgets", {
+        "scope": "deployment", "deployment": "iso-dep", "limit": "1000"}), own=200, admin=422),
+    ("GET", "/v1/budgets/{id}"): Case("billing:read", path_with("/v1/budgets/{}", "budget"), admin=200),
+    ("DELETE", "/v1/budgets/{id}"): Case("deploy", doomed_budget, own=204, admin=204),
 }
 
 
@@ -304,6 +317,20 @@ async def make_adapters(plane, world: World) -> None:
         world.markers.add(made.json()["id"])
 
 
+async def make_budgets(plane, world: World) -> None:
+    """A's budget on iso-dep (set again by the matrix: 200), and one on each of A's keys
+    for the cells that delete one."""
+    a = plane.client(world.keys["own"])
+    made = await a.put("/v1/budgets", json={"scope": "deployment", "deployment": "iso-dep", "limit": "1000"})
+    assert made.status_code == 201, made.text
+    world.ids["budget"] = made.json()["id"]
+    for key in (await a.get("/v1/keys")).json()["data"]:
+        doomed = await a.put("/v1/budgets", json={"scope": "key", "key": key["id"], "limit": "1000"})
+        assert doomed.status_code == 201, doomed.text
+        world.doomed_budgets.append(doomed.json()["id"])
+    world.markers |= {world.ids["budget"], *world.doomed_budgets}
+
+
 async def make_sources_prices_uploads(plane, world: World) -> None:
     world.ids["doomed_grant"] = (await plane.grant("s3://cp-models/iso-doomed/"))["id"]
     later = (datetime.now(timezone.utc) + timedelta(days=60)).isoformat()
@@ -339,6 +366,7 @@ async def world(plane, tiny_model, s3_server, models_bucket, tmp_path_factory):
                                         s3_server.client(), models_bucket, "iso-a/adapter")
     await make_adapters(plane, world)
     await make_sources_prices_uploads(plane, world)
+    await make_budgets(plane, world)
     async with plane.app.state.sessions() as session:
         from controlplane.store.tenants import find_tenant
 

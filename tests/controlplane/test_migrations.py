@@ -15,7 +15,8 @@ from tests.controlplane.conftest import create_database, drop_database
 TABLES = {"tenants", "api_keys", "deployments", "revisions", "usage_events",
           "replica_lifetimes", "model_sources", "prices", "tenant_quotas", "model_uploads",
           "function_calls", "adapters", "gpu_costs", "stored_responses", "batch_files", "batches",
-          "batch_lines", "alembic_version"}
+          "batch_lines", "budgets", "budget_periods", "budget_reservations", "budget_alerts",
+          "alembic_version"}
 T0 = datetime(2026, 5, 1, tzinfo=timezone.utc)
 IDS = ("'00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-000000000002', "
        "'00000000-0000-0000-0000-000000000003'")
@@ -135,6 +136,34 @@ async def test_0023_prices_have_a_tier_and_batches_go_down_again(pg_server):
             await asyncio.to_thread(migrate, url)
             assert await conn.fetchval("SELECT tier FROM prices") == "interactive"
             assert await conn.fetchval("SELECT count(*) FROM batches") == 0
+        finally:
+            await conn.close()
+    finally:
+        await drop_database(pg_server, url)
+
+
+async def test_0019_keeps_one_budget_per_scope_and_goes_down_again(pg_server):
+    """One budget per tenant, key or deployment; a reservation names a period that exists;
+    down to 0018 the budget tables go, and come back."""
+    url = await create_database(pg_server)
+    try:
+        await migrate_async(url)
+        conn = await asyncpg.connect(libpq(url))
+        try:
+            tenant = await conn.fetchval("INSERT INTO tenants (id, name, created_at) "
+                                         "VALUES (gen_random_uuid(), 'b', now()) RETURNING id")
+            insert = ("INSERT INTO budgets (id, tenant_id, scope, scope_id, limit_amount, period, created_at, "
+                      "updated_at) VALUES (gen_random_uuid(), $1, 'tenant', $1, 10, 'month', now(), now())")
+            await conn.execute(insert, tenant)
+            with pytest.raises(asyncpg.UniqueViolationError):
+                await conn.execute(insert, tenant)
+            with pytest.raises(asyncpg.ForeignKeyViolationError):
+                await conn.execute("INSERT INTO budget_reservations (invocation_id, budget_id, period_start, "
+                                   "amount, expires_at) SELECT gen_random_uuid(), id, now(), 1, now() FROM budgets")
+            await asyncio.to_thread(command.downgrade, alembic_config(url), "0018")
+            assert await conn.fetchval("SELECT to_regclass('budgets')") is None
+            await asyncio.to_thread(migrate, url)
+            assert await conn.fetchval("SELECT count(*) FROM budget_periods") == 0
         finally:
             await conn.close()
     finally:

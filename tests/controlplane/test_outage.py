@@ -2,6 +2,7 @@
 holds keeps working (keys, deployments, prices, quotas), usage waits in the outbox and
 lands when Postgres is back; what memory cannot answer is 503 with Retry-After, never 500."""
 import json
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,10 @@ async def test_known_keys_are_served_while_postgres_is_down(plane, own_pg, model
     created = await client.post("/v1/deployments", json={"name": "chat", "model_uri": model_uri})
     assert created.status_code == 201, created.text
     await plane.set_price(tenant="steady", input_per_mtok="2", output_per_mtok="4")
-    assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    budget = await client.put("/v1/budgets", json={"scope": "deployment", "deployment": "chat", "limit": "100"})
+    assert budget.status_code == 201, budget.text        # none can be checked without Postgres
+    assert (await client.post("/v1/chat/completions", json=CHAT,
+                              headers={"x-request-id": "budgeted-before"})).status_code == 200
     desired = PostgresDesiredState(plane.app.state.sessions, plane.app.state.settings.default_quota,
                                    plane.app.state.sealer)
     specs = await desired.revisions()
@@ -73,6 +77,10 @@ async def test_known_keys_are_served_while_postgres_is_down(plane, own_pg, model
     assert all(r.cost > 0 for r in rows), "priced at the price memory held"
     report = await client.get("/v1/billing/report", params={"group_by": "deployment"})
     assert report.status_code == 200 and json.loads(report.text)["totals"]["requests"] == 3
+    # served unchecked while Postgres was away, and counted in the budget once billed
+    held = (await client.get(f"/v1/budgets/{budget.json()['id']}")).json()
+    before = await _usage(plane, "budgeted-before")
+    assert held["reserved"] == "0" and Decimal(held["spent"]) == before[0].cost + sum(r.cost for r in rows)
 
 
 async def _usage(plane, *request_ids):

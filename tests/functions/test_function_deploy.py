@@ -82,6 +82,30 @@ async def test_deploy_invoke_batched_and_billed_per_call(plane, probe):
     assert report.status_code == 200 and "probe" in report.text
 
 
+async def test_a_function_call_is_held_against_its_budget_and_settles_at_its_price(plane, probe):
+    """The per-call price is a function call's worst case: a budget with no room refuses
+    it (sync or async) with 429 budget_exceeded and no usage row; one with room settles
+    it to the billed cost (a budget set now starts from the month's billed rows)."""
+    key, deployment = probe
+    client = plane.client(key)
+    before = await usage_rows(plane, deployment["id"])
+    empty = await client.put("/v1/budgets", json={"scope": "deployment", "deployment": "probe", "limit": "0"})
+    assert empty.status_code == 201, empty.text
+    for params in ({}, {"async": "true"}):
+        refused = await client.post("/v1/functions/probe/invoke", json={"input": {"echo": 1}}, params=params)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "budget_exceeded"
+        assert empty.json()["id"] in refused.json()["error"]["message"]
+    assert len(await usage_rows(plane, deployment["id"])) == len(before)
+    roomy = await client.put("/v1/budgets", json={"scope": "deployment", "deployment": "probe", "limit": "1"})
+    assert roomy.status_code == 200 and Decimal(roomy.json()["spent"]) == sum(r.cost for r in before)
+    answers = await invoke_all(client, "probe", [{"input": {"echo": i}} for i in range(4)])   # one batch
+    assert [a.status_code for a in answers] == [200] * 4, answers[0].text
+    rows = await usage_rows(plane, deployment["id"])
+    view = (await client.get(f"/v1/budgets/{roomy.json()['id']}")).json()
+    assert (Decimal(view["spent"]), Decimal(view["reserved"])) == (sum(r.cost for r in rows), 0)
+    assert (await client.delete(f"/v1/budgets/{roomy.json()['id']}")).status_code == 204
+
+
 async def test_refusals_come_before_any_replica_and_write_no_usage(plane, probe, s3_server, models_bucket):
     key, deployment = probe
     client = plane.client(key)
