@@ -28,7 +28,7 @@ from controlplane.billing.outbox import DeadLetters, Outbox
 from controlplane.periodic import Periodic
 from controlplane.routes import (adapters, billing, deployments, functions, gateway, gpu_costs,
                                  health, margin, model_sources, models_list, openapi, prices, quotas,
-                                 tenants, uploads)
+                                 tenants, uploads, webhooks)
 from controlplane.billing.refusals import DeadLetteringSink
 from controlplane.sealing import load_sealer
 from controlplane.settings import Settings
@@ -36,6 +36,9 @@ from controlplane.state import AppState, state_of
 from controlplane.store.desired_state import PostgresDesiredState, PostgresReplicaEvents
 from controlplane.store import gpu_costs as cost_book
 from controlplane.store.prices import seed_default
+from controlplane.webhooks.publisher import WebhookPublisher
+from controlplane.webhooks.sender import Sender
+from controlplane.webhooks.worker import WebhookWorker
 from controlplane.deploy.uploads import S3Client, UploadConfig, Uploads, open_s3_client
 from controlplane.gateway.upstream import Upstream
 from pool.api import Pool, ReplicaEventSink
@@ -47,7 +50,7 @@ PoolFactory = Callable[[PostgresDesiredState, ReplicaEventSink], Pool]
 ROUTES = [*gateway.routes, *functions.routes, *health.routes, *openapi.routes, *tenants.routes,
           *quotas.routes, *model_sources.routes, *uploads.routes, *prices.routes, *gpu_costs.routes,
           *deployments.routes, *adapters.routes, *models_list.routes, *billing.routes, *margin.routes,
-          *console.routes]
+          *webhooks.routes, *console.routes]
 
 
 def create_app(settings: Settings, pool: Optional[Pool] = None, *,
@@ -110,6 +113,7 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
                                lambda: state.uploads.abort_expired(utcnow()))
             sweeper.start()
             stack.push_async_callback(sweeper.stop)
+            await _start_webhooks(stack, state)
             yield
 
     app = Starlette(
@@ -142,6 +146,19 @@ def _workers(state: AppState, s3: S3Client, http: Upstream) -> None:
     state.gateway = Gateway(lookups=state.lookups, pool=state.pool, http=http,
                             writer=state.writer, metrics=state.metrics, settings=settings)
     state.functions = FunctionGateway(state.gateway)
+
+
+async def _start_webhooks(stack: contextlib.AsyncExitStack, state: AppState) -> None:
+    """The publisher others call, and the worker that delivers (stopped before its
+    sender closes)."""
+    settings = state.settings
+    state.webhooks = WebhookPublisher(state.sessions)
+    sender = await stack.enter_async_context(Sender(settings.webhook_timeout_s,
+                                                    settings.webhook_allow_private_targets))
+    worker = WebhookWorker(state.sessions, state.sealer, sender, settings.webhook_retry_policy)
+    delivering = Periodic("deliver webhooks", settings.webhook_poll_s, worker.drain)
+    delivering.start()
+    stack.push_async_callback(delivering.stop)
 
 
 def create_metrics_app(metrics: Metrics) -> Starlette:

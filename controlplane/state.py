@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from controlplane.sealing import Sealer
     from controlplane.settings import Settings
     from controlplane.deploy.uploads import Uploads
+    from controlplane.webhooks.publisher import WebhookPublisher
     from pool.api import Pool
 
 
@@ -39,6 +40,7 @@ class AppState(Protocol):
     async_calls: AsyncCalls
     uploads: Uploads
     sealer: Sealer
+    webhooks: WebhookPublisher
 
 
 def state_of(app: Any) -> AppState:
