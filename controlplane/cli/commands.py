@@ -2,7 +2,8 @@
 (`up`, `admin` and `models import` stay there)."""
 from __future__ import annotations
 
-from controlplane.cli import adapters, deploy, invoke, login, models, status, tenants, usage
+from controlplane.cli import (adapters, deploy, invoke, login, models, status, tenants, usage,
+                              webhooks)
 from controlplane.cli.output import Subcommands, common_flags
 
 
@@ -17,3 +18,4 @@ def register_all(commands: Subcommands,
     invoke.register(commands, flags)
     usage.register(commands, flags)
     tenants.register(commands, flags)
+    webhooks.register(commands, flags)

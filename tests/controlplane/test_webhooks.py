@@ -6,6 +6,7 @@ tenant never sees, nor receives, another's."""
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -17,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from controlplane.cli.main import main
 from controlplane.webhooks.deliveries import Claimed
 from controlplane.webhooks.events import BUDGET_THRESHOLD, BudgetThreshold
 from controlplane.webhooks.sender import Sender
@@ -258,3 +260,34 @@ async def test_a_tenants_endpoint_may_not_reach_loopback_unless_allowed(receiver
         assert receiver.at("/private") == []
         assert (await sender.send(claimed(operator=True), "whsec_x")).status_code == 200
     assert len(receiver.at("/private")) == 1
+
+
+async def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = await asyncio.to_thread(main, list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+async def test_the_cli_registers_pings_lists_and_deletes(plane, receiver, capsys):
+    auth = ["--url", plane.base_url, "--key", await plane.tenant_key("wh-cli"), "--json"]
+    code, out, _ = await run_cli(capsys, "webhooks", "create", f"{receiver.base_url}/cli",
+                                 "--events", "budget.threshold", *auth)
+    assert code == 0
+    made = json.loads(out)
+    assert made["url"] == f"{receiver.base_url}/cli"
+    code, out, _ = await run_cli(capsys, "webhooks", "test", made["id"], *auth)
+    assert code == 0
+    [got] = await receiver.wait_for("/cli", 1)
+    assert verify(made["secret"], got.headers["thawpool-signature"], got.body, 60)
+    await settled(plane.client(auth[3]), made["id"])
+    code, out, _ = await run_cli(capsys, "webhooks", "deliveries", made["id"], *auth)
+    assert code == 0 and [d["status"] for d in json.loads(out)] == ["succeeded"]
+    code, out, _ = await run_cli(capsys, "webhooks", "ls", *auth)
+    assert code == 0 and [e["id"] for e in json.loads(out)] == [made["id"]]
+    assert made["secret"] not in out
+    code, _, _ = await run_cli(capsys, "webhooks", "rm", made["id"], *auth)
+    assert code == 0
+    code, _, err = await run_cli(capsys, "webhooks", "get", made["id"], *auth)
+    assert code == 1 and "404" in err
+    code, _, err = await run_cli(capsys, "webhooks", "create", "ftp://x/", *auth)
+    assert code == 1 and "url" in err
