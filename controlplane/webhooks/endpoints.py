@@ -14,18 +14,19 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.fields import is_uuid, storable, text
 from controlplane.sealing import Sealer
-from controlplane.store.errors import InvalidField, NotFound
+from controlplane.store.errors import InvalidField, NotFound, StaticQuotaExceeded
 from controlplane.store.tables import WebhookEndpoint, new_id
 from controlplane.webhooks.events import EVENT_TYPES, EVERY_TYPE, TEST
 
 SECRET_PREFIX = "whsec_"
 MAX_URL = 2000
 MAX_EVENT_TYPES = 32
+MAX_ENDPOINTS = 20          # per tenant's own, per operator target: each event fans out to them
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ def new_secret() -> str:
 async def create(session: AsyncSession, spec: EndpointSpec,
                  sealer: Sealer) -> tuple[WebhookEndpoint, str]:
     """The new endpoint and its secret (in clear this once)."""
+    await _check_room(session, spec)
     secret = new_secret()
     row = WebhookEndpoint(id=new_id(), tenant_id=spec.tenant_id, operator=spec.operator,
                           url=spec.url, event_types=spec.event_types, enabled=spec.enabled,
@@ -91,6 +93,16 @@ async def create(session: AsyncSession, spec: EndpointSpec,
     session.add(row)
     await session.flush()
     return row, secret
+
+
+async def _check_room(session: AsyncSession, spec: EndpointSpec) -> None:
+    held = await session.scalar(select(func.count()).select_from(WebhookEndpoint).where(
+        WebhookEndpoint.operator.is_(spec.operator),
+        WebhookEndpoint.tenant_id == spec.tenant_id if spec.tenant_id is not None
+        else WebhookEndpoint.tenant_id.is_(None)))
+    if (held or 0) >= MAX_ENDPOINTS:
+        raise StaticQuotaExceeded("webhooks", f"at most {MAX_ENDPOINTS} endpoints; delete one "
+                                              "first")
 
 
 def visible_to(viewer: Viewer) -> Select[WebhookEndpoint]:

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane.fields import storable_json, text
 from controlplane.store.tables import (WebhookDelivery, WebhookEndpoint, WebhookEvent, new_id,
                                        utcnow)
-from controlplane.webhooks.events import EVERY_TYPE, TEST
+from controlplane.webhooks.events import EVENT_TYPES, EVERY_TYPE, TEST
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,9 @@ class WebhookPublisher:
 
 async def publish_in(session: AsyncSession, tenant_id: Optional[str], event_type: str,
                      payload: dict[str, Any], dedupe_key: str) -> Published:
+    if event_type not in EVENT_TYPES:      # a caller's bug: endpoints subscribe by these names
+        raise ValueError(f"unknown webhook event type {event_type!r}: add it to "
+                         f"controlplane.webhooks.events")
     text("dedupe_key", dedupe_key, 500)
     storable_json("payload", payload)
     event_id, now = new_event_id(), utcnow()

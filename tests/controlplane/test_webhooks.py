@@ -291,3 +291,21 @@ async def test_the_cli_registers_pings_lists_and_deletes(plane, receiver, capsys
     assert code == 1 and "404" in err
     code, _, err = await run_cli(capsys, "webhooks", "create", "ftp://x/", *auth)
     assert code == 1 and "url" in err
+
+
+async def test_a_tenant_holds_at_most_max_endpoints(plane, receiver):
+    from controlplane.webhooks.endpoints import MAX_ENDPOINTS
+
+    tenant = plane.client(await plane.tenant_key("wh-many"))
+    for n in range(MAX_ENDPOINTS):
+        await register(tenant, f"{receiver.base_url}/many-{n}")
+    refused = await tenant.post("/v1/webhooks", json={"url": f"{receiver.base_url}/one-more",
+                                                      "event_types": ["*"]})
+    assert (refused.status_code, refused.json()["error"]["code"]) == (422, "quota_exceeded")
+    other = plane.client(await plane.tenant_key("wh-many-other"))    # a count of its own
+    await register(other, f"{receiver.base_url}/other-1")
+
+
+async def test_publishing_an_unknown_event_type_is_a_bug_caught_at_once(plane):
+    with pytest.raises(ValueError, match="budget.spent"):
+        await plane.app.state.webhooks.publish(None, "budget.spent", {}, "unknown-type")
