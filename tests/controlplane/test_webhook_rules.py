@@ -46,3 +46,17 @@ def test_a_tenant_endpoint_may_not_reach_private_addresses(addresses):
 
 def test_public_addresses_pass():
     assert refusal(["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"]) is None
+
+
+def test_the_webhook_settings_come_from_the_environment_once():
+    from controlplane.settings import Settings
+    from controlplane.webhooks.backoff import RetryPolicy
+
+    settings = Settings.from_env({"THAWPOOL_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",
+                                  "THAWPOOL_WEBHOOK_MAX_ATTEMPTS": "4",
+                                  "THAWPOOL_WEBHOOK_RETRY_BASE_S": "0.5"})
+    assert settings.webhook_allow_private_targets is True
+    assert settings.webhook_retry_policy == RetryPolicy(0.5, 3600.0, 4, 259_200.0)
+    assert Settings.from_env({}).webhook_allow_private_targets is False
+    with pytest.raises(ValueError, match="true or false"):
+        Settings.from_env({"THAWPOOL_WEBHOOK_ALLOW_PRIVATE_TARGETS": "maybe"})

@@ -173,6 +173,27 @@ async def test_a_silent_receiver_is_cut_off_by_the_timeout(plane, receiver):
     assert all("Timeout" in a["error"] for a in delivery["attempt_log"])
 
 
+async def test_two_control_planes_on_one_database_deliver_each_event_once(
+        plane, receiver, db_url, s3_server, tmp_path_factory):
+    """Both workers poll the same table; SKIP LOCKED and the claim split the events.
+    They share the secrets key, as every control plane on one database must."""
+    key_file = plane.app.state.settings.data_dir / "secrets-key"
+    settings = make_settings(db_url, s3_server, tmp_path_factory.mktemp("cp-webhooks-2"),
+                             webhook_poll_s=0.01, webhook_allow_private_targets=True,
+                             secrets_key=key_file.read_text().strip())
+    tenant = plane.client(await plane.tenant_key("wh-two"))
+    endpoint = await register(tenant, f"{receiver.base_url}/two")
+    async with running_control_plane(settings, catalogue=None):
+        published = [await plane.app.state.webhooks.publish(
+            endpoint["tenant_id"], BUDGET_THRESHOLD, {"n": n}, f"two-planes-{n}")
+            for n in range(30)]
+        got = await receiver.wait_for("/two", 30)
+        listed = await settled(tenant, endpoint["id"])
+    assert sorted(r.headers["thawpool-event-id"] for r in got) == sorted(
+        p.event_id for p in published)
+    assert [(d["status"], d["attempts"]) for d in listed] == [("succeeded", 1)] * 30
+
+
 async def test_one_dedupe_key_is_delivered_once(plane, receiver):
     tenant = plane.client(await plane.tenant_key("wh-once"))
     endpoint = await register(tenant, f"{receiver.base_url}/once")
