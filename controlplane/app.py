@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from datetime import timedelta
 from typing import AsyncIterator, Callable, Optional
 
 from starlette.applications import Starlette
@@ -36,6 +37,7 @@ from controlplane.state import AppState, state_of
 from controlplane.store.desired_state import PostgresDesiredState, PostgresReplicaEvents
 from controlplane.store import gpu_costs as cost_book
 from controlplane.store.prices import seed_default
+from controlplane.webhooks import history
 from controlplane.webhooks.publisher import WebhookPublisher
 from controlplane.webhooks.sender import Sender
 from controlplane.webhooks.worker import WebhookWorker
@@ -157,8 +159,17 @@ async def _start_webhooks(stack: contextlib.AsyncExitStack, state: AppState) -> 
                                                     settings.webhook_allow_private_targets))
     worker = WebhookWorker(state.sessions, state.sealer, sender, settings.webhook_retry_policy)
     delivering = Periodic("deliver webhooks", settings.webhook_poll_s, worker.drain)
-    delivering.start()
-    stack.push_async_callback(delivering.stop)
+    pruning = Periodic("prune webhook history", history.PRUNE_EVERY_S,
+                       lambda: _prune_webhooks(state))
+    for chore in (delivering, pruning):
+        chore.start()
+        stack.push_async_callback(chore.stop)
+
+
+async def _prune_webhooks(state: AppState) -> int:
+    before = utcnow() - timedelta(seconds=state.settings.webhook_retention_s)
+    async with state.sessions.begin() as session:
+        return await history.prune(session, before)
 
 
 def create_metrics_app(metrics: Metrics) -> Starlette:

@@ -100,6 +100,7 @@ class Settings:
     webhook_max_attempts: int = 12
     webhook_max_age_s: float = 3 * 86_400.0
     webhook_allow_private_targets: bool = False
+    webhook_retention_s: float = 30 * 86_400.0     # delivered events, then deleted
 
     @property
     def outbox_path(self) -> Path:
@@ -200,7 +201,8 @@ _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
                    "max_queued_requests", "max_upload_bytes", "requests_per_min",
                    "tokens_per_min", "max_async_calls")],
     *[(f"webhook_{name}", f"THAWPOOL_WEBHOOK_{name.upper()}", float)
-      for name in ("poll_s", "timeout_s", "retry_base_s", "retry_cap_s", "max_age_s")],
+      for name in ("poll_s", "timeout_s", "retry_base_s", "retry_cap_s", "max_age_s",
+                   "retention_s")],
     ("webhook_max_attempts", "THAWPOOL_WEBHOOK_MAX_ATTEMPTS", int),
     ("webhook_allow_private_targets", "THAWPOOL_WEBHOOK_ALLOW_PRIVATE_TARGETS", _flag),
 ]

@@ -8,5 +8,6 @@ each delivery signed (HMAC-SHA256, `t=...,v1=...`) and retries it with backoff.
 - `deliveries`: claiming due deliveries (FOR UPDATE SKIP LOCKED) and recording attempts;
 - `sender`: one signed POST with timeouts; `targets`: which addresses it may reach;
 - `worker`: the background loop over claim, send and record;
-- `signing`: the signature, and `verify` for receivers; `backoff`: the retry schedule.
+- `signing`: the signature, and `verify` for receivers; `backoff`: the retry schedule;
+- `history`: deleting delivered events past their retention.
 """

@@ -8,16 +8,17 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import pytest_asyncio
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from controlplane.db import create_db_engine, sessionmaker
 from controlplane.sealing import Sealer
-from controlplane.store.tables import WebhookDelivery
+from controlplane.store.tables import WebhookDelivery, WebhookEvent
 from controlplane.store.tenants import create_tenant
 from controlplane.webhooks import endpoints
 from controlplane.webhooks.deliveries import Attempt, Next, claim, record
 from controlplane.webhooks.endpoints import EndpointSpec
 from controlplane.webhooks.events import BUDGET_THRESHOLD
+from controlplane.webhooks.history import prune
 from controlplane.webhooks.publisher import WebhookPublisher
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -112,3 +113,21 @@ async def test_a_lost_claim_comes_due_again_and_only_its_new_holder_records(sess
         done = await session.get(WebhookDelivery, old[0].delivery_id)
     assert (done.status, done.attempts, done.next_attempt_at, done.claim_id) == (
         "succeeded", 2, None, None)
+
+
+async def test_pruning_deletes_done_events_and_keeps_pending_ones(sessions, world):
+    publisher = WebhookPublisher(sessions)
+    done = (await publisher.publish(world["a"], BUDGET_THRESHOLD, {}, "prune-done")).event_id
+    waiting = (await publisher.publish(world["a"], BUDGET_THRESHOLD, {}, "prune-pending")).event_id
+    async with sessions.begin() as session:
+        for delivery in await session.scalars(select(WebhookDelivery).where(
+                WebhookDelivery.event_id == done)):
+            delivery.status, delivery.next_attempt_at = "failed", None
+    async with sessions.begin() as session:
+        pruned = await prune(session, datetime.now(timezone.utc) + timedelta(seconds=1))
+        assert await prune(session, datetime(2000, 1, 1, tzinfo=timezone.utc)) == 0
+    async with sessions() as session:
+        left = set(await session.scalars(select(WebhookEvent.id)))
+        orphans = await session.scalar(select(func.count()).select_from(WebhookDelivery).where(
+            WebhookDelivery.event_id == done))
+    assert pruned >= 1 and done not in left and waiting in left and orphans == 0
