@@ -196,6 +196,9 @@ class Client:
     def create_webhook(self, body: JSON) -> JSON:
         return dict(self.call("POST", "/v1/webhooks", body=body))
 
+    def update_webhook(self, endpoint_id: str, changes: JSON) -> JSON:
+        return dict(self.call("PATCH", f"/v1/webhooks/{endpoint_id}", body=changes))
+
     def delete_webhook(self, endpoint_id: str) -> None:
         self.call("DELETE", f"/v1/webhooks/{endpoint_id}")
 

@@ -3,6 +3,7 @@ tenant's (`--tenant`) and the platform's.
 
     thawpool webhooks create https://hooks.example.com/thawpool --events budget.threshold
     thawpool webhooks ls | get ID | rm ID | test ID | deliveries ID [--limit N]
+    thawpool webhooks disable ID | enable ID     (a disabled endpoint's deliveries wait)
 
 `create` prints the endpoint's signing secret, shown this once.
 """
@@ -32,6 +33,9 @@ def register(commands: Subcommands, flags: argparse.ArgumentParser) -> None:
         "--tenant", default=None, help="admin: this tenant's only")
     add_command(actions, flags, "get", cmd_get, "one endpoint", "id")
     add_command(actions, flags, "rm", cmd_rm, "delete an endpoint", "id")
+    add_command(actions, flags, "enable", cmd_enable, "deliver to it again", "id")
+    add_command(actions, flags, "disable", cmd_disable,
+                "stop delivering to it (pending deliveries wait)", "id")
     add_command(actions, flags, "test", cmd_test, "send a webhook.test event", "id")
     add_command(actions, flags, "deliveries", cmd_deliveries,
                 "an endpoint's latest deliveries and attempts", "id").add_argument(
@@ -73,6 +77,22 @@ def cmd_get(ctx: Context) -> int:
     with ctx.client() as client:
         endpoint = client.webhook(ctx.args.id)
     ctx.out.result(endpoint, lambda: ctx.out.json(endpoint))
+    return 0
+
+
+def cmd_enable(ctx: Context) -> int:
+    return _set_enabled(ctx, True)
+
+
+def cmd_disable(ctx: Context) -> int:
+    return _set_enabled(ctx, False)
+
+
+def _set_enabled(ctx: Context, enabled: bool) -> int:
+    with ctx.client() as client:
+        endpoint = client.update_webhook(ctx.args.id, {"enabled": enabled})
+    ctx.out.result(endpoint, lambda: ctx.out.say(
+        f"{endpoint['id']} {'enabled' if endpoint['enabled'] else 'disabled'}"))
     return 0
 
 

@@ -523,6 +523,10 @@ function webhooksTable(listed, deliveries, error) {
     await api("/v1/webhooks/" + id + "/test", { method: "POST" });
     await showDeliveries(id, deliveries);
   });
+  const toggle = (e) => act(async () => {
+    await api("/v1/webhooks/" + e.id, { method: "PATCH", body: { enabled: !e.enabled } });
+    await webhooksPage();
+  });
   const remove = (id) => act(async () => {
     await api("/v1/webhooks/" + id, { method: "DELETE" });
     await webhooksPage();
@@ -531,6 +535,7 @@ function webhooksTable(listed, deliveries, error) {
     e.enabled ? "yes" : "no", e.created_at.slice(0, 19), h("span", {},
       h("button", { type: "button", "data-deliveries": e.id, on: { click: act(() => showDeliveries(e.id, deliveries)) } }, "Deliveries"),
       h("button", { type: "button", "data-test": e.id, on: { click: test(e.id) } }, "Send test"),
+      h("button", { type: "button", "data-toggle-webhook": e.id, on: { click: toggle(e) } }, e.enabled ? "Disable" : "Enable"),
       h("button", { type: "button", "data-delete-webhook": e.id, on: { click: remove(e.id) } }, "Delete"))]),
     { id: "webhooks-table" });
 }

@@ -4,10 +4,11 @@ any tenant's or the platform's.
 `POST /v1/webhooks {"url", "event_types": ["budget.threshold"] | ["*"], "enabled",
 "description", "tenant" (the operator only; none: every event)}` answers the endpoint
 with its signing `secret`, shown this once. `GET /v1/webhooks[?tenant=]`,
-`GET|DELETE /v1/webhooks/{id}`, `GET /v1/webhooks/{id}/deliveries?limit=` (newest
-first, each with its attempts) and `POST /v1/webhooks/{id}/test` (a `webhook.test`
-event to that endpoint alone). A tenant sees only its own endpoints: another tenant's,
-or the operator's, is 404.
+`GET|PATCH|DELETE /v1/webhooks/{id}` (PATCH: url, event_types, enabled, description),
+`GET /v1/webhooks/{id}/deliveries?limit=` (newest first, each with its attempts) and
+`POST /v1/webhooks/{id}/test` (a `webhook.test` event to that endpoint alone; 409 when it
+is disabled). A tenant sees only its own endpoints: another tenant's, or the
+operator's, is 404.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from controlplane.fields import boolean, integer, obj, text
 from controlplane.routes.api import ApiRoute, Operation, Param, data_of, scope, string_schema
 from controlplane.routes.context import app_state, read_json, require
 from controlplane.store import tenants
-from controlplane.store.errors import Forbidden, InvalidField
+from controlplane.store.errors import Conflict, Forbidden, InvalidField
 from controlplane.store.tables import WebhookAttempt, WebhookEndpoint
 from controlplane.store.tenants import Principal
 from controlplane.webhooks import endpoints
@@ -55,12 +56,11 @@ async def create(request: Request) -> Response:
 
 
 def _spec(body: dict[str, Any], tenant_id: Optional[str], operator: bool) -> EndpointSpec:
-    description = body.get("description")
     return EndpointSpec(
         url=endpoints.check_url(body.get("url")),
         event_types=endpoints.check_event_types(body.get("event_types")),
         enabled=boolean("enabled", body.get("enabled", True)),
-        description=None if description is None else text("description", description, 500),
+        description=_description(body.get("description")),
         tenant_id=tenant_id, operator=operator)
 
 
@@ -82,6 +82,24 @@ async def get(request: Request) -> Response:
     async with app_state(request).sessions() as session:
         row = await endpoints.get(session, viewer(principal), request.path_params["id"])
     return JSONResponse(endpoint_view(row))
+
+
+async def update(request: Request) -> Response:
+    """Any of url, event_types, enabled, description; the rest stays."""
+    principal = require(request, "deploy")
+    body = obj("body", await read_json(request), FIELDS - {"tenant"})
+    changes = {name: CHECKS[name](value) for name, value in body.items()}
+    async with app_state(request).sessions.begin() as session:
+        row = await endpoints.update(session, viewer(principal), request.path_params["id"], changes)
+    return JSONResponse(endpoint_view(row))
+
+
+def _description(value: Any) -> Optional[str]:
+    return None if value is None else text("description", value, 500)
+
+
+CHECKS = {"url": endpoints.check_url, "event_types": endpoints.check_event_types,
+          "enabled": lambda value: boolean("enabled", value), "description": _description}
 
 
 async def delete(request: Request) -> Response:
@@ -107,6 +125,8 @@ async def test(request: Request) -> Response:
     state = app_state(request)
     async with state.sessions() as session:
         row = await endpoints.get(session, viewer(principal), request.path_params["id"])
+    if not row.enabled:
+        raise Conflict("webhook_disabled", "the endpoint is disabled: enable it to test it")
     published, delivery_id = await state.webhooks.ping(row)
     return JSONResponse({"event_id": published.event_id, "delivery_id": delivery_id},
                         status_code=202)
@@ -159,10 +179,11 @@ ENDPOINT = {"type": "object", "required": sorted(ENDPOINT_PROPERTIES),
 CREATED = {"type": "object", "required": [*sorted(ENDPOINT_PROPERTIES), "secret"],
            "properties": {**ENDPOINT_PROPERTIES, "secret": string_schema(
                "^whsec_", description="signs every delivery; shown this once")}}
+CHANGEABLE = {"url": string_schema("^https?://"), "event_types": TYPES,
+              "enabled": {"type": "boolean"}, "description": NULLABLE_TEXT}
 CREATE_BODY = {"type": "object", "required": ["url", "event_types"], "additionalProperties": False,
-               "properties": {"url": string_schema("^https?://"), "event_types": TYPES,
-                              "enabled": {"type": "boolean"}, "description": NULLABLE_TEXT,
-                              "tenant": NULLABLE_TEXT}}
+               "properties": {**CHANGEABLE, "tenant": NULLABLE_TEXT}}
+UPDATE_BODY = {"type": "object", "additionalProperties": False, "properties": CHANGEABLE}
 ATTEMPT = {"type": "object", "required": ["number", "started_at", "duration_ms", "status_code",
                                           "error"],
            "properties": {"number": {"type": "integer"}, "duration_ms": {"type": "number"},
@@ -188,6 +209,9 @@ routes = [
         response=data_of(ENDPOINT))),
     ApiRoute("/v1/webhooks/{id}", get, "GET", Operation(
         "One webhook endpoint", DEPLOY, response=ENDPOINT)),
+    ApiRoute("/v1/webhooks/{id}", update, "PATCH", Operation(
+        "Change an endpoint's URL, event types, enabled or description", DEPLOY,
+        body=UPDATE_BODY, response=ENDPOINT)),
     ApiRoute("/v1/webhooks/{id}", delete, "DELETE", Operation(
         "Delete a webhook endpoint and its pending deliveries", DEPLOY, ok=204)),
     ApiRoute("/v1/webhooks/{id}/deliveries", deliveries, "GET", Operation(

@@ -68,12 +68,14 @@ def after(attempt: Attempt, claimed: Claimed, policy: RetryPolicy, now: datetime
 
 
 async def claim(session: AsyncSession, now: datetime, lease_s: float, limit: int) -> list[Claimed]:
-    """Up to `limit` due deliveries, oldest due first, claimed for `lease_s`."""
+    """Up to `limit` due deliveries to enabled endpoints, oldest due first, claimed for
+    `lease_s`."""
     rows = (await session.execute(
         select(WebhookDelivery, WebhookEndpoint, WebhookEvent)
         .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
         .join(WebhookEvent, WebhookEvent.id == WebhookDelivery.event_id)
-        .where(WebhookDelivery.status == "pending", WebhookDelivery.next_attempt_at <= now)
+        .where(WebhookDelivery.status == "pending", WebhookDelivery.next_attempt_at <= now,
+               WebhookEndpoint.enabled.is_(True))       # a disabled endpoint's wait
         .order_by(WebhookDelivery.next_attempt_at).limit(limit)
         .with_for_update(of=WebhookDelivery, skip_locked=True))).tuples().all()
     claimed = []

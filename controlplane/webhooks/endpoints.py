@@ -1,5 +1,8 @@
 """Webhook endpoints: register, list, get, delete; who sees which.
 
+A disabled endpoint is matched by no new event and its pending deliveries wait (the
+worker claims none of them) until it is enabled again.
+
 A tenant registers endpoints for its own events and sees only those. The operator (an
 admin key) registers endpoints for one tenant's events or, with no tenant, for every
 event, tenants' and the platform's; a tenant never sees an operator's endpoint (another
@@ -128,6 +131,16 @@ async def get(session: AsyncSession, viewer: Viewer, endpoint_id: str) -> Webhoo
            if is_uuid(endpoint_id) else None)
     if row is None:
         raise NotFound("webhook", endpoint_id)
+    return row
+
+
+async def update(session: AsyncSession, viewer: Viewer, endpoint_id: str,
+                 changes: dict[str, Any]) -> WebhookEndpoint:
+    """Sets the checked `changes` (url, event_types, enabled, description); the secret and
+    the owner never change."""
+    row = await get(session, viewer, endpoint_id)
+    for name, value in changes.items():
+        setattr(row, name, value)
     return row
 
 

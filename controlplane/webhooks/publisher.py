@@ -48,7 +48,7 @@ class WebhookPublisher:
             return await publish_in(session, tenant_id, event_type, payload, dedupe_key)
 
     async def ping(self, endpoint: WebhookEndpoint) -> tuple[Published, str]:
-        """A `webhook.test` event to this endpoint alone (enabled or not); its delivery id."""
+        """A `webhook.test` event to this endpoint alone; its delivery id."""
         async with self.sessions.begin() as session:
             event_id, created = new_event_id(), utcnow()
             session.add(WebhookEvent(id=event_id, tenant_id=endpoint.tenant_id, type=TEST,

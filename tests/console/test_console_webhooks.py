@@ -1,6 +1,6 @@
 """The console's webhooks page in headless Chromium, each step checked through the API: a
 tenant adds an endpoint (its secret shown once, then never again), sends a test event
-and sees its delivery, never sees another tenant's endpoint, and deletes its own."""
+and sees its delivery, never sees another tenant's endpoint, disables and deletes its own."""
 from __future__ import annotations
 
 import pytest
@@ -51,6 +51,13 @@ def test_a_tenant_manages_its_webhooks_in_the_console(browser, stack, screenshot
     assert shown["id"] == delivery["id"] and delivery["event_type"] == "webhook.test"
     assert "webhook.test" in browser.find_element("css selector", "#deliveries-table").text
     shoot(browser, screenshots, "webhooks")
+
+    click(browser, f"button[data-toggle-webhook='{made['id']}']")
+    wait_ready(browser, "webhooks")
+    with api(stack, key) as tenant:
+        assert tenant.get(f"/v1/webhooks/{made['id']}").json()["enabled"] is False
+    assert browser.find_element("css selector",
+                                f"button[data-toggle-webhook='{made['id']}']").text == "Enable"
 
     click(browser, f"button[data-delete-webhook='{made['id']}']")
     wait_ready(browser, "webhooks")

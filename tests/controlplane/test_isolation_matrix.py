@@ -195,6 +195,8 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/webhooks"): Case("deploy", fixed("/v1/webhooks"), 200, 200, 200),
     ("GET", "/v1/webhooks/{id}"): Case("deploy", path_with("/v1/webhooks/{}", "webhook"),
                                        admin=200),
+    ("PATCH", "/v1/webhooks/{id}"): Case("deploy", lambda world: (
+        f"/v1/webhooks/{world.ids['webhook']}", {"description": "iso"}), admin=200),
     ("DELETE", "/v1/webhooks/{id}"): Case("deploy", next_doomed_webhook, own=204, admin=204),
     ("GET", "/v1/webhooks/{id}/deliveries"): Case(
         "deploy", path_with("/v1/webhooks/{}/deliveries", "webhook"), admin=200),

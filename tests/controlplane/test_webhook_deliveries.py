@@ -131,3 +131,25 @@ async def test_pruning_deletes_done_events_and_keeps_pending_ones(sessions, worl
         orphans = await session.scalar(select(func.count()).select_from(WebhookDelivery).where(
             WebhookDelivery.event_id == done))
     assert pruned >= 1 and done not in left and waiting in left and orphans == 0
+
+
+async def test_a_disabled_endpoints_deliveries_wait_until_it_is_enabled(sessions, world):
+    operator = endpoints.Viewer(world["a"], is_operator=True)
+    async with sessions.begin() as session:
+        row, _ = await endpoints.create(session, EndpointSpec(
+            "http://127.0.0.1:9/paused", ["*"], True, None, world["b"], False), Sealer(os.urandom(32)))
+    event = (await WebhookPublisher(sessions).publish(world["b"], BUDGET_THRESHOLD, {},
+                                                      "paused")).event_id
+    later = FAR + timedelta(days=7)
+
+    async def claimed_for_it() -> list:
+        async with sessions.begin() as session:
+            return [c for c in await claim(session, later, 1, 1000)
+                    if c.event_id == event and c.endpoint_id == row.id]
+
+    async with sessions.begin() as session:
+        await endpoints.update(session, operator, row.id, {"enabled": False})
+    assert await claimed_for_it() == []
+    async with sessions.begin() as session:
+        await endpoints.update(session, operator, row.id, {"enabled": True})
+    assert len(await claimed_for_it()) == 1

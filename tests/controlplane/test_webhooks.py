@@ -306,6 +306,10 @@ async def test_the_cli_registers_pings_lists_and_deletes(plane, receiver, capsys
     code, out, _ = await run_cli(capsys, "webhooks", "ls", *auth)
     assert code == 0 and [e["id"] for e in json.loads(out)] == [made["id"]]
     assert made["secret"] not in out
+    code, out, _ = await run_cli(capsys, "webhooks", "disable", made["id"], *auth)
+    assert code == 0 and json.loads(out)["enabled"] is False
+    code, out, _ = await run_cli(capsys, "webhooks", "enable", made["id"], *auth)
+    assert code == 0 and json.loads(out)["enabled"] is True
     code, _, _ = await run_cli(capsys, "webhooks", "rm", made["id"], *auth)
     assert code == 0
     code, _, err = await run_cli(capsys, "webhooks", "get", made["id"], *auth)
@@ -330,3 +334,38 @@ async def test_a_tenant_holds_at_most_max_endpoints(plane, receiver):
 async def test_publishing_an_unknown_event_type_is_a_bug_caught_at_once(plane):
     with pytest.raises(ValueError, match="budget.spent"):
         await plane.app.state.webhooks.publish(None, "budget.spent", {}, "unknown-type")
+
+
+async def test_an_endpoint_is_changed_disabled_and_enabled_again(plane, receiver):
+    tenant = plane.client(await plane.tenant_key("wh-patch"))
+    other = plane.client(await plane.tenant_key("wh-patch-other"))
+    endpoint = await register(tenant, f"{receiver.base_url}/patch-old")
+    changed = await tenant.patch(f"/v1/webhooks/{endpoint['id']}", json={
+        "enabled": False, "url": f"{receiver.base_url}/patch-new", "description": "ops"})
+    assert changed.status_code == 200, changed.text
+    assert (changed.json()["enabled"], changed.json()["url"], changed.json()["description"]) == (
+        False, f"{receiver.base_url}/patch-new", "ops")
+    ping = await tenant.post(f"/v1/webhooks/{endpoint['id']}/test")
+    assert (ping.status_code, ping.json()["error"]["code"]) == (409, "webhook_disabled")
+    alert = threshold(endpoint["tenant_id"], "b-patch")
+    assert (await plane.app.state.webhooks.publish(endpoint["tenant_id"], BUDGET_THRESHOLD,
+                                                   alert.payload(), alert.dedupe_key)).deliveries == 0
+    assert (await tenant.patch(f"/v1/webhooks/{endpoint['id']}",
+                               json={"enabled": True})).json()["enabled"] is True
+    assert (await tenant.post(f"/v1/webhooks/{endpoint['id']}/test")).status_code == 202
+    [got] = await receiver.wait_for("/patch-new", 1)
+    verify(endpoint["secret"], got.headers["thawpool-signature"], got.body, 60)  # same secret
+    assert receiver.at("/patch-old") == []
+    refused = await other.patch(f"/v1/webhooks/{endpoint['id']}", json={"enabled": False})
+    assert refused.status_code == 404
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"url": "ftp://example.com/"}, "url"), ({"event_types": ["nope"]}, "event_types"),
+    ({"enabled": 1}, "enabled"), ({"tenant": "wh-iso-b"}, "tenant"), ({"secret": "x"}, "secret"),
+])
+async def test_a_bad_change_is_refused_naming_its_field(plane, receiver, body, param):
+    tenant = plane.client(await plane.tenant_key("wh-patch-bad"))
+    endpoint = await register(tenant, f"{receiver.base_url}/patch-bad")
+    refused = await tenant.patch(f"/v1/webhooks/{endpoint['id']}", json=body)
+    assert (refused.status_code, refused.json()["error"]["param"]) == (422, param), refused.text
