@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from datetime import timedelta
 from typing import AsyncIterator, Callable, Optional
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from controlplane.budgets.alerts import BudgetAlertSink, LoggingAlertSink
+from controlplane.budgets.alerts import BudgetAlertSink
 from controlplane.budgets.ledger import Ledger
 from controlplane.gateway.async_calls import AsyncCalls
 from controlplane.batch.files import BatchFiles
@@ -35,7 +36,7 @@ from controlplane.billing.outbox import DeadLetters, Outbox
 from controlplane.periodic import Periodic
 from controlplane.routes import (adapters, batches, billing, budgets, deployments, files, functions,
                                  gateway, gpu_costs, health, margin, model_sources, models_list, openapi,
-                                 prices, quotas, responses, tenants, uploads)
+                                 prices, quotas, responses, tenants, uploads, webhooks)
 from controlplane.billing.refusals import DeadLetteringSink
 from controlplane.sealing import load_sealer
 from controlplane.settings import Settings
@@ -43,6 +44,11 @@ from controlplane.state import AppState, state_of
 from controlplane.store.desired_state import PostgresDesiredState, PostgresReplicaEvents
 from controlplane.store import gpu_costs as cost_book
 from controlplane.store.prices import seed_default
+from controlplane.webhooks import history
+from controlplane.webhooks.budget_alerts import WebhookAlertSink
+from controlplane.webhooks.publisher import WebhookPublisher
+from controlplane.webhooks.sender import Sender
+from controlplane.webhooks.worker import WebhookWorker
 from controlplane.deploy.uploads import S3Client, UploadConfig, Uploads, open_s3_client
 from controlplane.gateway.upstream import Upstream
 from pool.api import Pool, ReplicaEventSink
@@ -54,7 +60,7 @@ PoolFactory = Callable[[PostgresDesiredState, ReplicaEventSink], Pool]
 ROUTES = [*gateway.routes, *responses.routes, *functions.routes, *health.routes, *openapi.routes, *tenants.routes,
           *quotas.routes, *model_sources.routes, *uploads.routes, *prices.routes, *gpu_costs.routes,
           *deployments.routes, *adapters.routes, *models_list.routes, *billing.routes, *margin.routes,
-          *files.routes, *batches.routes, *budgets.routes, *console.routes]
+          *files.routes, *batches.routes, *budgets.routes, *webhooks.routes, *console.routes]
 
 
 def create_app(settings: Settings, pool: Optional[Pool] = None, *,
@@ -63,9 +69,8 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
     """Exactly one of `pool` (used as given: its owner starts and stops it) and
     `pool_factory` (given the app's DesiredStateSource and ReplicaEventSink; its pool is
     started and stopped with the app). Budget threshold crossings go to `alert_sink`
-    (default: a log line each)."""
+    (default: a log line each and a `budget.threshold` webhook event)."""
     make_pool, owns_pool = _pool_maker(pool, pool_factory)
-    alerts = alert_sink or LoggingAlertSink()
     metrics = Metrics()
 
     @contextlib.asynccontextmanager
@@ -77,6 +82,8 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
                 pool_timeout_s=settings.db_pool_timeout_s)
             stack.push_async_callback(db_engine.dispose)
             sessions = sessionmaker(db_engine)
+            publisher = WebhookPublisher(sessions)
+            alerts = alert_sink or WebhookAlertSink(publisher)
             async with sessions.begin() as session:
                 await seed_default(session, settings.default_pricing)
                 await cost_book.seed_default(session, settings.gpu_cost_per_second)
@@ -115,6 +122,7 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
             state.settings, state.db_engine, state.sessions = settings, db_engine, sessions
             state.lookups, state.async_calls = lookups, calls
             state.writer, state.pool, state.sealer = writer, the_pool, sealer
+            state.webhooks = publisher
             state.budgets = Ledger(db_engine, alerts, reservation_ttl_s=settings.budget_reservation_ttl_s,
                                    retention_s=settings.budget_reservation_retention_s)
             _workers(state, s3, http)
@@ -128,6 +136,7 @@ def create_app(settings: Settings, pool: Optional[Pool] = None, *,
                 stack.push_async_callback(sweeper.stop)
             await state.batch_runner.start()
             stack.push_async_callback(state.batch_runner.stop)
+            await _start_webhooks(stack, state)
             yield
 
     app = Starlette(
@@ -168,6 +177,27 @@ def _workers(state: AppState, s3: S3Client, http: Upstream) -> None:
                                      RunnerConfig(settings.batch_poll_s, settings.batch_max_in_flight,
                                                   settings.batch_max_attempts, settings.batch_retry_s,
                                                   settings.batch_price_discount))
+
+
+async def _start_webhooks(stack: contextlib.AsyncExitStack, state: AppState) -> None:
+    """The worker that delivers what the publisher (state.webhooks) enqueued (stopped before its
+    sender closes)."""
+    settings = state.settings
+    sender = await stack.enter_async_context(Sender(settings.webhook_timeout_s,
+                                                    settings.webhook_allow_private_targets))
+    worker = WebhookWorker(state.sessions, state.sealer, sender, settings.webhook_retry_policy)
+    delivering = Periodic("deliver webhooks", settings.webhook_poll_s, worker.drain)
+    pruning = Periodic("prune webhook history", history.PRUNE_EVERY_S,
+                       lambda: _prune_webhooks(state))
+    for chore in (delivering, pruning):
+        chore.start()
+        stack.push_async_callback(chore.stop)
+
+
+async def _prune_webhooks(state: AppState) -> int:
+    before = utcnow() - timedelta(seconds=state.settings.webhook_retention_s)
+    async with state.sessions.begin() as session:
+        return await history.prune(session, before)
 
 
 def create_metrics_app(metrics: Metrics) -> Starlette:

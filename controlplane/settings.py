@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from controlplane.billing.pricing import Pricing
 from controlplane.quotas import Quota
+from controlplane.webhooks.backoff import RetryPolicy
 
 GIB = 1024 ** 3
 
@@ -110,6 +111,17 @@ class Settings:
     batch_max_attempts: int = 5
     batch_retry_s: float = 2.0
     batch_price_discount: Decimal = Decimal("0.5")
+    # Webhooks (controlplane.webhooks): how often due deliveries are looked for, how long
+    # one POST may take, the retry schedule (controlplane.webhooks.backoff), and whether a
+    # tenant's endpoint may reach loopback and private addresses (one-machine setups).
+    webhook_poll_s: float = 1.0
+    webhook_timeout_s: float = 10.0
+    webhook_retry_base_s: float = 5.0
+    webhook_retry_cap_s: float = 3600.0
+    webhook_max_attempts: int = 12
+    webhook_max_age_s: float = 3 * 86_400.0
+    webhook_allow_private_targets: bool = False
+    webhook_retention_s: float = 30 * 86_400.0     # delivered events, then deleted
 
     @property
     def outbox_path(self) -> Path:
@@ -135,6 +147,11 @@ class Settings:
                      self.quota_max_upload_bytes, self.quota_requests_per_min,
                      self.quota_tokens_per_min, self.quota_max_async_calls)
 
+    @property
+    def webhook_retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(self.webhook_retry_base_s, self.webhook_retry_cap_s,
+                           self.webhook_max_attempts, self.webhook_max_age_s)
+
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)
 
@@ -150,6 +167,14 @@ class Settings:
         if "database_url" not in values:
             values["database_url"] = ""
         return cls(**values)
+
+
+def _flag(value: str) -> bool:
+    if value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
 
 
 def _limit(value: str) -> Optional[int]:
@@ -208,4 +233,9 @@ _ENV_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
       for name in ("max_gpus", "max_replicas_per_deployment", "max_deployments",
                    "max_queued_requests", "max_upload_bytes", "requests_per_min",
                    "tokens_per_min", "max_async_calls")],
+    *[(f"webhook_{name}", f"THAWPOOL_WEBHOOK_{name.upper()}", float)
+      for name in ("poll_s", "timeout_s", "retry_base_s", "retry_cap_s", "max_age_s",
+                   "retention_s")],
+    ("webhook_max_attempts", "THAWPOOL_WEBHOOK_MAX_ATTEMPTS", int),
+    ("webhook_allow_private_targets", "THAWPOOL_WEBHOOK_ALLOW_PRIVATE_TARGETS", _flag),
 ]

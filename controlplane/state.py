@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from controlplane.sealing import Sealer
     from controlplane.settings import Settings
     from controlplane.deploy.uploads import Uploads
+    from controlplane.webhooks.publisher import WebhookPublisher
     from pool.api import Pool
 
 
@@ -49,6 +50,7 @@ class AppState(Protocol):
     batch_files: BatchFiles
     batches: Batches
     batch_runner: BatchRunner
+    webhooks: WebhookPublisher
 
 
 def state_of(app: Any) -> AppState:

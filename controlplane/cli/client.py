@@ -183,6 +183,32 @@ class Client:
     def revoke_key(self, prefix: str) -> JSON:
         return dict(self.call("DELETE", f"/v1/keys/{prefix}"))
 
+    # ------------------------------------------------------------- webhooks
+
+    def webhooks(self, tenant: Optional[str] = None) -> list[JSON]:
+        """The caller's endpoints (admin: every one, or one tenant's)."""
+        params = {"tenant": tenant} if tenant else None
+        return list(self.call("GET", "/v1/webhooks", params=params)["data"])
+
+    def webhook(self, endpoint_id: str) -> JSON:
+        return dict(self.call("GET", f"/v1/webhooks/{endpoint_id}"))
+
+    def create_webhook(self, body: JSON) -> JSON:
+        return dict(self.call("POST", "/v1/webhooks", body=body))
+
+    def update_webhook(self, endpoint_id: str, changes: JSON) -> JSON:
+        return dict(self.call("PATCH", f"/v1/webhooks/{endpoint_id}", body=changes))
+
+    def delete_webhook(self, endpoint_id: str) -> None:
+        self.call("DELETE", f"/v1/webhooks/{endpoint_id}")
+
+    def webhook_deliveries(self, endpoint_id: str, limit: int) -> list[JSON]:
+        return list(self.call("GET", f"/v1/webhooks/{endpoint_id}/deliveries",
+                              params={"limit": str(limit)})["data"])
+
+    def test_webhook(self, endpoint_id: str) -> JSON:
+        return dict(self.call("POST", f"/v1/webhooks/{endpoint_id}/test"))
+
     # ------------------------------------------------------------- invocation
 
     def stream_chat(self, model: str, messages: list[JSON], result: StreamResult,

@@ -2,7 +2,8 @@
 (`up`, `admin` and `models import` stay there)."""
 from __future__ import annotations
 
-from controlplane.cli import adapters, budgets, deploy, invoke, login, models, status, tenants, usage
+from controlplane.cli import (adapters, budgets, deploy, invoke, login, models, status, tenants, usage,
+                              webhooks)
 from controlplane.cli.output import Subcommands, common_flags
 
 
@@ -18,3 +19,4 @@ def register_all(commands: Subcommands,
     usage.register(commands, flags)
     tenants.register(commands, flags)
     budgets.register(commands, flags)
+    webhooks.register(commands, flags)

@@ -113,6 +113,7 @@ async function route() {
     else if (page === "usage") await usagePage();
     else if (page === "keys") await keysPage();
     else if (page === "budgets") await budgetsPage();
+    else if (page === "webhooks") await webhooksPage();
     else if (page === "admin") await adminPage();
     else if (page === "margin") await marginPage();
     else await deploymentsPage();
@@ -540,6 +541,69 @@ function budgetForm(admin, error) {
       await route();
     });
   } } }, Object.values(inputs).filter(Boolean), h("button", { type: "submit", id: "budget-save" }, "Save budget"));
+}
+
+// ------------------------------------------------------------------ webhooks
+
+// The caller's webhook endpoints (an operator's key: every one), a form to add one (its
+// secret is shown once, here: `newSecret`, drawn with the page that lists it), and per
+// endpoint its deliveries with every attempt.
+async function webhooksPage(newSecret) {
+  const listed = (await api("/v1/webhooks")).data;
+  const url = h("input", { id: "webhook-url", placeholder: "https://hooks.example.com/thawpool", required: true, size: 40 });
+  const events = h("input", { id: "webhook-events", value: "budget.threshold" });
+  const secret = h("p", { class: "secret", id: "new-webhook-secret", hidden: !newSecret },
+    newSecret ? newSecret + "  (shown once: the receiver verifies Thawpool-Signature with it)" : "");
+  const error = h("p", { class: "error", id: "webhook-error" });
+  const deliveries = h("div", { id: "webhook-deliveries" });
+  const form = h("form", { class: "inline", id: "webhook-form", on: { submit: (event) => {
+    event.preventDefault();
+    attempt(error, async () => {
+      const made = await api("/v1/webhooks", { method: "POST", body: {
+        url: url.value.trim(), event_types: events.value.split(",").map((e) => e.trim()).filter(Boolean) } });
+      await webhooksPage(made.secret);
+    });
+  } } }, "URL", url, "events", events, h("button", { type: "submit" }, "Add endpoint"));
+  main.replaceChildren(h("h1", {}, "Webhooks"),
+    h("p", {}, "Signed events POSTed to your URLs (docs/webhooks.md): each delivery is retried with backoff and every attempt is kept."),
+    form, error, secret, webhooksTable(listed, deliveries, error), deliveries);
+  window.thawpoolConsole.data.webhooks = listed.map((e) => e.id);
+  document.body.dataset.ready = "webhooks";
+}
+
+function webhooksTable(listed, deliveries, error) {
+  const act = (fn) => () => attempt(error, fn);
+  const test = (id) => act(async () => {
+    await api("/v1/webhooks/" + id + "/test", { method: "POST" });
+    await showDeliveries(id, deliveries);
+  });
+  const toggle = (e) => act(async () => {
+    await api("/v1/webhooks/" + e.id, { method: "PATCH", body: { enabled: !e.enabled } });
+    await webhooksPage();
+  });
+  const remove = (id) => act(async () => {
+    await api("/v1/webhooks/" + id, { method: "DELETE" });
+    await webhooksPage();
+  });
+  return table(["url", "events", "enabled", "created", ""], listed.map((e) => [e.url, e.event_types.join(","),
+    e.enabled ? "yes" : "no", e.created_at.slice(0, 19), h("span", {},
+      h("button", { type: "button", "data-deliveries": e.id, on: { click: act(() => showDeliveries(e.id, deliveries)) } }, "Deliveries"),
+      h("button", { type: "button", "data-test": e.id, on: { click: test(e.id) } }, "Send test"),
+      h("button", { type: "button", "data-toggle-webhook": e.id, on: { click: toggle(e) } }, e.enabled ? "Disable" : "Enable"),
+      h("button", { type: "button", "data-delete-webhook": e.id, on: { click: remove(e.id) } }, "Delete"))]),
+    { id: "webhooks-table" });
+}
+
+async function showDeliveries(id, el) {
+  const listed = (await api("/v1/webhooks/" + id + "/deliveries?limit=50")).data;
+  const last = (d) => d.last_status_code != null ? String(d.last_status_code) : (d.last_error || "");
+  el.replaceChildren(h("h2", {}, "Deliveries"),
+    table(["created", "event", "type", "status", "attempts", "last answer", "next attempt"],
+      listed.map((d) => [d.created_at.slice(0, 19), d.event_id, d.event_type, d.status, d.attempts, last(d),
+                         d.next_attempt_at ? d.next_attempt_at.slice(0, 19) : ""]),
+      { id: "deliveries-table", "data-endpoint": id }));
+  window.thawpoolConsole.data.deliveries = listed.map((d) => ({ id: d.id, status: d.status, attempts: d.attempts }));
+  document.body.dataset.ready = "webhooks";
 }
 
 document.getElementById("sign-out").addEventListener("click", signOut);

@@ -492,3 +492,79 @@ class BudgetAlertRow(Base):
     limit_amount: Mapped[Decimal] = mapped_column(MONEY)
     spent: Mapped[Decimal] = mapped_column(MONEY)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebhookEndpoint(Base):
+    """Where webhooks go (migration 0020): registered by a tenant for its own events, or
+    by the operator (`operator`: tenants never see it) for one tenant's events or, with
+    no tenant, for every tenant's and the platform's. The signing secret is sealed by
+    controlplane.sealing, bound to the row, and shown in clear once, at creation."""
+    __tablename__ = "webhook_endpoints"
+    __table_args__ = (CheckConstraint("operator OR tenant_id IS NOT NULL",
+                                      name="ck_webhook_endpoints_owner"),)
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[Optional[str]] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"),
+                                                  nullable=True, index=True)
+    operator: Mapped[bool] = mapped_column(Boolean)
+    url: Mapped[str]
+    event_types: Mapped[list[str]] = mapped_column(ARRAY(Text))     # names, or ["*"]
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    description: Mapped[Optional[str]]
+    secret_sealed: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebhookEvent(Base):
+    """One event published (controlplane.webhooks.publisher), once per `dedupe_key`
+    however many control planes publish it; tenant_id NULL: a platform event."""
+    __tablename__ = "webhook_events"
+    id: Mapped[str] = mapped_column(primary_key=True)          # evt_<32 hex>
+    tenant_id: Mapped[Optional[str]] = _id_column(ForeignKey("tenants.id", ondelete="CASCADE"),
+                                                  nullable=True, index=True)
+    type: Mapped[str]
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    dedupe_key: Mapped[str] = mapped_column(unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One event to one endpoint until it succeeds or is given up. A pending delivery is
+    due at `next_attempt_at`; a worker that claims it moves that time past its lease and
+    stamps `claim_id`, so only it records the attempt (controlplane.webhooks.deliveries)."""
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        CheckConstraint("status IN ('pending', 'succeeded', 'failed')",
+                        name="ck_webhook_deliveries_status"),
+        CheckConstraint("(status = 'pending') = (next_attempt_at IS NOT NULL)",
+                        name="ck_webhook_deliveries_due"),
+        Index("uq_webhook_deliveries_event_endpoint", "event_id", "endpoint_id", unique=True),
+        Index("ix_webhook_deliveries_due", "next_attempt_at",
+              postgresql_where=text("status = 'pending'")),
+        Index("ix_webhook_deliveries_endpoint", "endpoint_id", "created_at"),
+    )
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    event_id: Mapped[str] = mapped_column(ForeignKey("webhook_events.id", ondelete="CASCADE"))
+    endpoint_id: Mapped[str] = _id_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
+    status: Mapped[str]                      # pending | succeeded | failed
+    attempts: Mapped[int] = mapped_column(Integer)
+    next_attempt_at: Mapped[Optional[datetime]]
+    claim_id: Mapped[Optional[str]] = _id_column(nullable=True)
+    last_status_code: Mapped[Optional[int]] = mapped_column(Integer)
+    last_error: Mapped[Optional[str]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    completed_at: Mapped[Optional[datetime]]
+
+
+class WebhookAttempt(Base):
+    """One POST of a delivery: the receiver's status code, or the error that stood for
+    one (timeout, refused connection, blocked address), and how long it took."""
+    __tablename__ = "webhook_attempts"
+    __table_args__ = (Index("uq_webhook_attempts_delivery_number", "delivery_id", "number",
+                            unique=True),)
+    id: Mapped[str] = _id_column(primary_key=True, default=new_id)
+    delivery_id: Mapped[str] = _id_column(ForeignKey("webhook_deliveries.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime]
+    duration_ms: Mapped[float] = mapped_column(Float)
+    status_code: Mapped[Optional[int]] = mapped_column(Integer)
+    error: Mapped[Optional[str]]

@@ -7,14 +7,14 @@ both as JSON text. Deleted by the tenant (DELETE /v1/responses/{id}) or by the s
 once `response_retention_s` has passed since `created_at`.
 
 Revision ID: 0021
-Revises: 0019
+Revises: 0020
 Create Date: 2027-07-01
 """
 from alembic import op
 import sqlalchemy as sa
 
 revision = '0021'
-down_revision = '0019'
+down_revision = '0020'
 branch_labels = None
 depends_on = None
 

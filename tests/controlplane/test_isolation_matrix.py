@@ -40,6 +40,7 @@ class World:
     completion: dict[str, Any] = field(default_factory=dict)
     markers: set[str] = field(default_factory=set)           # what only A and the admin may see
     doomed_budgets: list[str] = field(default_factory=list)   # one for each cell to delete
+    doomed_webhooks: list[str] = field(default_factory=list)  # one of A's endpoints per cell
 
 
 Request = Callable[[World], tuple[str, Optional[dict]]]
@@ -90,6 +91,15 @@ def unique_adapter(world: World) -> tuple[str, dict]:
 def unique_upload(world: World) -> tuple[str, dict]:
     return "/v1/models/uploads", {"name": f"iso-up-{next(fresh)}",
                                   "files": [{"path": "config.json", "size": 10}]}
+
+
+def unique_webhook(world: World) -> tuple[str, dict]:
+    return "/v1/webhooks", {"url": f"http://127.0.0.1:9/iso-{next(fresh)}", "event_types": ["*"]}
+
+
+def next_doomed_webhook(world: World) -> tuple[str, None]:
+    """One of A's endpoints per cell, so that each cell's delete has its own to try."""
+    return f"/v1/webhooks/{world.doomed_webhooks.pop(0)}", None
 
 
 def path_with(template: str, name: str) -> Request:
@@ -212,6 +222,18 @@ ROUTES: dict[tuple[str, str], Case] = {
                                         200, 200, 200),
     ("GET", "/v1/billing/prices"): Case("billing:read", fixed("/v1/billing/prices"),
                                         200, 200, 200),
+    # webhooks: each tenant its own endpoints; the operator sees and manages every one
+    ("POST", "/v1/webhooks"): Case("deploy", unique_webhook, 201, 201, 201),
+    ("GET", "/v1/webhooks"): Case("deploy", fixed("/v1/webhooks"), 200, 200, 200),
+    ("GET", "/v1/webhooks/{id}"): Case("deploy", path_with("/v1/webhooks/{}", "webhook"),
+                                       admin=200),
+    ("PATCH", "/v1/webhooks/{id}"): Case("deploy", lambda world: (
+        f"/v1/webhooks/{world.ids['webhook']}", {"description": "iso"}), admin=200),
+    ("DELETE", "/v1/webhooks/{id}"): Case("deploy", next_doomed_webhook, own=204, admin=204),
+    ("GET", "/v1/webhooks/{id}/deliveries"): Case(
+        "deploy", path_with("/v1/webhooks/{}/deliveries", "webhook"), admin=200),
+    ("POST", "/v1/webhooks/{id}/test"): Case(
+        "deploy", path_with("/v1/webhooks/{}/test", "webhook"), own=202, admin=202),
     # the platform's costs and margins: the operator's alone
     ("GET", "/v1/billing/margin"): Case("admin", fixed("/v1/billing/margin"), 403, 403, 200),
     # budgets: each tenant reads its own (the admin every tenant's) and sets them on its own
@@ -354,6 +376,18 @@ async def make_sources_prices_uploads(plane, world: World) -> None:
                                                                 "etag": etag}]}]}
 
 
+async def make_webhooks(plane, world: World) -> None:
+    """A's endpoint (its URL a marker), and one more of A's for each cell to delete."""
+    a = plane.client(world.keys["own"])
+    for n in range(len(CELLS) + 1):
+        made = await a.post("/v1/webhooks", json={"url": f"http://127.0.0.1:9/iso-a-hook-{n}",
+                                                  "event_types": ["budget.threshold"]})
+        assert made.status_code == 201, made.text
+        world.markers |= {made.json()["id"], made.json()["url"], made.json()["secret"]}
+        world.doomed_webhooks.append(made.json()["id"])
+    world.ids["webhook"] = world.doomed_webhooks.pop(0)
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def world(plane, tiny_model, s3_server, models_bucket, tmp_path_factory):
     world = World()
@@ -367,6 +401,7 @@ async def world(plane, tiny_model, s3_server, models_bucket, tmp_path_factory):
     await make_adapters(plane, world)
     await make_sources_prices_uploads(plane, world)
     await make_budgets(plane, world)
+    await make_webhooks(plane, world)
     async with plane.app.state.sessions() as session:
         from controlplane.store.tenants import find_tenant
 

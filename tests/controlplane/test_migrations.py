@@ -16,6 +16,7 @@ TABLES = {"tenants", "api_keys", "deployments", "revisions", "usage_events",
           "replica_lifetimes", "model_sources", "prices", "tenant_quotas", "model_uploads",
           "function_calls", "adapters", "gpu_costs", "stored_responses", "batch_files", "batches",
           "batch_lines", "budgets", "budget_periods", "budget_reservations", "budget_alerts",
+          "webhook_endpoints", "webhook_events", "webhook_deliveries", "webhook_attempts",
           "alembic_version"}
 T0 = datetime(2026, 5, 1, tzinfo=timezone.utc)
 IDS = ("'00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-000000000002', "
