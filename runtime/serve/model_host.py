@@ -203,7 +203,6 @@ class ModelHost:
             tokenizer, parse_s = await parsing
         except Exception as exc:   # noqa: BLE001 - any failure is reported on /health
             parsing.cancel()
-            self.tokenizers.close()
             self.status, self.error = Status.FAILED, f"{type(exc).__name__}: {exc}"
             self.load_timings = {"total_s": round(time.perf_counter() - start, 6)}
             return
@@ -221,7 +220,6 @@ class ModelHost:
             return
         self.load_timings = replica_timings(info.load_timings, parse_s, time.perf_counter() - start)
         self.status = Status.READY
-        self.tokenizers.close()     # one model in a replica's life: the others' parses go
 
     def prepare(self, models: tuple[str, ...]) -> None:
         """A standby's: parse the tokenizers of the models it will likely load (LikelyModels),

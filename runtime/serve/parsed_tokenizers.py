@@ -10,7 +10,7 @@ A parse is keyed by the identity of both files a Tokenizer reads (tokenizer.json
 tokenizer_config.json): real path, size, mtime_ns and inode, taken before the parse (stat
 follows the pool's symlinks into its content cache). A file changed since, or a parse
 that failed, is parsed again at the load, where its error is reported as any load's is.
-At most `capacity` parses are kept, the oldest told dropped first.
+At most `capacity` parses are kept, the least likely dropped first.
 """
 from __future__ import annotations
 
@@ -84,9 +84,12 @@ class ParsedTokenizers:
 
     async def take(self, model_dir: str) -> tuple[Tokenizer, float]:
         """The folder's tokenizer, and the seconds the load waited for it: the kept parse of
-        the same files (done, or awaited where under way), else a parse now."""
+        the same files (done, or awaited where under way), else a parse now. A replica
+        loads one model in its life: the other parses are dropped, those not begun never
+        take the CPU from the load."""
         start = time.perf_counter()
         kept = self._parses.pop(model_dir, None)
+        self.close()
         if kept is not None and kept.identity == tokenizer_identity(model_dir):
             try:
                 return await asyncio.shield(kept.result), time.perf_counter() - start
