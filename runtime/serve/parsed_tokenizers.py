@@ -68,12 +68,18 @@ class ParsedTokenizers:
     def prepare(self, model_dirs: tuple[str, ...]) -> None:
         """Parse each folder's tokenizer in the background unless a parse of the same files
         is kept; the first named is parsed first and dropped last."""
+        named = []
         for model_dir in model_dirs:
             kept = self._parses.get(model_dir)
             identity = tokenizer_identity(model_dir)
+            if identity[0] is None:        # no tokenizer.json there: nothing to parse ahead
+                continue
             if kept is None or kept.identity != identity or _failed(kept.result):
-                self._parses[model_dir] = Parse(identity, asyncio.ensure_future(self._parse_in_turn(model_dir)))
-        for model_dir in reversed(model_dirs):
+                result = asyncio.ensure_future(self._parse_in_turn(model_dir))
+                result.add_done_callback(_failed)    # a failure is the load's to report, not the log's
+                self._parses[model_dir] = Parse(identity, result)
+            named.append(model_dir)
+        for model_dir in reversed(named):
             self._parses.move_to_end(model_dir, last=False)
         while len(self._parses) > self.capacity:
             self._parses.popitem()[1].result.cancel()

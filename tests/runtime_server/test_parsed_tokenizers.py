@@ -120,3 +120,14 @@ def test_only_a_few_are_kept_the_least_likely_dropped_first(folders):
         await cache.take(folders[2])                  # dropped: parsed at the load
         assert parse.parsed == ["a", "b", "c", "d", "c"]
     asyncio.run(run())
+
+
+def test_a_folder_without_a_tokenizer_is_not_parsed_ahead(folders, tmp_path):
+    async def run() -> None:
+        parse = CountedParse()
+        cache = ParsedTokenizers(parse=parse)
+        cache.prepare((str(tmp_path / "nowhere"), folders[0]))
+        await cache.settled()
+        assert parse.parsed == ["a"] and cache.prepared() == (folders[0],)
+        cache.close()
+    asyncio.run(run())
