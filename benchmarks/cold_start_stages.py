@@ -16,7 +16,10 @@ trial starts a fresh Python process per case and measures in it:
             process and the node's packed-layer cache (as pool/backends/runtime_args.py
             configures CPU replicas), from the load request to ready (the core loading
             while the server parses its tokenizer, and the pipe between them), then the
-            first token through the engine client
+            first token through the engine client: a standby not told the model (the
+            pool's prediction wrong, or none)
+  told      the same replica, its standby told the model ahead (/admin/likely: the pool's
+            prediction right), so its tokenizer was parsed before the load request
 
 then one greedy token (first_token). The peer, measured in the same run and between the
 cases: reading the weight files into memory with plain `read()` from the page cache (warm:
@@ -89,7 +92,7 @@ def read_seconds(paths: list[Path]) -> float:
 
 REPLICA = """
 import asyncio, json, sys, time
-model, packed_dir = sys.argv[1], sys.argv[3]
+model, mode, packed_dir = sys.argv[1], sys.argv[2], sys.argv[3]
 from runtime.serve.model_host import ModelHost, Status
 from wire.replica_control import LoadRequest
 from wire.sampling import SamplingParams
@@ -97,6 +100,9 @@ from wire.sampling import SamplingParams
 async def main():
     host = ModelHost()
     await host.warm()
+    if mode == "told":                        # as the pool tells a standby, well before the load
+        host.prepare((model,))
+        await host.tokenizers.settled()
     host.start_loading(LoadRequest(model, "bench", {"packed_cache_dir": packed_dir}))
     while host.status is Status.LOADING:      # as the pool polls /health
         await asyncio.sleep(0.001)
@@ -117,7 +123,7 @@ asyncio.run(main())
 
 
 def run_case(model: Path, mode: str, packed_dir: Path) -> dict:
-    script = REPLICA if mode == "replica" else CHILD
+    script = REPLICA if mode in ("replica", "told") else CHILD
     done = subprocess.run([sys.executable, "-c", script, str(model), mode, str(packed_dir)],
                           cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     size = sum(p.stat().st_size for p in paths)
     read_seconds(paths)                           # warms the page cache
     reads: list[float] = []
-    trials: dict[str, list[dict]] = {"fresh": [], "standby": [], "packed": [], "replica": []}
+    trials: dict[str, list[dict]] = {"fresh": [], "standby": [], "packed": [], "replica": [], "told": []}
     packed_dir = Path(tempfile.mkdtemp(prefix="thawpool-packed-"))
     run_case(args.model, "packed", packed_dir)   # fills the node's packed-layer cache
     for _ in range(args.trials):

@@ -326,7 +326,14 @@ class PoolManager:
     def _reconcile_all(self) -> None:
         for rev in self._registry.all():
             self._reconcile(rev)
-        self._running.prefetcher.start_due(self._registry.all(), not self.backend.pulls_on_node, self.clock.mono())
+        self._look_ahead()
+
+    def _look_ahead(self) -> None:
+        """Pull the weights of revisions due (prefetch), and tell the backend which calls
+        are predicted, so its warm standbys prepare for those models."""
+        prefetcher, now = self._running.prefetcher, self.clock.mono()
+        prefetcher.start_due(self._registry.all(), not self.backend.pulls_on_node, now)
+        self.backend.expect(prefetcher.predicted(self._registry.all(), now))
 
     def _reconcile(self, rev: RevisionState) -> None:
         if rev.retired:                          # no longer deployed: drain everything now
@@ -428,7 +435,7 @@ class PoolManager:
             self._running.failures.notice_crashes(rev)
             self._expire_drains(rev)
             self._reconcile(rev)
-        self._running.prefetcher.start_due(self._registry.all(), not self.backend.pulls_on_node, self.clock.mono())
+        self._look_ahead()
         self._registry.drop_finished()
         self._running.heartbeats.send_if_due(self._tasks.spawn)
 

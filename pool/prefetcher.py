@@ -38,13 +38,21 @@ class Prefetcher:
         by the revision's learned window (`now` is the monotonic clock) wants its weights
         once per idle spell, whether or not the deploy asked for prefetch."""
         spec = rev.spec
-        idle_for = None if rev.last_activity is None else now - rev.last_activity
-        predicted = predicted_due(learned_window(rev, self.settings), idle_for, self.settings.prefetch_lead_s)
+        predicted = self._predicted(rev, now)
         return PrefetchView(spec.revision_id, (spec.prefetch or predicted) and reads_pool_cache and not rev.retired,
                             PrefetchTarget(weight_uris(spec), rev.scale_ups,
                                            rev.last_activity if predicted else None),
                             rev.prefetched.target if rev.prefetched is not None else None,
                             spec.revision_id in self._running)
+
+    def predicted(self, revisions: Iterable[RevisionState], now: float) -> list[str]:
+        """The revisions a call is predicted for soon (their learned window opens within
+        prefetch_lead_s), in the order given: their models are the likely next loads."""
+        return [rev.spec.revision_id for rev in revisions if not rev.retired and self._predicted(rev, now)]
+
+    def _predicted(self, rev: RevisionState, now: float) -> bool:
+        idle_for = None if rev.last_activity is None else now - rev.last_activity
+        return predicted_due(learned_window(rev, self.settings), idle_for, self.settings.prefetch_lead_s)
 
     def start_due(self, revisions: Iterable[RevisionState], reads_pool_cache: bool, now: float) -> None:
         """Start the prefetches pool.weights.prefetch.to_prefetch says are due."""

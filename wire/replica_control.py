@@ -6,6 +6,9 @@ body that crosses them.
                      without the secret only `status` (Health.public)
   GET  /stats        Stats: what the replica served since its process started
   POST /admin/load   LoadRequest in, LOAD_ACCEPTED with LoadReply out (a standby only)
+  POST /admin/likely LikelyModels in, LOAD_ACCEPTED with LikelyModels out (a standby only;
+                     409 otherwise): the model folders a later /admin/load will likely
+                     name, whose tokenizers the standby parses ahead, in the background
   POST /sleep        SleepReply (409 unless ready and idle)
   POST /wake         WakeReply (409 unless asleep)
   PUT  /admin/adapters/{name}   a LoRA adapter into the engine: ADAPTER_CONFIG_HEADER
@@ -51,6 +54,7 @@ from wire.errors import ProtocolError
 HEALTH_PATH = "/health"          # the one path answered without the secret
 STATS_PATH = "/stats"
 LOAD_PATH = "/admin/load"
+LIKELY_PATH = "/admin/likely"
 SLEEP_PATH = "/sleep"
 WAKE_PATH = "/wake"
 LOAD_ACCEPTED = 202              # the load goes on in the background; /health follows it
@@ -71,6 +75,8 @@ MAX_STAGE_NAME = 64
 MAX_STAGE_S = 86_400.0
 MAX_TEXT = 2_000                 # an error or a name, as a status page shows it
 MAX_PIDS = 64                    # tensor-parallel workers of one replica
+MAX_LIKELY_MODELS = 4            # a standby keeps a few parsed tokenizers (each ~tens of MB)
+MAX_MODEL_PATH = 4_096           # PATH_MAX
 
 
 class BadReply(ValueError):
@@ -202,6 +208,37 @@ class LoadRequest:
         if bad:
             raise ProtocolError(f"engine.{bad[0]}: unknown engine argument", param="engine")
         return cls(model, name or model, engine_kwargs)
+
+
+@dataclass(frozen=True)
+class LikelyModels:
+    """The model folders a standby will likely be told to load, most likely first (the
+    pool's guess: pool/likely_models.py); the standby prepares what it can of them ahead
+    (their tokenizers), and a wrong guess costs nothing at the load."""
+    models: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"models": list(self.models)}
+
+    @classmethod
+    def parse(cls, body: Any) -> "LikelyModels":
+        """ProtocolError naming the field, for anything but at most MAX_LIKELY_MODELS
+        folder paths of at most MAX_MODEL_PATH characters each."""
+        if not isinstance(body, dict):
+            raise ProtocolError("request body must be a JSON object")
+        unknown = sorted(set(body) - {"models"})
+        if unknown:
+            raise ProtocolError(f"{unknown[0]}: unknown field", param=unknown[0])
+        models = body.get("models")
+        if not isinstance(models, list):
+            raise ProtocolError("models: must be a list of model folder paths", param="models")
+        if len(models) > MAX_LIKELY_MODELS:
+            raise ProtocolError(f"models: at most {MAX_LIKELY_MODELS} folders", param="models")
+        for model in models:
+            if not isinstance(model, str) or not 0 < len(model) <= MAX_MODEL_PATH or "\0" in model:
+                raise ProtocolError(f"models: each must be a folder path of 1 to {MAX_MODEL_PATH} "
+                                    "characters", param="models")
+        return cls(tuple(dict.fromkeys(models)))
 
 
 @dataclass(frozen=True)

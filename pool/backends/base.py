@@ -118,6 +118,12 @@ class Backend(Protocol):
         stopped on the way."""
         ...
 
+    def expect(self, revision_ids: Sequence[str]) -> None:
+        """The revisions a call is predicted for soon, most likely first (pool/prefetcher.py),
+        told at every reconcile: a backend with warm standbys tells them the models they
+        will likely load (pool/likely_models.py); one without ignores it."""
+        ...
+
     def forget(self, handle: ReplicaHandle) -> None:
         """Drop a stopped replica from the backend's books and its registration (close()
         no longer stops it, the next pool does not look for it)."""

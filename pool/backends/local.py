@@ -6,7 +6,12 @@ the engine imported, no model); a cold start of a model takes one and POSTs
 /admin/load, so it pays only for the weights. The pool is refilled in the
 background a moment after that load is done, and a standby warms up at a low
 CPU weight (STANDBY_NICE) until it is taken: on a node of few cores its start
-would otherwise slow the cold start it stands by for. Without a warm process
+would otherwise slow the cold start it stands by for. A standby up and waiting is told
+the model folders it will likely load (pool/likely_models.py: the revisions predicted
+soon, then the models loaded here last), when it comes up, after each refill and as
+the predictions change, and parses their tokenizers meanwhile. A sandboxed standby is
+not told: it sees no model before its load, and a tokenizer it parsed ahead would be one
+tenant's input in a process that may go on to serve another. Without a warm process
 (pool empty, size 0, a multi-GPU replica that needs its own
 CUDA_VISIBLE_DEVICES, a function in its own venv) the launch is started directly.
 
@@ -52,7 +57,9 @@ from pool.launch import MODEL_SERVER, ModelServer, ReplicaLaunch
 from pool.model_sandbox import MODEL
 from pool.replica_sandbox import ReplicaSandboxes, model_sandbox_name
 from wire.replica_address import address_of, unix_base_url
-from wire.replica_control import HEALTH_PATH, LOAD_ACCEPTED, LOAD_PATH, Health, HealthStatus, LoadRequest
+from wire.replica_control import (HEALTH_PATH, LIKELY_PATH, LOAD_ACCEPTED, LOAD_PATH, Health, HealthStatus,
+                                  LikelyModels, LoadRequest)
+from pool.likely_models import ModelLoad, likely_models, remember
 from pool.inventory import Slot, discover_slots
 from pool.processes import RuntimeProcess, free_port
 from pool.replica_http import replica_client
@@ -98,6 +105,7 @@ class WarmProcess:
     ready: asyncio.Future[bool]      # True once /health says standby
     secret: str = field(repr=False)
     sandbox: Optional[str] = None    # its sandbox's name (pool/model_sandbox.py); None: unconfined
+    told: tuple[str, ...] = ()       # the likely model folders it was told last
 
 
 class LocalBackend:
@@ -113,6 +121,9 @@ class LocalBackend:
         self._all: dict[int, RuntimeProcess] = {}          # every process on our books, by PID
         self._replicas: dict[str, LocalReplica] = {}
         self._refilling: Optional[asyncio.Task[None]] = None
+        self._telling: Optional[asyncio.Task[None]] = None
+        self._loads: tuple[ModelLoad, ...] = ()           # the models loaded here, newest first
+        self._expected: tuple[str, ...] = ()               # revisions predicted soon (expect)
         self._closed = False
         self._state = ProcessRegistry(settings.replica_state_dir / "local")
         self.sandboxes = ReplicaSandboxes.from_settings(settings)
@@ -137,9 +148,10 @@ class LocalBackend:
 
     async def close(self) -> None:
         self._closed = True
-        if self._refilling:
-            self._refilling.cancel()
-            await asyncio.gather(self._refilling, return_exceptions=True)
+        for task in (self._refilling, self._telling):
+            if task:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await asyncio.gather(*(p.stop(self.settings.stop_timeout_s) for p in self._all.values()),
                              return_exceptions=True)
         for warm in self._warm:
@@ -163,8 +175,9 @@ class LocalBackend:
         """Let go of every process without stopping it, as a crash of the control plane
         would: they stay registered, for the next pool on this state dir to find."""
         self._closed = True
-        if self._refilling:
-            self._refilling.cancel()
+        for task in (self._refilling, self._telling):
+            if task:
+                task.cancel()
         for proxy in self._egress.values():
             proxy.close()                          # threads of this process: a crash ends them
         self._finalizer.detach()
@@ -194,6 +207,8 @@ class LocalBackend:
             else await self._thaw(warm, launch, replica_id, folder)
         self._replicas[replica_id] = replica
         self._register(replica, spec, slots, registration)
+        if launch.takes_standby:                 # a model, which standbys may load again
+            self._loads = remember(self._loads, ModelLoad(spec.revision_id, str(folder)))
         return replica
 
     def _standby_may_load(self, launch: ReplicaLaunch, slots: Sequence[Slot]) -> bool:
@@ -396,6 +411,7 @@ class LocalBackend:
                                        self.settings.load_timeout_s)
             await asyncio.sleep(self.settings.standby_refill_delay_s)
         self._warm = [w for w in self._warm if w.process.is_alive() and not _failed(w.ready)]
+        await self._tell_all()                   # what was just loaded is likely again
         while not self._closed and len(self._warm) < self.settings.warm_pool_size:
             try:
                 warm = self._spawn_standby()
@@ -405,6 +421,43 @@ class LocalBackend:
             self._warm.append(warm)
             if not await self._watch_standby(warm):
                 return                       # broken runtime: retry at the next refill
+            await self._tell(warm, self.likely_models())
+
+    def expect(self, revision_ids: Sequence[str]) -> None:
+        """Standbys waiting are told again when the models they will likely load change,
+        after any refill under way (which tells them itself, once the load it follows is
+        done: a standby's parse would slow that load on a node of few cores)."""
+        self._expected = tuple(revision_ids)
+        likely = self.likely_models()
+        untold = any(w.told != likely for w in self.waiting())
+        busy = any(t is not None and not t.done() for t in (self._refilling, self._telling))
+        if untold and not busy and not self._closed:
+            self._telling = asyncio.ensure_future(self._tell_all())
+
+    def likely_models(self) -> tuple[str, ...]:
+        return likely_models(self._expected, self._loads)
+
+    def waiting(self) -> list[WarmProcess]:
+        """Standbys up, waiting and able to see the pool's model folders (unconfined)."""
+        return [w for w in self._warm if w.sandbox is None and w.ready.done() and not _failed(w.ready)]
+
+    async def _tell_all(self) -> None:
+        likely = self.likely_models()
+        for warm in self.waiting():
+            await self._tell(warm, likely)
+
+    async def _tell(self, warm: WarmProcess, likely: tuple[str, ...]) -> None:
+        """A hint, never needed: a standby that does not take it loads as before."""
+        if warm.sandbox is not None or warm.told == likely:
+            return
+        try:
+            resp = await self.http.post(f"{warm.base_url}{LIKELY_PATH}", json=LikelyModels(likely).to_json(),
+                                        headers=auth_headers(warm.secret))
+        except httpx.HTTPError as exc:
+            log.info("standby pid %d not told its likely models: %r", warm.process.pid, exc)
+            return
+        if resp.status_code == LOAD_ACCEPTED:
+            warm.told = likely
 
     def _spawn_standby(self) -> WarmProcess:
         """A standby at STANDBY_NICE until it is taken: its start (an interpreter and torch

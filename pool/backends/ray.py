@@ -140,6 +140,9 @@ class RayBackend:
             ray.shutdown()
             self._owns_ray = False
 
+    def expect(self, revision_ids: Sequence[str]) -> None:
+        """No warm standbys here: an actor starts for its replica."""
+
     def forget(self, handle: ReplicaHandle) -> None:
         self.replicas.pop(handle.replica_id, None)
 

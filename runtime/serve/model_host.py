@@ -23,7 +23,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from runtime.serve.adapters import AdapterRefused, ServedAdapters, import_reader
 from runtime.serve.allocator import keep_large_blocks
@@ -35,12 +35,11 @@ from runtime.serve.metrics import ServerMetrics
 from runtime.serve.completions import OpenAIServing
 from runtime.engine.outputs import EngineStats
 from runtime.core.sleep_mode import Freed, NotIdle
-from runtime.core.tokenizer import Tokenizer
+from runtime.serve.parsed_tokenizers import ParsedTokenizers
 from spec import engine_options
 from wire.replica_control import Health, LoadRequest
 from wire.replica_control import HealthStatus as Status     # the host's status is what /health says
 
-R = TypeVar("R")
 
 if TYPE_CHECKING:   # importing the engine imports torch: only the engine-core process does
     from runtime.engine.llm_engine import LLMEngine
@@ -108,11 +107,6 @@ def build_llm_engine(request: LoadRequest) -> tuple["LLMEngine", dict[str, float
     return llm_engine, timings.summary(process_s + time.perf_counter() - start)
 
 
-def timed(fn: Callable[..., R], *args: object) -> tuple[R, float]:
-    since = time.perf_counter()
-    return fn(*args), time.perf_counter() - since
-
-
 def replica_timings(core: dict[str, float], tokenizer_s: float, total_s: float) -> dict[str, float]:
     """The core's load stages, the server's tokenizer parse where it outlasted the core's
     whole load (the two run side by side), and the server's own total: its `other_s` is
@@ -168,6 +162,7 @@ class ModelHost:
         self.metrics = ServerMetrics(self.stats)
         self._task: Optional[asyncio.Task[None]] = None
         self._reader: Optional[asyncio.Future[None]] = None   # the adapter reader's import
+        self.tokenizers = ParsedTokenizers()   # a standby's, of the models it will likely load
 
     @property
     def ready_model(self) -> Optional[LoadedModel]:
@@ -196,9 +191,10 @@ class ModelHost:
     async def _load(self, request: LoadRequest, lora_modules: Sequence[tuple[str, str]]) -> None:
         start = time.perf_counter()
         core, self._spare_core = self._spare_core, None
-        # the server's tokenizer is parsed here while the core loads the weights in its
-        # own process; where the parse outlasts the load, that is the `tokenizer` stage
-        parsing = asyncio.ensure_future(asyncio.to_thread(timed, Tokenizer, request.model))
+        # the server's tokenizer, parsed ahead where the pool named the model (prepare), else
+        # here while the core loads the weights in its own process; where the parse
+        # outlasts the load, that is the `tokenizer` stage
+        parsing = asyncio.ensure_future(self.tokenizers.take(request.model))
         if _takes_adapters(request):
             keep_large_blocks()
             self._reader = asyncio.ensure_future(asyncio.to_thread(import_reader))
@@ -224,6 +220,15 @@ class ModelHost:
             return
         self.load_timings = replica_timings(info.load_timings, parse_s, time.perf_counter() - start)
         self.status = Status.READY
+
+    def prepare(self, models: tuple[str, ...]) -> None:
+        """A standby's: parse the tokenizers of the models it will likely load (LikelyModels),
+        in the background; callers check `can_prepare` first."""
+        self.tokenizers.prepare(models)
+
+    @property
+    def can_prepare(self) -> bool:
+        return self.status is Status.STANDBY
 
     async def warm(self) -> float:
         """A standby's preparation (warm_imports), done where the engine will run: in a core
@@ -297,3 +302,4 @@ class ModelHost:
             await self.model.engine.stop()
         if self._spare_core is not None:
             await asyncio.to_thread(self._spare_core.kill)
+        self.tokenizers.close()

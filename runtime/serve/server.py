@@ -3,12 +3,13 @@
 Routes: /v1/completions, /v1/chat/completions (SSE when stream=true), /v1/embeddings
 (a model whose engine task is "embed"),
 /v1/models, /health, /metrics, /stats (what the replica served, as JSON, for
-the pool), /admin/load for a `--standby` replica, /sleep and /wake (the pool's
+the pool), /admin/load for a `--standby` replica (and /admin/likely, the models it will
+likely load, whose tokenizers it parses ahead: runtime/serve/parsed_tokenizers.py), /sleep and /wake (the pool's
 sleep tier: runtime/core/sleep_mode.py; the replica refuses requests with 503 while asleep),
 and /admin/adapters (LoRA adapters loaded and unloaded by name: runtime/serve/adapters.py;
 a request whose `model` names one runs with it; their weights come as the PUT's body, or
 from a file of the adapter inbox, --adapter-inbox: runtime/serve/adapter_inbox.py);
-the bodies of /health, /stats, /admin/load, /sleep, /wake and /admin/adapters are
+the bodies of /health, /stats, /admin/load, /admin/likely, /sleep, /wake and /admin/adapters are
 wire/replica_control.py's.
 This module is the settings (parsed once, in `main`) and thin routes: a
 completion is parsed by wire's rules and handed to the loaded model's
@@ -55,9 +56,9 @@ from wire.keepalive import REPLICA_KEEPALIVE_S
 from wire.errors import ProtocolError, error_body
 from wire.json_input import parse_json
 from wire.replica_control import (ADAPTER_CONFIG_HEADER, ADAPTER_FILE_HEADER, ADAPTER_INBOX_FLAG, ADAPTER_NAME,
-                                  ADAPTERS_PATH, HEALTH_PATH, LOAD_ACCEPTED, LOAD_PATH, SLEEP_PATH, STATS_PATH,
-                                  WAKE_PATH, AdapterList, AdapterReply, FreedBytes, Health, HealthStatus, LoadReply,
-                                  LoadRequest, SleepReply, Stats, WakeReply)
+                                  ADAPTERS_PATH, HEALTH_PATH, LIKELY_PATH, LOAD_ACCEPTED, LOAD_PATH, SLEEP_PATH,
+                                  STATS_PATH, WAKE_PATH, AdapterList, AdapterReply, FreedBytes, Health, HealthStatus,
+                                  LikelyModels, LoadReply, LoadRequest, SleepReply, Stats, WakeReply)
 from wire.replica_secret import SECRET_ENV, SECRET_FILE_ENV
 from wire.request_id import RequestIdMiddleware
 from wire.requests import parse_request
@@ -228,6 +229,25 @@ async def admin_load(request: Request) -> Response:
     host.start_loading(load)
     return JSONResponse(LoadReply(host.status, load.served_model_name).to_json(),
                         status_code=LOAD_ACCEPTED)
+
+
+async def likely_models(request: Request) -> Response:
+    """A standby told the models it will likely load parses their tokenizers ahead (the
+    answer lists those parsed so far, as GET does); 409 once it loads or serves one."""
+    host = _host(request)
+    try:
+        likely = LikelyModels.parse(await _json_body(request))
+    except ProtocolError as exc:
+        return _refusal(exc)
+    if not host.can_prepare:
+        return _error(409, f"replica is {host.status.value}; only a standby prepares")
+    host.prepare(likely.models)
+    return JSONResponse(LikelyModels(host.tokenizers.prepared()).to_json(), status_code=LOAD_ACCEPTED)
+
+
+async def prepared_models(request: Request) -> Response:
+    """The likely models whose tokenizers are parsed and kept."""
+    return JSONResponse(LikelyModels(_host(request).tokenizers.prepared()).to_json())
 
 
 async def sleep(request: Request) -> Response:
@@ -456,6 +476,8 @@ def build_app(settings: ServerSettings) -> Starlette:
         Route(STATS_PATH, stats, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route(LOAD_PATH, admin_load, methods=["POST"]),
+        Route(LIKELY_PATH, likely_models, methods=["POST"]),
+        Route(LIKELY_PATH, prepared_models, methods=["GET"]),
         Route(SLEEP_PATH, sleep, methods=["POST"]),
         Route(WAKE_PATH, wake, methods=["POST"]),
         Route(ADAPTERS_PATH, list_adapters, methods=["GET"]),

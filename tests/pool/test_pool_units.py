@@ -226,6 +226,7 @@ class FakeBackend:
     def __init__(self, slots: Sequence[Slot]):
         self.slots = list(slots)
         self.forgotten: list[str] = []
+        self.expected: list[str] = []
 
     async def start(self) -> None:
         pass
@@ -245,6 +246,9 @@ class FakeBackend:
 
     async def survivors(self) -> list[Survivor]:
         return []
+
+    def expect(self, revision_ids: Sequence[str]) -> None:
+        self.expected = list(revision_ids)
 
     def forget(self, handle: ReplicaHandle) -> None:
         self.forgotten.append(handle.replica_id)

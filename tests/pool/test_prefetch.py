@@ -157,3 +157,21 @@ class RecordingStores:
 def _cached(manager, revision_id):
     status = manager.revision_status(revision_id)
     return status if status.weights_cached else None
+
+
+def test_predicted_names_the_revisions_whose_call_is_near_for_the_standbys():
+    """The same learned window tells the backend which models its standbys will likely
+    load (pool/likely_models.py): from 480 s of idleness in a spell, until the window
+    closes; never a retired revision."""
+    spec = spec_for("s3://acme-own/m/", prefetch=False)
+    rev = RevisionState(spec, queue=None)  # type: ignore[arg-type] - the queue is not used here
+    for _ in range(10):
+        rev.idle_times.add(600.0)
+    rev.last_activity = 1000.0
+    learned = Prefetcher(RecordingStores(), PoolSettings(keep_alive="learned", prefetch_lead_s=60.0))
+    assert learned.predicted([rev], now=1400.0) == []
+    assert learned.predicted([rev], now=1490.0) == [spec.revision_id]
+    rev.prefetched = Prefetched(PrefetchTarget((spec.model_uri,), 0, 1000.0))
+    assert learned.predicted([rev], now=1500.0) == [spec.revision_id], "prefetched or not"
+    rev.retired = True
+    assert learned.predicted([rev], now=1500.0) == []

@@ -185,3 +185,35 @@ def test_an_adapter_name_with_a_trailing_newline_is_no_name():
     assert AdapterList.parse({"adapters": ["ok-1", "ok-1\n", "a/b"]}).names == ("ok-1",)
     with pytest.raises(BadReply):
         AdapterReply.parse({"name": "ok-1\n", "loaded": True})
+
+
+# ---------------------------------------------------------------- likely models
+
+def test_likely_models_round_trip_and_dedupe():
+    from wire.replica_control import LikelyModels
+
+    sent = LikelyModels(("/cache/models/a", "/cache/models/b"))
+    assert LikelyModels.parse(over_the_wire(sent.to_json())) == sent
+    assert LikelyModels.parse({"models": ["/m/a", "/m/b", "/m/a"]}).models == ("/m/a", "/m/b")
+    assert LikelyModels.parse({"models": []}).models == ()
+
+
+@pytest.mark.parametrize("body, param", [
+    ([], None),
+    ({"models": "/m/a"}, "models"),
+    ({"model": ["/m/a"]}, "model"),
+    ({"models": ["/m/a"], "extra": 1}, "extra"),
+    ({"models": ["/m/a", 3]}, "models"),
+    ({"models": [""]}, "models"),
+    ({"models": ["/m/a\0b"]}, "models"),
+    ({"models": ["/" + "x" * 4_096]}, "models"),
+    ({"models": [f"/m/{i}" for i in range(5)]}, "models"),
+])
+def test_likely_models_refused_naming_the_field(body, param):
+    from wire.replica_control import MAX_LIKELY_MODELS, MAX_MODEL_PATH, LikelyModels
+
+    assert (MAX_LIKELY_MODELS, MAX_MODEL_PATH) == (4, 4_096)    # the bounds the cases step over
+    with pytest.raises(ProtocolError) as refused:
+        LikelyModels.parse(body)
+    assert refused.value.status == 400
+    assert refused.value.body()["error"].get("param") == param
