@@ -13,7 +13,9 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
+
+from controlplane.webhooks.events import BUDGET_THRESHOLD
 
 log = logging.getLogger("thawpool.budgets")
 
@@ -29,6 +31,18 @@ class BudgetAlert:
     limit: Decimal
     spent: Decimal
     at: datetime
+
+    @property
+    def dedupe_key(self) -> str:
+        """One event per budget, period and kind, however many control planes see it."""
+        return f"{BUDGET_THRESHOLD}:{self.budget_id}:{self.period_start.isoformat()}:{self.kind}"
+
+    def payload(self) -> dict[str, Any]:
+        """Its webhook event's data: money as decimal strings (JSON numbers lose digits),
+        times in ISO 8601 UTC; the tenant is the event's own field."""
+        return {"budget_id": self.budget_id, "scope": self.scope, "scope_id": self.scope_id,
+                "period_start": self.period_start.isoformat(), "kind": self.kind,
+                "limit": str(self.limit), "spent": str(self.spent), "at": self.at.isoformat()}
 
 
 class BudgetAlertSink(Protocol):

@@ -20,7 +20,8 @@ from starlette.routing import Route
 
 from controlplane.cli.main import main
 from controlplane.webhooks.deliveries import Claimed
-from controlplane.webhooks.events import BUDGET_THRESHOLD, BudgetThreshold
+from controlplane.budgets.alerts import BudgetAlert
+from controlplane.webhooks.events import BUDGET_THRESHOLD
 from controlplane.webhooks.sender import Sender
 from controlplane.webhooks.signing import verify
 from tests.controlplane.conftest import make_settings, running_control_plane
@@ -104,10 +105,10 @@ async def settled(client, endpoint_id: str) -> list[dict]:
     return await asyncio.wait_for(done(), WAIT_S)
 
 
-def threshold(tenant_id: str, budget: str) -> BudgetThreshold:
+def threshold(tenant_id: str, budget: str) -> BudgetAlert:
     now = datetime(2027, 6, 1, tzinfo=timezone.utc)
-    return BudgetThreshold(budget, "tenant", tenant_id, now, "soft", Decimal("100.00"),
-                           Decimal("80.5"), now)
+    return BudgetAlert(tenant_id, budget, "tenant", tenant_id, now, "soft", Decimal("100.00"),
+                       Decimal("80.5"), now)
 
 
 async def test_the_secret_is_shown_once_and_signs_the_test_ping(plane, receiver):
