@@ -162,15 +162,20 @@ class Scheduler:
     def _serve_better_class(self, out: SchedulerOutput, budget: int, behind: list[Request],
                             now: float) -> tuple[int, bool]:
         """`priority`: the waiting requests of a better class than `behind` are admitted
-        before it, the worst of `behind` preempted while the first finds no room; then
-        what is left of `behind` runs."""
+        before it, the worst of `behind` preempted while the first finds no room. A step
+        that admits one runs none of `behind`: the better class's first token waits for
+        its own prefill only (on a compute-bound device the worse class's decodes would
+        lengthen that step); `behind` runs again from the next step."""
         worse = self.order.rank(behind[0])
         while behind and not self._room_for(self.waiting[0]):
             victim = behind.pop()                # the running list's last: its worst
             self.running.remove(victim)
             self._preempt(victim)
             out.preempted.append(victim.request_id)
+        chunks = len(out.chunks)
         budget = self._schedule_waiting(out, budget, now, better_than=worse)
+        if len(out.chunks) > chunks:
+            return budget, False
         return self._schedule_running(out, budget, behind)
 
     def _room_for(self, request: Request) -> bool:

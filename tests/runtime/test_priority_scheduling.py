@@ -84,9 +84,11 @@ def test_an_interactive_request_displaces_a_running_batch_one_when_no_slot_is_fr
     s.add(req("i", priority=INTERACTIVE, max_tokens=2, first=50))
     out, _ = step(s)
     assert out.preempted == ["b2"]                  # the worst: the later of the batch class
-    assert [c.request_id for c in out.chunks] == ["i", "b1"]   # the better class first
+    assert [c.request_id for c in out.chunks] == ["i"]   # its prefill step carries no batch work
     assert [r.request_id for r in s.running] == ["i", "b1"]   # best first
     assert [r.request_id for r in s.waiting] == ["b2"]
+    out, _ = step(s)
+    assert [c.request_id for c in out.chunks] == ["i", "b1"], "the next step runs both classes"
 
 
 def test_an_interactive_request_displaces_batch_requests_when_blocks_run_out():
@@ -96,8 +98,9 @@ def test_an_interactive_request_displaces_batch_requests_when_blocks_run_out():
     step(s)                                         # both prefilled: every block taken
     s.add(req("i", n_prompt=8, priority=INTERACTIVE, max_tokens=2, first=50))
     out, _ = step(s)
-    # b2 gives i its blocks; b1's next token then needs a block nobody has left
-    assert out.preempted == ["b2", "b1"]
+    # b2 gives i its blocks; b1 sits out i's prefill step (its next token would need a
+    # block nobody has left), and is preempted when it asks for one
+    assert out.preempted == ["b2"]
     assert [c.request_id for c in out.chunks] == ["i"]
     while s.has_unfinished():
         step(s)
