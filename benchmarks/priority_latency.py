@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import random
 import statistics
 import tempfile
@@ -31,13 +32,17 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import httpx
 
 from benchmarks.rounds import median_round, shown
 from benchmarks.serve import Replica, build_model, start_replica
 from wire.priority import BATCH_PRIORITY, INTERACTIVE_PRIORITY
+
+if TYPE_CHECKING:
+    from multiprocessing.sharedctypes import Synchronized
+    from multiprocessing.synchronize import Event as EventType
 
 TARGET = 1.5
 
@@ -112,27 +117,52 @@ async def interactive(target: Target, args: argparse.Namespace, seed: int) -> li
 
 
 @contextlib.asynccontextmanager
-async def flood(target: Target, args: argparse.Namespace) -> AsyncIterator[list[int]]:
-    """--flood batch calls kept in flight until the block ends; yields [calls finished]."""
-    done, stop = [0], asyncio.Event()
+async def flood(target: Target, args: argparse.Namespace) -> AsyncIterator["Synchronized[int]"]:
+    """--flood batch calls kept in flight until the block ends; yields the count of calls
+    finished. The flood runs in a process of its own, as batch work reaches a replica
+    from another client (the Batch API's runner in the control plane): in this process
+    its answers would hold up the event loop that times the interactive calls."""
+    spawn = multiprocessing.get_context("spawn")
+    started, stop, done = spawn.Event(), spawn.Event(), spawn.Value("i", 0)
+    process = spawn.Process(target=flood_process, args=(target, args, started, stop, done), daemon=True)
+    process.start()
+    try:
+        while not started.is_set():
+            if not process.is_alive():
+                raise SystemExit("the flood process ended before it started")
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(args.flood_lead_s)     # the flood fills the replica first
+        yield done
+    finally:
+        stop.set()
+        await asyncio.to_thread(process.join, 30)
+        if process.is_alive():
+            process.kill()
 
+
+def flood_process(target: Target, args: argparse.Namespace, started: "EventType",
+                  stop: "EventType", done: "Synchronized[int]") -> None:
+    asyncio.run(flood_loop(target, args, started, stop, done))
+
+
+async def flood_loop(target: Target, args: argparse.Namespace, started: "EventType",
+                     stop: "EventType", done: "Synchronized[int]") -> None:
     async def worker(client: httpx.AsyncClient, n: int) -> None:
         rng = random.Random(1000 + n)
         while not stop.is_set():
             prompt = [rng.randrange(5, 400) for _ in range(args.prompt_len)]
             await batch_call(client, target.model, prompt, args.flood_output_len)
-            done[0] += 1
+            with done.get_lock():
+                done.value += 1
 
     async with target.client(target.batch_key or target.key) as client:
         workers = [asyncio.create_task(worker(client, n)) for n in range(args.flood)]
-        await asyncio.sleep(args.flood_lead_s)     # the flood fills the replica first
-        try:
-            yield done
-        finally:
-            stop.set()
-            for task in workers:
-                task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+        started.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
 
 
 def p99(values: list[float]) -> float:
@@ -143,7 +173,7 @@ async def one_round(target: Target, args: argparse.Namespace, seed: int) -> Roun
     alone = await interactive(target, args, seed)
     async with flood(target, args) as finished:
         flooded = await interactive(target, args, seed)
-        batch_done = finished[0]
+        batch_done = finished.value
     return RoundResult(p99(alone), p99(flooded), batch_done)
 
 
