@@ -12,7 +12,7 @@ import json
 import pytest
 
 from controlplane.batch.results import invocation_id
-from tests.faults.bill import _fetch
+from tests.faults.bill import ReplicaWatch, _fetch
 from tests.faults.scenario import Scenario
 from tests.faults.traffic import client
 from tests.support.waiting import eventually
@@ -37,6 +37,13 @@ async def _line_states(stack, batch_id: str) -> dict[str, int]:
 
 async def test_a_batch_completes_across_a_control_plane_sigkill(stack, model_uri):
     scenario = Scenario.begin(stack, "batch-kill", model_uri)
+    with ReplicaWatch(stack.plane) as watch:
+        await _run_across_a_kill(stack, scenario)
+        stack.undeploy(scenario.key, scenario.model)       # the suite's next test starts clean
+        await eventually(lambda: not watch.running(), timeout_s=60, what="every replica process gone")
+
+
+async def _run_across_a_kill(stack, scenario: Scenario) -> None:
     await scenario.warm()
     source = await scenario.api.files.create(file=("in.jsonl", io.BytesIO(_input())), purpose="batch")
     batch = await scenario.api.batches.create(input_file_id=source.id, endpoint="/v1/completions",
@@ -84,4 +91,3 @@ async def test_a_batch_completes_across_a_control_plane_sigkill(stack, model_uri
              x["response"]["body"]["usage"]["completion_tokens"]) for x in output]
     wrong = [(n, billed_as(n), used) for n, used in enumerate(kept) if billed_as(n) != used]
     assert not wrong, f"each line billed what its kept answer used (a cut attempt bills nothing): {wrong[:3]}"
-    stack.undeploy(scenario.key, scenario.model)
