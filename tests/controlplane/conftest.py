@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -177,6 +178,17 @@ def static_pool(settings: Settings, base_urls: list[str] | None = None) -> Stati
     """A StaticPool reading models from the settings' S3 (start and stop it yourself)."""
     return StaticPool(settings.s3_endpoint, settings.aws_access_key_id,
                       settings.aws_secret_access_key, base_urls=base_urls or [])
+
+
+@contextlib.asynccontextmanager
+async def started_static_pool(settings: Settings, base_urls: list[str]) -> AsyncIterator[StaticPool]:
+    """`static_pool` over `base_urls`, started, and stopped however the block ends."""
+    pool = static_pool(settings, base_urls)
+    await pool.start()
+    try:
+        yield pool
+    finally:
+        await pool.stop()
 
 
 @contextlib.asynccontextmanager

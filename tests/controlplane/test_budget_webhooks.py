@@ -8,39 +8,29 @@ from decimal import Decimal
 
 import pytest
 import pytest_asyncio
-from starlette.applications import Starlette
-from starlette.routing import Route
 
 from controlplane.webhooks.signing import verify
-from tests.controlplane.conftest import make_settings, running_control_plane, static_pool
-from tests.controlplane.support.servers import serve
+from tests.controlplane.conftest import make_settings, running_control_plane, started_static_pool
+from tests.controlplane.support.webhook_receiver import serving_receiver
 from tests.controlplane.test_budgets import CHAT, new_tenant, set_budget
-from tests.controlplane.test_webhooks import Receiver, register
+from tests.controlplane.test_webhooks import register
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def receiver():
-    receiver = Receiver()
-    app = Starlette(routes=[Route("/{path:path}", receiver.handle, methods=["POST"])])
-    async with serve(app) as base_url:
-        receiver.base_url = base_url
+    async with serving_receiver() as receiver:
         yield receiver
-        receiver.released.set()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def plane(db_url, s3_server, tmp_path_factory, runtime_replica):
     settings = make_settings(db_url, s3_server, tmp_path_factory.mktemp("cp-budget-hooks"),
                              webhook_poll_s=0.02, webhook_allow_private_targets=True)
-    pool = static_pool(settings, [runtime_replica.base_url])
-    await pool.start()
-    try:
+    async with started_static_pool(settings, [runtime_replica.base_url]) as pool:
         async with running_control_plane(settings, pool=pool) as plane:
             yield plane
-    finally:
-        await pool.stop()
 
 
 async def test_a_soft_threshold_crossed_by_a_call_is_one_signed_webhook(plane, receiver, model_uri):

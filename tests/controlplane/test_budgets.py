@@ -16,7 +16,7 @@ from controlplane.billing.metering import insert_usage
 from controlplane.budgets.ledger import BudgetExceeded, Charge, Ledger
 from controlplane.store.tables import BudgetAlertRow, BudgetPeriod, BudgetReservation, UsageEvent
 from pool.api import QueueFull
-from tests.controlplane.conftest import make_settings, running_control_plane, static_pool
+from tests.controlplane.conftest import make_settings, running_control_plane, started_static_pool
 from tests.controlplane.support.usage import make_record
 from tests.support.waiting import eventually
 
@@ -35,10 +35,8 @@ def settings(db_url, s3_server, tmp_path_factory):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def pool(settings, runtime_replica):
-    pool = static_pool(settings, [runtime_replica.base_url])
-    await pool.start()
-    yield pool
-    await pool.stop()
+    async with started_static_pool(settings, [runtime_replica.base_url]) as pool:
+        yield pool
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

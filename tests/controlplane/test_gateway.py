@@ -18,7 +18,7 @@ from controlplane.deploy.traffic import choose
 from pool.api import ColdStartTimeout, QueueFull
 from controlplane.app import create_metrics_app
 from tests.controlplane.conftest import (METRICS_TOKEN, make_settings, running_control_plane,
-                                         static_pool)
+                                         started_static_pool)
 from tests.controlplane.support.servers import serve
 from tests.support.waiting import eventually
 
@@ -35,10 +35,8 @@ def settings(db_url, s3_server, tmp_path_factory):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def pool(settings, runtime_replica):
-    pool = static_pool(settings, [runtime_replica.base_url])
-    await pool.start()
-    yield pool
-    await pool.stop()
+    async with started_static_pool(settings, [runtime_replica.base_url]) as pool:
+        yield pool
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 
 from controlplane.cli.main import main
-from tests.controlplane.conftest import make_settings, running_control_plane, static_pool
+from tests.controlplane.conftest import make_settings, running_control_plane, started_static_pool
 from wire.priority import BATCH_PRIORITY, HIGHEST, INTERACTIVE_PRIORITY
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -25,10 +25,8 @@ def settings(db_url, s3_server, tmp_path_factory):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def pool(settings, runtime_replica):
-    pool = static_pool(settings, [runtime_replica.base_url])
-    await pool.start()
-    yield pool
-    await pool.stop()
+    async with started_static_pool(settings, [runtime_replica.base_url]) as pool:
+        yield pool
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
