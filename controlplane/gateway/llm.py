@@ -271,8 +271,8 @@ class Gateway:
         billed (its row counts in its budgets once written), but holds nothing. A database
         that answers too slowly for a free connection is no outage: 503, so a flood of
         calls cannot pass a budget by waiting for the pool."""
-        charge = Charge(invocation_id or str(uuid.uuid4()), principal.tenant_id, principal.key_id, target.deployment.id,
-                        amount, target.at)
+        charge = Charge(invocation_id or str(uuid.uuid4()), principal.tenant_id, principal.key_id,
+                        target.deployment.id, amount, target.at)
         if not self.lookups.has_budgets(principal.tenant_id):     # from memory: no read
             return Hold(charge.invocation_id)
         try:
@@ -390,7 +390,8 @@ class Gateway:
         """A failed attempt's row takes an id of its own: the call's (its budget hold's) is
         for the row of the attempt that answers, or the hold is released unsettled. Its
         journal frame, if the request went out, is closed under the old id first."""
-        self.writer.calls.close(call.invocation_id)
+        if call.journaled:
+            self.writer.calls.close(call.invocation_id)
         call.invocation_id = str(uuid.uuid4())
 
     async def relay_unary(self, call: ReplicaCall, upstream: UpstreamResponse,
