@@ -22,8 +22,11 @@ and through poolsim, with the replica model calibrated on the same machine (issu
    same tick, queue limit and acquire timeout, caches cold.
 6. Prints each pair, real against simulated, and whether it agrees within 15%: TTFT p50
    and p99 (the client's, answered requests), cold starts, GPU-seconds; then each
-   deployment's, and the slowest first tokens of each, to tell which formula is off.
-   Every real request and replica is kept in real_requests.jsonl and real_replicas.jsonl.
+   deployment's, the slowest first tokens of each, and the real TTFT p50 by how many other
+   requests were in flight while a request waited for its first token (`by_overlap`), to
+   tell which formula is off. Every real request and replica is kept in
+   real_requests.jsonl and real_replicas.jsonl; `--overlaps` prints that last table again
+   from a kept real_requests.jsonl, without running anything.
 
 The report is also written to benchmarks/results/pool_sim_validation.txt. The machine's
 other work moves every timing: the report says how busy it was during the replay.
@@ -34,11 +37,13 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 from array import array
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterable, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -103,6 +108,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rate-scale", type=float, default=12.0, help="times the Azure population's rates")
     p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds idle before scale to zero")
     p.add_argument("--slots", type=int, default=4, help="CPU slots of the pool")
+    p.add_argument("--overlaps", type=Path, default=None, metavar="REAL_REQUESTS_JSONL",
+                   help="only print a kept run's TTFT p50 by overlap (real_requests.jsonl)")
     return p.parse_args()
 
 
@@ -162,7 +169,47 @@ def report(trace: Trace, real: RealRun, sim: Simulation) -> int:
     for name, ttfts in (("real", answered), ("sim", out.ttft)):
         print(f"the {slowest} slowest first tokens, {name} (ms): "
               f"{[round(t * 1000) for t in sorted(ttfts, reverse=True)[:slowest]]}")
+    show_overlaps(answered_of(real))
     return 0 if all(agree) else 1
+
+
+class Answered(NamedTuple):
+    """A real request's life as its client saw it: sent, first token, last token (seconds)."""
+    sent_s: float
+    first_s: float
+    end_s: float
+
+
+def by_overlap(answered: Iterable[Answered], most: int = 4) -> dict[int, list[float]]:
+    """Each request's TTFT under the number of other requests in flight at any moment of
+    its wait for the first token (from `most` on, together): the isolated ones show the
+    warm path the calibration timed; the rest, what concurrency adds to it."""
+    lives = sorted(answered)
+    found: dict[int, list[float]] = {}
+    for i, a in enumerate(lives):
+        others = sum(1 for j, b in enumerate(lives)
+                     if j != i and b.sent_s < a.first_s and b.end_s > a.sent_s)
+        found.setdefault(min(others, most), []).append(a.first_s - a.sent_s)
+    return dict(sorted(found.items()))
+
+
+def show_overlaps(answered: Iterable[Answered], most: int = 4) -> None:
+    print("real TTFT p50 by the other requests in flight while it waited for its first token:")
+    for others, ttfts in by_overlap(answered, most).items():
+        label = f"{others}+" if others == most else str(others)
+        print(f"  {label:>3} others  {len(ttfts):5d} requests  p50 {statistics.median(ttfts) * 1000:6.1f} ms")
+
+
+def answered_of(real: RealRun) -> list[Answered]:
+    return [Answered(s.request.at_s, s.request.at_s + s.answer.ttft_s, s.request.at_s + s.answer.total_s)
+            for s in real.sent if s.answer.ok and s.answer.ttft_s is not None]
+
+
+def read_answered(path: Path) -> list[Answered]:
+    """real_requests.jsonl (write_run) as Answered, the answered ones."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [Answered(r["at_s"], r["at_s"] + r["ttft_s"], r["at_s"] + r["total_s"])
+            for r in rows if r["status"] == 200 and r["ttft_s"] is not None]
 
 
 def show_runs(real: RealRun, sim: Simulation, answered: int) -> None:
@@ -238,6 +285,9 @@ async def _none_open(stack: FaultStack) -> bool:
 
 def main() -> int:
     args = parse_args()
+    if args.overlaps is not None:
+        show_overlaps(read_answered(args.overlaps))
+        return 0
     with tempfile.TemporaryDirectory(prefix="thawpool-simval-") as root:
         return asyncio.run(validate(args, Path(root)))
 
