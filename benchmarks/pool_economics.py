@@ -26,8 +26,9 @@ replica on them) and held by replicas (what replica lifetimes bill), the share o
 time idle, the share of requests that waited for a cold start or a wake, TTFT p50/p99,
 SLO attainment (answered within 2 s for models under 8B, within the model's cold-start
 floor, its weights from host memory, plus 1 s for larger ones; lost requests miss it),
-requests lost, the simulator's wall time; then each policy's ratios to always-warm and
-to knative, the issue's targets, and the GPU-hours vs p99 TTFT frontier as
+requests lost, the simulator's wall time; then each policy's figures as ratios to
+always-warm's and to knative's (a cold share against always-warm's 0 as a difference in
+percentage points), the issue's targets, and the GPU-hours vs p99 TTFT frontier as
 benchmarks/results/pool_economics.png.
 
     .venv/bin/python -m benchmarks.pool_economics [--hours 24] [--deployments 1000] [--nodes 16]
@@ -106,17 +107,35 @@ def main() -> None:
     frontier(outcomes, args.png)
 
 
+RATIO_COLUMNS = (("occupied", lambda o: o.occupied_gpu_seconds), ("held", lambda o: o.gpu_seconds),
+                 ("idle", lambda o: o.idle_share), ("cold", lambda o: o.cold_share),
+                 ("p50", lambda o: o.ttft_p50_s), ("p99", lambda o: o.ttft_p99_s),
+                 ("SLO", lambda o: o.slo_attainment))
+
+
+def ratio(value: float, peer: float) -> str:
+    """value / peer; where the peer's is 0 (always-warm's cold share) the difference in
+    percentage points, as a ratio to nothing means nothing."""
+    if peer:
+        return f"{value / peer:.3f}x"
+    return f"{(value - peer) * 100:+.2f}pt"
+
+
+def ratio_rows(outcomes: dict[str, Outcome], peer: Outcome) -> list[str]:
+    """Every other policy's figures as ratios to `peer`'s, one row each."""
+    head = f"vs {peer.policy:16s}" + "".join(f" {name:>9s}" for name, _ in RATIO_COLUMNS)
+    rows = [head]
+    for name, o in outcomes.items():
+        if name != peer.policy:
+            rows.append(f"   {name:16s}" + "".join(f" {ratio(get(o), get(peer)):>9s}" for _, get in RATIO_COLUMNS))
+    return rows
+
+
 def ratios(outcomes: dict[str, Outcome]) -> None:
     warm, knative = outcomes.get("always-warm"), outcomes.get("knative")
-    for name, o in outcomes.items():
-        if not name.startswith("thawpool"):
-            continue
-        parts = [f"{name}:"]
-        for peer in (warm, knative):
-            if peer is not None:
-                share, tail = o.occupied_gpu_seconds / peer.occupied_gpu_seconds, o.ttft_p99_s / peer.ttft_p99_s
-                parts.append(f"vs {peer.policy} occupied GPU-h {share:.3f}x, p99 {tail:.2f}x;")
-        print(" ".join(parts))
+    for peer in (warm, knative):
+        if peer is not None:
+            print("\n".join(ratio_rows(outcomes, peer)))
     if warm is None or knative is None:
         return
     meeting = [o for n, o in outcomes.items() if n.startswith("thawpool") and o.slo_attainment >= SLO_ATTAINMENT]
