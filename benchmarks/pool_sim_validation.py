@@ -8,8 +8,13 @@ and through poolsim, with the replica model calibrated on the same machine (issu
    random Llamas (MODEL), each deployment's its own copy in S3.
 2. Calibrates: benchmarks/calibration_probes.py times cold starts by tier, decode steps
    by batch and warm TTFT by prompt length through the stack; poolsim.calibrate fits
-   them into a kind, written to benchmarks/results/pool_sim_validation/cpu-local.json
-   (this machine's, for this run: not a kind for poolsim/params).
+   them into a kind. What no probe of one request or one burst shows, the delay the
+   other requests in flight add to a first token on these few cores (`stream_s`), is
+   fitted to a calibration replay: the same deployments at the same rates, their
+   arrivals drawn from another seed (`--calibration-duration` s), replayed for real, then
+   simulated for each point of poolsim.calibrate's grid; the nearest TTFT p50 wins. The
+   kind is written to benchmarks/results/pool_sim_validation/cpu-local.json (this
+   machine's, for this run: not a kind for poolsim/params).
 3. Generates the trace (poolsim.traffic: `--deployments` over `--tenants`, `--duration`
    seconds, Azure-shaped rates times `--rate-scale`, CPU-sized lengths), every deployment
    serving the model, and writes it next to the results.
@@ -55,7 +60,7 @@ from benchmarks.standby import standby_ready  # noqa: E402
 from pool.autoscaler import ScalingConfig  # noqa: E402
 from pool.settings import PoolSettings  # noqa: E402
 from poolsim.arrivals import Diurnal  # noqa: E402
-from poolsim.calibrate import Machine, Timings, kind  # noqa: E402
+from poolsim.calibrate import Machine, Timings, fit_stream_s, kind  # noqa: E402
 from poolsim.cluster import ClusterShape  # noqa: E402
 from poolsim.lengths import LengthModel  # noqa: E402
 from poolsim.outcome import percentiles  # noqa: E402
@@ -108,18 +113,50 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rate-scale", type=float, default=12.0, help="times the Azure population's rates")
     p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds idle before scale to zero")
     p.add_argument("--slots", type=int, default=4, help="CPU slots of the pool")
+    p.add_argument("--calibration-duration", type=float, default=240.0,
+                   help="seconds of the calibration replay that fits stream_s (default 240)")
     p.add_argument("--overlaps", type=Path, default=None, metavar="REAL_REQUESTS_JSONL",
                    help="only print a kept run's TTFT p50 by overlap (real_requests.jsonl)")
     return p.parse_args()
 
 
-def scaled_trace(args: argparse.Namespace, model: ModelShape) -> Trace:
-    config = TrafficConfig(deployments=args.deployments, tenants=args.tenants, duration_s=args.duration,
+CALIBRATION_SEED_OFFSET = 1000       # the calibration replay's arrivals: never the validated trace's
+CALIBRATION_PREFIX = "cal-"          # its deployments and tenants, apart from the validated ones
+
+
+def scaled_trace(args: argparse.Namespace, model: ModelShape, calibration: bool = False) -> Trace:
+    """The validated trace; with `calibration`, the one stream_s is fitted to: the same
+    deployments (renamed) at the same rates, arrivals from another seed."""
+    duration = args.calibration_duration if calibration else args.duration
+    config = TrafficConfig(deployments=args.deployments, tenants=args.tenants, duration_s=duration,
                            seed=args.seed, rate_scale=args.rate_scale, diurnal=Diurnal(amplitude=0.0),
                            chat_lengths=CHAT, code_lengths=CODE)
-    trace = generate(config)
-    deps = tuple(Deployment(d.name, d.tenant, model, d.kind, d.mean_rate_per_s) for d in trace.deployments)
-    return Trace(deps, trace.duration_s, trace.requests)
+    trace = generate(config, args.seed + CALIBRATION_SEED_OFFSET if calibration else None)
+    prefix = CALIBRATION_PREFIX if calibration else ""
+    deps = tuple(Deployment(prefix + d.name, prefix + d.tenant, model, d.kind, d.mean_rate_per_s)
+                 for d in trace.deployments)
+    stream = trace.requests
+    if not prefix:
+        return Trace(deps, trace.duration_s, stream)
+    return Trace(deps, trace.duration_s, lambda: (replace(r, deployment=prefix + r.deployment) for r in stream()))
+
+
+def fitted(gpu: GpuKind, trace: Trace, real: RealRun, s: Scaling) -> GpuKind:
+    """The kind with the stream_s whose simulation of the calibration replay comes nearest
+    its real TTFT p50; prints every point tried."""
+    real_p50, _ = percentiles(array("d", [a.first_s - a.sent_s for a in answered_of(real)]))
+    tried: dict[float, float] = {}
+
+    def simulated_p50(stream_s: float) -> float:
+        candidate = replace(gpu, throughput=replace(gpu.throughput, stream_s=stream_s))
+        tried[stream_s] = percentiles(run_sim(trace, candidate, s).tally.ttft)[0]
+        return tried[stream_s]
+
+    best = fit_stream_s(simulated_p50, real_p50)
+    print(f"calibration replay: {len(real.sent)} requests, TTFT p50 {real_p50 * 1000:.1f} ms; simulated p50 (ms) "
+          f"by stream_s (ms): " + ", ".join(f"{k * 1000:g}: {v * 1000:.1f}" for k, v in tried.items())
+          + f"; fitted stream_s {best * 1000:g} ms")
+    return replace(gpu, throughput=replace(gpu.throughput, stream_s=best))
 
 
 def model_shape(folder: Path) -> ModelShape:
@@ -262,25 +299,35 @@ async def validate(args: argparse.Namespace, root: Path) -> int:
             PoolSettings().standby_refill_delay_s)
         machine = Machine("cpu-local", args.slots, SLOT_MEMORY_GB, cores=os.cpu_count() or 1,
                           prefill_step_tokens=EngineOptions().max_num_batched_tokens)
-        gpu = kind(timings, machine)
+        await settled(stack, [calibration_probes.TENANT])
+        cal_trace = scaled_trace(args, shape, calibration=True)
+        cal_uris = {d.name: stack.upload(make_model(root / d.name, MODEL, seed=50 + i), d.name)
+                    for i, d in enumerate(cal_trace.deployments)}
+        cal_real = await run(stack, cal_trace, cal_uris, settings, MODEL.vocab_size)
+        gpu = fitted(kind(timings, machine), cal_trace, cal_real, settings)
         (OUT / "cpu-local.json").write_text(json.dumps(to_json(gpu), indent=2) + "\n")
         show_kind(gpu, timings)
         uris = {name: stack.upload(m, name) for name, m in models.items()}
-        await calibration_probes.until(
-            lambda: _none_open(stack), "calibration replicas stopped")
-        await calibration_probes.until(lambda: asyncio.to_thread(standby_ready, stack), "a standby ready")
+        await settled(stack, sorted({d.tenant for d in cal_trace.deployments}))
         real = await run(stack, trace, uris, settings, MODEL.vocab_size)
     finally:
         await asyncio.to_thread(stack.close)
     print(f"\ntrace: {args.deployments} deployments over {args.tenants} tenants, {args.duration:g} s, seed "
-          f"{args.seed}, rate scale {args.rate_scale:g}; idle timeout {args.idle_timeout:g} s, {args.slots} CPU "
-          f"slots, one standby, no sleep tier, caches cold; files in {OUT.relative_to(ROOT)}/")
+          f"{args.seed} (calibration replay: {args.calibration_duration:g} s, arrivals from seed "
+          f"{args.seed + CALIBRATION_SEED_OFFSET}), rate scale {args.rate_scale:g}; idle timeout "
+          f"{args.idle_timeout:g} s, {args.slots} CPU slots, one standby, no sleep tier, caches cold; files in "
+          f"{OUT.relative_to(ROOT)}/")
     write_run(real, OUT / "real_requests.jsonl", OUT / "real_replicas.jsonl")
     return report(trace, real, run_sim(trace, gpu, settings))
 
 
-async def _none_open(stack: FaultStack) -> bool:
-    return await open_replicas(stack, [calibration_probes.TENANT]) == 0
+async def settled(stack: FaultStack, tenants: list[str]) -> None:
+    """Until these tenants' replicas have stopped and a standby is up: the next replay
+    starts from caches and a pool as cold as the simulator's."""
+    async def none_open() -> bool:
+        return await open_replicas(stack, tenants) == 0
+    await calibration_probes.until(none_open, f"the replicas of {tenants} stopped")
+    await calibration_probes.until(lambda: asyncio.to_thread(standby_ready, stack), "a standby ready")
 
 
 def main() -> int:

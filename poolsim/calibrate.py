@@ -22,12 +22,17 @@ through `thawpool up`). Every figure is the median of its repeats, then:
             cache) and fixed_s is the rest of the median
   refill    a taken standby is replaced `refill_delay_s` after its load by a new
             process, ready a fresh process's start later
+  contention (CPU slots) the delay each other request in flight on the node adds to a
+            first token (Throughput.stream_s) is what no probe of one request or one
+            burst shows: it is fitted to a replay of its own, a trace apart from the one
+            the simulator is then held against (`fit_stream_s`)
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from poolsim.replica_model import GB, ColdStarts, GpuKind, Throughput, Transfer
 
@@ -124,3 +129,15 @@ def kind(t: Timings, machine: Machine) -> GpuKind:
               f"{machine.slots} CPU slots sharing {machine.cores} cores; wake and sleep not measured "
               "(the run used no sleep tier): a standby's load stands in")
     return GpuKind(machine.name, machine.slot_memory_gb, 0.0, machine.slots, starts, tp, source)
+
+
+STREAM_S_GRID = tuple(i * 0.0005 for i in range(17))        # 0 to 8 ms
+
+
+def fit_stream_s(simulated_p50: Callable[[float], float], real_p50: float,
+                 grid: Sequence[float] = STREAM_S_GRID) -> float:
+    """The stream_s of `grid` whose simulated TTFT p50 of a calibration replay is nearest
+    (as a ratio) the p50 the real replay of the same trace had; the smallest of a tie."""
+    if real_p50 <= 0:
+        raise ValueError("the calibration replay answered nothing")
+    return min(grid, key=lambda s: (abs(math.log(simulated_p50(s) / real_p50)), s))

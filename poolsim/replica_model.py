@@ -19,6 +19,10 @@ the machine at hand).
               (request_overhead_s) and the control plane's own work for the request
               (gateway_s), one request at a time (its event loop), after the work of
               the requests before it
+  contention  CPU slots (stream_s): each other request in flight on the node when one
+              begins adds stream_s to its first token, the CPU the others' serving paths
+              (client, gateway, Postgres, replica server, engine) take from its own on
+              the node's few cores
   queueing    with prefill_step_tokens, a replica's prompts wait for its engine's
               prefill steps of that many tokens (poolsim/simulator.py); without, none
 
@@ -67,6 +71,7 @@ class Throughput:
     request_overhead_s: float = 0.0  # before prefill: the hops from the client to the replica
     gateway_s: float = 0.0           # and the gateway's work, one request at a time; 0: none that queues
     prefill_step_tokens: int = 0     # the engine's max_num_batched_tokens: prompts queue for steps; 0: never
+    stream_s: float = 0.0            # CPU slots: a first token's delay per other request in flight on the node
 
     def step_s(self, weight_bytes: float, gpu_count: int, batch: int) -> float:
         return weight_bytes / gpu_count / (self.hbm_gbps * GB) + batch * self.per_seq_s
@@ -121,4 +126,5 @@ def to_json(kind: GpuKind) -> dict[str, Any]:
                            "max_batch": kind.throughput.max_batch, "node_cores": kind.throughput.node_cores,
                            "request_overhead_s": kind.throughput.request_overhead_s,
                            "gateway_s": kind.throughput.gateway_s,
-                           "prefill_step_tokens": kind.throughput.prefill_step_tokens}}
+                           "prefill_step_tokens": kind.throughput.prefill_step_tokens,
+                           "stream_s": kind.throughput.stream_s}}

@@ -175,6 +175,7 @@ class Simulation:
         self._requests = 0
         self._holding_gpus = 0
         self._gateway_free_at = 0.0               # Throughput.gateway_s: when its last request's work ends
+        self._running_on: dict[str, int] = {}     # node -> requests begun on its replicas, not done
 
     # ------------------------------------------------------------------ running
 
@@ -278,27 +279,37 @@ class Simulation:
         r.running += 1
         if r.running == 1:
             self._busy(r, +1)
+        self._count_running(r, +1)
         tp = self.shape.gpu.throughput
         if tp.prefill_step_tokens:
-            self.loop.after(self._to_replica(), self._reach, r, Prompt(req, tier, req.prompt_tokens))
+            self.loop.after(self._to_replica(r), self._reach, r, Prompt(req, tier, req.prompt_tokens))
             return
         model = r.dep.dep.model                # each prompt prefilled at once, apart from the others
         share = self._share(r)
         step = tp.step_s(model.weight_bytes, model.gpu_count, r.running) * share
         prefill = tp.prefill_s(model.parameters_b * 1e9, model.gpu_count, req.prompt_tokens) * share
-        first = self._to_replica() + prefill + step
+        first = self._to_replica(r) + prefill + step
         self.tally.answered(self.loop.now + first - req.at_s, r.dep.size_class, tier, r.dep.slo_s)
         self.tally.output_tokens += req.output_tokens
         self.loop.after(first + max(0, req.output_tokens - 1) * step, self._done, r)
 
-    def _to_replica(self) -> float:
+    def _to_replica(self, r: Replica) -> float:
         """How long a request served now takes to reach its replica: the gateway's work for
-        it, one request at a time after those before it, then the hop."""
+        it, one request at a time after those before it, then the hop, slowed on CPU slots
+        by the other requests in flight on the node (Throughput.stream_s)."""
         tp = self.shape.gpu.throughput
+        hop = tp.request_overhead_s
+        if tp.stream_s and r.placed is not None:
+            hop += tp.stream_s * (self._running_on[r.placed.node] - 1)
         if tp.gateway_s:
             self._gateway_free_at = max(self.loop.now, self._gateway_free_at) + tp.gateway_s
-            return self._gateway_free_at - self.loop.now + tp.request_overhead_s
-        return tp.request_overhead_s
+            return self._gateway_free_at - self.loop.now + hop
+        return hop
+
+    def _count_running(self, r: Replica, delta: int) -> None:
+        if r.placed is not None:
+            node = r.placed.node
+            self._running_on[node] = self._running_on.get(node, 0) + delta
 
     def _reach(self, r: Replica, prompt: Prompt) -> None:
         """At the replica, a prompt waits for the prefill steps before it."""
@@ -346,6 +357,7 @@ class Simulation:
 
     def _done(self, r: Replica) -> None:
         r.running -= 1
+        self._count_running(r, -1)
         r.in_flight -= 1
         st = r.dep
         st.in_flight -= 1
@@ -534,6 +546,7 @@ class Simulation:
             return
         if r.running:
             self._busy(r, -1)
+            self._count_running(r, -r.running)
         self.cluster.release(r.placed, self.loop.now, r.load)
         held = (self.loop.now - r.placed_at) * len(r.placed.slot_ids)
         self.tally.gpu_seconds += held

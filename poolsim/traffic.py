@@ -19,8 +19,8 @@ hold one or two; no published figure, an assumption.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, replace
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -102,10 +102,14 @@ def _zipf(n: int) -> np.ndarray:
     return shares
 
 
-def generate(config: TrafficConfig) -> Trace:
+def generate(config: TrafficConfig, arrivals_seed: Optional[int] = None) -> Trace:
+    """The config's trace; with `arrivals_seed`, the same deployments at the same rates and
+    burstiness, their arrivals and lengths drawn again from that seed (a trace apart, to fit
+    on, for one the simulator is then held against)."""
     planned = plan(config)
+    drawn = config if arrivals_seed is None else replace(config, seed=arrivals_seed)
     return Trace(deployments=tuple(p.deployment for p in planned), duration_s=config.duration_s,
-                 requests=functools.partial(_stream, config, planned))
+                 requests=functools.partial(_stream, drawn, planned))
 
 
 def _stream(config: TrafficConfig, planned: tuple[DeploymentTraffic, ...]) -> Iterator[Request]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from poolsim.calibrate import Line, Machine, Timings, cold_starts_s, fit_line, kind
+from poolsim.calibrate import Line, Machine, Timings, cold_starts_s, fit_line, fit_stream_s, kind
 from poolsim.replica_model import from_json, to_json
 
 EXACT = pytest.approx
@@ -78,3 +78,17 @@ def test_the_kind_is_laid_out_as_the_machine_and_round_trips():
     k = kind(timings(), MACHINE)
     assert (k.name, k.gpus_per_node, k.memory_gb) == ("cpu-test", 4, 2.0)
     assert from_json(to_json(k)) == k
+
+
+def test_stream_s_is_the_grid_point_whose_simulated_p50_is_nearest_the_real_one():
+    def simulated(stream_s: float) -> float:          # p50 grows with the contention
+        return 0.020 + 3.0 * stream_s
+
+    assert fit_stream_s(simulated, real_p50=0.032) == pytest.approx(0.004)
+    assert fit_stream_s(simulated, real_p50=0.010) == 0.0                  # below every point: the least
+    assert fit_stream_s(simulated, real_p50=0.5) == pytest.approx(0.008)   # above: the most
+
+
+def test_a_replay_that_answered_nothing_fits_nothing():
+    with pytest.raises(ValueError, match="answered nothing"):
+        fit_stream_s(lambda s: 0.02, real_p50=0.0)

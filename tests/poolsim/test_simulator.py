@@ -209,9 +209,9 @@ def test_slo_attainment_counts_answers_within_the_target_of_all_requests():
     assert out.within_slo == 1 and out.slo_attainment == 0.5
     assert out.cold_share == 0.5 and 0.0 < out.idle_share < 1.0
 
-def cpu_kind(node_cores, overhead_s=0.0):
+def cpu_kind(node_cores, overhead_s=0.0, stream_s=0.0):
     tp = Throughput(hbm_gbps=1000.0, per_seq_s=0.0, prefill_tflops=1000.0, node_cores=node_cores,
-                    request_overhead_s=overhead_s)
+                    request_overhead_s=overhead_s, stream_s=stream_s)
     return GpuKind("cpu", memory_gb=80, price_per_hour=0.0, gpus_per_node=2, cold_starts=KIND.cold_starts,
                    throughput=tp)
 
@@ -238,8 +238,21 @@ def test_the_request_overhead_comes_before_every_first_token():
     assert first_tokens(cpu_kind(node_cores=2, overhead_s=0.03)) == [EXACT(0.03 + PREFILL_100 + STEP)] * 2
 
 
+def test_each_other_request_in_flight_on_the_node_delays_a_first_token_by_stream_s():
+    # the second begins while the first runs on the node's other replica
+    assert first_tokens(cpu_kind(node_cores=2, stream_s=0.004)) == \
+        [EXACT(PREFILL_100 + STEP), EXACT(0.004 + PREFILL_100 + STEP)]
+
+
+def test_a_request_done_no_longer_delays_the_next():
+    kind = cpu_kind(node_cores=2, stream_s=0.004)
+    sim = Simulation(trace([req(10.0), req(20.0)]), ClusterShape(1, kind), fixed(), SimSettings(warm_caches=False))
+    sim.run()
+    assert list(sim.tally.ttft) == [EXACT(5.0 + PREFILL_100 + STEP), EXACT(PREFILL_100 + STEP)]
+
+
 def test_a_kind_round_trips_through_json_with_its_cpu_fields():
-    kind = cpu_kind(node_cores=2, overhead_s=0.03)
+    kind = cpu_kind(node_cores=2, overhead_s=0.03, stream_s=0.004)
     assert from_json(to_json(kind)) == kind
 
 

@@ -111,3 +111,20 @@ def test_gpu_memory_sets_tensor_parallelism():
 def test_config_refuses_values_that_make_no_traffic(fields):
     with pytest.raises(ValueError):
         TrafficConfig(**fields)
+
+
+def test_arrivals_drawn_again_keep_the_deployments_and_change_the_requests():
+    config = TrafficConfig(deployments=6, tenants=2, duration_s=600.0, seed=3, rate_scale=12.0)
+    main, apart = generate(config), generate(config, arrivals_seed=1003)
+    assert apart.deployments == main.deployments
+    first, second = list(main.requests()), list(apart.requests())
+    assert first != second
+    assert {r.deployment for r in second} <= {d.name for d in main.deployments}
+    # the same rates: the busiest deployment of one is the busiest of the other
+    def busiest(requests):
+        counts = {}
+        for r in requests:
+            counts[r.deployment] = counts.get(r.deployment, 0) + 1
+        return max(counts, key=counts.get)
+    assert busiest(first) == busiest(second)
+    assert list(generate(config, arrivals_seed=1003).requests()) == second
