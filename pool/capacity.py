@@ -141,9 +141,9 @@ class Capacity:
         return [known[sid] for sid in slot_ids]
 
     def kind_of(self, slot_ids: Sequence[str]) -> Optional[str]:
-        """The kind of these slots (one node's, so one kind), or None when none of them is
-        in the pool any more or they are of several kinds."""
-        kinds = {s.kind for s in self._slots if s.slot_id in slot_ids}
+        """What the cost book prices these slots as (Slot.cost_kind: one node's, so one
+        kind), or None when none of them is in the pool any more or they differ."""
+        kinds = {s.cost_kind for s in self._slots if s.slot_id in slot_ids}
         return kinds.pop() if len(kinds) == 1 else None
 
     def _admit(self) -> None:

@@ -22,6 +22,8 @@ KEEP_ALIVE = ("fixed", "learned")
 class PoolSettings:
     # inventory: "auto" probes CUDA (in a child process), else declared CPU slots
     accelerator: str = "auto"                  # auto | cuda | cpu
+    # what the cost book prices this node's GPUs as; "": the type CUDA names (inventory.py)
+    gpu_kind: str = ""
     cpu_slots: int = 2
     slot_memory_gb: float = 8.0
     node: str = "local"

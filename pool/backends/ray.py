@@ -58,6 +58,7 @@ ACTOR_PREFIX = "replica-"  # named actors of the pool's namespace that are repli
 ACTOR_THREADS = 4          # wait_exit blocks one thread (for WAIT_SLICE_S at most); stop/log_tail need others
 WAIT_SLICE_S = 30.0
 PROBE_TIMEOUT_S = 5.0      # a node slower to list its cache is answered from what it last said
+RAY_ACCELERATOR_PREFIX = "accelerator_type:"   # the resource Ray adds for a node's detected GPU type
 
 
 @dataclass
@@ -374,13 +375,21 @@ def cluster_nodes() -> list[dict[str, Any]]:
 
 
 def slots_from_nodes(nodes: Sequence[dict[str, Any]], gpu_memory_bytes: int) -> list[Slot]:
-    """One cuda Slot per GPU of each alive node (Ray knows GPU counts, not their memory).
+    """One cuda Slot per GPU of each alive node (Ray knows GPU counts, not their memory),
+    of the type Ray detected on the node (its `accelerator_type:<type>` resource).
 
     Exclusive: an actor asks Ray for whole GPUs (num_gpus = its slot count), so two
     small replicas cannot share a slot the way local processes share a device.
     """
-    return [Slot(f"ray-{n['NodeID'][:12]}/gpu{i}", n["NodeID"], "cuda", gpu_memory_bytes, i, exclusive=True)
+    return [Slot(f"ray-{n['NodeID'][:12]}/gpu{i}", n["NodeID"], "cuda", gpu_memory_bytes, i, exclusive=True,
+                 gpu_kind=node_gpu_kind(n["Resources"]))
             for n in nodes if n["Alive"] for i in range(int(n["Resources"].get("GPU", 0)))]
+
+
+def node_gpu_kind(resources: dict[str, Any]) -> str:
+    """The node's GPU type as Ray names it (accelerator_type:A100-80G -> a100-80g), else ""."""
+    types = sorted(k.split(":", 1)[1].lower() for k in resources if k.startswith(RAY_ACCELERATOR_PREFIX))
+    return types[0] if len(types) == 1 else ""
 
 
 def gpu_nodes(nodes: Sequence[dict[str, Any]]) -> list[str]:

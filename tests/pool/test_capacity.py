@@ -51,3 +51,6 @@ async def test_the_kind_of_a_replicas_slots_is_the_inventorys():
     assert cap.kind_of(("n/cpu0",)) == "cpu"
     assert cap.kind_of(("n/cuda0", "n/cpu0")) is None
     assert cap.kind_of(("gone/cuda0",)) is None
+    await cap.update([Slot("m/cuda0", "m", "cuda", GB, 0, gpu_kind="h100"),
+                      Slot("m/cuda1", "m", "cuda", GB, 1, gpu_kind="h100")])
+    assert cap.kind_of(("m/cuda0", "m/cuda1")) == "h100"       # the GPU's type, for the cost book

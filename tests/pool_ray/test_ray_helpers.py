@@ -17,6 +17,13 @@ def test_slots_come_from_alive_gpu_nodes_only():
     assert [(s.slot_id, s.node, s.kind, s.memory_bytes, s.device_index) for s in slots] == [
         ("ray-aaaaaaaaaaaa/gpu0", "a" * 56, "cuda", 10, 0), ("ray-aaaaaaaaaaaa/gpu1", "a" * 56, "cuda", 10, 1)]
     assert all(s.exclusive for s in slots)          # an actor takes whole GPUs
+    assert {s.cost_kind for s in slots} == {"cuda"}  # Ray detected no GPU type on the node
+
+
+def test_a_node_of_a_detected_gpu_type_prices_its_slots_as_that_type():
+    nodes = [{"NodeID": "a" * 56, "Alive": True, "Resources": {"GPU": 1.0, "accelerator_type:A100-80G": 1.0}},
+             {"NodeID": "b" * 56, "Alive": True, "Resources": {"GPU": 1.0, "accelerator_type:L4": 1.0}}]
+    assert [s.cost_kind for s in slots_from_nodes(nodes, 10)] == ["a100-80g", "l4"]
 
 
 def test_engine_gets_plain_cuda_and_tensor_parallel_from_the_slots():
