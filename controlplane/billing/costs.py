@@ -1,11 +1,14 @@
 """The operator's cost book as pure Decimal functions: what one GPU-second costs the
 platform, per GPU kind (what a tenant pays for it is the price book's, pricing.py).
 
-A row prices one GPU kind (`cuda`, `cpu`: what the pool's slots report, pool.api.
-ReplicaEvent.gpu_kind) or, with no kind, every kind that has no row of its own in
-effect: the default (seeded from THAWPOOL_GPU_COST_PER_SECOND, and the cost of GPU time
-whose kind is unknown). Each row is in effect from its `effective_from` on; at any
-instant the kind's latest row in effect applies, else the default's latest. GPU time is
+A row prices one GPU kind (what the pool's slots report, pool.api.ReplicaEvent.gpu_kind:
+a GPU's type such as `h100`, `cuda` for a GPU of no known type, `cpu`) or, with no kind,
+every kind that has no row of its own in effect: the default (seeded from
+THAWPOOL_GPU_COST_PER_SECOND, and the cost of GPU time whose kind is unknown). A `cuda`
+row also prices every GPU type without a row of its own, over the default: a book
+written when every GPU was `cuda` keeps pricing them. Each row is in effect from its
+`effective_from` on; at any instant the most specific kind's latest row in effect
+applies (the type's, then `cuda`'s, then the default's). GPU time is
 costed second by second, as GPU-second prices are: a span is cut where the row that
 applies changes, and a piece before any row is in effect costs nothing.
 """
@@ -26,15 +29,30 @@ class CostRow:
     per_gpu_second: Decimal
 
 
+ANY_GPU = "cuda"                      # a GPU of no known type; its rows price every type without its own
+NOT_GPUS = frozenset({"cpu", ANY_GPU})
+
+
 def for_kind(rows: Sequence[CostRow], kind: Optional[str]) -> list[CostRow]:
-    """The rows that can cost GPU time of `kind` (None: unknown): its own and the default's."""
-    return [r for r in rows if r.gpu_kind is None or r.gpu_kind == kind]
+    """The rows that can cost GPU time of `kind` (None: unknown): its own, `cuda`'s where
+    it is a GPU type, and the default's."""
+    gpu_type = kind is not None and kind not in NOT_GPUS
+    return [r for r in rows if r.gpu_kind is None or r.gpu_kind == kind or (gpu_type and r.gpu_kind == ANY_GPU)]
 
 
 def cost_at(rows: Sequence[CostRow], at: datetime) -> Optional[CostRow]:
-    """Of one kind's rows (`for_kind`), the one that applies at `at`."""
+    """Of one kind's rows (`for_kind`), the one that applies at `at`: the most specific
+    kind's latest in effect."""
     live = [r for r in rows if r.effective_from <= at]
-    return max(live, key=lambda r: (r.gpu_kind is not None, r.effective_from), default=None)
+    return max(live, key=lambda r: (_specificity(r), r.effective_from), default=None)
+
+
+def _specificity(row: CostRow) -> int:
+    """Of one kind's rows: the default 0, `cuda`'s 1, the kind's own 2 (`cuda`'s own rows
+    rank 1 and meet only the default)."""
+    if row.gpu_kind is None:
+        return 0
+    return 1 if row.gpu_kind == ANY_GPU else 2
 
 
 def cost_between(rows: Sequence[CostRow], start: datetime, end: datetime,

@@ -21,7 +21,24 @@ def minutes(m: float) -> datetime:
 def test_a_kinds_rows_are_its_own_and_the_default():
     assert for_kind(BOOK, "cuda") == [DEFAULT, CUDA, CUDA_LATER]
     assert for_kind(BOOK, None) == [DEFAULT], "an unknown kind: the default only"
-    assert for_kind(BOOK, "tpu") == [DEFAULT]
+    assert for_kind(BOOK, "cpu") == [DEFAULT, CPU]
+
+
+def test_a_gpu_type_without_rows_of_its_own_is_priced_as_cuda():
+    """A book written when every GPU was `cuda` keeps pricing GPUs the pool now names by type."""
+    assert for_kind(BOOK, "h100") == [DEFAULT, CUDA, CUDA_LATER]
+    assert cost_at(for_kind(BOOK, "h100"), minutes(25)) == CUDA_LATER
+    assert cost_at(for_kind(BOOK, "h100"), minutes(5)) == DEFAULT, "before cuda's first row"
+
+
+def test_a_gpu_types_own_row_wins_over_cuda_and_the_default():
+    h100 = CostRow("h100", T0 + timedelta(minutes=15), Decimal("0.05"))
+    l4 = CostRow("l4", T0, Decimal("0.003"))
+    rows = for_kind([*BOOK, h100, l4], "h100")
+    assert l4 not in rows and CPU not in rows
+    assert cost_at(rows, minutes(12)) == CUDA, "before its own row: cuda's"
+    assert cost_at(rows, minutes(25)) == h100, "its own, though cuda's is later"
+    assert cost_at(for_kind([*BOOK, h100], "cuda"), minutes(25)) == CUDA_LATER, "a type's row prices only it"
 
 
 def test_the_kinds_latest_row_in_effect_applies_else_the_defaults():
