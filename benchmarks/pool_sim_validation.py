@@ -144,7 +144,7 @@ def scaled_trace(args: argparse.Namespace, model: ModelShape, calibration: bool 
 def fitted(gpu: GpuKind, trace: Trace, real: RealRun, s: Scaling) -> GpuKind:
     """The kind with the stream_s whose simulation of the calibration replay comes nearest
     its real TTFT p50; prints every point tried."""
-    real_p50, _ = percentiles(array("d", [a.first_s - a.sent_s for a in answered_of(real)]))
+    real_p50, _ = percentiles(answered_ttfts(real))
     tried: dict[float, float] = {}
 
     def simulated_p50(stream_s: float) -> float:
@@ -186,7 +186,7 @@ def pair(name: str, real: float, simulated: float, unit: str) -> bool:
 
 
 def report(trace: Trace, real: RealRun, sim: Simulation) -> int:
-    answered = array("d", [s.answer.ttft_s for s in real.sent if s.answer.ok and s.answer.ttft_s is not None])
+    answered = answered_ttfts(real)
     out = sim.tally
     real_p50, real_p99 = percentiles(answered)
     sim_p50, sim_p99 = percentiles(out.ttft)
@@ -235,6 +235,11 @@ def show_overlaps(answered: Iterable[Answered], most: int = 4) -> None:
     for others, ttfts in by_overlap(answered, most).items():
         label = f"{others}+" if others == most else str(others)
         print(f"  {label:>3} others  {len(ttfts):5d} requests  p50 {statistics.median(ttfts) * 1000:6.1f} ms")
+
+
+def answered_ttfts(real: RealRun) -> "array[float]":
+    """The client's TTFT of every answered real request, in seconds."""
+    return array("d", [s.answer.ttft_s for s in real.sent if s.answer.ok and s.answer.ttft_s is not None])
 
 
 def answered_of(real: RealRun) -> list[Answered]:
