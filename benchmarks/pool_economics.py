@@ -27,7 +27,7 @@ time idle, the share of requests that waited for a cold start or a wake, TTFT p5
 SLO attainment (answered within 2 s for models under 8B, within the model's cold-start
 floor, its weights from host memory, plus 1 s for larger ones; lost requests miss it),
 requests lost, the simulator's wall time; then each policy's figures as ratios to
-always-warm's and to knative's (a cold share against always-warm's 0 as a difference in
+always-warm's and to knative's (a figure whose baseline is exactly 0 as a difference in
 percentage points), the issue's targets, and the GPU-hours vs p99 TTFT frontier as
 benchmarks/results/pool_economics.png.
 
@@ -114,8 +114,8 @@ RATIO_COLUMNS = (("occupied", lambda o: o.occupied_gpu_seconds), ("held", lambda
 
 
 def ratio(value: float, peer: float) -> str:
-    """value / peer; where the peer's is 0 (always-warm's cold share) the difference in
-    percentage points, as a ratio to nothing means nothing."""
+    """value / peer; where the peer's is exactly 0 (a cold share with no cold start) the
+    difference in percentage points, as a ratio to nothing means nothing."""
     if peer:
         return f"{value / peer:.3f}x"
     return f"{(value - peer) * 100:+.2f}pt"

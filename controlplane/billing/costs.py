@@ -30,13 +30,13 @@ class CostRow:
 
 
 ANY_GPU = "cuda"                      # a GPU of no known type; its rows price every type without its own
-NOT_GPUS = frozenset({"cpu", ANY_GPU})
+NOT_GPU_TYPES = frozenset({"cpu", ANY_GPU})   # kinds that no `cuda` row stands in for
 
 
 def for_kind(rows: Sequence[CostRow], kind: Optional[str]) -> list[CostRow]:
     """The rows that can cost GPU time of `kind` (None: unknown): its own, `cuda`'s where
     it is a GPU type, and the default's."""
-    gpu_type = kind is not None and kind not in NOT_GPUS
+    gpu_type = kind is not None and kind not in NOT_GPU_TYPES
     return [r for r in rows if r.gpu_kind is None or r.gpu_kind == kind or (gpu_type and r.gpu_kind == ANY_GPU)]
 
 
