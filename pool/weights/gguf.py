@@ -25,10 +25,9 @@ from pool.s3 import MISSING_CODES, S3Client, S3Object, error_code, origin_prefix
 from spec import gguf as spec_gguf
 from spec.gguf_layouts import kept_bytes, kept_quantized, widened
 from spec.gguf import GGUFError, GGUFHeader, TensorInfo, Truncated, parse_header
-from spec.gguf_model import describe
+from spec.gguf_model import IMPORT_FORMAT, describe
 
 FIRST_READ = 4 << 20                 # most headers (vocabulary included) fit in the first 4 MiB
-IMPORT_FORMAT = 2                    # bump when the importer's output changes: new cache entries
 
 
 def is_gguf_uri(model_uri: str) -> bool:

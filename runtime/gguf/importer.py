@@ -67,6 +67,7 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float3
                 dequantize: bool = False) -> Path:
     """Write the model folder for `gguf_path` into `out_dir` (created); returns it."""
     from runtime.gguf.tokenizer import build_tokenizer
+    from runtime.gguf.tokenizer_file import save_tokenizer
 
     if dtype not in OUT_DTYPES:
         raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(OUT_DTYPES)}")
@@ -94,7 +95,7 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float3
         config["quantization_config"] = quantization_config(plan)
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", _generation_config(header.metadata, config))
-    tokenizer.save(str(out / "tokenizer.json"))
+    save_tokenizer(tokenizer, out / "tokenizer.json")
     _write_json(out / "tokenizer_config.json", tokenizer_config)
     return out
 
