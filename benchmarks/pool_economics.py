@@ -37,18 +37,22 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from poolsim.cluster import ClusterShape
-from poolsim.outcome import Outcome
-from poolsim.policies import BASELINES, StaticPolicy, thawpool, with_idle
-from poolsim.replica_model import gpu_kind
-from poolsim.simulator import simulate
-from poolsim.traffic import TrafficConfig, generate
-from poolsim.workload import Trace
+# run as a file, benchmarks/ is first on the path and its kernels.py would shadow the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from poolsim.cluster import ClusterShape  # noqa: E402
+from poolsim.outcome import Outcome  # noqa: E402
+from poolsim.policies import BASELINES, StaticPolicy, thawpool, with_idle  # noqa: E402
+from poolsim.replica_model import gpu_kind  # noqa: E402
+from poolsim.simulator import simulate  # noqa: E402
+from poolsim.traffic import TrafficConfig, generate  # noqa: E402
+from poolsim.workload import Trace  # noqa: E402
 
 PNG = Path(__file__).resolve().parent / "results" / "pool_economics.png"
 SLO_ATTAINMENT = 0.99
