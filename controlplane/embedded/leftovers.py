@@ -28,6 +28,7 @@ class PidFile:
     data_flag: str                 # "-D" (the next argument names the data dir) or "-dir=" (joined)
     data_dir: Path
     stop_signal: signal.Signals    # the program's own clean (fast) shutdown
+    grace_s: float = 30.0          # how long that shutdown may take before SIGKILL
 
     def pid(self) -> Optional[int]:
         try:
@@ -71,7 +72,7 @@ class PidFile:
                             self.program, self.data_dir)
             else:
                 log.warning("stopping %s (PID %d) on %s: %s", self.program, pid, self.data_dir, why)
-                _stop(handle, pid, self.program, self.stop_signal, timeout_s)
+                _stop(handle, pid, self.program, self.stop_signal, min(self.grace_s, timeout_s), timeout_s)
         finally:
             os.close(handle)
         self.remove()
@@ -106,8 +107,8 @@ def _same_dir(a: Path, b: Path) -> bool:
         return False
 
 
-def _stop(handle: int, pid: int, program: str, sig: signal.Signals, timeout_s: float) -> None:
-    if not _signal_and_wait(handle, sig, timeout_s):
+def _stop(handle: int, pid: int, program: str, sig: signal.Signals, grace_s: float, timeout_s: float) -> None:
+    if not _signal_and_wait(handle, sig, grace_s):
         log.warning("%s (PID %d) ignored %s: SIGKILL", program, pid, sig.name)
         _signal_and_wait(handle, signal.SIGKILL, timeout_s)
 

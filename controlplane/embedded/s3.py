@@ -29,18 +29,27 @@ def weed_binary() -> str:
     return found
 
 
+# SIGTERM's grace before SIGKILL. weed's filer first waits 15 s for its own subscribers'
+# streams (its S3 gateway's among them) to end, then closes its store, then stops the
+# volume server: no grace short of that buys anything, and every stop has ended in the
+# kill (before this it was 3 s). What weed acknowledged is in its files by then.
+STOP_GRACE_S = 0.5
+
+
 class EmbeddedS3:
     """SeaweedFS master + volume + filer + S3 gateway bound to 127.0.0.1.
 
     Each server's HTTP and gRPC port is chosen free, so several can run at once.
-    SeaweedFS is slow to stop on SIGTERM: stop() escalates to SIGKILL. Its PID is kept in
+    SeaweedFS is slow to stop on SIGTERM (25 s): stop() escalates to SIGKILL after
+    STOP_GRACE_S, as a leftover's stop does. Its PID is kept in
     `weed.pid` while it runs, so a start on a data dir an earlier run left a weed on
     stops that one first (two on one volume dir would both write it).
     """
 
     def __init__(self, data_dir: Path | str, port: Optional[int] = None):
         self.data_dir = Path(data_dir).absolute()       # as /proc shows it: see leftovers
-        self.pid_file = PidFile(self.data_dir / "weed.pid", "weed", "-dir=", self.data_dir, signal.SIGTERM)
+        self.pid_file = PidFile(self.data_dir / "weed.pid", "weed", "-dir=", self.data_dir, signal.SIGTERM,
+                                grace_s=STOP_GRACE_S)
         self.host = "127.0.0.1"
         self.port = port
         self.process: Optional[subprocess.Popen[bytes]] = None
@@ -68,6 +77,7 @@ class EmbeddedS3:
             "-s3.port.lance=0", "-s3.port.iceberg=0",
             # Each bucket grows 7 volumes; leave room for a test session's many buckets.
             "-master.volumeSizeLimitMB=256", "-volume.max=2000",
+            "-master.peers=none",               # one master: leader at once, no election (~1 s)
             f"-filer.localSocket={self.data_dir / 'filer.sock'}",
         ]
         log_file = open(self.data_dir / "weed.log", "ab")
@@ -133,14 +143,14 @@ class EmbeddedS3:
             "AWS_DEFAULT_REGION": "us-east-1",
         }
 
-    def stop(self, timeout_s: float = 3.0) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S, timeout_s: float = 30.0) -> None:
         proc, self.process = self.process, None
         if proc is None or proc.poll() is not None:
             self._forget(proc)
             return
         try:
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=timeout_s)
+            proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=timeout_s)
