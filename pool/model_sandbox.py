@@ -26,11 +26,14 @@ The kernels the node built ahead (`prebuild_kernels`) are read-only at /srv/kern
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import logging
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 from dataclasses import dataclass
@@ -55,6 +58,7 @@ DRAFT = Path("/srv/draft")
 PACKED = Path("/srv/packed")
 KERNELS = Path("/srv/kernels")
 ADAPTER_INBOX = Path("/srv/adapters")
+KERNELS_BUILD_TIMEOUT_S = 300
 PACK_NAME = re.compile(r"[0-9a-f]{32}\.pack")
 TENANT_FILE = "tenant"
 
@@ -159,13 +163,32 @@ class ModelSandboxes:
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(self.run_folder(name), ignore_errors=True)
 
+    def kernels_build(self, python: str) -> list[str]:
+        """The command that builds the C kernels once for every sandbox (their /tmp is their
+        own); a kernel missing there is built inside the sandbox, slower but the same."""
+        return [python, "-m", "kernels.cpu.build", str(self.kernels_dir)]
+
     def prebuild_kernels(self, python: str, env: dict[str, str]) -> None:
-        """The C kernels built once for every sandbox (their /tmp is their own); a
-        kernel missing there is built inside the sandbox, slower but the same."""
-        done = subprocess.run([python, "-m", "kernels.cpu.build", str(self.kernels_dir)], env=env,
-                              capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-        if done.returncode != 0:
-            log.warning("kernels not built ahead: %s", done.stderr.strip()[-500:])
+        done = subprocess.run(self.kernels_build(python), env=env, capture_output=True,
+                              timeout=KERNELS_BUILD_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        _built(done.returncode, done.stderr)
+
+    async def prebuild_kernels_async(self, python: str, env: dict[str, str]) -> None:
+        """prebuild_kernels, stopped by a cancel: a pool closed during the build (a start
+        then a stop at once) does not wait for the compiler. The build and its compilers
+        are a process group of their own, killed whole; each library is renamed into place
+        once written (kernels/cpu/build.py), so a build cut short leaves none half-made."""
+        proc = await asyncio.create_subprocess_exec(
+            *self.kernels_build(python), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            _, stderr = await asyncio.wait_for(proc.communicate(), KERNELS_BUILD_TIMEOUT_S)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            raise
+        _built(proc.returncode, stderr)
 
     def _kernels(self) -> tuple[Bind, ...]:
         return (Bind(self.kernels_dir, KERNELS),) if self.kernels_dir.is_dir() else ()
@@ -189,6 +212,11 @@ class ModelSandboxes:
                 os.chmod(path, 0o444)
                 os.replace(path, keep / path.name)
         _evict(keep, int(self.settings.packed_cache_gb * (1 << 30)))
+
+
+def _built(returncode: Optional[int], stderr: bytes) -> None:
+    if returncode != 0:
+        log.warning("kernels not built ahead: %s", stderr.decode(errors="replace").strip()[-500:])
 
 
 def _owner(path: Path) -> Optional[int]:

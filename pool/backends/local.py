@@ -142,8 +142,7 @@ class LocalBackend:
         self._left_behind = self._state.entries()
         if self.models is not None:
             env = {**os.environ, **runtime_env(None)}
-            self._kernels = asyncio.ensure_future(
-                asyncio.to_thread(self.models.prebuild_kernels, self.settings.runtime_python, env))
+            self._kernels = asyncio.ensure_future(self.models.prebuild_kernels_async(self.settings.runtime_python, env))
         self.refill()
 
     async def close(self) -> None:
@@ -164,6 +163,7 @@ class LocalBackend:
         for warm in self._warm:
             self._unsandbox_standby(warm)
         if self._kernels is not None:
+            self._kernels.cancel()               # a build still under way is not waited for
             await asyncio.gather(self._kernels, return_exceptions=True)
         self._warm.clear()
         self._all.clear()

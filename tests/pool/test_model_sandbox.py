@@ -209,3 +209,32 @@ async def test_a_start_that_fails_leaves_no_folder_behind(tmp_path):
     with pytest.raises(FileNotFoundError):
         models.server(name, "python", {"THAWPOOL_REPLICA_SECRET": "s"}, None, [], args)
     assert not models.folder(name).exists() and not models.run_folder(name).exists()
+
+
+async def test_a_kernel_build_cancelled_is_killed_with_its_compilers(tmp_path):
+    """A pool closed during the node's kernel build (pool/backends/local.py cancels it) does
+    not wait for it, and leaves neither the build nor a compiler it started running."""
+    import asyncio
+
+    settings = PoolSettings(accelerator="cpu", cache_dir=tmp_path / "cache")
+    models = ModelSandboxes(Sandbox(tmp_path / "state", Platform(())), settings)
+    pids = tmp_path / "pids"
+    build = tmp_path / "python"          # stands for the interpreter: a build that takes long
+    build.write_text(f"#!/bin/sh\nsleep 300 &\necho $$ $! > {pids}\nwait\n")
+    build.chmod(0o755)
+    task = asyncio.ensure_future(models.prebuild_kernels_async(str(build), dict(os.environ)))
+    await eventually(lambda: pids.exists() and len(pids.read_text().split()) == 2, timeout_s=30,
+                     what="the build and its child running")
+    started = [int(pid) for pid in pids.read_text().split()]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await eventually(lambda: not any(_alive(pid) for pid in started), timeout_s=10, what="both gone")
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie awaiting its reaper (sleep's parent is the killed build)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
