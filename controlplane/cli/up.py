@@ -91,7 +91,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("thawpool: stopping embedded servers", flush=True)
         stack.stop()
         print("thawpool: stopped", flush=True)
-        # the interpreter's last collection would walk the whole heap (about 2 s of a
+        # the interpreter's last collection would walk the whole heap (about 0.6 s of a
         # stop, after everything is stopped); nothing it could free matters any more
         gc.freeze()
     return 0
