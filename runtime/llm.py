@@ -38,19 +38,20 @@ class LLM:
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 lora: Union[str, Sequence[Optional[str]], None] = None) -> list[CompletionOutput]:
+                 lora: Union[str, Sequence[Optional[str]], None] = None,
+                 priority: Union[int, Sequence[int]] = 0) -> list[CompletionOutput]:
         """lora: the adapter (engine.add_lora's name) of every prompt, or one per prompt
-        (None: the base model)."""
+        (None: the base model). priority: of every prompt, or one per prompt; under the
+        "priority" scheduling policy the lower is admitted first (wire/priority.py's classes)."""
         prompts = _as_list(prompts)
         params_list = _params_for(prompts, params)
-        loras = [lora] * len(prompts) if lora is None or isinstance(lora, str) else list(lora)
-        if len(loras) != len(prompts):
-            raise ValueError(f"lora: {len(loras)} adapters for {len(prompts)} prompts")
+        loras = _per_prompt("lora", lora, prompts, one=lora is None or isinstance(lora, str))
+        priorities = _per_prompt("priority", priority, prompts, one=isinstance(priority, int))
         jobs: dict[str, _Job] = {}
-        for prompt, p, adapter in zip(prompts, params_list, loras):
+        for prompt, p, adapter, rank in zip(prompts, params_list, loras, priorities):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             request_id = str(next(self._ids))
-            self.engine.add_request(request_id, ids, p, lora=adapter)
+            self.engine.add_request(request_id, ids, p, lora=adapter, priority=rank)
             for sample_id in sample_ids(request_id, p.n):   # n > 1: prompt i's j-th at i * n + j
                 jobs[sample_id] = _Job(CompletionOutput(sample_id, ids), self._detokenizer(p))
         order = list(jobs)
@@ -98,6 +99,14 @@ class _Job:
         else:
             self.out.text = tokenizer.decode(self.out.token_ids)
         return self.out
+
+
+def _per_prompt(name: str, given: Any, prompts: list[Prompt], one: bool) -> list[Any]:
+    """`given` for every prompt (one value), or its list, one per prompt."""
+    values = [given] * len(prompts) if one else list(given)
+    if len(values) != len(prompts):
+        raise ValueError(f"{name}: {len(values)} values for {len(prompts)} prompts")
+    return values
 
 
 def _as_list(prompts: Union[Prompt, Sequence[Prompt]]) -> list[Prompt]:

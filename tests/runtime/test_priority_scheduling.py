@@ -173,3 +173,22 @@ def test_mixed_priorities_finish_everything_and_leak_nothing(ops, priorities):
     trace = _trace("priority", ops, priorities)
     finished = {rid for chunks, _ in trace for rid, _, _ in chunks}
     assert finished == {f"r{i}" for i in range(ops.count("add"))}
+
+
+def test_llm_generate_admits_by_the_priority_given_per_prompt(tiny_model):
+    """LLM.generate(priority=...), as vLLM's offline API takes it: one sequence at a time,
+    the interactive prompt is admitted first, then the batch ones in their order; the
+    outputs stay in the prompts' order; a list of another length is refused."""
+    from runtime import LLM
+
+    llm = LLM(str(tiny_model), kv_cache_tokens=256, max_num_seqs=1, scheduling_policy="priority")
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    prompts = [[10, 11, 12], [20, 21, 22], [30, 31, 32]]
+    outs = llm.generate(prompts, params, priority=[BATCH, INTERACTIVE, BATCH])
+    assert [o.prompt_token_ids for o in outs] == prompts
+    queued = [o.metrics.queue_s for o in outs]
+    assert queued[1] < queued[0] < queued[2], queued
+    fcfs = llm.generate(prompts, params, priority=INTERACTIVE)
+    assert [o.token_ids for o in fcfs] == [o.token_ids for o in outs], "priority orders, it does not change"
+    with pytest.raises(ValueError, match="priority: 2 values for 3 prompts"):
+        llm.generate(prompts, params, priority=[BATCH, BATCH])
