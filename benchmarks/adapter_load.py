@@ -62,10 +62,10 @@ SMOLLM2_LAYERS = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers
 
 
 def base_model(tmp: Path) -> tuple[Path, str]:
-    from scripts.real_model import CACHE, FOLDER, IMPORTED
+    from scripts.real_model import CACHE, FOLDER, imported
 
     real = CACHE / FOLDER
-    if (real / IMPORTED).is_file():
+    if imported(real):
         return real, "SmolLM2-135M-Instruct"
     from tests.support.model_factory import ModelSpec, make_model
 

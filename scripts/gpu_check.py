@@ -299,10 +299,10 @@ def budgets() -> str:
 def imported_smollm2() -> Optional[Path]:
     """The real model's folder, if `make model` imported it (never fetched here)."""
     sys.path.insert(0, str(REPO))
-    from scripts.real_model import CACHE, FOLDER, IMPORTED
+    from scripts.real_model import CACHE, FOLDER, imported
 
     folder = CACHE / FOLDER
-    return folder if (folder / IMPORTED).is_file() else None
+    return folder if imported(folder) else None
 
 
 def _load() -> str:
